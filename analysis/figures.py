@@ -1,0 +1,271 @@
+"""Figures for the reports, each returned as PNG bytes.
+
+One palette (seaborn ``colorblind``) for every figure. Memory categories always get the same
+colour and hatch; policies (or runs) get a colour, a marker and a line style, so every figure
+still reads when printed in grayscale. Figures are drawn on the Agg canvas directly (no pyplot,
+no global backend switch) inside a seaborn theme, and expect already-downsampled time series
+(see ``metrics.time_binned``), so their cost does not grow with the number of steps.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+
+import matplotlib as mpl
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from analysis.rundir import MEMORY_CATEGORIES
+
+PALETTE = sns.color_palette("colorblind", 10)
+
+#: category -> (colour, hatch, label); bottom to top of every stack.
+CATEGORY_STYLE = {
+    "token_states": (PALETTE[0], "", "token states"),
+    "reservation": (PALETTE[1], "//", "reservation"),
+    "internal_frag": (PALETTE[2], "xx", "internal fragmentation"),
+    "external_frag": (PALETTE[3], "\\\\", "external fragmentation"),
+    "free": (PALETTE[7], "..", "free"),
+}
+WASTE_CATEGORIES = ("reservation", "internal_frag", "external_frag")
+_SERIES_COLOURS = [PALETTE[i] for i in (0, 1, 2, 3, 4, 5, 6, 8, 9)]
+_MARKERS = "osD^vPX*h"
+_LINESTYLES = ("-", "--", ":", "-.")
+_THEME = {
+    **sns.axes_style("whitegrid"),
+    **sns.plotting_context("paper", font_scale=1.1),
+    "hatch.linewidth": 0.6,
+    "hatch.color": "#333333",
+    "legend.frameon": False,
+}
+_CDF_POINTS = 512
+
+
+def series_style(i: int) -> dict:
+    """Colour, marker and line style of the i-th policy/run (stable across figures)."""
+    return {
+        "color": _SERIES_COLOURS[i % len(_SERIES_COLOURS)],
+        "marker": _MARKERS[i % len(_MARKERS)],
+        "linestyle": _LINESTYLES[i % len(_LINESTYLES)],
+    }
+
+
+def _themed(draw):
+    """Run a drawing function inside the theme and return its figure as PNG bytes."""
+
+    @functools.wraps(draw)
+    def wrapper(*args, **kwargs) -> bytes:
+        with mpl.rc_context(_THEME):
+            fig = draw(*args, **kwargs)
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=100)
+        return buf.getvalue()
+
+    return wrapper
+
+
+def _figure(nrows: int = 1, ncols: int = 1, width: float = 9.0, row_height: float = 3.0, **kw):
+    fig = Figure(figsize=(width, row_height * nrows + 0.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
+    return fig, axes
+
+
+def _category_legend(fig: Figure, categories=MEMORY_CATEGORIES) -> None:
+    handles = [
+        Patch(facecolor=CATEGORY_STYLE[c][0], hatch=CATEGORY_STYLE[c][1], edgecolor="#333333",
+              label=CATEGORY_STYLE[c][2])
+        for c in categories
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles))
+
+
+def _stack(ax, x: np.ndarray, layers: dict[str, np.ndarray]) -> None:
+    bottom = np.zeros_like(x, dtype=float)
+    for cat, values in layers.items():
+        colour, hatch, label = CATEGORY_STYLE[cat]
+        top = bottom + values
+        ax.fill_between(x, bottom, top, facecolor=colour, hatch=hatch, edgecolor="#333333",
+                        linewidth=0.3, label=label, step="mid")
+        bottom = top
+
+
+@_themed
+def memory_area(series: dict[str, pd.DataFrame], capacity: dict[str, int]) -> Figure:
+    """Stacked area per run: share of KV capacity (%) in each category over time."""
+    fig, axes = _figure(len(series), 1, row_height=2.6, sharex=False)
+    for ax, (label, ts) in zip(axes[:, 0], series.items()):
+        share = ts[list(MEMORY_CATEGORIES)] * (100.0 / capacity[label])
+        _stack(ax, ts.index.to_numpy(), {c: share[c].to_numpy() for c in MEMORY_CATEGORIES})
+        ax.set(ylim=(0, 100), ylabel="KV capacity (%)", xlabel="simulated time (s)",
+               title=f"{label} (capacity {capacity[label]:,} token slots)")
+        ax.margins(x=0)
+    _category_legend(fig)
+    return fig
+
+
+@_themed
+def memory_bars(fracs: pd.DataFrame, label_col: str, facet_col: str | None = None) -> Figure:
+    """Time-averaged breakdown as stacked bars, one per row of ``fracs`` (percent annotated)."""
+    facets = [None] if facet_col is None else list(dict.fromkeys(fracs[facet_col]))
+    most_bars = max(len(fracs) if f is None else int((fracs[facet_col] == f).sum()) for f in facets)
+    ncols = min(len(facets), 2)
+    nrows = math.ceil(len(facets) / ncols)
+    fig, axes = _figure(nrows, ncols, width=max(5.0, ncols * (1.4 + 1.2 * most_bars)),
+                        row_height=4.2, sharey=True)
+    for ax in axes.flat[len(facets):]:
+        ax.set_visible(False)
+    for ax, facet in zip(axes.flat, facets):
+        rows = fracs if facet is None else fracs[fracs[facet_col] == facet]
+        x = np.arange(len(rows))
+        bottom = np.zeros(len(rows))
+        for cat in MEMORY_CATEGORIES:
+            colour, hatch, label = CATEGORY_STYLE[cat]
+            values = rows[f"{cat}_frac"].to_numpy(dtype=float) * 100.0
+            ax.bar(x, values, bottom=bottom, color=colour, hatch=hatch, edgecolor="#333333",
+                   linewidth=0.4, width=0.65, label=label)
+            for xi, b, v in zip(x, bottom, values):
+                if v >= 5.0:
+                    ax.text(xi, b + v / 2, f"{v:.1f}%", ha="center", va="center", fontsize=8,
+                            bbox={"facecolor": "white", "alpha": 0.75, "pad": 1, "linewidth": 0})
+            bottom += values
+        ax.set_xticks(x, rows[label_col].astype(str), rotation=30 if len(rows) > 3 else 0,
+                      ha="right" if len(rows) > 3 else "center")
+        ax.set(ylim=(0, 100), ylabel="KV capacity, time-averaged (%)", xlabel=label_col)
+        if facet is not None:
+            ax.set_title(f"{facet_col} = {facet}")
+    _category_legend(fig)
+    return fig
+
+
+@_themed
+def latency_vs_rate(df: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str) -> Figure:
+    """One line per ``policy``: ``y`` against ``x`` (the PagedAttention paper's Fig. 12 form)."""
+    fig, axes = _figure(1, 1, width=7.0, row_height=4.0)
+    ax = axes[0, 0]
+    for i, (policy, rows) in enumerate(df.groupby("policy", sort=False)):
+        rows = rows.sort_values(x)
+        ax.plot(rows[x], rows[y], label=policy, markersize=6, **series_style(i))
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    ax.set_ylim(bottom=0)
+    ax.legend(title="policy")
+    return fig
+
+
+def _ecdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Empirical CDF, thinned to at most ``_CDF_POINTS`` quantiles for large samples."""
+    values = np.sort(values[~np.isnan(values)])
+    if len(values) <= _CDF_POINTS:
+        return values, np.arange(1, len(values) + 1) / len(values)
+    q = np.linspace(0, 1, _CDF_POINTS)
+    return np.quantile(values, q), q
+
+
+@_themed
+def latency_cdfs(requests: dict[str, pd.DataFrame]) -> Figure:
+    """CDFs of TTFT, TPOT, end-to-end and normalized latency; one line per run."""
+    panels = [("ttft_s", "TTFT (s)"), ("tpot_s", "TPOT (s/token)"),
+              ("e2e_s", "end-to-end latency (s)"), ("norm_latency_s", "normalized latency (s/token)")]
+    fig, axes = _figure(2, 2, row_height=3.0)
+    for ax, (col, xlabel) in zip(axes.flat, panels):
+        lows, highs = [], []
+        for i, (label, req) in enumerate(requests.items()):
+            done = req[req["status"].eq("finished")]
+            x, p = _ecdf(done[col].to_numpy(dtype=float))
+            if len(x) == 0:
+                continue
+            style = series_style(i)
+            ax.plot(x, p * 100.0, label=label, color=style["color"], linestyle=style["linestyle"],
+                    marker=style["marker"], markevery=max(1, len(x) // 8), markersize=4,
+                    drawstyle="steps-post")
+            lows.append(x[x > 0].min() if (x > 0).any() else np.nan)
+            highs.append(x.max())
+        if lows and np.nanmin(lows) > 0 and max(highs) / np.nanmin(lows) > 100:
+            ax.set_xscale("log")
+        ax.set(xlabel=xlabel, ylabel="requests (cumulative %)", ylim=(0, 101))
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 6))
+    return fig
+
+
+def _lines(ax, ts: pd.DataFrame, columns: dict[str, str]) -> None:
+    for i, (col, label) in enumerate(columns.items()):
+        style = series_style(i)
+        ax.plot(ts.index, ts[col], label=label, color=style["color"], linestyle=style["linestyle"],
+                marker=style["marker"], markevery=max(1, len(ts) // 10), markersize=4)
+    ax.margins(x=0)
+    ax.set_ylim(bottom=0)
+
+
+def _side_legend(ax) -> None:
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+
+
+@_themed
+def queues_over_time(binned: dict[str, pd.DataFrame]) -> Figure:
+    """Per run: running / waiting / swapped groups, and batch size in sequences, over time."""
+    fig, axes = _figure(len(binned), 2, row_height=2.6)
+    for (label, ts), (left, right) in zip(binned.items(), axes):
+        _lines(left, ts, {"running": "running", "waiting": "waiting", "swapped": "swapped"})
+        left.set(xlabel="simulated time (s)", ylabel="queue length (groups)", title=f"{label}: queues")
+        _lines(right, ts, {"num_prefill_seqs": "prefill", "num_decode_seqs": "decode",
+                           "batch_seqs": "batch (total)"})
+        right.set(xlabel="simulated time (s)", ylabel="batch size (sequences)",
+                  title=f"{label}: batch size")
+        _side_legend(left)
+        _side_legend(right)
+    return fig
+
+
+@_themed
+def events_over_time(binned: dict[str, pd.DataFrame]) -> Figure:
+    """Per run: preemptions per second and blocks swapped in / out per second, over time."""
+    fig, axes = _figure(len(binned), 2, row_height=2.6)
+    for (label, ts), (left, right) in zip(binned.items(), axes):
+        _lines(left, ts, {"preempted": "preemptions"})
+        left.set(xlabel="simulated time (s)", ylabel="preemptions (groups/s)",
+                 title=f"{label}: preemptions")
+        _lines(right, ts, {"blocks_swapped_out": "swapped out", "blocks_swapped_in": "swapped in"})
+        right.set(xlabel="simulated time (s)", ylabel="swap traffic (blocks/s)",
+                  title=f"{label}: swaps")
+        _side_legend(right)
+    return fig
+
+
+@_themed
+def wasted_over_time(ts: pd.DataFrame, capacity: int, windows: pd.DataFrame) -> Figure:
+    """Stacked wasted slots (% of capacity) over time, with the worst windows shaded and ranked."""
+    fig, axes = _figure(1, 1, row_height=3.4)
+    ax = axes[0, 0]
+    _stack(ax, ts.index.to_numpy(), {c: ts[c].to_numpy() * (100.0 / capacity) for c in WASTE_CATEGORIES})
+    for w in windows.itertuples():
+        ax.axvspan(w.start_s, w.end_s, color="#000000", alpha=0.12, linewidth=0)
+        ax.annotate(f"#{w.rank}", ((w.start_s + w.end_s) / 2, 1.0), xycoords=("data", "axes fraction"),
+                    ha="center", va="bottom", fontsize=8)
+    ax.set(xlabel="simulated time (s)", ylabel="wasted KV capacity (%)")
+    ax.margins(x=0)
+    ax.set_ylim(bottom=0)
+    _category_legend(fig, WASTE_CATEGORIES)
+    return fig
+
+
+@_themed
+def extent_histogram(dist: pd.DataFrame) -> Figure:
+    """Free extents by size class: count of extents and share of free slots (%)."""
+    fig, axes = _figure(1, 2, row_height=3.2)
+    x = np.arange(len(dist))
+    for ax, col, ylabel, i in ((axes[0, 0], "extents", "extents (count, all samples)", 0),
+                               (axes[0, 1], "free_share", "free token slots (%)", 1)):
+        values = dist[col].to_numpy(dtype=float) * (100.0 if col == "free_share" else 1.0)
+        ax.bar(x, values, color=series_style(i)["color"], hatch="//" if i else "",
+               edgecolor="#333333", linewidth=0.4)
+        ax.set_xticks(x, dist["size_tokens"], rotation=45, ha="right")
+        ax.set(xlabel="extent size (token slots)", ylabel=ylabel)
+    return fig
