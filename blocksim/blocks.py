@@ -1,0 +1,94 @@
+"""Physical KV blocks of one device: a free list and reference counts.
+
+vLLM v0's `BlockAllocator`, with block numbers as plain ints instead of block objects. The
+invariant kept by every call: `num_free + num_used == num_blocks`, and a block is on the free list
+exactly when its reference count is 0.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+
+
+class BlockError(RuntimeError):
+    """A block-accounting bug: double free, allocation from an empty pool, bad block number."""
+
+
+class AllocStatus(enum.Enum):
+    """Whether a sequence group can be allocated now (OK), after others free blocks (LATER), or never."""
+
+    OK = enum.auto()
+    LATER = enum.auto()
+    NEVER = enum.auto()
+
+
+class Device(enum.Enum):
+    GPU = "gpu"
+    CPU = "cpu"
+
+
+class BlockAllocator:
+    """Free list over `num_blocks` physical blocks with reference counts.
+
+    `order="lifo"` reuses the most recently freed block first (vLLM v0: `free_blocks.pop()` /
+    `append`); `"fifo"` reuses the least recently freed first.
+    """
+
+    def __init__(self, device: Device, num_blocks: int, order: str = "lifo") -> None:
+        if num_blocks < 0:
+            raise ValueError(f"{device.value} allocator: num_blocks must be >= 0, got {num_blocks}")
+        if order not in ("lifo", "fifo"):
+            raise ValueError(f"{device.value} allocator: order must be 'lifo' or 'fifo', got {order!r}")
+        self.device = device
+        self.num_blocks = num_blocks
+        self.order = order
+        self.ref_counts = [0] * num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+        self._take = self._free.pop if order == "lifo" else self._free.popleft
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def allocate(self) -> int:
+        """Take a free block; its reference count becomes 1."""
+        if not self._free:
+            raise BlockError(f"{self.device.value} allocator: out of blocks ({self.num_blocks} all in use)")
+        block = self._take()
+        self.ref_counts[block] = 1
+        return block
+
+    def incref(self, block: int) -> None:
+        if self.ref_counts[block] <= 0:
+            raise BlockError(f"{self.device.value} block {block}: cannot share a free block")
+        self.ref_counts[block] += 1
+
+    def free(self, block: int) -> None:
+        """Drop one reference; the block returns to the free list when none remain."""
+        rc = self.ref_counts[block]
+        if rc <= 0:
+            raise BlockError(f"{self.device.value} block {block}: double free (reference count is already 0)")
+        rc -= 1
+        self.ref_counts[block] = rc
+        if rc == 0:
+            self._free.append(block)
+
+    def free_blocks(self) -> list[int]:
+        return list(self._free)
+
+    def check(self) -> None:
+        """Verify the free list against the reference counts (O(num_blocks); for tests)."""
+        free = list(self._free)
+        if len(set(free)) != len(free):
+            raise BlockError(f"{self.device.value} allocator: a block is on the free list twice")
+        zero = {b for b, rc in enumerate(self.ref_counts) if rc == 0}
+        if zero != set(free):
+            raise BlockError(f"{self.device.value} allocator: free list {sorted(set(free) ^ zero)[:5]}... "
+                             f"disagrees with reference counts")
+        if any(rc < 0 for rc in self.ref_counts):
+            raise BlockError(f"{self.device.value} allocator: negative reference count")

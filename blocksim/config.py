@@ -1,0 +1,217 @@
+"""Configuration: model, GPU, cache and scheduler specs, validated at construction.
+
+Every dataclass here is frozen. A bad value raises :class:`ConfigError` naming the field and the fix,
+so an impossible configuration never reaches the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+GiB = 1024**3
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the field and how to fix it."""
+
+
+def _require(cond: bool, where: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{where}: {msg}")
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer, as far as KV memory and step time need it.
+
+    `num_params` counts all weights (embeddings included); the weight bytes are
+    `num_params * dtype_bytes`. `intermediate_size` is the MLP width, `vocab_size` the logits width.
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    num_params: float
+    max_model_len: int
+    intermediate_size: int
+    vocab_size: int
+    dtype_bytes: int = 2
+
+    def __post_init__(self) -> None:
+        w = f"model {self.name!r}"
+        for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_size", "max_model_len",
+                  "intermediate_size", "vocab_size"):
+            v = getattr(self, f)
+            _require(isinstance(v, int) and v > 0, f"{w}.{f}", f"must be a positive integer, got {v!r}")
+        _require(self.num_params > 0, f"{w}.num_params", f"must be positive, got {self.num_params!r}")
+        _require(self.dtype_bytes in (1, 2, 4), f"{w}.dtype_bytes", f"must be 1, 2 or 4, got {self.dtype_bytes!r}")
+        _require(self.num_heads % self.num_kv_heads == 0, f"{w}.num_kv_heads",
+                 f"{self.num_kv_heads} must divide num_heads={self.num_heads} (GQA groups)")
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.num_params * self.dtype_bytes
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU: memory, HBM bandwidth, dense fp16/bf16 tensor rate, and its host link.
+
+    `host_link_gbps` is the pinned host<->device bandwidth in GB/s (1e9 bytes/s) one way;
+    `transfer_latency_s` is the fixed cost of one copy call (one per block in a vLLM v0 swap).
+    """
+
+    name: str
+    memory_bytes: int
+    hbm_bw_gbps: float
+    fp16_tflops: float
+    host_link_gbps: float
+    transfer_latency_s: float = 10e-6
+
+    def __post_init__(self) -> None:
+        w = f"gpu {self.name!r}"
+        _require(self.memory_bytes > 0, f"{w}.memory_bytes", "must be positive")
+        for f in ("hbm_bw_gbps", "fp16_tflops", "host_link_gbps"):
+            _require(getattr(self, f) > 0, f"{w}.{f}", f"must be positive, got {getattr(self, f)!r}")
+        _require(self.transfer_latency_s >= 0, f"{w}.transfer_latency_s", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """KV cache: block size in tokens, the share of GPU memory vLLM may use, CPU swap space, watermark.
+
+    `watermark` is a fraction of the GPU blocks kept free at admission and swap-in (vLLM's
+    `watermark_blocks = int(watermark * num_gpu_blocks)`). `num_gpu_blocks_override` fixes the
+    block count (as vLLM's option of that name does), bypassing the memory computation.
+    """
+
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    swap_space_gib: float = 4.0
+    watermark: float = 0.01
+    num_gpu_blocks_override: int | None = None
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.block_size, int) and _is_pow2(self.block_size), "cache.block_size",
+                 f"must be a positive power of two (e.g. 16), got {self.block_size!r}")
+        _require(0 < self.gpu_memory_utilization <= 1, "cache.gpu_memory_utilization",
+                 f"must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        _require(self.swap_space_gib >= 0, "cache.swap_space_gib", f"must be >= 0, got {self.swap_space_gib!r}")
+        _require(0 <= self.watermark < 1, "cache.watermark",
+                 f"must be a fraction in [0, 1) (e.g. 0.01), got {self.watermark!r}")
+        if self.num_gpu_blocks_override is not None:
+            _require(self.num_gpu_blocks_override > 0, "cache.num_gpu_blocks_override", "must be positive")
+
+
+PREEMPTION_MODES = ("auto", "recompute", "swap")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous-batching limits (vLLM's names) and the preemption mode.
+
+    `preemption_mode="auto"` is vLLM v0's rule: RECOMPUTE for single-sequence groups, SWAP otherwise.
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    preemption_mode: str = "auto"
+
+    def __post_init__(self) -> None:
+        _require(self.max_num_seqs > 0, "scheduler.max_num_seqs", "must be positive")
+        _require(self.max_num_batched_tokens > 0, "scheduler.max_num_batched_tokens", "must be positive")
+        _require(self.preemption_mode in PREEMPTION_MODES, "scheduler.preemption_mode",
+                 f"must be one of {', '.join(PREEMPTION_MODES)}, got {self.preemption_mode!r}")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything one simulated run needs besides the trace."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    tensor_parallel: int = 1
+    policy: str = "vllm"
+
+    def __post_init__(self) -> None:
+        tp = self.tensor_parallel
+        _require(isinstance(tp, int) and tp >= 1, "tensor_parallel", f"must be a positive integer, got {tp!r}")
+        _require(self.model.num_heads % tp == 0, "tensor_parallel",
+                 f"{tp} does not divide {self.model.name}'s {self.model.num_heads} attention heads; "
+                 f"choose a divisor of {self.model.num_heads}")
+        _require(self.model.num_kv_heads % tp == 0 or tp % self.model.num_kv_heads == 0, "tensor_parallel",
+                 f"{tp} neither divides nor is a multiple of {self.model.num_kv_heads} KV heads")
+        self.kv_heads_per_gpu  # noqa: B018 - validated through the property
+        if self.cache.num_gpu_blocks_override is None:
+            free = self.kv_memory_bytes
+            _require(free >= self.block_bytes, "gpu",
+                     f"{self.gpu.name} ({self.gpu.memory_bytes / GiB:.0f} GiB x utilization "
+                     f"{self.cache.gpu_memory_utilization}) cannot hold {self.model.name}'s weights "
+                     f"({self.model.weight_bytes / tp / GiB:.1f} GiB per GPU) plus activations and one KV block; "
+                     f"use a larger GPU, raise tensor_parallel, or raise gpu_memory_utilization")
+
+    # --- derived sizes -------------------------------------------------------------------------
+    @property
+    def kv_heads_per_gpu(self) -> int:
+        """KV heads each GPU stores (replicated when TP exceeds the KV head count, as vLLM does)."""
+        return max(1, self.model.num_kv_heads // self.tensor_parallel)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V for one token on one GPU, all layers."""
+        m = self.model
+        return 2 * m.num_layers * self.kv_heads_per_gpu * m.head_size * m.dtype_bytes
+
+    @property
+    def block_bytes(self) -> int:
+        """2 x layers x kv_heads x head_size x block_size x dtype_bytes (per GPU)."""
+        return self.kv_bytes_per_token * self.cache.block_size
+
+    @property
+    def activation_bytes(self) -> float:
+        """Peak activation estimate, standing in for vLLM's profiling run.
+
+        max_num_batched_tokens x (4 x hidden + 2 x intermediate / TP) x dtype_bytes for the largest
+        prefill batch, plus float32 logits for max_num_seqs sequences.
+        """
+        m, s = self.model, self.scheduler
+        per_token = (4 * m.hidden_size + 2 * m.intermediate_size / self.tensor_parallel) * m.dtype_bytes
+        return s.max_num_batched_tokens * per_token + s.max_num_seqs * m.vocab_size * 4
+
+    @property
+    def kv_memory_bytes(self) -> float:
+        """GPU memory x utilization - weights per GPU - activation estimate."""
+        return (self.gpu.memory_bytes * self.cache.gpu_memory_utilization
+                - self.model.weight_bytes / self.tensor_parallel - self.activation_bytes)
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        if self.cache.num_gpu_blocks_override is not None:
+            return self.cache.num_gpu_blocks_override
+        return int(self.kv_memory_bytes // self.block_bytes)
+
+    @property
+    def num_cpu_blocks(self) -> int:
+        """Swap space // block bytes."""
+        return int(self.cache.swap_space_gib * GiB // self.block_bytes)
+
+    def replace(self, **changes: Any) -> "SimConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["num_gpu_blocks"] = self.num_gpu_blocks
+        d["num_cpu_blocks"] = self.num_cpu_blocks
+        d["block_bytes"] = self.block_bytes
+        return d

@@ -1,0 +1,135 @@
+"""Roofline cost model: predicted time of one engine step, by component.
+
+All times are seconds; rates come from the `GPUSpec` (GB/s = 1e9 B/s, TFLOP/s = 1e12 FLOP/s) derated
+by efficiency factors. Per GPU under tensor parallelism (weights and heads divided by TP).
+
+Components of a step (each a column `t_<name>_s` in steps.parquet):
+
+* ``linear``: all matrix multiplies of the weights for T = prefill tokens + decoding sequences:
+  ``max(2 * params / TP * T / (peak_flops * flops_eff), weight_bytes / TP / (hbm_bw * bw_eff))``
+  (zero when T = 0).
+* ``attn_prefill``: causal attention of the prefilled tokens: for a sequence with ``p`` new tokens
+  after ``c`` cached ones, ``4 * layers * heads/TP * head_size * p * (c + p / 2)`` FLOPs at
+  ``peak_flops * flops_eff``.
+* ``attn_decode``: decode attention reads every context token's K and V once:
+  ``ctx_tokens * kv_bytes_per_token / (hbm_bw * bw_eff)``.
+* ``swap``: ``blocks * block_bytes / host_link_bw + blocks * copies_per_block * transfer_latency``;
+  vLLM v0 issues one copy per block per layer for K and for V (``copies_per_block = 2 * layers``),
+  which is why small blocks swap slowly.
+* ``copy``: copy-on-write block copies on the GPU: ``blocks * block_bytes * 2 / (hbm_bw * bw_eff)``
+  (read + write), plus one launch.
+* ``overhead``: a fixed per-step cost (scheduling, launches, sampling) when the step runs anything.
+
+A later calibration fits these factors per component on a real GPU (`--cost-profile`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from blocksim.config import ConfigError, SimConfig
+
+COMPONENTS = ("linear", "attn_prefill", "attn_decode", "swap", "copy", "overhead")
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Efficiency factors and fixed costs; a cost profile JSON overrides any of them."""
+
+    flops_efficiency: float = 0.6
+    bw_efficiency: float = 0.8
+    step_overhead_s: float = 0.003
+    transfer_latency_s: float | None = None  # None: the GPU spec's value
+    launch_s: float = 5e-6
+    # Multipliers fitted by calibration, one per component (1.0 = the roofline as is).
+    scale_linear: float = 1.0
+    scale_attn_prefill: float = 1.0
+    scale_attn_decode: float = 1.0
+    scale_swap: float = 1.0
+    scale_copy: float = 1.0
+
+    def __post_init__(self) -> None:
+        for f in ("flops_efficiency", "bw_efficiency"):
+            v = getattr(self, f)
+            if not 0 < v <= 1:
+                raise ConfigError(f"cost.{f}: must be in (0, 1], got {v!r}")
+        if self.step_overhead_s < 0:
+            raise ConfigError("cost.step_overhead_s: must be >= 0")
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "CostParams":
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(f"cost profile {p}: not found")
+        try:
+            data = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"cost profile {p}: not valid JSON ({e})") from e
+        params = data.get("params", data)
+        known = {f.name for f in fields(cls)}
+        unknown = set(params) - known
+        if unknown:
+            raise ConfigError(f"cost profile {p}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**params)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RooflineCostModel:
+    """Predicts step times from a `SimConfig`. Methods accept numpy arrays for spans of decode steps."""
+
+    name = "roofline"
+
+    def __init__(self, config: SimConfig, params: CostParams | None = None) -> None:
+        self.params = p = params or CostParams()
+        m, g, tp = config.model, config.gpu, config.tensor_parallel
+        self.flops = g.fp16_tflops * 1e12 * p.flops_efficiency
+        self.bw = g.hbm_bw_gbps * 1e9 * p.bw_efficiency
+        self.link_bw = g.host_link_gbps * 1e9
+        self.transfer_latency_s = g.transfer_latency_s if p.transfer_latency_s is None else p.transfer_latency_s
+        self.linear_flops_per_token = 2.0 * m.num_params / tp
+        self.weight_time_s = m.weight_bytes / tp / self.bw
+        self.attn_flops_coef = 4.0 * m.num_layers * (m.num_heads // tp) * m.head_size
+        self.kv_bytes_per_token = config.kv_bytes_per_token
+        self.block_bytes = config.block_bytes
+        self.copies_per_block = 2 * m.num_layers
+
+    # --- components ------------------------------------------------------------------------------
+    def linear(self, tokens):
+        t = np.maximum(np.asarray(tokens, dtype=np.float64) * self.linear_flops_per_token / self.flops,
+                       self.weight_time_s)
+        return np.where(np.asarray(tokens) > 0, t, 0.0) * self.params.scale_linear
+
+    def attn_prefill(self, new_tokens: np.ndarray, cached_tokens: np.ndarray | None = None) -> float:
+        p = np.asarray(new_tokens, dtype=np.float64)
+        c = 0.0 if cached_tokens is None else np.asarray(cached_tokens, dtype=np.float64)
+        return float(self.attn_flops_coef * np.sum(p * (c + p / 2)) / self.flops) * self.params.scale_attn_prefill
+
+    def attn_decode(self, ctx_tokens):
+        return np.asarray(ctx_tokens, dtype=np.float64) * (self.kv_bytes_per_token / self.bw) \
+            * self.params.scale_attn_decode
+
+    def swap(self, blocks: int) -> float:
+        if blocks <= 0:
+            return 0.0
+        t = blocks * self.block_bytes / self.link_bw + blocks * self.copies_per_block * self.transfer_latency_s
+        return t * self.params.scale_swap
+
+    def copy(self, blocks: int) -> float:
+        if blocks <= 0:
+            return 0.0
+        return (blocks * self.block_bytes * 2 / self.bw + self.params.launch_s) * self.params.scale_copy
+
+    def overhead(self, active: bool) -> float:
+        return self.params.step_overhead_s if active else 0.0
+
+
+def make_cost_model(config: SimConfig, params: CostParams | None = None) -> RooflineCostModel:
+    return RooflineCostModel(config, params)
+
+

@@ -1,0 +1,266 @@
+"""The SimPy engine: an arrival process and the engine's step loop on one environment.
+
+The scheduler decides each step; the cost model prices it; SimPy only advances the clock. Swap
+transfers hold the host link (a `simpy.Resource`) for their duration, inside the step that
+issued them, as vLLM v0 waits for its swaps before running the model.
+
+Spans: after a plain decode step whose groups each decode one sequence, the next steps are the
+same batch with contexts one token longer until a request finishes, a request arrives or free
+blocks run low. `Scheduler.span_plan` finds that span and the engine advances it in one jump;
+the step records, block tables and times are exactly those of stepping one by one
+(`spans=False` steps one by one, for checking that claim).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from itertools import accumulate
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from blocksim.block_manager import BlockSpaceManager
+from blocksim.config import SimConfig
+from blocksim.cost import RooflineCostModel
+from blocksim.records import StepRecorder
+from blocksim.scheduler import Scheduler, SchedulerOutputs
+from blocksim.sequence import SequenceGroup
+
+REQUIRED_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
+MAX_SPAN_STEPS = 4096
+
+
+class EngineError(RuntimeError):
+    pass
+
+
+def requests_frame(trace) -> pd.DataFrame:
+    """Normalize a trace (a `traces.Trace` or a DataFrame) to the engine's columns, validated."""
+    df = getattr(trace, "df", trace)
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"expected a traces.Trace or a pandas DataFrame, got {type(trace).__name__}")
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise EngineError(f"trace lacks column(s) {missing}; it needs {list(REQUIRED_COLUMNS)} "
+                          f"(read files with traces.read_trace)")
+    out = pd.DataFrame({
+        "request_id": df["request_id"].to_numpy(np.int64) if "request_id" in df else np.arange(len(df)),
+        "arrival_s": df["arrival_s"].to_numpy(np.float64),
+        "prompt_tokens": df["prompt_tokens"].to_numpy(np.int64),
+        "output_tokens": df["output_tokens"].to_numpy(np.int64),
+        "n": df["n"].to_numpy(np.int64) if "n" in df else np.ones(len(df), np.int64),
+        "priority": df["priority"].to_numpy(np.int64) if "priority" in df else np.zeros(len(df), np.int64),
+    })
+    bad = {"prompt_tokens": out.prompt_tokens < 1, "output_tokens": out.output_tokens < 1, "n": out.n < 1,
+           "arrival_s": ~np.isfinite(out.arrival_s) | (out.arrival_s < 0)}
+    for col, mask in bad.items():
+        if mask.any():
+            i = int(np.argmax(mask.to_numpy()))
+            raise EngineError(f"trace row {i}: {col}={out[col].iloc[i]!r} is invalid "
+                              f"(lengths and n must be >= 1, arrivals finite and >= 0)")
+    if (np.diff(out.arrival_s.to_numpy()) < 0).any():
+        out = out.sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    return out
+
+
+class Engine:
+    def __init__(self, config: SimConfig, trace, cost_model=None, *, spans: bool = True,
+                 check_invariants: bool = False, progress: bool = False) -> None:
+        self.config = config
+        self.reqs = requests_frame(trace)
+        self.cost = cost_model or RooflineCostModel(config)
+        self.spans = spans
+        self.check = check_invariants
+        self.progress = progress
+        c = config.cache
+        self.bm = BlockSpaceManager(c.block_size, config.num_gpu_blocks, config.num_cpu_blocks, c.watermark)
+        self.sched = Scheduler(config.scheduler, self.bm, config.model.max_model_len)
+        self.rec = StepRecorder()
+        self.groups: list[SequenceGroup] = []
+        self._arrivals = self.reqs.arrival_s.to_numpy()
+        self._next_arrival_idx = 0
+        self._wake: simpy.Event | None = None
+        r = self.reqs
+        self._cols = tuple(r[c].to_numpy() for c in ("request_id", "prompt_tokens", "output_tokens", "n", "priority"))
+        self._seq_id = 0
+        self.env = simpy.Environment()
+        self.link = simpy.Resource(self.env, capacity=1)
+        self.capacity_slots = self.bm.num_total_gpu_blocks * self.bm.block_size
+
+    # --- processes -----------------------------------------------------------------------------
+    def _arrivals_proc(self):
+        """The arrival stream: wakes the idle engine at each arrival time."""
+        env = self.env
+        for t in np.unique(self._arrivals):
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            if self._wake is not None and not self._wake.triggered:
+                self._wake.succeed()
+
+    def _drain_arrivals(self, now: float) -> None:
+        """Hand every request that has arrived by `now` (inclusive) to the scheduler."""
+        i, arr = self._next_arrival_idx, self._arrivals
+        r = self._cols
+        while i < len(arr) and arr[i] <= now:
+            g = SequenceGroup(int(r[0][i]), i, float(arr[i]), int(r[1][i]), int(r[2][i]), int(r[3][i]),
+                              int(r[4][i]), self._seq_id, None)
+            self._seq_id += g.seqs.__len__()
+            self.groups.append(g)
+            self.sched.add_request(g)
+            i += 1
+        self._next_arrival_idx = i
+
+    def _next_arrival_s(self) -> float:
+        i = self._next_arrival_idx
+        return self._arrivals[i] if i < len(self._arrivals) else math.inf
+
+    def _engine_proc(self):
+        env, sched = self.env, self.sched
+        bar = self._progress_bar()
+        while True:
+            self._drain_arrivals(env.now)
+            if not sched.has_unfinished():
+                if self._next_arrival_idx >= len(self._arrivals):
+                    break
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+                continue
+            now = env.now
+            out = sched.schedule()
+            for g in out.prefill_groups:
+                if g.first_scheduled_s != g.first_scheduled_s:
+                    g.first_scheduled_s = now
+            span = sched.span_candidates(out) if self.spans and out.is_plain_decode else None
+            if span is not None:
+                seqs, lens, k = span
+                k = min(k, MAX_SPAN_STEPS)
+                durations, comps = self._decode_span_times(out, k)
+                starts = np.fromiter(accumulate(durations[:-1].tolist(), initial=now), np.float64, k)
+                k = min(k, int(np.searchsorted(starts, self._next_arrival_s(), side="left")))  # starts < arrival
+                if k > 1:
+                    k, crossing = sched.span_blocks(lens, k)
+                if k > 1:
+                    yield from self._run_span(out, k, seqs, crossing, starts, durations, comps)
+                    if bar:
+                        bar.update(env.now - bar.n)
+                    continue
+            if not out.has_work and not (out.blocks_to_swap_out or out.blocks_to_swap_in):
+                if not (out.preempted or out.rejected):
+                    raise EngineError(self._stall_message())
+            yield from self._run_step(out)
+            if bar and self.rec.num_steps % 256 == 0:
+                bar.update(env.now - bar.n)
+        if bar:
+            bar.update(env.now - bar.n)
+            bar.close()
+
+    # --- steps ---------------------------------------------------------------------------------
+    def _step_times(self, out: SchedulerOutputs) -> dict[str, float]:
+        cm = self.cost
+        tokens = out.prefill_tokens + out.num_decode_seqs
+        prefill = [s.num_tokens for g in out.prefill_groups for s in g.seqs[:1]]
+        return {
+            "t_linear_s": float(cm.linear(tokens)),
+            "t_attn_prefill_s": cm.attn_prefill(np.asarray(prefill)) if prefill else 0.0,
+            "t_attn_decode_s": float(cm.attn_decode(out.decode_ctx_tokens)),
+            "t_swap_s": cm.swap(len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)),
+            "t_copy_s": cm.copy(len(out.blocks_to_copy)),
+            "t_overhead_s": cm.overhead(out.has_work),
+        }
+
+    def _decode_span_times(self, out: SchedulerOutputs, k: int):
+        cm, n = self.cost, out.num_decode_seqs
+        ctx = out.decode_ctx_tokens + n * np.arange(k, dtype=np.int64)
+        comps = {"t_linear_s": float(cm.linear(n)), "t_attn_decode_s": cm.attn_decode(ctx),
+                 "t_overhead_s": cm.overhead(True)}
+        durations = comps["t_linear_s"] + comps["t_attn_decode_s"] + comps["t_overhead_s"]
+        return durations, comps
+
+    def _memory(self) -> tuple[int, int, int, int, int]:
+        bm = self.bm
+        filled = bm.gpu_filled_slots
+        used = bm.gpu.num_used * bm.block_size
+        return filled, 0, used - filled, 0, bm.gpu.num_free * bm.block_size
+
+    def _run_step(self, out: SchedulerOutputs):
+        env, sched = self.env, self.sched
+        times = self._step_times(out)
+        duration = sum(times.values())
+        start = env.now
+        mem = self._memory()
+        queues = (len(sched.running), len(sched.waiting), len(sched.swapped))
+        blocks = (self.bm.gpu.num_used, self.bm.cpu.num_used)
+        if times["t_swap_s"] > 0:
+            with self.link.request() as req:
+                yield req
+                yield env.timeout(times["t_swap_s"])
+            rest = duration - times["t_swap_s"]
+            if rest > 0:
+                yield env.timeout(rest)
+        elif duration > 0:
+            yield env.timeout(duration)
+        finished = sched.complete_step(out, env.now)
+        self.rec.add((start, duration, len(out.prefill_groups), out.prefill_tokens, out.num_decode_seqs,
+                      out.decode_ctx_tokens, *queues, *blocks,
+                      len(out.blocks_to_swap_in), len(out.blocks_to_swap_out), len(out.blocks_to_copy),
+                      len(out.preempted), len(finished), len(out.rejected), times["t_linear_s"],
+                      times["t_attn_prefill_s"], times["t_attn_decode_s"], times["t_swap_s"], times["t_copy_s"],
+                      times["t_overhead_s"], *mem))
+        if self.check:
+            self.bm.check_invariants(sched.live_seqs())
+
+    def _run_span(self, out, k, seqs, crossing, starts, durations, comps):
+        env, sched, bm = self.env, self.sched, self.bm
+        new_blocks = np.concatenate(([0], np.cumsum(crossing.sum(axis=1))))
+        n = out.num_decode_seqs
+        used = bm.gpu.num_used + new_blocks
+        filled = bm.gpu_filled_slots + n * np.arange(k, dtype=np.int64)
+        bs = bm.block_size
+        sched.apply_span(seqs, crossing)
+        yield env.timeout(float(starts[k - 1] + durations[k - 1] - env.now))
+        finished = sched.complete_step(out, env.now)
+        fin = np.zeros(k, dtype=np.int64)
+        fin[-1] = len(finished)
+        self.rec.add_many(k, {
+            "start_s": starts[:k], "duration_s": durations[:k], "num_prefill_seqs": 0, "prefill_tokens": 0,
+            "num_decode_seqs": n, "decode_ctx_tokens": out.decode_ctx_tokens + n * np.arange(k, dtype=np.int64),
+            "running": len(out.decode_groups), "waiting": len(sched.waiting), "swapped": len(sched.swapped),
+            "gpu_blocks_used": used, "cpu_blocks_used": bm.cpu.num_used, "blocks_swapped_in": 0,
+            "blocks_swapped_out": 0, "blocks_copied": 0, "preempted": 0, "finished": fin, "rejected": 0,
+            "t_linear_s": comps["t_linear_s"], "t_attn_prefill_s": 0.0, "t_attn_decode_s": comps["t_attn_decode_s"][:k],
+            "t_swap_s": 0.0, "t_copy_s": 0.0, "t_overhead_s": comps["t_overhead_s"],
+            "mem_token_states": filled, "mem_reservation": 0, "mem_internal_frag": used * bs - filled,
+            "mem_external_frag": 0, "mem_free": (bm.num_total_gpu_blocks - used) * bs,
+        })
+        if self.check:
+            bm.check_invariants(sched.live_seqs())
+
+    def _stall_message(self) -> str:
+        s = self.sched
+        return (f"scheduler made no progress at t={self.env.now:.3f}s: waiting={len(s.waiting)} "
+                f"running={len(s.running)} swapped={len(s.swapped)} free GPU blocks={self.bm.gpu.num_free}")
+
+    def _progress_bar(self):
+        if not self.progress:
+            return None
+        from tqdm.auto import tqdm
+        total = float(self._arrivals[-1]) if len(self._arrivals) else 0.0
+        return tqdm(total=round(total, 1), unit="sim-s", desc="replay", dynamic_ncols=True,
+                    bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} sim-s [{elapsed}<{remaining}]")
+
+    # --- run -----------------------------------------------------------------------------------
+    def run(self) -> "RunResult":
+        from blocksim.metrics import RunResult
+        t0 = time.perf_counter()
+        self.env.process(self._arrivals_proc())
+        self.env.process(self._engine_proc())
+        self.env.run()
+        wall = time.perf_counter() - t0
+        lost = [g for g in self.groups if g.status not in ("finished", "rejected")]
+        if lost or len(self.groups) != len(self.reqs):
+            raise EngineError(f"{len(lost)} requests neither finished nor rejected; "
+                              f"{len(self.groups)} of {len(self.reqs)} arrived")
+        return RunResult.build(self, wall)

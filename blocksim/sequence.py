@@ -1,0 +1,79 @@
+"""Sequences and sequence groups, as counts (no token ids).
+
+A request becomes one `SequenceGroup` of `n` sequences sharing the prompt (parallel sampling).
+A sequence's `num_tokens` is prompt + tokens generated so far; the KV of all but the last
+generated token is in the cache (vLLM v0 writes a token's KV in the step after it is sampled).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+
+
+class Sequence:
+    __slots__ = ("seq_id", "group", "num_tokens", "status", "block_table")
+
+    def __init__(self, seq_id: int, group: "SequenceGroup", num_tokens: int) -> None:
+        self.seq_id = seq_id
+        self.group = group
+        self.num_tokens = num_tokens
+        self.status = SeqStatus.WAITING
+        self.block_table: list[int] = []
+
+    @property
+    def num_generated(self) -> int:
+        return self.num_tokens - self.group.prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+    def __repr__(self) -> str:
+        return f"Sequence({self.seq_id}, tokens={self.num_tokens}, {self.status.value}, blocks={self.block_table})"
+
+
+class SequenceGroup:
+    """One request: `n` sequences with the same prompt, each producing `output_tokens` tokens."""
+
+    __slots__ = ("request_id", "index", "arrival_s", "prompt_tokens", "output_tokens", "priority", "seqs",
+                 "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "swaps",
+                 "recomputed_tokens", "status", "reject_reason", "sort_key", "prefix_hashes")
+
+    def __init__(self, request_id: int, index: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
+                 n: int = 1, priority: int = 0, first_seq_id: int = 0, prefix_hashes=None) -> None:
+        self.request_id = request_id
+        self.index = index
+        self.arrival_s = arrival_s
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.priority = priority
+        self.seqs = [Sequence(first_seq_id + i, self, prompt_tokens) for i in range(n)]
+        self.first_scheduled_s = float("nan")
+        self.first_token_s = float("nan")
+        self.finish_s = float("nan")
+        self.preemptions = 0
+        self.swaps = 0
+        self.recomputed_tokens = 0
+        self.status = "pending"
+        self.reject_reason = ""
+        self.sort_key = (arrival_s, index)
+        self.prefix_hashes = prefix_hashes
+
+    def seqs_with(self, status: SeqStatus) -> list[Sequence]:
+        return [s for s in self.seqs if s.status is status]
+
+    def unfinished_seqs(self) -> list[Sequence]:
+        return [s for s in self.seqs if s.status is not SeqStatus.FINISHED]
+
+    def num_unfinished(self) -> int:
+        return sum(1 for s in self.seqs if s.status is not SeqStatus.FINISHED)
+
+    def __repr__(self) -> str:
+        return f"SequenceGroup(req={self.request_id}, prompt={self.prompt_tokens}, out={self.output_tokens}, n={len(self.seqs)})"
