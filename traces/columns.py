@@ -77,9 +77,8 @@ def to_seconds(raw: pd.Series, column: str, unit: str) -> tuple[np.ndarray, list
     """
     missing = raw.isna().to_numpy()
     if unit == "datetime":
-        parsed = pd.to_datetime(raw, format="ISO8601", errors="coerce", utc=True)
-        ns = parsed.dt.tz_localize(None).dt.as_unit("ns").to_numpy().view(np.int64)
-        bad = parsed.isna().to_numpy() & ~missing
+        ns, parsed = _datetime_ns(raw if is_text(raw) else raw.astype(str))
+        bad = ~parsed & ~missing
         good = ~(bad | missing)
         base = ns[good].min() if good.any() else 0
         seconds = np.where(good, (ns - base) / 1e9, 0.0)
@@ -97,6 +96,29 @@ def to_seconds(raw: pd.Series, column: str, unit: str) -> tuple[np.ndarray, list
     seconds = np.where(good, (values - base) * TIME_UNITS_S[unit], 0.0)
     return seconds, (_problem(column, "missing timestamp", missing, hint)
                      + _problem(column, "unparseable timestamp", bad, hint, raw))
+
+
+def _datetime_ns(raw: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Nanoseconds since the epoch (UTC when zoned) and a mask of parsed rows.
+
+    Arrow's ISO 8601 cast is tried first (fast); any failure falls back to pandas, which
+    parses row by row in C and marks unparseable values.
+    """
+    try:
+        strings = pa.array(raw.array) if isinstance(raw.dtype, (pd.StringDtype, pd.ArrowDtype)) else pa.array(raw)
+        for target in (pa.timestamp("ns"), pa.timestamp("ns", tz="UTC")):
+            try:
+                stamps = pc.cast(strings, target)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                continue
+            parsed = stamps.is_valid().to_numpy(zero_copy_only=False)
+            ns = pc.cast(stamps, pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+            return ns, parsed
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        pass
+    stamps = pd.to_datetime(raw, format="ISO8601", errors="coerce", utc=True)
+    ns = stamps.dt.tz_localize(None).dt.as_unit("ns").to_numpy().view(np.int64)
+    return ns, stamps.notna().to_numpy()
 
 
 def is_text(raw: pd.Series) -> bool:

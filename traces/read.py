@@ -15,7 +15,7 @@ import pandas as pd
 
 from .columns import RowProblem, is_text, to_counts, to_hashes, to_integers, to_seconds
 from .errors import ReadReport, TraceError, TraceWarning
-from .formats import REQUIRED_FIELDS, FormatSpec, resolve_format
+from .formats import FormatSpec, resolve_format
 from .tables import RawTable, container_of, load_table, peek_columns
 from .timespan import check_span
 from .trace import Trace

@@ -148,7 +148,7 @@ def _check_values(cols: dict[str, np.ndarray]) -> None:
         if unsorted.any():
             raise ValueError(f"Trace must be sorted by arrival_s; row {_first_bad(unsorted) + 1} is earlier than the row before")
     ids = cols["request_id"]
-    if len(np.unique(ids)) != len(ids):
+    if not pd.Index(ids).is_unique:
         raise ValueError("Trace request_id values must be unique")
 
 
