@@ -145,16 +145,17 @@ class Engine:
                 if k > 1:
                     yield from self._run_span(out, k, seqs, crossing, starts, durations, comps)
                     if bar:
-                        bar.update(env.now - bar.n)
+                        bar.update(int(env.now) - bar.n)
                     continue
             if not out.has_work and not (out.blocks_to_swap_out or out.blocks_to_swap_in):
                 if not (out.preempted or out.rejected):
                     raise EngineError(self._stall_message())
             yield from self._run_step(out)
             if bar and self.rec.num_steps % 256 == 0:
-                bar.update(env.now - bar.n)
+                bar.update(int(env.now) - bar.n)
         if bar:
-            bar.update(env.now - bar.n)
+            bar.total = max(bar.total, int(env.now))
+            bar.update(int(env.now) - bar.n)
             bar.close()
 
     # --- steps ---------------------------------------------------------------------------------
@@ -248,8 +249,7 @@ class Engine:
             return None
         from tqdm.auto import tqdm
         total = float(self._arrivals[-1]) if len(self._arrivals) else 0.0
-        return tqdm(total=round(total, 1), unit="sim-s", desc="replay", dynamic_ncols=True,
-                    bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} sim-s [{elapsed}<{remaining}]")
+        return tqdm(total=math.ceil(total), unit="sim-s", desc="replay", dynamic_ncols=True, mininterval=0.5)
 
     # --- run -----------------------------------------------------------------------------------
     def run(self) -> "RunResult":

@@ -72,6 +72,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, config, block_bytes: 
         "bytes_swapped": (swapped_in + swapped_out) * block_bytes,
         "blocks_copied": int(steps.blocks_copied.sum()),
         "recomputed_tokens": int(requests.recomputed_tokens.sum()),
+        "reject_reasons": {str(k): int(v) for k, v in
+                           requests.loc[requests.status == "rejected", "reject_reason"].value_counts().items()},
     })
     return s
 

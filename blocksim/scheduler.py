@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from blocksim.block_manager import BlockSpaceManager, cdiv
+from blocksim.block_manager import BlockSpaceManager
 from blocksim.blocks import AllocStatus
 from blocksim.config import SchedulerConfig
 from blocksim.sequence import SequenceGroup, SeqStatus
@@ -204,9 +204,9 @@ class Scheduler:
                 status = bm.can_allocate(group)
                 if status is AllocStatus.NEVER:
                     self.waiting.popleft()
-                    need = cdiv(num_tokens, bm.block_size)
-                    self._reject(group, f"needs {need} blocks for {num_tokens} tokens; the GPU cache has "
-                                        f"{bm.num_total_gpu_blocks} minus a watermark of {bm.watermark_blocks}", out)
+                    self._reject(group, f"prompt needs more blocks than the GPU cache holds "
+                                        f"({bm.num_total_gpu_blocks} blocks minus a watermark of "
+                                        f"{bm.watermark_blocks}); use a larger GPU or a smaller model", out)
                     continue
                 if status is AllocStatus.LATER or num_tokens > budget or num_seqs + len(seqs) > self.config.max_num_seqs:
                     break
@@ -226,11 +226,13 @@ class Scheduler:
 
     def _never_reason(self, group: SequenceGroup, num_tokens: int) -> str:
         if group.prompt_tokens + group.output_tokens > self.max_model_len:
-            return (f"prompt {group.prompt_tokens} + output {group.output_tokens} tokens exceed the model's "
-                    f"max_model_len {self.max_model_len}; clip the trace to the model's length")
+            return (f"prompt + output tokens exceed the model's max_model_len ({self.max_model_len}); "
+                    f"clip the trace to the model's length (blocksim traces convert --clip-max-len)")
         if num_tokens > self.prompt_limit:
-            return (f"{num_tokens} prompt tokens exceed the limit {self.prompt_limit} "
-                    f"(min of max_model_len and max_num_batched_tokens); raise --max-num-batched-tokens")
+            return (f"prompt tokens exceed the limit of {self.prompt_limit} (min of max_model_len and "
+                    f"max_num_batched_tokens); raise --max-num-batched-tokens")
+        if len(group.seqs) > self.config.max_num_seqs:
+            return f"n={len(group.seqs)} sequences exceed max_num_seqs ({self.config.max_num_seqs})"
         return ""
 
     # --- outcome of a step ------------------------------------------------------------------------

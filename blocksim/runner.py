@@ -1,0 +1,95 @@
+"""Build a configuration from names and options, run one replay, write its run directory.
+
+`replay()` is the one entry point the CLI, `analysis.compare` and sweeps call.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from blocksim.catalog import Catalog
+from blocksim.config import CacheConfig, ConfigError, SchedulerConfig, SimConfig
+from blocksim.cost import CostParams, RooflineCostModel
+from blocksim.engine import Engine
+from blocksim.metrics import RunResult
+
+DEFAULT_MODEL = "llama-2-7b"
+DEFAULT_GPU = "h100-80gb"
+
+# Option name -> where it goes. Every knob a replay accepts, with its default.
+DEFAULTS: dict[str, Any] = {
+    "model": DEFAULT_MODEL,
+    "gpu": DEFAULT_GPU,
+    "catalog": (),
+    "tensor_parallel": 1,
+    "block_size": 16,
+    "gpu_memory_utilization": 0.9,
+    "swap_space_gib": 4.0,
+    "watermark": 0.01,
+    "num_gpu_blocks": None,
+    "max_num_seqs": 256,
+    "max_num_batched_tokens": None,  # None: max(max_model_len, 2048), vLLM's default
+    "preemption": "auto",
+    "cost_profile": None,
+}
+
+
+def build_config(policy: str = "vllm", **options: Any) -> SimConfig:
+    """A validated `SimConfig` from option names (see `DEFAULTS`); unknown names are refused."""
+    unknown = set(options) - set(DEFAULTS)
+    if unknown:
+        raise ConfigError(f"unknown option(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+    o = {**DEFAULTS, **{k: v for k, v in options.items() if v is not None}}
+    catalog = Catalog(list(o["catalog"]))
+    model = catalog.model(o["model"])
+    max_tokens = o["max_num_batched_tokens"] or max(model.max_model_len, 2048)
+    return SimConfig(
+        model=model,
+        gpu=catalog.gpu(o["gpu"]),
+        cache=CacheConfig(block_size=o["block_size"], gpu_memory_utilization=o["gpu_memory_utilization"],
+                          swap_space_gib=o["swap_space_gib"], watermark=o["watermark"],
+                          num_gpu_blocks_override=o["num_gpu_blocks"]),
+        scheduler=SchedulerConfig(max_num_seqs=o["max_num_seqs"], max_num_batched_tokens=max_tokens,
+                                  preemption_mode=o["preemption"]),
+        tensor_parallel=o["tensor_parallel"],
+        policy=policy,
+    )
+
+
+def load_trace(trace, *, rate_scale: float = 1.0, max_requests: int | None = None):
+    """A `traces.Trace` from a path (any supported format) or a Trace, shaped by rate and count."""
+    import traces
+    if isinstance(trace, (str, Path)):
+        trace = traces.read_trace(trace)
+    if max_requests is not None:
+        trace = traces.head(trace, max_requests)
+    if rate_scale != 1.0:
+        trace = traces.scale_rate(trace, rate_scale)
+    return trace
+
+
+def simulate(trace, config: SimConfig, *, cost_profile: str | None = None, progress: bool = False,
+             check_invariants: bool = False) -> RunResult:
+    params = CostParams.from_json(cost_profile) if cost_profile else None
+    return Engine(config, trace, RooflineCostModel(config, params), progress=progress,
+                  check_invariants=check_invariants).run()
+
+
+def replay(trace, out_dir: str | Path, *, policy: str = "vllm", rate_scale: float = 1.0,
+           overrides: dict[str, Any] | None = None, progress: bool = False, write_report: bool = False,
+           max_requests: int | None = None) -> dict:
+    """Run one replay into `out_dir` and return its summary (the content of summary.json)."""
+    options = dict(overrides or {})
+    max_requests = options.pop("max_requests", max_requests)
+    cost_profile = options.get("cost_profile")
+    config = build_config(policy, **options)
+    tr = load_trace(trace, rate_scale=rate_scale, max_requests=max_requests)
+    result = simulate(tr, config, cost_profile=cost_profile, progress=progress)
+    result.summary["rate_scale"] = rate_scale
+    result.summary["trace"] = str(trace) if isinstance(trace, (str, Path)) else getattr(trace, "name", "")
+    result.save(out_dir)
+    if write_report:
+        from analysis import write_report as _write
+        _write(out_dir)
+    return result.summary
