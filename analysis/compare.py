@@ -13,16 +13,22 @@ import math
 import os
 import re
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 from tqdm import tqdm
 
-from analysis.metrics import format_slo, memory_fractions, offered_rate, prefix_hit_rate, slo_met
+from analysis.metrics import (
+    goodput_metrics,
+    memory_fractions,
+    offered_rate,
+    prefix_hit_rate,
+)
 from analysis.report import COMPARE_SETUP, COMPARE_SUMMARY, write_report
 from analysis.rundir import load_run
+from analysis.slo import format_slo
 
 Runner = Callable[..., dict]
 
@@ -74,11 +80,7 @@ def _row(out_dir: Path, policy: str, rate_scale: float, result: tuple, slo: dict
     if hit_rate is not None:
         row["prefix_hit_rate"] = hit_rate
     if slo:
-        good = int(slo_met(run.requests, slo).sum())
-        duration = float(run.summary["simulated_s"])
-        row["goodput_requests"] = good
-        row["goodput_requests_per_s"] = good / duration if duration > 0 else math.nan
-        row["slo_attainment"] = good / len(run.requests) if len(run.requests) else math.nan
+        row.update(goodput_metrics(run, slo))
     row.update(memory_fractions(run))
     return row
 

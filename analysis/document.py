@@ -117,15 +117,18 @@ def render_html(title: str, sections: list[Section]) -> str:
     return "\n".join(parts)
 
 
+def _md_cell(value) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
 def markdown_table(df: pd.DataFrame) -> str:
     """A GitHub-flavoured Markdown table (no extra dependency)."""
     cells = _formatted(df)
-    esc = lambda s: str(s).replace("|", "\\|").replace("\n", " ")  # noqa: E731
     lines = [
-        "| " + " | ".join(esc(c) for c in df.columns) + " |",
+        "| " + " | ".join(_md_cell(c) for c in df.columns) + " |",
         "|" + "|".join("---" for _ in df.columns) + "|",
     ]
-    lines += ["| " + " | ".join(esc(v) for v in row) + " |" for row in cells.itertuples(index=False)]
+    lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in cells.itertuples(index=False)]
     return "\n".join(lines)
 
 

@@ -8,7 +8,6 @@ window are those first scheduled before it ends and not finished before it start
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,13 +138,13 @@ def fragmentation_sections(run: Run, rep: FragmentationReport, window_s: float) 
     """The fragmentation report's sections (also part of a single run's ``report.html``)."""
     allocator = run.config.get("allocator", run.policy)
     sections = [Section("fragmentation-breakdown", "Fragmentation: time-averaged breakdown", [
-        f"Capacity {run.capacity_tokens:,} token slots; policy {run.policy}. "
-        "Means are weighted by step duration.",
+        (f"Capacity {run.capacity_tokens:,} token slots; policy {run.policy}. "
+         "Means are weighted by step duration."),
         Table(rep.breakdown),
     ])]
     items: list = [
-        f"Top {len(rep.windows)} windows of {window_s:.4g} s by mean wasted slots "
-        "(reservation + internal + external fragmentation).",
+        (f"Top {len(rep.windows)} windows of {window_s:.4g} s by mean wasted slots "
+         "(reservation + internal + external fragmentation)."),
         Table(rep.windows),
     ]
     if len(run.steps):

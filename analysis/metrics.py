@@ -10,23 +10,12 @@ Conventions:
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 import pandas as pd
 
 from analysis.rundir import MEMORY_CATEGORIES, MEMORY_COLUMNS, Run
-
-#: SLO keys and the per-request column each bounds.
-SLO_COLUMNS = {
-    "ttft": "ttft_s",
-    "tpot": "tpot_s",
-    "e2e": "e2e_s",
-    "queue": "queue_s",
-    "norm_latency": "norm_latency_s",
-}
-_UNIT_SECONDS = {"s": 1.0, "ms": 1e-3}
-_SLO_ITEM = re.compile(r"^\s*([a-z_0-9]+)\s*=\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(ms|s)\s*$")
+from analysis.slo import SLO_COLUMNS
 
 LATENCY_METRICS = ("ttft", "tpot", "e2e", "queue")
 PERCENTILES = (50, 90, 99)
@@ -36,35 +25,6 @@ REQUEST_METRIC_COLUMNS = (
     "queue_s", "ttft_s", "tpot_s", "e2e_s", "norm_latency_s",
     "preemptions", "swaps", "recomputed_tokens",
 )
-
-
-def parse_slo(text: str | None) -> dict[str, float]:
-    """Parse ``"ttft=2s,tpot=100ms,e2e=30s"`` into ``{"ttft": 2.0, "tpot": 0.1, "e2e": 30.0}``.
-
-    Every bound needs a unit (``s`` or ``ms``); keys are those of ``SLO_COLUMNS``.
-    An empty or None string is no SLO (``{}``).
-    """
-    if not text or not text.strip():
-        return {}
-    slo: dict[str, float] = {}
-    for item in text.split(","):
-        match = _SLO_ITEM.match(item.lower())
-        if not match:
-            raise ValueError(
-                f"SLO item {item.strip()!r} is not KEY=NUMBER<s|ms> (e.g. ttft=2s,tpot=100ms)"
-            )
-        key, number, unit = match.groups()
-        if key not in SLO_COLUMNS:
-            raise ValueError(f"unknown SLO key {key!r}; known keys: {', '.join(SLO_COLUMNS)}")
-        if key in slo:
-            raise ValueError(f"SLO key {key!r} given twice")
-        slo[key] = float(number) * _UNIT_SECONDS[unit]
-    return slo
-
-
-def format_slo(slo: dict[str, float]) -> str:
-    """The inverse of ``parse_slo`` in milliseconds, for captions: ``ttft=2000ms,tpot=100ms``."""
-    return ",".join(f"{k}={v * 1e3:g}ms" for k, v in slo.items())
 
 
 def request_metrics(run: Run) -> pd.DataFrame:
@@ -89,6 +49,17 @@ def slo_met(requests: pd.DataFrame, slo: dict[str, float]) -> pd.Series:
 
 def _per_second(amount: float, duration_s: float) -> float:
     return amount / duration_s if duration_s > 0 else math.nan
+
+
+def goodput_metrics(run: Run, slo: dict[str, float]) -> dict[str, float]:
+    """Requests within the SLO: count, per second of simulated time, and share of all requests."""
+    good = int(slo_met(run.requests, slo).sum())
+    total = len(run.requests)
+    return {
+        "goodput_requests": good,
+        "goodput_requests_per_s": _per_second(good, float(run.summary["simulated_s"])),
+        "slo_attainment": good / total if total else math.nan,
+    }
 
 
 def time_weights(steps: pd.DataFrame) -> np.ndarray:
@@ -158,10 +129,7 @@ def run_metrics(run: Run, slo: dict[str, float] | None = None) -> dict[str, floa
             m[f"{name}_p{p}_s"] = float(np.percentile(values, p)) if len(values) else math.nan
     m["norm_latency_mean_s"] = float(done["norm_latency_s"].mean()) if len(done) else math.nan
     if slo:
-        good = int(slo_met(req, slo).sum())
-        m["goodput_requests"] = good
-        m["goodput_requests_per_s"] = _per_second(good, duration)
-        m["slo_attainment"] = good / len(req) if len(req) else math.nan
+        m.update(goodput_metrics(run, slo))
     steps = run.steps
     m["preemptions"] = int(steps["preempted"].sum())
     m["swap_outs"] = int(req["swaps"].sum())

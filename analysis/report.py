@@ -14,9 +14,14 @@ import pandas as pd
 
 from analysis import figures
 from analysis.document import Image, Section, Table, write_document
-from analysis.fragmentation import analyze_fragmentation, default_window_s, fragmentation_sections
-from analysis.metrics import format_slo, memory_fractions, run_metrics, time_binned
+from analysis.fragmentation import (
+    analyze_fragmentation,
+    default_window_s,
+    fragmentation_sections,
+)
+from analysis.metrics import memory_fractions, run_metrics, time_binned
 from analysis.rundir import MEMORY_CATEGORIES, Run, RunDirError, load_run
+from analysis.slo import format_slo
 
 COMPARE_SUMMARY = "summary.parquet"
 COMPARE_SETUP = "compare.json"
@@ -104,8 +109,8 @@ def run_sections(run: Run, slo: dict[str, float] | None = None) -> list[Section]
         Section("configuration", "Configuration", [f"Run directory: {run.path}", _kv_table(facts),
                                                    _kv_table(flatten(run.config))]),
         Section("summary", "Summary", [
-            "Computed from requests.parquet and steps.parquet; throughput over simulated time, "
-            f"latency percentiles over finished requests.{slo_note}",
+            ("Computed from requests.parquet and steps.parquet; throughput over simulated time, "
+             f"latency percentiles over finished requests.{slo_note}"),
             Table(pd.DataFrame({"metric": list(metrics), "value": list(metrics.values())})),
         ]),
         Section("memory-breakdown", "Time-averaged memory breakdown", [
@@ -192,7 +197,7 @@ def write_report(path: str | Path, slo: dict[str, float] | None = None) -> tuple
     """Write ``report.html`` (self-contained) and ``report.md`` (+ PNGs) into ``path``.
 
     ``path`` is a run directory or a ``compare`` output directory. ``slo`` (see
-    ``metrics.parse_slo``) adds goodput to a single run's summary. Returns (html, md) paths.
+    ``slo.parse_slo``) adds goodput to a single run's summary. Returns (html, md) paths.
     """
     path = Path(path)
     if (path / COMPARE_SUMMARY).is_file():
