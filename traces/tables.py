@@ -119,8 +119,8 @@ def _load_csv(path: Path, columns: list[str], lenient: bool) -> RawTable:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", pd.errors.ParserWarning)
         try:
-            df = pd.read_csv(path, usecols=columns, skip_blank_lines=False,
-                             on_bad_lines="warn" if lenient else "error")
+            # all columns are parsed (not usecols) so that lines with too many fields are caught
+            df = pd.read_csv(path, skip_blank_lines=False, on_bad_lines="warn" if lenient else "error")
         except pd.errors.EmptyDataError:
             raise TraceError(path, "the file is empty", hint="a trace needs a header and at least one request") from None
         except pd.errors.ParserError as e:
@@ -137,7 +137,7 @@ def _load_csv(path: Path, columns: list[str], lenient: bool) -> RawTable:
     lines = np.arange(2, 2 + len(df) + len(skipped), dtype=np.int64)
     if skipped:
         lines = np.setdiff1d(lines, np.array([n for n, _ in skipped], dtype=np.int64))
-    df, lines = _drop_trailing_blank_rows(df, lines)
+    df, lines = _drop_trailing_blank_rows(df[columns], lines)
     return RawTable(path, df, lines, truncated_tail=_ends_without_newline(path), unparsed=skipped)
 
 
