@@ -7,7 +7,14 @@ options and the command line are described in ``traces/FORMATS.md``.
 from .bundled import bundled, bundled_names
 from .errors import ReadReport, TraceError, TraceWarning
 from .read import read_trace
-from .shaping import clip_to_max_len, head, poisson_retime, scale_rate, subsample, window
+from .shaping import (
+    clip_to_max_len,
+    head,
+    poisson_retime,
+    scale_rate,
+    subsample,
+    window,
+)
 from .trace import Trace
 
 __all__ = [

@@ -13,10 +13,18 @@ import math
 import sys
 
 from .columns import TIME_UNITS
+from .errors import TraceError
 from .formats import format_names
 from .lengths import parse_length
 from .read import read_trace
-from .shaping import clip_to_max_len, head, poisson_retime, scale_rate, subsample, window
+from .shaping import (
+    clip_to_max_len,
+    head,
+    poisson_retime,
+    scale_rate,
+    subsample,
+    window,
+)
 from .stats import describe
 from .synth import multi_turn_trace, shared_prefix_trace, synth_trace
 from .trace import Trace
@@ -176,7 +184,7 @@ def run_synth(args: argparse.Namespace) -> int:
     prompt = parse_length(args.prompt_len, "prompt_tokens")
     output = parse_length(args.output_len, "output_tokens")
     cv = 1.0 if args.arrivals == "poisson" else args.cv
-    common = dict(rate_per_s=args.rate, output=output, cv=cv, n=args.n, beam_width=args.beam_width, seed=args.seed)
+    common = {"rate_per_s": args.rate, "output": output, "cv": cv, "n": args.n, "beam_width": args.beam_width, "seed": args.seed}
     if args.workload == "plain":
         trace = synth_trace(args.requests, prompt=prompt, hash_block_tokens=args.hash_block_tokens, **common)
     elif args.workload == "shared-prefix":
@@ -197,4 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m traces")
     add_traces_command(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["traces", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (TraceError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -6,8 +6,9 @@ and a list of :class:`RowProblem`, one per kind of problem, each with a row mask
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -166,7 +167,7 @@ def _hash_array(raw: pd.Series) -> tuple[pa.Array, np.ndarray]:
 
 
 def _is_null(value) -> bool:
-    return value is None or (isinstance(value, float) and value != value)
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def _is_int_list(value) -> bool:

@@ -58,7 +58,7 @@ class Empirical:
     values: np.ndarray
 
     @classmethod
-    def from_trace(cls, trace, column: str) -> "Empirical":
+    def from_trace(cls, trace, column: str) -> Empirical:
         return cls(trace.df[column].to_numpy(dtype=np.int64, copy=True))
 
     def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:

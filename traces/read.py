@@ -48,9 +48,9 @@ def read_trace(
     container = container_of(path) if path.exists() else "csv"
     columns = peek_columns(path, container)
     spec = resolve_format(path, columns, format, mapping, time_unit, hash_block_tokens)
-    if container == "parquet" and spec.name == "canonical" and format is None and not mapping:
-        if b"blocksim.trace" in (_parquet_metadata(path) or {}):
-            return Trace.from_parquet(path)
+    written_by_us = container == "parquet" and spec.name == "canonical" and format is None and not mapping
+    if written_by_us and b"blocksim.trace" in (_parquet_metadata(path) or {}):
+        return Trace.from_parquet(path)
     sources = _present_sources(path, spec, columns)
     table = load_table(path, container, list(dict.fromkeys(sources.values())), lenient=lenient)
     values, problems = _convert(table, spec, sources)
@@ -116,6 +116,12 @@ def _convert(table: RawTable, spec: FormatSpec, sources: dict[str, str]):
         values["prefix_hashes"], found = to_hashes(df[sources["prefix_hashes"]], sources["prefix_hashes"],
                                                    values["prompt_tokens"], prompt_ok, spec.hash_block_tokens, prompt_col)
         problems += found
+    if table.blank is not None and table.blank.any():
+        for p in problems:
+            p.mask = p.mask & ~table.blank
+        problems = [p for p in problems if p.mask.any()]
+        problems.insert(0, RowProblem("", "blank line", table.blank, "remove blank lines inside the file",
+                                      lambda i: "blank line"))
     return values, problems
 
 
@@ -132,13 +138,13 @@ def _apply_problems(table: RawTable, problems: list[RowProblem], lenient: bool) 
         hint = worst.hint + "; or pass lenient=True (--lenient) to skip bad rows"
         if table.truncated_tail and i == n_rows - 1:
             hint = "the last line looks truncated (the file does not end with a newline); " + hint
-        raise TraceError(table.path, worst.describe(i) + more, line=int(table.lines[i]), column=worst.column,
+        raise TraceError(table.path, worst.describe(i) + more, line=int(table.lines[i]), column=worst.column or None,
                          hint=hint, where=table.where)
     reasons: dict[str, int] = {}
     for line, why in table.unparsed:
         reasons[why.split(" (")[0]] = reasons.get(why.split(" (")[0], 0) + 1
     for p in problems:
-        key = f"{p.column}: {p.kind}"
+        key = f"{p.column}: {p.kind}" if p.column else p.kind
         reasons[key] = reasons.get(key, 0) + int(p.mask.sum())
     skipped_lines = np.sort(np.concatenate([table.lines[bad], np.array([n for n, _ in table.unparsed], np.int64)]))
     report = ReadReport(len(skipped_lines), tuple(int(x) for x in skipped_lines[:_FIRST_LINES_REPORTED]), reasons)

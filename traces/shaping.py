@@ -72,7 +72,7 @@ def subsample(trace: Trace, fraction: float | None = None, *, count: int | None 
     if fraction is not None:
         if not 0 <= fraction <= 1:
             raise ValueError(f"subsample fraction must be in [0, 1], got {fraction}")
-        count = int(round(fraction * len(trace)))
+        count = round(fraction * len(trace))
     if not 0 <= count <= len(trace):
         raise ValueError(f"subsample count must be in [0, {len(trace)}], got {count}")
     rng = np.random.default_rng(seed)

@@ -73,4 +73,4 @@ def prefix_reuse(trace: Trace) -> dict:
     nonempty = lengths > 0
     first_miss = np.minimum.reduceat(miss_pos, starts[nonempty])
     hits = np.minimum(first_miss, lengths[nonempty]).sum()
-    return {"hash_blocks": total, "unique_hash_blocks": int(len(unique)), "prefix_reuse_ratio": float(hits / total)}
+    return {"hash_blocks": total, "unique_hash_blocks": len(unique), "prefix_reuse_ratio": float(hits / total)}

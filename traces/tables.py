@@ -44,6 +44,7 @@ class RawTable:
     where: str = "line"
     truncated_tail: bool = False
     unparsed: list[tuple[int, str]] = field(default_factory=list)
+    blank: np.ndarray | None = None
 
 
 def container_of(path: Path) -> str:
@@ -137,8 +138,10 @@ def _load_csv(path: Path, columns: list[str], lenient: bool) -> RawTable:
     lines = np.arange(2, 2 + len(df) + len(skipped), dtype=np.int64)
     if skipped:
         lines = np.setdiff1d(lines, np.array([n for n, _ in skipped], dtype=np.int64))
-    df, lines = _drop_trailing_blank_rows(df[columns], lines)
-    return RawTable(path, df, lines, truncated_tail=_ends_without_newline(path), unparsed=skipped)
+    df, lines = _drop_trailing_blank_rows(df, lines)
+    blank = df.isna().all(axis=1).to_numpy()
+    return RawTable(path, df[columns], lines, truncated_tail=_ends_without_newline(path), unparsed=skipped,
+                    blank=blank)
 
 
 def _drop_trailing_blank_rows(df: pd.DataFrame, lines: np.ndarray):

@@ -66,7 +66,7 @@ class Trace:
         pq.write_table(table, str(path))
 
     @classmethod
-    def from_parquet(cls, path: str | Path) -> "Trace":
+    def from_parquet(cls, path: str | Path) -> Trace:
         """Read a file written by :meth:`to_parquet`."""
         table = pq.read_table(str(path))
         meta = json.loads((table.schema.metadata or {}).get(PARQUET_KEY, b"{}"))

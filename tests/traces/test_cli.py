@@ -4,7 +4,13 @@ import json
 import pytest
 
 from traces import Trace, TraceError, bundled
-from traces.cli import add_trace_read_options, add_traces_command, main, parse_mapping, read_trace_from_args
+from traces.cli import (
+    add_trace_read_options,
+    add_traces_command,
+    main,
+    parse_mapping,
+    read_trace_from_args,
+)
 
 
 def blocksim_like_parser() -> argparse.ArgumentParser:
@@ -70,6 +76,10 @@ def test_bad_map_flag():
         parse_mapping(["arrival_s"])
 
 
-def test_errors_surface_as_trace_error(write):
+def test_errors_surface_as_trace_error(write, capsys):
+    path = write("empty.csv", "")
+    args = blocksim_like_parser().parse_args(["traces", "info", str(path)])
     with pytest.raises(TraceError):
-        main(["info", str(write("empty.csv", ""))])
+        args.func(args)
+    assert main(["info", str(path)]) == 2, "the stand-alone entry point exits with status 2"
+    assert "empty" in capsys.readouterr().err

@@ -64,6 +64,12 @@ def test_count_of_bad_rows_is_given(write):
     assert "2 bad rows in total" in str(raises(path))
 
 
+def test_blank_line_inside_csv_is_a_bad_row_but_trailing_ones_are_not(write):
+    err = raises(write("a.csv", AZURE_HEADER + GOOD_AZURE + "\n" + GOOD_AZURE))
+    assert err.line == 3 and "blank line" in str(err)
+    assert len(read_trace(write("b.csv", AZURE_HEADER + GOOD_AZURE + GOOD_AZURE + "\n\n"))) == 2
+
+
 def test_wrong_field_count_in_csv(write):
     err = raises(write("a.csv", AZURE_HEADER + GOOD_AZURE + "2023-11-16 18:15:47.0,1,2,3\n"))
     assert err.line == 3 and "wrong number of fields" in str(err)

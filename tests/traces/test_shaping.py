@@ -4,7 +4,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from traces import Trace, bundled, clip_to_max_len, head, poisson_retime, read_trace, scale_rate, subsample, window
+from traces import (
+    Trace,
+    bundled,
+    clip_to_max_len,
+    head,
+    poisson_retime,
+    read_trace,
+    scale_rate,
+    subsample,
+    window,
+)
 
 
 def make(arrival, prompt=None, output=None, hash_block_tokens=None, **extra):

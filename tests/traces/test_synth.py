@@ -1,11 +1,11 @@
 import numpy as np
 import pytest
 
+from traces import bundled
 from traces.arrivals import gamma_arrivals, poisson_arrivals
 from traces.lengths import Empirical, Fixed, LogNormal, Uniform, parse_length
 from traces.stats import interarrival_cv, prefix_reuse
 from traces.synth import multi_turn_trace, shared_prefix_trace, synth_trace
-from traces import bundled, read_trace
 
 
 def test_arrival_processes_hit_rate_and_cv():
@@ -39,7 +39,7 @@ def test_parse_length_forms():
 
 
 def test_synth_is_reproducible_and_seeded():
-    kwargs = dict(rate_per_s=3.0, prompt=LogNormal(300, 1), output=Uniform(1, 50), cv=2.0)
+    kwargs = {"rate_per_s": 3.0, "prompt": LogNormal(300, 1), "output": Uniform(1, 50), "cv": 2.0}
     a, b = synth_trace(200, seed=5, **kwargs), synth_trace(200, seed=5, **kwargs)
     assert a.df.equals(b.df)
     assert not a.df.equals(synth_trace(200, seed=6, **kwargs).df)
