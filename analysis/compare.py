@@ -54,7 +54,7 @@ def _run_one(runner: Runner, trace: str, run_dir: str, policy: str, rate_scale: 
                          overrides=overrides or None, progress=False, write_report=False)
         return (summary if isinstance(summary, dict) else {}), "", ""
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported in the summary, not re-raised
-        return None, f"{type(exc).__name__}: {exc}", traceback.format_exc()
+        return None, " ".join(f"{type(exc).__name__}: {exc}".split()), traceback.format_exc()
 
 
 def _row(out_dir: Path, policy: str, rate_scale: float, result: tuple, slo: dict) -> dict:
@@ -125,6 +125,8 @@ def compare(
         raise ValueError("compare needs at least one policy")
     if not rate_scales or any(not (r > 0 and math.isfinite(r)) for r in rate_scales):
         raise ValueError(f"rate scales must be positive numbers, got {rate_scales}")
+    if isinstance(trace, (str, Path)) and runner is None and not Path(trace).exists():
+        raise FileNotFoundError(f"trace {trace} not found")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     runner = runner or replay_runner

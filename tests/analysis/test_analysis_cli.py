@@ -69,7 +69,9 @@ def test_compare_command_passes_overrides(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(analysis.compare, "replay_runner", runner)
     out = tmp_path / "cmp"
-    args = _parse(["compare", "t.csv", "--policy", "vllm", "--policy", "bad", "--out", str(out),
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,1,1\n")
+    args = _parse(["compare", str(trace), "--policy", "vllm", "--policy", "bad", "--out", str(out),
                    "--workers", "1", "--max-requests", "50", "--gpu", "a100-80gb", "--set", "block_size=32",
                    "--no-progress"])
     assert args.func(args) == 1, "exit status 1 when a run failed"
@@ -77,3 +79,9 @@ def test_compare_command_passes_overrides(tmp_path, monkeypatch, capsys):
     captured = capsys.readouterr()
     assert "unknown policy 'bad'" in captured.out and "1 of 2 runs failed" in captured.err
     assert (out / "summary.parquet").is_file() and (out / "report.html").is_file()
+
+
+def test_compare_command_with_a_missing_trace(tmp_path, capsys):
+    args = _parse(["compare", str(tmp_path / "nope.csv"), "--policy", "vllm", "--out", str(tmp_path / "o")])
+    assert args.func(args) == 2
+    assert "nope.csv not found" in capsys.readouterr().err

@@ -94,3 +94,9 @@ def test_run_dir_names():
     assert run_dir_name("vllm", 0.5) == "vllm_x0.5"
     assert run_dir_name("orca-pow2", 4.0) == "orca-pow2_x4"
     assert run_dir_name("my.pkg:Policy", 1.0) == "my.pkg-Policy_x1"
+
+
+def test_a_missing_trace_fails_before_any_run(tmp_path):
+    with pytest.raises(FileNotFoundError, match="trace .*nope.csv not found"):
+        compare(tmp_path / "nope.csv", ["vllm"], [1.0], tmp_path / "cmp")
+    assert not (tmp_path / "cmp").exists()
