@@ -80,6 +80,18 @@ def _build(cls: type, name: str, fields: dict[str, Any], where: str) -> Any:
                if f.default is dataclasses.MISSING and f.name != "name"} - set(fields)
     if missing:
         raise ConfigError(f"{where}: missing field(s) {sorted(missing)}")
+    types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    for k, v in fields.items():
+        if types[k] in ("int", "float") and isinstance(v, str):  # YAML reads 1.0e7 as a string
+            try:
+                v = float(v)
+            except ValueError:
+                raise ConfigError(f"{where}.{k}: expected a number, got {v!r}") from None
+        if types[k] == "int" and isinstance(v, float):
+            if not v.is_integer():
+                raise ConfigError(f"{where}.{k}: expected an integer, got {v!r}")
+            v = int(v)
+        fields[k] = v
     try:
         return cls(name=name, **fields)
     except TypeError as e:

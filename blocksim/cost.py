@@ -100,10 +100,10 @@ class RooflineCostModel:
         self.copies_per_block = 2 * m.num_layers
 
     # --- components ------------------------------------------------------------------------------
-    def linear(self, tokens):
-        t = np.maximum(np.asarray(tokens, dtype=np.float64) * self.linear_flops_per_token / self.flops,
-                       self.weight_time_s)
-        return np.where(np.asarray(tokens) > 0, t, 0.0) * self.params.scale_linear
+    def linear(self, tokens: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        return max(tokens * self.linear_flops_per_token / self.flops, self.weight_time_s) * self.params.scale_linear
 
     def attn_prefill(self, new_tokens: np.ndarray, cached_tokens: np.ndarray | None = None) -> float:
         p = np.asarray(new_tokens, dtype=np.float64)
@@ -111,8 +111,8 @@ class RooflineCostModel:
         return float(self.attn_flops_coef * np.sum(p * (c + p / 2)) / self.flops) * self.params.scale_attn_prefill
 
     def attn_decode(self, ctx_tokens):
-        return np.asarray(ctx_tokens, dtype=np.float64) * (self.kv_bytes_per_token / self.bw) \
-            * self.params.scale_attn_decode
+        """Seconds to read the KV of `ctx_tokens` context tokens (an int, or an array for a span)."""
+        return ctx_tokens * (self.kv_bytes_per_token / self.bw) * self.params.scale_attn_decode
 
     def swap(self, blocks: int) -> float:
         if blocks <= 0:

@@ -164,7 +164,7 @@ class Engine:
         tokens = out.prefill_tokens + out.num_decode_seqs
         prefill = [s.num_tokens for g in out.prefill_groups for s in g.seqs[:1]]
         return {
-            "t_linear_s": float(cm.linear(tokens)),
+            "t_linear_s": cm.linear(tokens),
             "t_attn_prefill_s": cm.attn_prefill(np.asarray(prefill)) if prefill else 0.0,
             "t_attn_decode_s": float(cm.attn_decode(out.decode_ctx_tokens)),
             "t_swap_s": cm.swap(len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)),
@@ -175,7 +175,7 @@ class Engine:
     def _decode_span_times(self, out: SchedulerOutputs, k: int):
         cm, n = self.cost, out.num_decode_seqs
         ctx = out.decode_ctx_tokens + n * np.arange(k, dtype=np.int64)
-        comps = {"t_linear_s": float(cm.linear(n)), "t_attn_decode_s": cm.attn_decode(ctx),
+        comps = {"t_linear_s": cm.linear(n), "t_attn_decode_s": cm.attn_decode(ctx),
                  "t_overhead_s": cm.overhead(True)}
         durations = comps["t_linear_s"] + comps["t_attn_decode_s"] + comps["t_overhead_s"]
         return durations, comps

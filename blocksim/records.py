@@ -1,7 +1,4 @@
-"""Columnar step records: single steps as row tuples, spans of steps as column arrays.
-
-Rows are kept in arrival order as a list of chunks; `to_frame()` concatenates them once at the end.
-"""
+"""Columnar step records: one Python list per column, extended in bulk for spans of steps."""
 
 from __future__ import annotations
 
@@ -22,32 +19,27 @@ FLOAT_COLUMNS = frozenset(c for c in ROW_COLUMNS if c.endswith("_s"))
 
 class StepRecorder:
     def __init__(self) -> None:
-        self._rows: list[tuple] = []
-        self._chunks: list[dict[str, np.ndarray]] = []
+        self.cols: list[list] = [[] for _ in ROW_COLUMNS]
         self.num_steps = 0
 
     def add(self, row: tuple) -> None:
         """One step: values in `ROW_COLUMNS` order."""
-        self._rows.append(row)
+        for lst, v in zip(self.cols, row):
+            lst.append(v)
         self.num_steps += 1
 
     def add_many(self, k: int, values: dict) -> None:
-        """`k` steps; each value is a scalar (repeated) or an array of length k."""
-        self._flush()
-        self._chunks.append({c: np.broadcast_to(np.asarray(values[c]), (k,)) for c in ROW_COLUMNS})
+        """`k` steps; each value is a numpy array of length k or a Python scalar (repeated)."""
+        for lst, c in zip(self.cols, ROW_COLUMNS):
+            v = values[c]
+            if isinstance(v, np.ndarray):
+                lst.extend(v.tolist())
+            else:
+                lst.extend([v] * k)
         self.num_steps += k
 
-    def _flush(self) -> None:
-        if self._rows:
-            cols = list(zip(*self._rows))
-            self._chunks.append({c: np.asarray(v) for c, v in zip(ROW_COLUMNS, cols)})
-            self._rows = []
-
     def to_frame(self) -> pd.DataFrame:
-        self._flush()
         data = {"step": np.arange(self.num_steps, dtype=np.int64)}
-        for c in ROW_COLUMNS:
-            dtype = np.float64 if c in FLOAT_COLUMNS else np.int64
-            data[c] = (np.concatenate([ch[c].astype(dtype, copy=False) for ch in self._chunks])
-                       if self._chunks else np.zeros(0, dtype))
+        for c, lst in zip(ROW_COLUMNS, self.cols):
+            data[c] = np.asarray(lst, dtype=np.float64 if c in FLOAT_COLUMNS else np.int64)
         return pd.DataFrame(data)

@@ -1,0 +1,55 @@
+"""Replay speed: the full Azure LLM 2023 conversation trace (19,366 requests) on llama-2-7b / h100-80gb.
+
+    python benchmarks/replay.py [TRACE] [--model M --gpu G --block-size B --repeat N --no-spans]
+
+Prints wall seconds (median of the repeats) and simulated tokens (prompt + output) per wall second.
+The trace defaults to ../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv beside the
+repository, falling back to the bundled 2,000-request slice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import traces
+from blocksim.engine import Engine
+from blocksim.runner import build_config
+
+FULL = Path(__file__).resolve().parents[2] / "shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("trace", nargs="?", default=str(FULL) if FULL.exists() else str(traces.bundled("azure-conv")))
+    p.add_argument("--model", default="llama-2-7b")
+    p.add_argument("--gpu", default="h100-80gb")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--policy", default="vllm")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--no-spans", action="store_true", help="step one by one (the exact reference)")
+    a = p.parse_args()
+    t0 = time.perf_counter()
+    tr = traces.read_trace(a.trace)
+    read_s = time.perf_counter() - t0
+    cfg = build_config(a.policy, model=a.model, gpu=a.gpu, block_size=a.block_size)
+    walls, res = [], None
+    for _ in range(a.repeat):
+        t = time.perf_counter()
+        res = Engine(cfg, tr, spans=not a.no_spans).run()
+        walls.append(time.perf_counter() - t)
+    s = res.summary
+    fin = res.requests[res.requests.status == "finished"]
+    tokens = int((fin.prompt_tokens + fin.output_tokens * fin.n).sum())
+    wall = statistics.median(walls)
+    print(f"trace {Path(a.trace).name}: {len(tr)} requests, read in {read_s:.2f} s")
+    print(f"{a.model} / {a.gpu} / block {a.block_size} / policy {a.policy}: {s['steps']} steps, "
+          f"{s['finished']} finished, {s['rejected']} rejected, {s['simulated_s']:.0f} simulated s")
+    print(f"wall {wall:.2f} s (median of {a.repeat}: {', '.join(f'{w:.2f}' for w in walls)}), "
+          f"{tokens / wall:,.0f} simulated tokens per wall-second, {s['steps'] / wall:,.0f} steps/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""End-to-end replays: nothing lost, blocks conserved after every step, spans equal to single steps."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from blocksim.engine import Engine, EngineError
+from blocksim.runner import build_config
+
+
+def workload(draw_lists):
+    arrivals, prompts, outputs, ns = draw_lists
+    return pd.DataFrame({"arrival_s": np.cumsum(arrivals), "prompt_tokens": prompts,
+                         "output_tokens": outputs, "n": ns})
+
+
+requests = st.integers(1, 25).flatmap(lambda k: st.tuples(
+    st.lists(st.floats(0, 0.05), min_size=k, max_size=k),
+    st.lists(st.integers(1, 120), min_size=k, max_size=k),
+    st.lists(st.integers(1, 80), min_size=k, max_size=k),
+    st.lists(st.sampled_from([1, 1, 1, 2, 3]), min_size=k, max_size=k),
+))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lists=requests, blocks=st.integers(6, 60), block_size=st.sampled_from([1, 4, 16]),
+       mode=st.sampled_from(["auto", "recompute", "swap"]), watermark=st.sampled_from([0.0, 0.05]),
+       cpu_gib=st.sampled_from([0.0, 1.0]))
+def test_every_request_finishes_or_is_rejected_and_blocks_are_conserved(lists, blocks, block_size, mode,
+                                                                         watermark, cpu_gib):
+    trace = workload(lists)
+    cfg = build_config(model="llama-2-7b", gpu="h100-80gb", num_gpu_blocks=blocks, block_size=block_size,
+                       preemption=mode, watermark=watermark, swap_space_gib=cpu_gib, max_num_seqs=8)
+    res = Engine(cfg, trace, check_invariants=True).run()  # checks ref counts and free lists every step
+    r = res.requests
+    assert len(r) == len(trace)
+    assert set(r.status) <= {"finished", "rejected"}
+    assert (r.reject_reason[r.status == "rejected"] != "").all()
+    done = r[r.status == "finished"]
+    assert (done.finish_s >= done.first_token_s).all() and (done.first_token_s > done.arrival_s).all()
+    steps = res.steps
+    mem = steps[["mem_token_states", "mem_reservation", "mem_internal_frag", "mem_external_frag", "mem_free"]]
+    assert (mem.sum(axis=1) == blocks * block_size).all(), "the five memory categories sum to capacity"
+    assert (steps.gpu_blocks_used <= blocks).all()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lists=requests, blocks=st.integers(8, 80), block_size=st.sampled_from([2, 8, 16]))
+def test_spans_give_exactly_the_single_step_result(lists, blocks, block_size):
+    trace = workload(lists)
+    cfg = build_config(num_gpu_blocks=blocks, block_size=block_size, max_num_seqs=8, watermark=0.0)
+    a = Engine(cfg, trace, spans=True).run()
+    b = Engine(cfg, trace, spans=False).run()
+    pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=False, rtol=1e-12)
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=False, rtol=1e-12)
+
+
+def test_a_bundled_trace_replays_with_spans_identical_to_single_steps():
+    import traces
+    tr = traces.head(traces.read_trace(traces.bundled("azure-conv")), 300)
+    cfg = build_config(model="llama-2-7b", gpu="a100-40gb")  # tight memory: preemptions happen
+    a = Engine(cfg, tr).run()
+    b = Engine(cfg, tr, spans=False).run()
+    assert len(a.steps) == len(b.steps)
+    pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=False, rtol=1e-12)
+    assert a.summary["finished"] + a.summary["rejected"] == 300
+
+
+def test_bad_trace_rows_are_named():
+    cfg = build_config()
+    bad = pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": [10, 0], "output_tokens": [5, 5]})
+    with pytest.raises(EngineError, match="row 1: prompt_tokens"):
+        Engine(cfg, bad)
+    with pytest.raises(EngineError, match="lacks column"):
+        Engine(cfg, pd.DataFrame({"arrival_s": [0.0]}))
+
+
+def test_run_directory_has_the_documented_files(tmp_path):
+    from blocksim.records import STEP_COLUMNS
+    from blocksim.runner import replay
+    trace = pd.DataFrame({"arrival_s": [0.0, 0.1, 0.2], "prompt_tokens": [100, 200, 300],
+                          "output_tokens": [5, 1, 20]})
+    path = tmp_path / "t.csv"
+    trace.to_csv(path, index=False)
+    summary = replay(str(path), tmp_path / "run", overrides={"num_gpu_blocks": 100})
+    steps = pd.read_parquet(tmp_path / "run" / "steps.parquet")
+    reqs = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    assert list(steps.columns) == list(STEP_COLUMNS)
+    assert summary["finished"] == 3 and (reqs.status == "finished").all()
+    assert np.isnan(reqs.tpot_s.iloc[1]), "TPOT is undefined for a one-token output"
+    assert reqs.ttft_s.iloc[0] == pytest.approx(steps.start_s.iloc[0] + steps.duration_s.iloc[0])
