@@ -50,6 +50,7 @@ def _run_one(runner: Runner, trace: str, run_dir: str, policy: str, rate_scale: 
     """(summary, error, traceback) of one run; never raises, so one failure cannot sink the pool."""
     try:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / "error.txt").unlink(missing_ok=True)  # from an earlier failed attempt
         summary = runner(trace, run_dir, policy=policy, rate_scale=rate_scale,
                          overrides=overrides or None, progress=False, write_report=False)
         return (summary if isinstance(summary, dict) else {}), "", ""

@@ -245,9 +245,11 @@ def wasted_over_time(ts: pd.DataFrame, capacity: int, windows: pd.DataFrame) -> 
     fig, axes = _figure(1, 1, row_height=3.4)
     ax = axes[0, 0]
     _stack(ax, ts.index.to_numpy(), {c: ts[c].to_numpy() * (100.0 / capacity) for c in WASTE_CATEGORIES})
-    for w in windows.itertuples():
+    for k, w in enumerate(windows.sort_values("start_s").itertuples()):
         ax.axvspan(w.start_s, w.end_s, color="#000000", alpha=0.12, linewidth=0)
+        # Alternate label heights so adjacent windows' ranks do not overlap.
         ax.annotate(f"#{w.rank}", ((w.start_s + w.end_s) / 2, 1.0), xycoords=("data", "axes fraction"),
+                    xytext=(0, 2 + 9 * (k % 2)), textcoords="offset points",
                     ha="center", va="bottom", fontsize=8)
     ax.set(xlabel="simulated time (s)", ylabel="wasted KV capacity (%)")
     ax.margins(x=0)
