@@ -66,7 +66,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
 def _run_and_report(trace, args, out: Path, *, progress: bool) -> int:
     summary = replay(trace, out, policy=getattr(args, "policy", "vllm") or "vllm",
                      rate_scale=getattr(args, "rate_scale", 1.0) or 1.0, overrides=overrides_from_args(args),
-                     progress=progress, max_requests=getattr(args, "max_requests", None))
+                     progress=progress, max_requests=getattr(args, "max_requests", None),
+                     record_plan=getattr(args, "record_plan", False))
     print(f"\nblocksim: {summary['config']['model']['name']} on {summary['config']['gpu']['name']}, "
           f"policy {summary['config']['policy']}, block size {summary['block_size']}")
     print(format_summary(summary))
@@ -124,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
     r.add_argument("--rate-scale", type=float, default=1.0, help="multiply the request rate")
     r.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
+    r.add_argument("--record-plan", action="store_true",
+                   help="write the execution plan (plan/) for `blocksim validate`; steps one by one")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     add_config_options(r)
     from traces.cli import add_trace_read_options

@@ -67,15 +67,25 @@ def requests_frame(trace) -> pd.DataFrame:
 
 class Engine:
     def __init__(self, config: SimConfig, trace, cost_model=None, *, spans: bool = True,
-                 check_invariants: bool = False, progress: bool = False) -> None:
+                 check_invariants: bool = False, progress: bool = False, plan_dir=None,
+                 block_manager=None) -> None:
         self.config = config
         self.reqs = requests_frame(trace)
         self.cost = cost_model or RooflineCostModel(config)
+        self.plan = None
+        if plan_dir is not None:
+            from blocksim.plan import PlanRecorder
+            self.plan = PlanRecorder(plan_dir, config)
+            spans = False  # a plan records every step's block tables
         self.spans = spans
         self.check = check_invariants
         self.progress = progress
         c = config.cache
-        self.bm = BlockSpaceManager(c.block_size, config.num_gpu_blocks, config.num_cpu_blocks, c.watermark)
+        # `block_manager`: a ready instance, or a factory taking the config (for plugged-in managers).
+        if block_manager is None:
+            self.bm = BlockSpaceManager(c.block_size, config.num_gpu_blocks, config.num_cpu_blocks, c.watermark)
+        else:
+            self.bm = block_manager(config) if callable(block_manager) else block_manager
         self.sched = Scheduler(config.scheduler, self.bm, config.model.max_model_len)
         self.rec = StepRecorder()
         self.groups: list[SequenceGroup] = []
@@ -193,6 +203,8 @@ class Engine:
         start = env.now
         mem = self._memory()
         queues = (len(sched.running), len(sched.waiting), len(sched.swapped))
+        if self.plan is not None:
+            self.plan.on_step(self.rec.num_steps, out, times)
         blocks = (self.bm.gpu.num_used, self.bm.cpu.num_used)
         if times["t_swap_s"] > 0:
             with self.link.request() as req:
@@ -258,6 +270,8 @@ class Engine:
         self.env.process(self._arrivals_proc())
         self.env.process(self._engine_proc())
         self.env.run()
+        if self.plan is not None:
+            self.plan.close()
         wall = time.perf_counter() - t0
         lost = [g for g in self.groups if g.status not in ("finished", "rejected")]
         if lost or len(self.groups) != len(self.reqs):

@@ -70,22 +70,23 @@ def load_trace(trace, *, rate_scale: float = 1.0, max_requests: int | None = Non
 
 
 def simulate(trace, config: SimConfig, *, cost_profile: str | None = None, progress: bool = False,
-             check_invariants: bool = False) -> RunResult:
+             check_invariants: bool = False, plan_dir: str | Path | None = None) -> RunResult:
     params = CostParams.from_json(cost_profile) if cost_profile else None
     return Engine(config, trace, RooflineCostModel(config, params), progress=progress,
-                  check_invariants=check_invariants).run()
+                  check_invariants=check_invariants, plan_dir=plan_dir).run()
 
 
 def replay(trace, out_dir: str | Path, *, policy: str = "vllm", rate_scale: float = 1.0,
            overrides: dict[str, Any] | None = None, progress: bool = False, write_report: bool = False,
-           max_requests: int | None = None) -> dict:
+           max_requests: int | None = None, record_plan: bool = False) -> dict:
     """Run one replay into `out_dir` and return its summary (the content of summary.json)."""
     options = dict(overrides or {})
     max_requests = options.pop("max_requests", max_requests)
     cost_profile = options.get("cost_profile")
     config = build_config(policy, **options)
     tr = load_trace(trace, rate_scale=rate_scale, max_requests=max_requests)
-    result = simulate(tr, config, cost_profile=cost_profile, progress=progress)
+    result = simulate(tr, config, cost_profile=cost_profile, progress=progress,
+                      plan_dir=out_dir if record_plan else None)
     result.summary["rate_scale"] = rate_scale
     result.summary["trace"] = str(trace) if isinstance(trace, (str, Path)) else getattr(trace, "name", "")
     result.save(out_dir)
