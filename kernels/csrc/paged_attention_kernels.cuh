@@ -279,12 +279,10 @@ cudaError_t launch_shape(const AttentionParams& p, int version, cudaStream_t str
   if (version == 1) {
     auto kernel = paged_attention_kernel<T, HEAD, BLOCK, NT, 0>;
     const size_t smem = paged_attention_v1_smem_bytes(HEAD, BLOCK, p.max_context_len);
-    static size_t raised = 48 * 1024;  // the default dynamic limit; raised once per kernel as needed
-    if (smem > raised) {
+    if (smem > 48 * 1024) {  // past the default dynamic limit: raise it (per device, so every time)
       const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(smem));
       if (err != cudaSuccess) return err;
-      raised = smem;
     }
     kernel<<<dim3(p.num_heads, p.num_seqs, 1), NT, smem, stream>>>(p);
     return cudaGetLastError();
