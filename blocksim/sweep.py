@@ -1,0 +1,209 @@
+"""Parameter sweeps: a YAML spec -> one run directory per point, ``sweep.parquet``, a report.
+
+``run_sweep`` validates every point, loads each trace once, runs the points on the local cores
+(``backend="local"``) or on Ray (``backend="ray"``), and writes into ``out_dir``::
+
+    runs/<name>/          one run directory per point (+ point.json, its metrics row)
+    sweep.parquet         one row per run: parameters, status, error, attempts, metrics
+    max_rate.parquet      with find="max-rate": one row per configuration
+    sweep.json            the resolved spec and options
+    sweep_report.html/.md the report
+
+Rerunning into the same ``out_dir`` reuses every complete run directory. See docs/sweeps.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+from blocksim.sweep_exec import GridSource, Job, LocalBackend, RayBackend, drive, replay_runner
+from blocksim.sweep_spec import Point, SpecError, SweepSpec, load_spec, validate_points
+
+SWEEP_TABLE = "sweep.parquet"
+MAX_RATE_TABLE = "max_rate.parquet"
+SETUP_FILE = "sweep.json"
+BACKENDS = ("local", "ray")
+FIND_MODES = ("max-rate",)
+
+
+def _param_columns(spec: SweepSpec) -> list[str]:
+    keys = ["trace", "policy", "rate_scale", *spec.base, *spec.axes]
+    if spec.seeds:
+        keys.append("seed")
+    return list(dict.fromkeys(keys))
+
+
+def _params(point: Point, columns: list[str]) -> dict:
+    values = {"trace": point.trace, "policy": point.policy, "rate_scale": point.rate_scale}
+    return {c: values[c] if c in values else point.params.get(c) for c in columns}
+
+
+def _table(rows: list[dict]) -> pd.DataFrame:
+    from analysis.compare import _parquet_safe
+    return _parquet_safe(pd.DataFrame(rows))
+
+
+def load_traces(spec: SweepSpec) -> dict:
+    """Every trace of the spec, read once: label -> `traces.Trace`."""
+    import traces
+    return {ref.label: traces.read_trace(ref.path()) for ref in spec.traces}
+
+
+def _backend(name: str, out_dir: Path, loaded: dict, runner: Callable, slo_text: str,
+             workers: int | None, address: str | None, n_jobs: int):
+    if name == "local":
+        return LocalBackend(out_dir, loaded, runner, slo_text, min(workers or os.cpu_count() or 1, max(1, n_jobs)))
+    if name == "ray":
+        return RayBackend(out_dir, loaded, runner, slo_text, workers, address)
+    raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, backend: str = "local",
+              workers: int | None = None, address: str | None = None, slo: str | None = None,
+              find: str | None = None, goodput_threshold: float = 0.9, bisect_steps: int = 6,
+              progress: bool = False, report: bool = True, runner: Callable | None = None) -> pd.DataFrame:
+    """Run a sweep and return its table (also written to ``out_dir/sweep.parquet``).
+
+    ``slo`` (``"ttft=2s,tpot=100ms"``) overrides the spec's; it adds goodput columns and ranks the
+    report's best configurations. ``find="max-rate"`` searches, per configuration, the highest
+    rate scale meeting the SLO (see `blocksim.sweep_search`); its results are
+    ``out_dir/max_rate.parquet`` and ``df.attrs["max_rate"]``. ``runner`` replaces
+    ``blocksim.runner.replay`` (same signature; must pickle, e.g. a module-level function).
+    Raises `SpecError` before running anything if any point is invalid.
+    """
+    from analysis.slo import parse_slo
+
+    spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)
+    if backend not in BACKENDS:
+        raise SpecError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if workers is not None and workers < 1:
+        raise SpecError(f"workers must be >= 1, got {workers}")
+    slo_text = slo if slo is not None else (spec.slo or "")
+    try:
+        parse_slo(slo_text)
+    except ValueError as exc:
+        raise SpecError(f"slo: {exc}") from None
+    points = spec.points()
+    if find is not None:
+        if find not in FIND_MODES:
+            raise SpecError(f"unknown search {find!r}; choose one of {', '.join(FIND_MODES)}")
+        if not slo_text:
+            raise SpecError("--find max-rate needs an SLO (--slo or 'slo:' in the spec)")
+        if "rate_scale" in spec.axes:
+            raise SpecError("with --find max-rate the rate scale is searched: remove the 'rate_scale' axis "
+                            "(base.rate_scale sets where the search starts)")
+        if bisect_steps < 0:
+            raise SpecError(f"bisect steps must be >= 0, got {bisect_steps}")
+    validate_points(points)
+    loaded = load_traces(spec)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    setup = {**spec.to_dict(), "slo": slo_text, "backend": backend, "workers": workers, "address": address,
+             "find": find, "points": len(points)}
+    if find:
+        from blocksim.sweep_search import MaxRateSource
+        setup.update(goodput_threshold=goodput_threshold, bisect_steps=bisect_steps)
+        source = MaxRateSource(points, goodput_threshold, bisect_steps)
+    else:
+        source = GridSource([Job(p.name(), p, order=(i,)) for i, p in enumerate(points)])
+    (out_dir / SETUP_FILE).write_text(json.dumps(setup, indent=2, default=str))
+
+    started = time.perf_counter()
+    be = _backend(backend, out_dir, loaded, runner or replay_runner, slo_text, workers, address,
+                  source.estimated_total())
+    rows = sorted(drive(source, be, out_dir, slo_text, progress=progress), key=lambda r: r["_job"].order)
+    setup["wall_s"] = round(time.perf_counter() - started, 2)
+
+    columns = _param_columns(spec)
+    df = _table([{**_params(r["_job"].point, columns), **{k: v for k, v in r.items() if k not in columns
+                                                          and k != "_job"}} for r in rows])
+    df.to_parquet(out_dir / SWEEP_TABLE, index=False)
+    max_rate = None
+    if find:
+        cfg_cols = [c for c in columns if c != "rate_scale"]
+        max_rate = _table([{**_params(s.config, cfg_cols), **s.result()} for s in source.searches])
+        max_rate.to_parquet(out_dir / MAX_RATE_TABLE, index=False)
+        df.attrs["max_rate"] = max_rate
+    (out_dir / SETUP_FILE).write_text(json.dumps(setup, indent=2, default=str))
+    if report:
+        from blocksim.sweep_report import write_sweep_report
+        write_sweep_report(out_dir, df, setup, max_rate)
+    return df
+
+
+# ---------------------------------------------------------------- command line
+
+def _fail(message: str) -> int:
+    print(f"blocksim sweep: {message}", file=sys.stderr)
+    return 2
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    try:
+        spec = load_spec(args.spec)
+        if args.dry_run:
+            points = spec.points()
+            validate_points(points)
+            print(f"{len(points)} points over {len(spec.traces)} trace(s); all valid")
+            for p in points[:10]:
+                print(f"  runs/{p.name()}")
+            if len(points) > 10:
+                print(f"  ... and {len(points) - 10} more")
+            return 0
+        df = run_sweep(spec, args.out, backend=args.backend, workers=args.workers, address=args.address,
+                       slo=args.slo, find=args.find, goodput_threshold=args.goodput_threshold,
+                       bisect_steps=args.bisect_steps, progress=not args.quiet, report=not args.no_report)
+    except SpecError as exc:
+        return _fail(str(exc))
+    except (FileNotFoundError, RuntimeError) as exc:
+        return _fail(str(exc))
+    failed = df[df["status"] != "ok"]
+    reused = int((df["attempts"] == 0).sum())
+    print(f"{len(df)} runs: {len(df) - len(failed)} ok ({reused} reused), {len(failed)} failed")
+    if "max_rate" in df.attrs:
+        mr = df.attrs["max_rate"]
+        cols = [c for c in mr.columns if c not in ("error", "max_rate_run_dir", "requests_per_s")]
+        print(mr[cols].to_string(index=False))
+        print(f"max rate: {Path(args.out) / MAX_RATE_TABLE}")
+    print(f"table:  {Path(args.out) / SWEEP_TABLE}")
+    if not args.no_report:
+        print(f"report: {Path(args.out) / 'sweep_report.html'}\n        {Path(args.out) / 'sweep_report.md'}")
+    for name, err in list(zip(failed["name"], failed["error"]))[:5]:
+        print(f"failed: {name}: {err}", file=sys.stderr)
+    return 1 if len(failed) else 0
+
+
+def add_sweep_command(subparsers) -> None:
+    """Register ``blocksim sweep`` on an argparse sub-parser set."""
+    p = subparsers.add_parser(
+        "sweep", help="run a grid of configurations (YAML spec) on local cores or Ray",
+        description="Run every point of a YAML sweep spec (traces x axes x seeds) into OUT/runs/, then "
+                    "write OUT/sweep.parquet and OUT/sweep_report.html. Rerunning skips complete points. "
+                    "Exit status 1 if any point failed, 2 for an invalid spec. See docs/sweeps.md.")
+    p.add_argument("spec", metavar="SPEC.yaml")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory (reused on rerun)")
+    p.add_argument("--backend", choices=BACKENDS, default="local",
+                   help="local: a process pool (default); ray: Ray tasks (pip install 'blocksim[ray]')")
+    p.add_argument("--workers", type=int, default=None,
+                   help="parallel runs (default: local cores; with ray: the cluster's CPUs)")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster address (e.g. ray://host:10001 or auto); default: start a local Ray")
+    p.add_argument("--slo", default=None, metavar="SLO",
+                   help="e.g. ttft=2s,tpot=100ms (units s or ms); overrides the spec's slo")
+    p.add_argument("--find", choices=FIND_MODES, default=None,
+                   help="max-rate: per configuration, the highest rate scale meeting the SLO")
+    p.add_argument("--goodput-threshold", type=float, default=0.9,
+                   help="with --find: share of requests that must meet the SLO (default 0.9)")
+    p.add_argument("--bisect-steps", type=int, default=6, help="with --find: bisection steps (default 6)")
+    p.add_argument("--dry-run", action="store_true", help="validate the spec and list the points")
+    p.add_argument("--no-report", action="store_true", help="skip sweep_report.html / .md")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_sweep)

@@ -1,0 +1,393 @@
+"""Running sweep points: one point in a worker, the local and Ray backends, and the driver loop.
+
+A point's run directory appears only when it is complete: the worker writes it under
+``OUT/.partial/`` and renames it to ``OUT/runs/<name>/`` as its last act, after ``point.json``
+(its metrics row). A killed sweep therefore leaves either a complete directory or none, and a
+rerun skips complete ones (`cached_row`). A point that raises is reported with its error (and
+``runs/<name>/error.txt`` holding the traceback) and does not stop the others; a point whose
+worker process dies is retried once, alone, and then reported failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import traceback
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+
+from blocksim.sweep_spec import Point
+
+RUNS_DIR = "runs"
+PARTIAL_DIR = ".partial"
+POINT_FILE = "point.json"
+ERROR_FILE = "error.txt"
+MAX_ATTEMPTS = 2  # a crashed worker's point runs at most twice
+
+
+def replay_runner(trace, out_dir, **kwargs) -> dict:
+    from blocksim.runner import replay
+    return replay(trace, out_dir, **kwargs)
+
+
+# ---------------------------------------------------------------- one point (runs in a worker)
+
+def shape_trace(trace, point: Point):
+    """The point's trace: its first ``max_requests``, re-timed as a seeded Poisson process at the
+    slice's own mean rate when the point has a ``seed``. (``rate_scale`` is applied by replay.)"""
+    import traces
+    if point.max_requests is not None:
+        trace = traces.head(trace, point.max_requests)
+    if point.seed is not None and len(trace) > 1:
+        arrival = trace.df["arrival_s"].to_numpy()
+        span = float(arrival.max() - arrival.min())
+        if span > 0:
+            trace = traces.poisson_retime(trace, (len(trace) - 1) / span, seed=point.seed)
+    return trace
+
+
+def point_metrics(run_dir: Path, slo: dict[str, float]) -> dict:
+    """A run's flat summary plus offered rate, memory fractions and (with an SLO) goodput."""
+    from analysis.metrics import goodput_metrics, memory_fractions, offered_rate, prefix_hit_rate
+    from analysis.rundir import load_run
+
+    run = load_run(run_dir)
+    row = {k: v for k, v in run.summary.items() if not isinstance(v, (dict, list))}
+    row["offered_rate_req_s"] = offered_rate(run.requests)
+    hit_rate = prefix_hit_rate(run.summary)
+    if hit_rate is not None:
+        row["prefix_hit_rate"] = hit_rate
+    if slo:
+        row.update(goodput_metrics(run, slo))
+    row.update(memory_fractions(run))
+    return row
+
+
+def simulate_point(point: Point, trace, dest: Path, slo_text: str, runner: Callable) -> dict:
+    """Run one point into ``dest`` and write its ``point.json``; returns the metrics row."""
+    from analysis.slo import parse_slo
+    dest.mkdir(parents=True, exist_ok=True)
+    runner(shape_trace(trace, point), dest, policy=point.policy, rate_scale=point.rate_scale,
+           overrides=point.overrides() or None, progress=False, write_report=False)
+    metrics = point_metrics(dest, parse_slo(slo_text))
+    (dest / POINT_FILE).write_text(json.dumps({"key": point.key(), "slo": slo_text, "metrics": metrics},
+                                              default=_json_default))
+    return metrics
+
+
+def _json_default(o):
+    import numpy as np
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    return str(o)
+
+
+def _error(exc: BaseException) -> tuple:
+    return ("error", " ".join(f"{type(exc).__name__}: {exc}".split()), traceback.format_exc())
+
+
+def _install(src: Path, final: Path) -> None:
+    """Move a finished run directory into place (replacing any incomplete leftover)."""
+    if final.exists():
+        shutil.rmtree(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(src, final)
+
+
+def run_point_into(out_dir: Path, name: str, point: Point, trace, slo_text: str, runner: Callable) -> tuple:
+    """Run one point into ``out_dir/runs/name`` (atomically); never raises.
+
+    Returns ``("ok", metrics)`` or ``("error", message, traceback)``.
+    """
+    tmp = out_dir / PARTIAL_DIR / f"{name}.{os.getpid()}"
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        metrics = simulate_point(point, trace, tmp, slo_text, runner)
+        _install(tmp, out_dir / RUNS_DIR / name)
+        return ("ok", metrics)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported in the sweep table
+        outcome = _error(exc)
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            write_error(out_dir / RUNS_DIR / name, outcome[2])
+        except OSError:
+            pass
+        return outcome
+
+
+def write_error(run_dir: Path, text: str) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / ERROR_FILE).write_text(text)
+
+
+def is_complete(run_dir: Path) -> bool:
+    """A run directory with both tables and a summary.json that parses and has its keys."""
+    from analysis.rundir import REQUESTS_FILE, STEPS_FILE, SUMMARY_FILE, SUMMARY_KEYS
+    try:
+        summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return (isinstance(summary, dict) and all(k in summary for k in SUMMARY_KEYS)
+            and (run_dir / REQUESTS_FILE).is_file() and (run_dir / STEPS_FILE).is_file())
+
+
+def cached_row(run_dir: Path, point: Point, slo_text: str) -> dict | None:
+    """The metrics of a complete earlier run of ``point`` (recomputed if the SLO changed), else None."""
+    if not is_complete(run_dir):
+        return None
+    try:
+        saved = json.loads((run_dir / POINT_FILE).read_text())
+        if saved.get("key") == point.key() and saved.get("slo") == slo_text:
+            return saved["metrics"]
+    except (OSError, ValueError, KeyError):
+        pass
+    from analysis.slo import parse_slo
+    try:
+        metrics = point_metrics(run_dir, parse_slo(slo_text))
+    except Exception:  # noqa: BLE001 - unreadable: run it again
+        return None
+    (run_dir / POINT_FILE).write_text(json.dumps({"key": point.key(), "slo": slo_text, "metrics": metrics},
+                                                 default=_json_default))
+    return metrics
+
+
+# ---------------------------------------------------------------- local backend
+
+_WORKER: dict = {}
+
+
+def _init_worker(out_dir: str, traces: dict, runner: Callable, slo_text: str) -> None:
+    """Process-pool initializer: each worker receives the loaded traces once."""
+    _WORKER.update(out_dir=Path(out_dir), traces=traces, runner=runner, slo=slo_text)
+
+
+def _local_task(name: str, point: Point) -> tuple:
+    w = _WORKER
+    return run_point_into(w["out_dir"], name, point, w["traces"][point.trace], w["slo"], w["runner"])
+
+
+@dataclass
+class Job:
+    name: str
+    point: Point
+    attempts: int = 0
+    order: tuple = ()  # where its row goes in the sweep table
+    tag: object = None  # the job source's bookkeeping (e.g. which search it belongs to)
+
+
+class LocalBackend:
+    """A process pool over the local cores; ``workers=1`` runs points in this process."""
+
+    crashes_are_shared = True  # a dying worker breaks the whole pool: every running point is suspect
+
+    def __init__(self, out_dir: Path, traces: dict, runner: Callable, slo_text: str, workers: int):
+        self.args = (str(out_dir), traces, runner, slo_text)
+        self.capacity = max(1, workers)
+        self.pool: ProcessPoolExecutor | None = None
+        self.futures: dict = {}
+        self.serial: deque = deque()
+        if self.capacity == 1:
+            _init_worker(*self.args)
+
+    def submit(self, job: Job) -> None:
+        if self.capacity == 1:
+            self.serial.append(job)
+            return
+        if self.pool is None:
+            self.pool = ProcessPoolExecutor(self.capacity, initializer=_init_worker, initargs=self.args)
+        self.futures[self.pool.submit(_local_task, job.name, job.point)] = job
+
+    def wait(self) -> list[tuple[Job, tuple]]:
+        if self.serial:
+            job = self.serial.popleft()
+            return [(job, _local_task(job.name, job.point))]
+        done, _ = wait(list(self.futures), return_when=FIRST_COMPLETED)
+        out, broken = [], False
+        for f in done:
+            job = self.futures.pop(f)
+            try:
+                out.append((job, f.result()))
+            except BrokenProcessPool as exc:
+                broken = True
+                out.append((job, ("crash", f"worker process died ({type(exc).__name__})")))
+            except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable result
+                out.append((job, _error(exc)))
+        if broken:  # the pool is unusable: every other running point failed with it
+            out += [(job, ("crash", "worker process died (BrokenProcessPool)")) for job in self.futures.values()]
+            self.futures.clear()
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+        return out
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+# ---------------------------------------------------------------- Ray backend
+
+def _ray_task(point: Point, traces: dict, runner: Callable, slo_text: str) -> tuple:
+    """Run one point on a Ray worker in a scratch directory; return its files to the driver."""
+    with tempfile.TemporaryDirectory(prefix="blocksim-sweep-") as tmp:
+        dest = Path(tmp) / "run"
+        try:
+            metrics = simulate_point(point, traces[point.trace], dest, slo_text, runner)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported in the sweep table
+            return _error(exc)
+        files = {p.name: p.read_bytes() for p in dest.iterdir() if p.is_file()}
+        return ("ok", metrics, files)
+
+
+class RayBackend:
+    """Points as Ray tasks (one CPU each). Traces go to the object store once; results come back
+    to the driver, which writes the run directories, so workers need no shared file system."""
+
+    crashes_are_shared = False  # Ray isolates tasks: a crash is the crashing point's own
+
+    def __init__(self, out_dir: Path, traces: dict, runner: Callable, slo_text: str, workers: int | None,
+                 address: str | None):
+        try:
+            import ray
+        except ImportError:
+            raise RuntimeError("--backend ray needs Ray: pip install 'blocksim[ray]'") from None
+        self.ray = ray
+        self.started = not ray.is_initialized()
+        if self.started:
+            kwargs = {"address": address} if address else {"num_cpus": workers or os.cpu_count(),
+                                                           "include_dashboard": False}
+            ray.init(log_to_driver=False, configure_logging=False, **kwargs)
+        self.out_dir, self.slo_text = out_dir, slo_text
+        self.capacity = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self.traces_ref = ray.put(traces)
+        self.runner_ref = ray.put(runner)
+        self.task = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
+        self.refs: dict = {}
+
+    def submit(self, job: Job) -> None:
+        self.refs[self.task.remote(job.point, self.traces_ref, self.runner_ref, self.slo_text)] = job
+
+    def wait(self) -> list[tuple[Job, tuple]]:
+        ready, _ = self.ray.wait(list(self.refs), num_returns=1)
+        out = []
+        for ref in ready:
+            job = self.refs.pop(ref)
+            try:
+                result = self.ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - the worker died or the task was lost
+                out.append((job, ("crash", " ".join(f"{type(exc).__name__}: {exc}".split())[:500])))
+                continue
+            if result[0] == "ok":
+                result = self._install(job, result)
+            else:
+                write_error(self.out_dir / RUNS_DIR / job.name, result[2])
+            out.append((job, result))
+        return out
+
+    def _install(self, job: Job, result: tuple) -> tuple:
+        tmp = self.out_dir / PARTIAL_DIR / f"{job.name}.driver"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for fname, data in result[2].items():
+            (tmp / fname).write_bytes(data)
+        _install(tmp, self.out_dir / RUNS_DIR / job.name)
+        return ("ok", result[1])
+
+    def close(self) -> None:
+        if self.started:
+            self.ray.shutdown()
+
+
+# ---------------------------------------------------------------- driver
+
+class GridSource:
+    """Jobs of a fixed grid (no follow-ups)."""
+
+    def __init__(self, jobs: list[Job]):
+        self.jobs = jobs
+
+    def initial(self) -> list[Job]:
+        return list(self.jobs)
+
+    def estimated_total(self) -> int:
+        return len(self.jobs)
+
+    def on_result(self, job: Job, row: dict) -> list[Job]:
+        return []
+
+
+def drive(source, backend, out_dir: Path, slo_text: str, *, progress: bool = False) -> list[dict]:
+    """Run the source's jobs on the backend until none are left; return one row per job.
+
+    A row has ``status`` (``ok`` / ``failed``), ``error``, ``attempts`` (0: result reused from an
+    earlier sweep), ``run_dir`` and the metrics. Crashed points are retried once; with a local
+    pool the retry runs alone, so the point that kills its worker is the one reported.
+    """
+    from tqdm import tqdm
+
+    pending = deque(source.initial())
+    suspects: deque = deque()
+    rows: list[dict] = []
+    counts = {"ok": 0, "failed": 0, "cached": 0}
+    running = 0
+    bar = tqdm(total=source.estimated_total(), desc="sweep", unit="run", disable=not progress, smoothing=0.05)
+
+    def finish(job: Job, outcome: tuple) -> None:
+        row = {"name": job.name, "status": "ok" if outcome[0] == "ok" else "failed", "error": "",
+               "attempts": job.attempts, "run_dir": f"{RUNS_DIR}/{job.name}", "_job": job}
+        if outcome[0] == "ok":
+            row.update({k: v for k, v in outcome[1].items() if k not in row})
+        else:
+            row["error"] = outcome[1]
+        rows.append(row)
+        counts["cached" if outcome[0] == "ok" and job.attempts == 0 else row["status"]] += 1
+        follow = source.on_result(job, row)
+        pending.extend(follow)
+        if bar.total is not None and len(rows) + len(pending) + running > bar.total:
+            bar.total = len(rows) + len(pending) + running
+        bar.update()
+
+    def start(job: Job) -> bool:
+        nonlocal running
+        cached = cached_row(out_dir / RUNS_DIR / job.name, job.point, slo_text) if job.attempts == 0 else None
+        if cached is not None:
+            finish(job, ("ok", cached))
+            return False
+        job.attempts += 1
+        backend.submit(job)
+        running += 1
+        return True
+
+    try:
+        while pending or suspects or running:
+            if suspects:
+                if running == 0:
+                    start(suspects.popleft())
+            else:
+                while pending and running < backend.capacity:
+                    start(pending.popleft())
+            if running == 0:
+                continue
+            for job, outcome in backend.wait():
+                running -= 1
+                if outcome[0] == "crash" and job.attempts < MAX_ATTEMPTS:
+                    (suspects if backend.crashes_are_shared else pending).appendleft(job)
+                    continue
+                if outcome[0] == "crash":
+                    outcome = ("error", f"{outcome[1]}; failed again on retry", "")
+                    write_error(out_dir / RUNS_DIR / job.name, outcome[1] + "\n")
+                finish(job, outcome)
+            bar.set_postfix(done=counts["ok"], failed=counts["failed"], running=running,
+                            reused=counts["cached"], refresh=False)
+    finally:
+        bar.close()
+        backend.close()
+        shutil.rmtree(out_dir / PARTIAL_DIR, ignore_errors=True)
+    return rows

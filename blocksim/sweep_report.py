@@ -1,0 +1,179 @@
+"""``sweep_report.html`` / ``.md``: heatmaps over two axes, the best configuration per trace, the
+capacity-search results, and failed points. Built from ``sweep.parquet`` with ``analysis.document``.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pandas as pd
+
+#: (column, label, higher is better) of the heatmaps, in order; those absent from the table are skipped.
+HEATMAP_METRICS = (
+    ("max_rate_scale", "max rate scale meeting the SLO", True),
+    ("requests_per_s", "throughput (finished req/s)", True),
+    ("goodput_requests_per_s", "goodput (req/s within the SLO)", True),
+    ("norm_latency_mean_s", "normalized latency (s/token)", False),
+)
+TABLE_METRICS = ("offered_rate_req_s", "requests_per_s", "goodput_requests_per_s", "slo_attainment",
+                 "ttft_p90_s", "tpot_p90_s", "norm_latency_mean_s", "preemptions", "token_states_frac")
+MAX_TABLE_ROWS = 200
+MAX_PANELS = 12
+
+
+def heatmap_axes(df: pd.DataFrame, axes: list[str], chosen: dict) -> tuple[str, str] | None:
+    """The heatmap's (x, y): from the spec's ``report:``, else the two axes with the most values;
+    with a single axis the traces are the rows. None when there is nothing two-dimensional."""
+    cands = [a for a in axes if a in df.columns and df[a].nunique(dropna=False) > 1]
+    if df["trace"].nunique() > 1:
+        cands.append("trace")
+    x, y = chosen.get("x"), chosen.get("y")
+    ranked = sorted(cands, key=lambda a: -df[a].nunique(dropna=False))
+    x = x or next((a for a in ranked if a not in (y, "trace")), None) or next((a for a in ranked if a != y), None)
+    y = y or next((a for a in ranked if a != x), None)
+    return (x, y) if x and y and x != y else None
+
+
+def _sorted_values(values) -> list:
+    vals = list(dict.fromkeys(values))
+    try:
+        return sorted(vals)
+    except TypeError:
+        return vals
+
+
+def heatmap_png(panels: list[tuple[str, pd.DataFrame]], label: str, xlabel: str, ylabel: str,
+                higher_better: bool) -> bytes:
+    """One heatmap per (title, table) panel, three to a row, each with its own colour scale."""
+    import matplotlib as mpl
+    import seaborn as sns
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows, cols = panels[0][1].shape
+    ncols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    width = min(18, ncols * (2.8 + 0.8 * cols))
+    height = nrows * min(8, 1.6 + 0.45 * rows) + 0.4
+    with mpl.rc_context({**sns.axes_style("white"), **sns.plotting_context("paper", font_scale=1.0)}):
+        fig = Figure(figsize=(width, height), layout="constrained")
+        FigureCanvasAgg(fig)
+        axes = fig.subplots(nrows, ncols, squeeze=False)
+        for ax, (title, table) in zip(axes.flat, panels):
+            values = table.astype(float)
+            sns.heatmap(values, ax=ax, cmap="viridis" if higher_better else "viridis_r",
+                        annot=values.size <= 120 and bool(values.notna().to_numpy().any()), fmt=".3g",
+                        linewidths=0.5, linecolor="white", cbar_kws={"shrink": 0.9})
+            ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+        for ax in list(axes.flat)[len(panels):]:
+            ax.set_visible(False)
+        fig.suptitle(label)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()
+
+
+def heatmap_images(df: pd.DataFrame, axes: list[str], chosen: dict, seeds: bool = False) -> list:
+    """Per metric, one image of it over the two heatmap axes, a panel per trace (unless the
+    traces are an axis). Other varying axes are held at their first value."""
+    from analysis.document import Image
+
+    xy = heatmap_axes(df, axes, chosen) if not df.empty else None
+    if xy is None:
+        return []
+    x, y = xy
+    others = [a for a in axes if a not in (x, y) and a in df.columns and df[a].nunique(dropna=False) > 1]
+    sel, fixed = df, {}
+    for a in others:
+        fixed[a] = df[a].iloc[0]
+        sel = sel[sel[a].isna()] if pd.isna(fixed[a]) else sel[sel[a] == fixed[a]]
+    groups = [("", sel)] if "trace" in (x, y) else [(f"trace {t}", g) for t, g in sel.groupby("trace", sort=False)]
+    groups = groups[:MAX_PANELS]
+    images = []
+    for col, label, higher in HEATMAP_METRICS:
+        if col not in sel.columns or not sel[col].notna().any():
+            continue
+        panels = []
+        for title, rows in groups:
+            cells = rows.groupby([y, x], dropna=False)[col].mean().unstack(x)
+            panels.append((title, cells.reindex(index=_sorted_values(rows[y]), columns=_sorted_values(rows[x]))))
+        caption = f"{label} over {x} and {y}"
+        if fixed:
+            caption += f", other axes at {', '.join(f'{a}={v}' for a, v in fixed.items())}"
+        caption += "; mean over seeds." if seeds else "."
+        images.append(Image(heatmap_png(panels, label, x, y, higher), f"heatmap of {label}", caption))
+    return images
+
+
+def best_per_trace(df: pd.DataFrame, axes: list[str], slo_text: str, top: int = 5) -> tuple[pd.DataFrame, str]:
+    """Per trace, the ``top`` configurations (axis values, mean over seeds) by goodput under the SLO,
+    or by throughput without one."""
+    ok = df[df["status"] == "ok"]
+    metric = "goodput_requests_per_s" if slo_text and "goodput_requests_per_s" in ok.columns else "requests_per_s"
+    keys = ["trace", *[a for a in axes if a in ok.columns and a != "trace"]]
+    metrics = [c for c in TABLE_METRICS if c in ok.columns]
+    if ok.empty:
+        return pd.DataFrame(columns=keys + metrics), metric
+    means = ok.groupby(keys, dropna=False, sort=False)[metrics].mean().reset_index()
+    best = (means.sort_values(["trace", metric], ascending=[True, False], kind="stable")
+            .groupby("trace", sort=False).head(top))
+    return best.reset_index(drop=True), metric
+
+
+def sweep_sections(df: pd.DataFrame, setup: dict, max_rate: pd.DataFrame | None = None) -> list:
+    from analysis.document import Section, Table
+    from analysis.report import flatten
+
+    axes = list(setup.get("axes") or [])
+    seeds = setup.get("seeds")
+    slo_text = setup.get("slo") or ""
+    ok, failed = df[df["status"] == "ok"], df[df["status"] != "ok"]
+    setup_table = pd.DataFrame({"setting": list(flatten(setup)), "value": [str(v) for v in flatten(setup).values()]})
+    sections = [Section("setup", "Setup", [
+        f"{len(df)} runs: {len(ok)} ok, {len(failed)} failed"
+        + (f", {int((df['attempts'] == 0).sum())} reused from an earlier sweep" if "attempts" in df else "") + ".",
+        Table(setup_table),
+    ])]
+    if max_rate is not None:
+        cols = [c for c in ("trace", *axes, "seed", "search_status", "max_rate_scale", "max_offered_rate_req_s",
+                            "first_failing_rate_scale", "slo_attainment", "goodput_requests_per_s", "probes",
+                            "error") if c in max_rate.columns]
+        sections.append(Section("max-rate", f"Highest rate meeting the SLO ({slo_text})", [
+            f"Per configuration, the highest rate scale at which at least {setup.get('goodput_threshold')} of "
+            "requests finished within every SLO bound, found by doubling/halving then "
+            f"{setup.get('bisect_steps')} geometric bisection steps.",
+            Table(max_rate[cols]),
+        ]))
+        mr_axes = [a for a in axes if a != "rate_scale"]
+        images = heatmap_images(max_rate[max_rate["max_rate_scale"].notna()], mr_axes,
+                                setup.get("report") or {}, bool(seeds))
+        if images:
+            sections.append(Section("max-rate-heatmaps", "Max rate over two axes", images))
+    else:
+        images = heatmap_images(ok, axes, setup.get("report") or {}, bool(seeds))
+        sections.append(Section("heatmaps", "Heatmaps over two axes",
+                                images or ["Fewer than two axes vary (or no run succeeded): no heatmap."]))
+        best, metric = best_per_trace(df, axes, slo_text)
+        what = f"goodput under the SLO {slo_text}" if metric.startswith("goodput") else "throughput (no SLO given)"
+        sections.append(Section("best", "Best configurations per trace",
+                                [f"Top configurations by {what}; mean over seeds.", Table(best)]))
+    shown = [c for c in ("trace", *axes, "seed", "status", *TABLE_METRICS, "run_dir") if c in df.columns]
+    if len(df) <= MAX_TABLE_ROWS:
+        sections.append(Section("runs", "All runs", [Table(df[shown])]))
+    else:
+        sections.append(Section("runs", "All runs", [f"{len(df)} runs: see sweep.parquet."]))
+    if len(failed):
+        sections.append(Section("failed", "Failed runs", [
+            "Each failed run's traceback is in its run directory's error.txt; rerunning the sweep retries them.",
+            Table(failed[[c for c in ("run_dir", "attempts", "error") if c in failed.columns]]),
+        ]))
+    return sections
+
+
+def write_sweep_report(out_dir, df: pd.DataFrame, setup: dict, max_rate: pd.DataFrame | None = None):
+    from analysis.document import write_document
+
+    title = f"blocksim sweep: {setup.get('name', 'sweep')}"
+    return write_document(out_dir, "sweep_report", title, sweep_sections(df, setup, max_rate))
+
