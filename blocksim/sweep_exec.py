@@ -258,20 +258,35 @@ class RayBackend:
             import ray
         except ImportError:
             raise RuntimeError("--backend ray needs Ray: pip install 'blocksim[ray]'") from None
-        self.ray = ray
-        self.started = not ray.is_initialized()
-        if self.started:
+        self.ray, self.out_dir, self.slo_text = ray, out_dir, slo_text
+        self.args = (traces, runner, workers, address)
+        self.started = False
+        self._capacity: int | None = None
+        self.refs: dict = {}
+
+    def _connect(self) -> None:
+        """Start or join Ray on first use (a rerun whose points are all complete never does)."""
+        if self._capacity is not None:
+            return
+        traces, runner, workers, address = self.args
+        ray = self.ray
+        if not ray.is_initialized():
             kwargs = {"address": address} if address else {"num_cpus": workers or os.cpu_count(),
                                                            "include_dashboard": False}
             ray.init(log_to_driver=False, configure_logging=False, **kwargs)
-        self.out_dir, self.slo_text = out_dir, slo_text
-        self.capacity = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+            self.started = True
+        self._capacity = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
         self.traces_ref = ray.put(traces)
         self.runner_ref = ray.put(runner)
         self.task = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
-        self.refs: dict = {}
+
+    @property
+    def capacity(self) -> int:
+        self._connect()
+        return self._capacity
 
     def submit(self, job: Job) -> None:
+        self._connect()
         self.refs[self.task.remote(job.point, self.traces_ref, self.runner_ref, self.slo_text)] = job
 
     def wait(self) -> list[tuple[Job, tuple]]:
@@ -354,25 +369,27 @@ def drive(source, backend, out_dir: Path, slo_text: str, *, progress: bool = Fal
             bar.total = len(rows) + len(pending) + running
         bar.update()
 
-    def start(job: Job) -> bool:
+    def start(job: Job) -> None:
         nonlocal running
-        cached = cached_row(out_dir / RUNS_DIR / job.name, job.point, slo_text) if job.attempts == 0 else None
-        if cached is not None:
-            finish(job, ("ok", cached))
-            return False
         job.attempts += 1
         backend.submit(job)
         running += 1
-        return True
 
     try:
         while pending or suspects or running:
             if suspects:
                 if running == 0:
                     start(suspects.popleft())
-            else:
-                while pending and running < backend.capacity:
-                    start(pending.popleft())
+            while pending and not suspects:
+                job = pending[0]
+                cached = cached_row(out_dir / RUNS_DIR / job.name, job.point, slo_text) if not job.attempts else None
+                if cached is not None:  # complete from an earlier sweep: no backend needed
+                    pending.popleft()
+                    finish(job, ("ok", cached))
+                    continue
+                if running >= backend.capacity:
+                    break
+                start(pending.popleft())
             if running == 0:
                 continue
             for job, outcome in backend.wait():
