@@ -50,8 +50,11 @@ class BlockSpaceManager:
             return AllocStatus.OK
         return AllocStatus.LATER
 
-    def allocate(self, group: SequenceGroup) -> None:
-        """Allocate the prompt (or recompute) blocks once, shared by every waiting sequence."""
+    def allocate(self, group: SequenceGroup, filled: int | None = None) -> None:
+        """Allocate the prompt (or recompute) blocks once, shared by every waiting sequence.
+
+        `filled`: prompt tokens whose K/V this step writes (a first chunk); default all of them.
+        """
         seqs = group.seqs_with(SeqStatus.WAITING)
         num_tokens = seqs[0].num_tokens
         table = [self.gpu.allocate() for _ in range(cdiv(num_tokens, self.block_size))]
@@ -60,7 +63,11 @@ class BlockSpaceManager:
                 self.gpu.ref_counts[b] = len(seqs)
         for s in seqs:
             s.block_table = table.copy()
-        self.gpu_filled_slots += num_tokens
+        self.gpu_filled_slots += num_tokens if filled is None else filled
+
+    def add_filled(self, num_seqs: int, tokens: int) -> None:
+        """A prompt chunk wrote `tokens` more K/V into blocks its sequences share."""
+        self.gpu_filled_slots += tokens
 
     # --- decode ------------------------------------------------------------------------------
     def can_append_slots(self, group: SequenceGroup) -> bool:
@@ -109,7 +116,7 @@ class BlockSpaceManager:
         """Move the group's running sequences to CPU blocks; return {gpu_block: cpu_block}."""
         mapping: dict[int, int] = {}
         for seq in group.seqs_with(SeqStatus.RUNNING):
-            kv_len = seq.num_tokens - 1
+            kv_len = seq.kv_len
             new_table = []
             for i, g in enumerate(seq.block_table):
                 c = mapping.get(g)
@@ -127,7 +134,7 @@ class BlockSpaceManager:
         """Bring the group's swapped sequences back; return {cpu_block: gpu_block}."""
         mapping: dict[int, int] = {}
         for seq in group.seqs_with(SeqStatus.SWAPPED):
-            kv_len = seq.num_tokens - 1
+            kv_len = seq.kv_len
             new_table = []
             for i, c in enumerate(seq.block_table):
                 g = mapping.get(c)
@@ -146,7 +153,7 @@ class BlockSpaceManager:
     def _free_gpu_block(self, block: int, kv_len: int, index: int) -> None:
         self.gpu.free(block)
         if self.gpu.ref_counts[block] == 0:
-            self.gpu_filled_slots -= min(self.block_size, kv_len - index * self.block_size)
+            self.gpu_filled_slots -= max(0, min(self.block_size, kv_len - index * self.block_size))
 
     def free(self, seq: Sequence) -> None:
         """Release a sequence's blocks (GPU or CPU, by its status). Freeing twice is an error."""
@@ -157,7 +164,7 @@ class BlockSpaceManager:
             for c in table:
                 self.cpu.free(c)
         else:
-            kv_len, bs = seq.num_tokens - 1, self.block_size
+            kv_len, bs = seq.kv_len, self.block_size
             refs, free_list = self.gpu.ref_counts, self.gpu._free
             released = 0
             for i, g in enumerate(table):
@@ -167,9 +174,67 @@ class BlockSpaceManager:
                 refs[g] = rc
                 if rc == 0:
                     free_list.append(g)
-                    released += min(bs, kv_len - i * bs)
+                    released += max(0, min(bs, kv_len - i * bs))
             self.gpu_filled_slots -= released
         seq.block_table = []
+
+    # --- accounting (the engine's view of any memory manager) ---------------------------------
+    @property
+    def num_gpu_blocks_used(self) -> int:
+        return self.gpu.num_used
+
+    @property
+    def num_cpu_blocks_used(self) -> int:
+        return self.cpu.num_used
+
+    def memory_breakdown(self, next_group: SequenceGroup | None = None) -> tuple[int, int, int, int, int]:
+        """GPU token slots as (token states, reservation, internal, external fragmentation, free).
+
+        Paged blocks reserve nothing ahead and any free block serves any request, so reservation
+        and external fragmentation are 0; internal fragmentation is the unfilled part of used blocks.
+        """
+        used = self.gpu.num_used * self.block_size
+        return (self.gpu_filled_slots, 0, used - self.gpu_filled_slots, 0, self.gpu.num_free * self.block_size)
+
+    # --- spans of identical decode steps (see Scheduler.span_candidates) -----------------------
+    def span_blocks(self, lens, k: int):
+        """Blocks each further step of a `k`-step decode span allocates; cut `k` where free blocks run low.
+
+        Returns `(k, crossing)`: `crossing[j-1, i]` is true when sequence i takes a new block at
+        step j (step j writes the KV of position `lens[i] - 1 + j`).
+        """
+        import numpy as np
+        bs = self.block_size
+        steps = np.arange(1, k, dtype=np.int64)
+        crossing = ((lens[None, :] - 1 + steps[:, None]) % bs) == 0
+        cum = np.cumsum(crossing.sum(axis=1))
+        ok = cum <= self.gpu.num_free - 1  # keeps vLLM's one-free-block-per-sequence check true
+        if not ok[-1]:
+            k = int(np.argmin(ok)) + 1
+        return k, crossing[: k - 1]
+
+    def apply_span(self, seqs: list[Sequence], crossing) -> None:
+        """Apply steps 1..k-1 of a span: allocations in step order, then running order."""
+        import numpy as np
+        steps_more = crossing.shape[0]
+        if steps_more == 0:
+            return
+        for _, i in zip(*np.nonzero(crossing)):
+            seqs[i].block_table.append(self.gpu.allocate())
+        for s in seqs:
+            s.num_tokens += steps_more
+        self.gpu_filled_slots += steps_more * len(seqs)
+
+    def span_memory(self, k: int, num_seqs: int, crossing, next_group: SequenceGroup | None = None) -> dict:
+        """Per-step block counts and memory columns over a span, from the state after its first step."""
+        import numpy as np
+        new_blocks = np.concatenate(([0], np.cumsum(crossing.sum(axis=1))))
+        used = self.gpu.num_used + new_blocks
+        filled = self.gpu_filled_slots + num_seqs * np.arange(k, dtype=np.int64)
+        bs = self.block_size
+        return {"gpu_blocks_used": used, "mem_token_states": filled, "mem_reservation": 0,
+                "mem_internal_frag": used * bs - filled, "mem_external_frag": 0,
+                "mem_free": (self.num_total_gpu_blocks - used) * bs}
 
     # --- checks ------------------------------------------------------------------------------
     def check_invariants(self, live_seqs: list[Sequence]) -> None:
@@ -189,11 +254,11 @@ class BlockSpaceManager:
             for b in s.block_table:
                 refs[b] += 1
             if s.status is SeqStatus.RUNNING:
-                kv_len = s.num_tokens - 1
-                if len(s.block_table) != cdiv(kv_len, self.block_size):
+                kv_len = s.kv_len
+                if s.group.prefill_pos is None and len(s.block_table) != cdiv(kv_len, self.block_size):
                     raise BlockError(f"sequence {s.seq_id}: {len(s.block_table)} blocks for {kv_len} KV tokens")
                 for i, b in enumerate(s.block_table):
-                    fill[b] = min(self.block_size, kv_len - i * self.block_size)
+                    fill[b] = max(0, min(self.block_size, kv_len - i * self.block_size))
         if gpu_refs != self.gpu.ref_counts:
             bad = [b for b in range(len(gpu_refs)) if gpu_refs[b] != self.gpu.ref_counts[b]][:5]
             raise BlockError(f"GPU reference counts disagree with block tables at blocks {bad}")

@@ -50,21 +50,59 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
     s.add_argument("--max-num-batched-tokens", type=int, default=None, help="default max(max_model_len, 2048)")
     s.add_argument("--preemption", choices=PREEMPTION_MODES, default=None, help="default auto (vLLM's rule)")
     s.add_argument("--cost-profile", default=None, metavar="JSON", help="calibrated cost-model parameters")
+    k = p.add_argument_group("policy knobs (override the --policy preset; names or 'package.module:Class')")
+    k.add_argument("--allocator", default=None, help="paged | contiguous")
+    k.add_argument("--free-order", choices=("lifo", "fifo"), default=None, help="paged free-list reuse order")
+    k.add_argument("--reservation", choices=("max", "pow2", "oracle"), default=None, help="contiguous reservation size")
+    k.add_argument("--address-space", choices=("buddy", "first-fit"), default=None, help="contiguous placement")
+    k.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    k.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
+    k.add_argument("--scheduler", default=None, help="fcfs | priority | sjf | orca | static")
+    k.add_argument("--victim", default=None, help="preemption victim: newest | largest | fewest-blocks")
+    k.add_argument("--watermark-blocks", type=int, default=None, help="absolute watermark (replaces --watermark)")
+    k.add_argument("--cost-model", default=None, help="roofline, or a plugin")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="YAML/TOML file of the options above (policy, model, block_size, ...); flags override it")
 
 
 CONFIG_KEYS = ("model", "gpu", "tensor_parallel", "block_size", "gpu_memory_utilization", "swap_space_gib",
-               "watermark", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "preemption", "cost_profile")
+               "watermark", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "preemption", "cost_profile",
+               "allocator", "free_order", "reservation", "address_space", "prefix_caching", "chunked_prefill",
+               "scheduler", "victim", "watermark_blocks", "cost_model")
+
+
+def read_config_file(path: str) -> dict:
+    """Options from a YAML or TOML file: the option names of `blocksim replay` with underscores."""
+    from blocksim.catalog import _read_file
+    data = _read_file(Path(path))
+    known = set(CONFIG_KEYS) | {"policy", "catalog", "max_requests", "rate_scale"}
+    unknown = set(data) - known
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown option(s) {sorted(unknown)}; known: {sorted(known)}")
+    return data
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict:
-    o = {k: getattr(args, k) for k in CONFIG_KEYS if getattr(args, k, None) is not None}
+    o = read_config_file(args.config) if getattr(args, "config", None) else {}
+    o.pop("policy", None)
+    o.update({k: getattr(args, k) for k in CONFIG_KEYS if getattr(args, k, None) is not None})
     if getattr(args, "catalog", None):
         o["catalog"] = tuple(args.catalog)
+    elif "catalog" in o:
+        o["catalog"] = tuple(o["catalog"])
     return o
 
 
+def policy_from_args(args: argparse.Namespace) -> str:
+    if getattr(args, "policy", None):
+        return args.policy
+    if getattr(args, "config", None):
+        return read_config_file(args.config).get("policy", "vllm")
+    return "vllm"
+
+
 def _run_and_report(trace, args, out: Path, *, progress: bool) -> int:
-    summary = replay(trace, out, policy=getattr(args, "policy", "vllm") or "vllm",
+    summary = replay(trace, out, policy=policy_from_args(args),
                      rate_scale=getattr(args, "rate_scale", 1.0) or 1.0, overrides=overrides_from_args(args),
                      progress=progress, max_requests=getattr(args, "max_requests", None),
                      record_plan=getattr(args, "record_plan", False))
@@ -114,6 +152,19 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_policies(args: argparse.Namespace) -> int:
+    from blocksim import plugins
+    from blocksim.policies import PRESETS, policy_config
+    print("presets:")
+    for name in PRESETS:
+        p = policy_config(name)
+        knobs = ", ".join(f"{k}={v}" for k, v in vars(p).items() if v != getattr(type(p)(), k)) or "defaults"
+        print(f"  {name:<13} {knobs}")
+    for kind in ("allocator", "scheduler", "victim", "cost_model"):
+        print(f"{kind}: {', '.join(plugins.names(kind))}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="blocksim", description="KV-cache memory management simulator for LLM serving")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -121,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("replay", help="replay a trace through the simulated engine")
     r.add_argument("trace", help="trace file (Azure, BurstGPT, Mooncake, generic CSV/JSONL/Parquet)")
     r.add_argument("--out", required=True, metavar="DIR")
-    r.add_argument("--policy", default="vllm")
+    r.add_argument("--policy", default=None, help="preset: vllm (default), vllm-prefix, vllm-chunked, orca-max, "
+                                                   "orca-pow2, orca-oracle, static (`blocksim policies`)")
     r.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
     r.add_argument("--rate-scale", type=float, default=1.0, help="multiply the request rate")
     r.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
@@ -135,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="replay the bundled Azure conversation trace slice and write a report")
     d.add_argument("--out", default="blocksim-demo", metavar="DIR", help="default ./blocksim-demo")
-    d.add_argument("--policy", default="vllm")
+    d.add_argument("--policy", default=None, help="preset (default vllm)")
     d.add_argument("--no-report", action="store_true")
     d.add_argument("--quiet", action="store_true")
     add_config_options(d)
@@ -146,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--model", default=None, help="also print this model's block counts")
     c.add_argument("--gpu", default=DEFAULT_GPU)
     c.set_defaults(func=cmd_catalog)
+
+    pol = sub.add_parser("policies", help="list policy presets and the registered plug-ins")
+    pol.set_defaults(func=cmd_policies)
 
     from traces.cli import add_traces_command
     add_traces_command(sub)

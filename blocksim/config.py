@@ -133,6 +133,61 @@ class SchedulerConfig:
                  f"must be one of {', '.join(PREEMPTION_MODES)}, got {self.preemption_mode!r}")
 
 
+ALLOCATORS = ("paged", "contiguous")
+SCHEDULERS = ("fcfs", "priority", "sjf", "orca", "static")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The plug points of one run; presets in `blocksim.policies` fill these.
+
+    `allocator`: paged (vLLM) or contiguous (reservation per request); `free_order` is the paged
+    free list's reuse order; `reservation` (max / pow2 / oracle) and `address_space` (buddy /
+    first-fit) apply to contiguous. `prefix_caching` is vLLM's automatic prefix caching (paged
+    only); `chunked_prefill` splits prompts under the max_num_batched_tokens budget (Sarathi).
+    `scheduler`: fcfs (vLLM v0), priority, sjf (oracle output length), orca (iteration-level, never
+    preempts), static (a batch runs until its longest request ends). `victim`: newest (vLLM),
+    largest, fewest-blocks. `watermark_blocks`, when set, replaces the fractional watermark.
+    Names may also be plugins, `"package.module:Class"`.
+    """
+
+    allocator: str = "paged"
+    free_order: str = "lifo"
+    reservation: str = "max"
+    address_space: str = "buddy"
+    prefix_caching: bool = False
+    chunked_prefill: bool = False
+    scheduler: str = "fcfs"
+    victim: str = "newest"
+    watermark_blocks: int | None = None
+    cost_model: str = "roofline"
+
+    def __post_init__(self) -> None:
+        from blocksim import plugins
+        plugins.check_name("allocator", self.allocator)
+        plugins.check_name("scheduler", self.scheduler)
+        plugins.check_name("victim", self.victim)
+        plugins.check_name("cost_model", self.cost_model)
+        _require(self.free_order in ("lifo", "fifo"), "policy.free_order", f"must be lifo or fifo, got {self.free_order!r}")
+        from blocksim.contiguous import CONTIGUOUS_ALLOCATORS, RESERVATION_MODES
+        _require(self.reservation in RESERVATION_MODES, "policy.reservation",
+                 f"must be one of {', '.join(RESERVATION_MODES)}, got {self.reservation!r}")
+        _require(self.address_space in CONTIGUOUS_ALLOCATORS, "policy.address_space",
+                 f"must be one of {', '.join(CONTIGUOUS_ALLOCATORS)}, got {self.address_space!r}")
+        if self.watermark_blocks is not None:
+            _require(self.watermark_blocks >= 0, "policy.watermark_blocks", "must be >= 0")
+        contiguous = self.allocator == "contiguous"
+        _require(not (self.prefix_caching and contiguous), "policy.prefix_caching",
+                 "prefix caching shares paged blocks between requests; it cannot work with the contiguous "
+                 "allocator (use allocator=paged, or turn prefix caching off)")
+        _require(not (self.chunked_prefill and self.scheduler == "static"), "policy.chunked_prefill",
+                 "static batching runs whole prompts as one batch; chunked prefill needs continuous batching "
+                 "(use scheduler=fcfs, or turn chunked prefill off)")
+        if self.scheduler in ("orca", "static") and self.allocator == "paged":
+            raise ConfigError(f"policy.scheduler: {self.scheduler} never preempts, so it needs an allocator that "
+                              f"reserves each request's maximum up front (allocator=contiguous)")
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """Everything one simulated run needs besides the trace."""
@@ -143,6 +198,7 @@ class SimConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     tensor_parallel: int = 1
     policy: str = "vllm"
+    policy_config: PolicyConfig = field(default_factory=PolicyConfig)
 
     def __post_init__(self) -> None:
         tp = self.tensor_parallel

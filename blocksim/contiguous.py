@@ -77,7 +77,8 @@ def reservation_slots(mode: str, prompt_tokens: int, output_tokens: int, max_mod
     * ``"max"``    -- ``max_model_len``: the request may generate up to the model's
       maximum length; never less than ``prompt_tokens + output_tokens``, so a trace
       request longer than the model's limit still gets its true total.
-    * ``"pow2"``   -- the next power of two >= ``prompt_tokens + output_tokens``.
+    * ``"pow2"``   -- the prompt plus the next power of two >= ``output_tokens``: the
+      output is over-reserved by at most 2x (the PagedAttention paper's Orca (Pow2)).
     * ``"oracle"`` -- exactly ``prompt_tokens + output_tokens`` (an upper bound on
       what reservation can achieve: the true output length is known in advance).
 
@@ -95,7 +96,7 @@ def reservation_slots(mode: str, prompt_tokens: int, output_tokens: int, max_mod
     if mode == "max":
         return max(max_model_len, total)
     if mode == "pow2":
-        return _next_pow2(total)
+        return operator.index(prompt_tokens) + (_next_pow2(operator.index(output_tokens)) if output_tokens else 0)
     return total
 
 

@@ -21,11 +21,10 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from blocksim.block_manager import BlockSpaceManager
 from blocksim.config import SimConfig
-from blocksim.cost import RooflineCostModel
+from blocksim.policies import make_cost_model, make_memory_manager, make_scheduler
 from blocksim.records import StepRecorder
-from blocksim.scheduler import Scheduler, SchedulerOutputs
+from blocksim.scheduler import SchedulerOutputs
 from blocksim.sequence import SequenceGroup
 
 REQUIRED_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
@@ -52,6 +51,7 @@ def requests_frame(trace) -> pd.DataFrame:
         "output_tokens": df["output_tokens"].to_numpy(np.int64),
         "n": df["n"].to_numpy(np.int64) if "n" in df else np.ones(len(df), np.int64),
         "priority": df["priority"].to_numpy(np.int64) if "priority" in df else np.zeros(len(df), np.int64),
+        "_row": np.arange(len(df)),
     })
     bad = {"prompt_tokens": out.prompt_tokens < 1, "output_tokens": out.output_tokens < 1, "n": out.n < 1,
            "arrival_s": ~np.isfinite(out.arrival_s) | (out.arrival_s < 0)}
@@ -65,13 +65,14 @@ def requests_frame(trace) -> pd.DataFrame:
     return out
 
 
+
 class Engine:
     def __init__(self, config: SimConfig, trace, cost_model=None, *, spans: bool = True,
                  check_invariants: bool = False, progress: bool = False, plan_dir=None,
                  block_manager=None) -> None:
         self.config = config
         self.reqs = requests_frame(trace)
-        self.cost = cost_model or RooflineCostModel(config)
+        self.cost = cost_model or make_cost_model(config)
         self.plan = None
         if plan_dir is not None:
             from blocksim.plan import PlanRecorder
@@ -80,13 +81,13 @@ class Engine:
         self.spans = spans
         self.check = check_invariants
         self.progress = progress
-        c = config.cache
         # `block_manager`: a ready instance, or a factory taking the config (for plugged-in managers).
         if block_manager is None:
-            self.bm = BlockSpaceManager(c.block_size, config.num_gpu_blocks, config.num_cpu_blocks, c.watermark)
+            self.bm = make_memory_manager(config)
         else:
             self.bm = block_manager(config) if callable(block_manager) else block_manager
-        self.sched = Scheduler(config.scheduler, self.bm, config.model.max_model_len)
+        self.sched = make_scheduler(config, self.bm)
+        self._clocked = hasattr(self.bm, "set_clock")
         self.rec = StepRecorder()
         self.groups: list[SequenceGroup] = []
         self._arrivals = self.reqs.arrival_s.to_numpy()
@@ -94,6 +95,14 @@ class Engine:
         self._wake: simpy.Event | None = None
         r = self.reqs
         self._cols = tuple(r[c].to_numpy() for c in ("request_id", "prompt_tokens", "output_tokens", "n", "priority"))
+        df = getattr(trace, "df", trace)
+        self._hashes = None
+        if "prefix_hashes" in df.columns and hasattr(self.bm, "hash_block_tokens"):
+            self.bm.hash_block_tokens = getattr(trace, "hash_block_tokens", None)
+            if self.bm.hash_block_tokens:
+                order = self.reqs["_row"].to_numpy()
+                hashes = df["prefix_hashes"].tolist()
+                self._hashes = [hashes[i] for i in order]
         self._seq_id = 0
         self.env = simpy.Environment()
         self.link = simpy.Resource(self.env, capacity=1)
@@ -115,7 +124,7 @@ class Engine:
         r = self._cols
         while i < len(arr) and arr[i] <= now:
             g = SequenceGroup(int(r[0][i]), i, float(arr[i]), int(r[1][i]), int(r[2][i]), int(r[3][i]),
-                              int(r[4][i]), self._seq_id, None)
+                              int(r[4][i]), self._seq_id, None if self._hashes is None else self._hashes[i])
             self._seq_id += g.seqs.__len__()
             self.groups.append(g)
             self.sched.add_request(g)
@@ -139,6 +148,8 @@ class Engine:
                 self._wake = None
                 continue
             now = env.now
+            if self._clocked:
+                self.bm.set_clock(now)
             out = sched.schedule()
             for g in out.prefill_groups:
                 if g.first_scheduled_s != g.first_scheduled_s:
@@ -151,7 +162,7 @@ class Engine:
                 starts = np.fromiter(accumulate(durations[:-1].tolist(), initial=now), np.float64, k)
                 k = min(k, int(np.searchsorted(starts, self._next_arrival_s(), side="left")))  # starts < arrival
                 if k > 1:
-                    k, crossing = sched.span_blocks(lens, k)
+                    k, crossing = self.bm.span_blocks(lens, k)
                 if k > 1:
                     yield from self._run_span(out, k, seqs, crossing, starts, durations, comps)
                     if bar:
@@ -172,10 +183,14 @@ class Engine:
     def _step_times(self, out: SchedulerOutputs) -> dict[str, float]:
         cm = self.cost
         tokens = out.prefill_tokens + out.num_decode_seqs
-        prefill = [s.num_tokens for g in out.prefill_groups for s in g.seqs[:1]]
+        if out.prefill_ranges:
+            r = np.asarray(out.prefill_ranges, dtype=np.int64)
+            attn_prefill = cm.attn_prefill(r[:, 1] - r[:, 0], r[:, 0])
+        else:
+            attn_prefill = 0.0
         return {
             "t_linear_s": cm.linear(tokens),
-            "t_attn_prefill_s": cm.attn_prefill(np.asarray(prefill)) if prefill else 0.0,
+            "t_attn_prefill_s": attn_prefill,
             "t_attn_decode_s": float(cm.attn_decode(out.decode_ctx_tokens)),
             "t_swap_s": cm.swap(len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)),
             "t_copy_s": cm.copy(len(out.blocks_to_copy)),
@@ -190,22 +205,16 @@ class Engine:
         durations = comps["t_linear_s"] + comps["t_attn_decode_s"] + comps["t_overhead_s"]
         return durations, comps
 
-    def _memory(self) -> tuple[int, int, int, int, int]:
-        bm = self.bm
-        filled = bm.gpu_filled_slots
-        used = bm.gpu.num_used * bm.block_size
-        return filled, 0, used - filled, 0, bm.gpu.num_free * bm.block_size
-
     def _run_step(self, out: SchedulerOutputs):
         env, sched = self.env, self.sched
         times = self._step_times(out)
         duration = sum(times.values())
         start = env.now
-        mem = self._memory()
+        mem = self.bm.memory_breakdown(sched.waiting[0] if sched.waiting else None)
         queues = (len(sched.running), len(sched.waiting), len(sched.swapped))
         if self.plan is not None:
             self.plan.on_step(self.rec.num_steps, out, times)
-        blocks = (self.bm.gpu.num_used, self.bm.cpu.num_used)
+        blocks = (self.bm.num_gpu_blocks_used, self.bm.num_cpu_blocks_used)
         if times["t_swap_s"] > 0:
             with self.link.request() as req:
                 yield req
@@ -227,12 +236,9 @@ class Engine:
 
     def _run_span(self, out, k, seqs, crossing, starts, durations, comps):
         env, sched, bm = self.env, self.sched, self.bm
-        new_blocks = np.concatenate(([0], np.cumsum(crossing.sum(axis=1))))
         n = out.num_decode_seqs
-        used = bm.gpu.num_used + new_blocks
-        filled = bm.gpu_filled_slots + n * np.arange(k, dtype=np.int64)
-        bs = bm.block_size
-        sched.apply_span(seqs, crossing)
+        mem = bm.span_memory(k, n, crossing, sched.waiting[0] if sched.waiting else None)
+        bm.apply_span(seqs, crossing)
         yield env.timeout(float(starts[k - 1] + durations[k - 1] - env.now))
         finished = sched.complete_step(out, env.now)
         fin = np.zeros(k, dtype=np.int64)
@@ -241,12 +247,10 @@ class Engine:
             "start_s": starts[:k], "duration_s": durations[:k], "num_prefill_seqs": 0, "prefill_tokens": 0,
             "num_decode_seqs": n, "decode_ctx_tokens": out.decode_ctx_tokens + n * np.arange(k, dtype=np.int64),
             "running": len(out.decode_groups), "waiting": len(sched.waiting), "swapped": len(sched.swapped),
-            "gpu_blocks_used": used, "cpu_blocks_used": bm.cpu.num_used, "blocks_swapped_in": 0,
+            "cpu_blocks_used": bm.num_cpu_blocks_used, "blocks_swapped_in": 0,
             "blocks_swapped_out": 0, "blocks_copied": 0, "preempted": 0, "finished": fin, "rejected": 0,
             "t_linear_s": comps["t_linear_s"], "t_attn_prefill_s": 0.0, "t_attn_decode_s": comps["t_attn_decode_s"][:k],
-            "t_swap_s": 0.0, "t_copy_s": 0.0, "t_overhead_s": comps["t_overhead_s"],
-            "mem_token_states": filled, "mem_reservation": 0, "mem_internal_frag": used * bs - filled,
-            "mem_external_frag": 0, "mem_free": (bm.num_total_gpu_blocks - used) * bs,
+            "t_swap_s": 0.0, "t_copy_s": 0.0, "t_overhead_s": comps["t_overhead_s"], **mem,
         })
         if self.check:
             bm.check_invariants(sched.live_seqs())

@@ -23,7 +23,7 @@ def _pcts(prefix: str, values: np.ndarray) -> dict[str, float]:
 
 def request_frame(groups, reqs: pd.DataFrame) -> pd.DataFrame:
     groups = sorted(groups, key=lambda g: g.index)
-    df = reqs.copy()
+    df = reqs.drop(columns=["_row"], errors="ignore").copy()
     df["status"] = [g.status for g in groups]
     df["reject_reason"] = [g.reject_reason for g in groups]
     for col in ("first_scheduled_s", "first_token_s", "finish_s"):
@@ -91,6 +91,9 @@ class RunResult:
         cfg = engine.config
         summary = summarize(reqs, steps, cfg.to_dict(), cfg.block_bytes, wall_s, engine.bm.num_total_gpu_blocks,
                             engine.bm.num_total_cpu_blocks, engine.bm.block_size)
+        stats = getattr(engine.bm, "stats", None)
+        if stats is not None:
+            summary.update(stats())
         return cls(reqs, steps, summary)
 
     def save(self, out_dir: str | Path) -> Path:

@@ -59,15 +59,16 @@ class PlanRecorder:
             row[f"{name}_dst"] = [int(b) for _, b in pairs]
         self._steps.append(row)
         s = self._seqs
-        for prefill, groups in ((True, out.prefill_groups), (False, out.decode_groups)):
-            for g in groups:
+        decode_ranges = [None] * len(out.decode_groups)
+        for prefill, groups, ranges in ((True, out.prefill_groups, out.prefill_ranges),
+                                        (False, out.decode_groups, decode_ranges)):
+            for g, rng in zip(groups, ranges):
                 if g.request_id not in self._requests:
-                    self._requests[g.request_id] = (g.prompt_tokens, list(getattr(g, "block_keys", None) or []))
+                    self._requests[g.request_id] = (g.prompt_tokens, list(g.block_keys or []))
                 for seq in g.seqs:
                     if seq.status.value != "running":
                         continue
-                    n = seq.num_tokens
-                    start = getattr(seq, "num_cached_tokens", 0) if prefill else n - 1
+                    start, n = rng if prefill else (seq.num_tokens - 1, seq.num_tokens)
                     s["step"].append(step)
                     s["request_id"].append(g.request_id)
                     s["seq_id"].append(seq.seq_id)

@@ -10,9 +10,10 @@ from typing import Any
 
 from blocksim.catalog import Catalog
 from blocksim.config import CacheConfig, ConfigError, SchedulerConfig, SimConfig
-from blocksim.cost import CostParams, RooflineCostModel
+from blocksim.cost import CostParams
 from blocksim.engine import Engine
 from blocksim.metrics import RunResult
+from blocksim.policies import POLICY_KEYS, make_cost_model, policy_config
 
 DEFAULT_MODEL = "llama-2-7b"
 DEFAULT_GPU = "h100-80gb"
@@ -32,7 +33,19 @@ DEFAULTS: dict[str, Any] = {
     "max_num_batched_tokens": None,  # None: max(max_model_len, 2048), vLLM's default
     "preemption": "auto",
     "cost_profile": None,
+    # policy knobs (see blocksim.config.PolicyConfig); None keeps the preset's value
+    "allocator": None,
+    "free_order": None,
+    "reservation": None,
+    "address_space": None,
+    "prefix_caching": None,
+    "chunked_prefill": None,
+    "scheduler": None,
+    "victim": None,
+    "watermark_blocks": None,
+    "cost_model": None,
 }
+CHUNKED_BUDGET_TOKENS = 512
 
 
 def build_config(policy: str = "vllm", **options: Any) -> SimConfig:
@@ -43,7 +56,9 @@ def build_config(policy: str = "vllm", **options: Any) -> SimConfig:
     o = {**DEFAULTS, **{k: v for k, v in options.items() if v is not None}}
     catalog = Catalog(list(o["catalog"]))
     model = catalog.model(o["model"])
-    max_tokens = o["max_num_batched_tokens"] or max(model.max_model_len, 2048)
+    policy_cfg = policy_config(policy, **{k: o[k] for k in POLICY_KEYS})
+    max_tokens = o["max_num_batched_tokens"] or (
+        CHUNKED_BUDGET_TOKENS if policy_cfg.chunked_prefill else max(model.max_model_len, 2048))
     return SimConfig(
         model=model,
         gpu=catalog.gpu(o["gpu"]),
@@ -54,6 +69,7 @@ def build_config(policy: str = "vllm", **options: Any) -> SimConfig:
                                   preemption_mode=o["preemption"]),
         tensor_parallel=o["tensor_parallel"],
         policy=policy,
+        policy_config=policy_cfg,
     )
 
 
@@ -72,7 +88,7 @@ def load_trace(trace, *, rate_scale: float = 1.0, max_requests: int | None = Non
 def simulate(trace, config: SimConfig, *, cost_profile: str | None = None, progress: bool = False,
              check_invariants: bool = False, plan_dir: str | Path | None = None) -> RunResult:
     params = CostParams.from_json(cost_profile) if cost_profile else None
-    return Engine(config, trace, RooflineCostModel(config, params), progress=progress,
+    return Engine(config, trace, make_cost_model(config, params), progress=progress,
                   check_invariants=check_invariants, plan_dir=plan_dir).run()
 
 

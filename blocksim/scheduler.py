@@ -2,18 +2,25 @@
 
 Each `schedule()` call decides one step, in vLLM v0's order:
 
-(a) every running group gets its next slot, oldest first (FCFS); when one cannot, the newest
-    running group is preempted (or the group itself, if it is the last): RECOMPUTE for
-    single-sequence groups (blocks freed, group to the *front* of waiting), SWAP for groups of
-    several sequences. `preemption_mode` may force RECOMPUTE or SWAP (a multi-sequence group is
+(a) every running group gets its next slot, in queue order (FCFS: oldest first); when one cannot,
+    a victim among the groups not yet served is preempted (vLLM: the newest), or the group
+    itself if it is the last: RECOMPUTE for single-sequence groups and groups still in their
+    prompt (blocks freed, group back to the *front* of waiting), SWAP for groups of several
+    sequences. `preemption_mode` may force RECOMPUTE or SWAP (a decoding multi-sequence group is
     always swapped: it cannot be recomputed, as in vLLM);
-(b) if nothing was preempted, swapped groups that fit are swapped in, oldest first;
+(b) if nothing was preempted, swapped groups that fit are swapped in, in queue order;
 (c) only if nothing is swapped, waiting groups are admitted in order while `can_allocate` is OK
     and the max_num_seqs / max_num_batched_tokens budgets (decode tokens included) allow.
     NEVER rejects the group and records why; nothing is retried forever.
 
+With chunked prefill (Sarathi-style, vLLM's `enable_chunked_prefill`), prompts are processed in
+chunks under the per-step token budget after all decodes: partially prefilled running groups
+first, then newly admitted ones; a group's blocks are allocated whole at admission.
+
 The decision is a plain `SchedulerOutputs`; `complete_step()` applies the step's outcome (one new
-token per scheduled sequence, finished requests freed). Neither knows about time or SimPy.
+token per decoding sequence and per completed prompt, finished requests freed). Neither knows
+about time or SimPy. Subclasses at the end change the queue order (priority, SJF), forbid
+preemption (Orca) or hold a static batch.
 """
 
 from __future__ import annotations
@@ -26,13 +33,18 @@ import numpy as np
 
 from blocksim.block_manager import BlockSpaceManager
 from blocksim.blocks import AllocStatus
-from blocksim.config import SchedulerConfig
+from blocksim.config import PolicyConfig, SchedulerConfig
 from blocksim.sequence import SequenceGroup, SeqStatus
+
+
+class SchedulerError(RuntimeError):
+    pass
 
 
 @dataclass
 class SchedulerOutputs:
     prefill_groups: list[SequenceGroup] = field(default_factory=list)
+    prefill_ranges: list[tuple[int, int]] = field(default_factory=list)  # token positions prefilled
     decode_groups: list[SequenceGroup] = field(default_factory=list)
     prefill_tokens: int = 0
     num_decode_seqs: int = 0
@@ -55,20 +67,60 @@ class SchedulerOutputs:
                 and not self.rejected)
 
 
+def newest(candidates: list[SequenceGroup]) -> int:
+    """vLLM's victim: the last group in queue order."""
+    return len(candidates) - 1
+
+
+def _blocks(group: SequenceGroup) -> int:
+    return len({b for s in group.seqs for b in s.block_table})
+
+
+def largest(candidates: list[SequenceGroup]) -> int:
+    """The group holding the most blocks (the newest among equals)."""
+    sizes = [_blocks(g) for g in candidates]
+    return max(range(len(sizes)), key=lambda i: (sizes[i], i))
+
+
+def fewest_blocks(candidates: list[SequenceGroup]) -> int:
+    """The group holding the fewest blocks (the newest among equals): the cheapest to recompute."""
+    sizes = [_blocks(g) for g in candidates]
+    return min(range(len(sizes)), key=lambda i: (sizes[i], -i))
+
+
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockSpaceManager, max_model_len: int) -> None:
+    """FCFS, vLLM v0."""
+
+    preempts = True
+
+    def __init__(self, config: SchedulerConfig, block_manager, max_model_len: int,
+                 policy: PolicyConfig | None = None) -> None:
+        from blocksim import plugins
         self.config = config
+        self.policy = policy or PolicyConfig()
         self.bm = block_manager
         self.max_model_len = max_model_len
-        self.prompt_limit = min(max_model_len, config.max_num_batched_tokens)
+        self.chunked = self.policy.chunked_prefill
+        self.prompt_limit = max_model_len if self.chunked else min(max_model_len, config.max_num_batched_tokens)
+        self.victim = plugins.resolve("victim", self.policy.victim)
+        # The inlined single-sequence append below is the stock paged manager's append_slots.
+        self._fast = (type(block_manager) is BlockSpaceManager and self.victim is newest and not self.chunked)
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []
         self.swapped: list[SequenceGroup] = []
 
     # --- queues ------------------------------------------------------------------------------
+    def sort_key(self, group: SequenceGroup) -> tuple:
+        return (group.arrival_s, group.index)
+
     def add_request(self, group: SequenceGroup) -> None:
+        group.sort_key = self.sort_key(group)
         group.status = "waiting"
         self.waiting.append(group)
+
+    def _requeue(self, group: SequenceGroup) -> None:
+        """A recompute-preempted group goes back to the front of waiting (vLLM)."""
+        self.waiting.appendleft(group)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
@@ -88,26 +140,43 @@ class Scheduler:
 
     # --- preemption --------------------------------------------------------------------------
     def _preempt(self, group: SequenceGroup, out: SchedulerOutputs) -> None:
+        if not self.preempts:
+            raise SchedulerError(f"{type(self).__name__} never preempts, but request {group.request_id} "
+                                 f"has no room to grow: its allocator must reserve the maximum up front")
         mode = self.config.preemption_mode
-        single = group.num_unfinished() == 1
-        recompute = single and mode in ("auto", "recompute")
+        in_prompt = group.prefill_pos is not None
+        recompute = in_prompt or (group.num_unfinished() == 1 and mode in ("auto", "recompute"))
         group.preemptions += 1
         out.preempted.append(group)
         if recompute:
             for s in group.seqs_with(SeqStatus.RUNNING):
                 self.bm.free(s)
                 s.status = SeqStatus.WAITING
+            group.prefill_pos = None
             group.status = "waiting"
-            self.waiting.appendleft(group)
+            self._requeue(group)
             return
         if not self.bm.can_swap_out(group):
-            self._reject(group, f"preempted by swap but CPU swap space is exhausted "
-                                f"({self.bm.cpu.num_free} CPU blocks free); raise --swap-space", out)
+            self._reject(group, "preempted by swap but CPU swap space is exhausted; raise --swap-space", out)
             return
         out.blocks_to_swap_out.update(self.bm.swap_out(group))
         group.swaps += 1
         group.status = "swapped"
         bisect.insort(self.swapped, group, key=_key)
+
+    def _make_room(self, group, queue, i, end, out, fits) -> tuple[int, bool]:
+        """Preempt victims among queue[i:end] until `fits()`; preempt `group` itself as a last resort."""
+        while not fits():
+            if i < end:
+                j = i + self.victim(queue[i:end])
+                victim = queue.pop(j)
+                queue.insert(end - 1, victim)  # keep indices of the unserved part stable
+                end -= 1
+                self._preempt(victim, out)
+            else:
+                self._preempt(group, out)
+                return end, False
+        return end, True
 
     def _append(self, group: SequenceGroup, out: SchedulerOutputs) -> None:
         for s in group.seqs:
@@ -120,22 +189,35 @@ class Scheduler:
         out.decode_groups.append(group)
 
     # --- one step ----------------------------------------------------------------------------
+    def _before_schedule(self, out: SchedulerOutputs) -> None:
+        """Hook for policies that act before the running queue is served (priority preemption)."""
+
+    def _may_admit(self) -> bool:
+        return True
+
     def schedule(self) -> SchedulerOutputs:
         out = SchedulerOutputs()
         bm = self.bm
+        self._before_schedule(out)
 
-        # (a) running groups, oldest first; preempt the newest when a slot is missing
+        # (a) running groups in queue order; preempt a victim when a slot is missing
         queue = self.running
         self.running = kept = []
-        gpu, bs = bm.gpu, bm.block_size
-        refs, decode = gpu.ref_counts, out.decode_groups
+        prefilling = []
         i, end = 0, len(queue)
+        if self._fast:
+            gpu, bs = bm.gpu, bm.block_size
+            refs, decode = gpu.ref_counts, out.decode_groups
         while i < end:
             group = queue[i]
             i += 1
+            if group.prefill_pos is not None:
+                prefilling.append(group)
+                kept.append(group)
+                continue
             seqs = group.seqs
-            if len(seqs) == 1 and seqs[0].block_table and refs[seqs[0].block_table[-1]] == 1:
-                # Fast path, same semantics: one sequence whose last block is its own (no CoW).
+            if self._fast and len(seqs) == 1 and seqs[0].block_table and refs[seqs[0].block_table[-1]] == 1:
+                # Inlined append_slots for one sequence whose last block is its own (no CoW).
                 while not gpu._free:
                     if i < end:
                         end -= 1
@@ -154,19 +236,25 @@ class Scheduler:
                     decode.append(group)
                     kept.append(group)
                 continue
-            while not bm.can_append_slots(group):
-                if i < end:
-                    end -= 1
-                    self._preempt(queue[end], out)
-                else:
-                    self._preempt(group, out)
-                    break
-            else:
+            end, ok = self._make_room(group, queue, i, end, out, lambda g=group: bm.can_append_slots(g))
+            if ok:
                 self._append(group, out)
                 kept.append(group)
+        prefilling = [g for g in prefilling if g.status == "running"]
+        kept[:] = [g for g in kept if g.status == "running"]
 
-        # (b) swap in, oldest first, only if nothing was preempted
-        num_seqs = out.num_decode_seqs
+        budget = self.config.max_num_batched_tokens - out.num_decode_seqs
+        for group in prefilling:  # chunked prefill: continue partial prompts first
+            if budget <= 0:
+                break
+            start = group.prefill_pos
+            stop = min(group.seqs[0].num_tokens, start + budget)
+            self._prefill(group, start, stop, out)
+            bm.add_filled(len(group.seqs_with(SeqStatus.RUNNING)), stop - start)
+            budget -= stop - start
+
+        # (b) swap in, in queue order, only if nothing was preempted
+        num_seqs = sum(len(g.seqs_with(SeqStatus.RUNNING)) for g in self.running) if self.swapped or self.waiting else 0
         if not out.preempted:
             while self.swapped:
                 group = self.swapped[0]
@@ -175,22 +263,20 @@ class Scheduler:
                     self.swapped.pop(0)
                     self._reject(group, "swapped group can never fit back in GPU memory", out)
                     continue
-                if status is AllocStatus.LATER:
-                    break
                 n = len(group.seqs_with(SeqStatus.SWAPPED))
-                if num_seqs + n > self.config.max_num_seqs:
+                if status is AllocStatus.LATER or num_seqs + n > self.config.max_num_seqs:
                     break
                 self.swapped.pop(0)
                 out.blocks_to_swap_in.update(bm.swap_in(group))
                 group.status = "running"
                 self._append(group, out)
+                budget -= n
                 num_seqs += n
                 bisect.insort(self.running, group, key=_key)
 
         # (c) admit waiting groups, only if nothing is swapped
-        if not self.swapped:
-            budget = self.config.max_num_batched_tokens - out.num_decode_seqs
-            while self.waiting:
+        if not self.swapped and self._may_admit():
+            while self.waiting and budget > 0:
                 group = self.waiting[0]
                 if group.preemptions and group in out.preempted:
                     break
@@ -204,25 +290,33 @@ class Scheduler:
                 status = bm.can_allocate(group)
                 if status is AllocStatus.NEVER:
                     self.waiting.popleft()
-                    self._reject(group, f"prompt needs more blocks than the GPU cache holds "
+                    self._reject(group, "prompt needs more blocks than the GPU cache holds "
                                         f"({bm.num_total_gpu_blocks} blocks minus a watermark of "
                                         f"{bm.watermark_blocks}); use a larger GPU or a smaller model", out)
                     continue
-                if status is AllocStatus.LATER or num_tokens > budget or num_seqs + len(seqs) > self.config.max_num_seqs:
+                if (status is AllocStatus.LATER or (num_tokens > budget and not self.chunked)
+                        or num_seqs + len(seqs) > self.config.max_num_seqs):
                     break
                 self.waiting.popleft()
-                bm.allocate(group)
+                stop = min(num_tokens, budget)
+                bm.allocate(group, filled=stop)
                 for s in seqs:
                     s.status = SeqStatus.RUNNING
                 if group.preemptions:
                     group.recomputed_tokens += num_tokens
                 group.status = "running"
-                budget -= num_tokens
+                start = getattr(group, "num_cached_tokens", 0)
+                self._prefill(group, start, stop, out)
+                budget -= stop - start
                 num_seqs += len(seqs)
-                out.prefill_groups.append(group)
-                out.prefill_tokens += num_tokens
                 bisect.insort(self.running, group, key=_key)
         return out
+
+    def _prefill(self, group: SequenceGroup, start: int, stop: int, out: SchedulerOutputs) -> None:
+        group.prefill_pos = start
+        out.prefill_groups.append(group)
+        out.prefill_ranges.append((start, stop))
+        out.prefill_tokens += stop - start
 
     def _never_reason(self, group: SequenceGroup, num_tokens: int) -> str:
         if group.prompt_tokens + group.output_tokens > self.max_model_len:
@@ -237,42 +331,58 @@ class Scheduler:
 
     # --- outcome of a step ------------------------------------------------------------------------
     def complete_step(self, out: SchedulerOutputs, end_s: float) -> list[SequenceGroup]:
-        """Each scheduled sequence gains one token; return groups that finished at `end_s`."""
+        """Decoding sequences and completed prompts gain one token; return groups finished at `end_s`."""
         finished = []
-        for group in out.prefill_groups:
+        for group, (_, stop) in zip(out.prefill_groups, out.prefill_ranges):
+            if group.status != "running":
+                continue
+            if stop < group.seqs_with(SeqStatus.RUNNING)[0].num_tokens:
+                group.prefill_pos = stop  # more chunks to go
+                continue
+            group.prefill_pos = None
             if group.first_token_s != group.first_token_s:  # NaN: first output token
                 group.first_token_s = end_s
-        for groups in (out.prefill_groups, out.decode_groups):
-            for group in groups:
-                if group.status != "running":
-                    continue
-                done = 0
-                for s in group.seqs:
-                    if s.status is SeqStatus.RUNNING:
-                        s.num_tokens += 1
-                        if s.num_tokens - group.prompt_tokens >= group.output_tokens:
-                            self.bm.free(s)
-                            s.status = SeqStatus.FINISHED
-                    if s.status is SeqStatus.FINISHED:
-                        done += 1
-                if done == len(group.seqs):
-                    group.status = "finished"
-                    group.finish_s = end_s
-                    finished.append(group)
+            self._advance(group, end_s, finished)
+        for group in out.decode_groups:
+            if group.status == "running":
+                self._advance(group, end_s, finished)
         if finished:
             self.running = [g for g in self.running if g.status == "running"]
         return finished
+
+    def _advance(self, group: SequenceGroup, end_s: float, finished: list) -> None:
+        done = 0
+        for s in group.seqs:
+            if s.status is SeqStatus.RUNNING:
+                s.num_tokens += 1
+                if s.num_tokens - group.prompt_tokens >= group.output_tokens:
+                    self._finish_seq(s)
+            if s.status is SeqStatus.FINISHED:
+                done += 1
+        if done == len(group.seqs):
+            self._finish_group(group, end_s, finished)
+
+    def _finish_seq(self, seq) -> None:
+        self.bm.free(seq)
+        seq.status = SeqStatus.FINISHED
+
+    def _finish_group(self, group: SequenceGroup, end_s: float, finished: list) -> None:
+        group.status = "finished"
+        group.finish_s = end_s
+        finished.append(group)
 
     # --- spans of identical decode steps ----------------------------------------------------------
     def span_candidates(self, out: SchedulerOutputs):
         """After a plain decode step, the sequences of a possible span and its length bound.
 
-        Valid when every decoding group has one running sequence: then, until a sequence finishes
-        or free blocks run low, each further step is the same batch with every context one token
-        longer; waiting and swapped groups stay blocked (free blocks only shrink, the batch is
-        constant) and no copy-on-write can occur. Returns `(seqs, lens, k)` with `k` the number of
-        steps (this one included) before the first finish, or None.
+        Valid when every decoding group has one running sequence and no group is mid-prompt: then,
+        until a sequence finishes or free blocks run low, each further step is the same batch with
+        every context one token longer; waiting and swapped groups stay blocked (free blocks only
+        shrink, the batch is constant) and no copy-on-write can occur. Returns `(seqs, lens, k)`
+        with `k` the number of steps (this one included) before the first finish, or None.
         """
+        if len(out.decode_groups) != len(self.running):
+            return None  # a group is mid-prompt (chunked prefill) and would resume
         seqs, lens = [], []
         k = 1 << 62
         for g in out.decode_groups:
@@ -289,33 +399,83 @@ class Scheduler:
             return None
         return seqs, np.asarray(lens, dtype=np.int64), k
 
-    def span_blocks(self, lens: np.ndarray, k: int):
-        """Blocks each step of a `k`-step span allocates; cut `k` where free blocks would run low.
-
-        Returns `(k, crossing)` with `crossing[j-1, i]` true when sequence i takes a new block at
-        step j (step j writes the KV of position `lens[i] - 1 + j`).
-        """
-        bs = self.bm.block_size
-        steps = np.arange(1, k, dtype=np.int64)
-        crossing = ((lens[None, :] - 1 + steps[:, None]) % bs) == 0
-        cum = np.cumsum(crossing.sum(axis=1))
-        ok = cum <= self.bm.gpu.num_free - 1  # keeps vLLM's one-free-block-per-sequence check true
-        if not ok[-1]:
-            k = int(np.argmin(ok)) + 1
-        return k, crossing[: k - 1]
-
-    def apply_span(self, seqs, crossing: np.ndarray) -> None:
-        """Apply steps 1..k-1 of a span: allocations in step order, then running order."""
-        bm = self.bm
-        steps_more = crossing.shape[0]
-        if steps_more == 0:
-            return
-        for _, i in zip(*np.nonzero(crossing)):
-            seqs[i].block_table.append(bm.gpu.allocate())
-        for s in seqs:
-            s.num_tokens += steps_more
-        bm.gpu_filled_slots += steps_more * len(seqs)
-
 
 def _key(group: SequenceGroup):
     return group.sort_key
+
+
+class _SortedWaiting(Scheduler):
+    """Waiting (and running, swapped) kept in `sort_key` order; preempted groups re-enter by key."""
+
+    def add_request(self, group: SequenceGroup) -> None:
+        group.sort_key = self.sort_key(group)
+        group.status = "waiting"
+        bisect.insort(self.waiting, group, key=_key)
+
+    def _requeue(self, group: SequenceGroup) -> None:
+        bisect.insort(self.waiting, group, key=_key)
+
+
+class PriorityScheduler(_SortedWaiting):
+    """Higher `priority` first, then arrival; a waiting group that cannot be admitted preempts
+    running groups of strictly lower priority (lowest first) until it fits (vLLM's priority policy)."""
+
+    def sort_key(self, group: SequenceGroup) -> tuple:
+        return (-group.priority, group.arrival_s, group.index)
+
+    def _before_schedule(self, out: SchedulerOutputs) -> None:
+        if not self.waiting or not self.running or self.swapped:
+            return
+        head = self.waiting[0]
+        if head.status != "waiting" or self._never_reason(head, head.seqs[0].num_tokens):
+            return
+        while (self.running and self.running[-1].priority < head.priority
+               and self.bm.can_allocate(head) is AllocStatus.LATER):
+            victim = self.running.pop()
+            self._preempt(victim, out)
+
+
+class SJFScheduler(_SortedWaiting):
+    """Shortest job first by the oracle output length: a research bound, not a deployable policy."""
+
+    def sort_key(self, group: SequenceGroup) -> tuple:
+        return (group.output_tokens, group.arrival_s, group.index)
+
+
+class OrcaScheduler(Scheduler):
+    """Orca: iteration-level scheduling, FCFS, never preempts (its allocator reserves up front)."""
+
+    preempts = False
+
+
+class StaticScheduler(Scheduler):
+    """Static batching (FasterTransformer-like): a batch is admitted only when the previous one is
+    done, and runs until its longest request ends. Finished requests keep their memory until then,
+    and their responses return with the batch (their finish time is the batch's end).
+
+    Simplification: a finished request stops decoding (its padding steps are not priced)."""
+
+    preempts = False
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.held: list[SequenceGroup] = []
+
+    def _may_admit(self) -> bool:
+        return not self.running and not self.held
+
+    def live_seqs(self):
+        return super().live_seqs() + [s for g in self.held for s in g.seqs]
+
+    def _finish_seq(self, seq) -> None:
+        seq.status = SeqStatus.FINISHED  # memory released with the batch
+
+    def _finish_group(self, group: SequenceGroup, end_s: float, finished: list) -> None:
+        group.status = "held"
+        self.held.append(group)
+        if all(g.status != "running" for g in self.running):
+            for g in self.held:
+                for s in g.seqs:
+                    self.bm.free(s)
+                super()._finish_group(g, end_s, finished)
+            self.held = []

@@ -28,6 +28,12 @@ class Sequence:
         self.block_table: list[int] = []
 
     @property
+    def kv_len(self) -> int:
+        """Tokens whose K/V is in the cache between steps (a prompt mid-chunk: the chunks done)."""
+        pos = self.group.prefill_pos
+        return self.num_tokens - 1 if pos is None else pos
+
+    @property
     def num_generated(self) -> int:
         return self.num_tokens - self.group.prompt_tokens
 
@@ -44,7 +50,8 @@ class SequenceGroup:
 
     __slots__ = ("request_id", "index", "arrival_s", "prompt_tokens", "output_tokens", "priority", "seqs",
                  "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "swaps",
-                 "recomputed_tokens", "status", "reject_reason", "sort_key", "prefix_hashes")
+                 "recomputed_tokens", "status", "reject_reason", "sort_key", "prefix_hashes", "prefill_pos",
+                 "num_cached_tokens", "block_keys", "prefix_hit_tokens")
 
     def __init__(self, request_id: int, index: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
                  n: int = 1, priority: int = 0, first_seq_id: int = 0, prefix_hashes=None) -> None:
@@ -65,6 +72,10 @@ class SequenceGroup:
         self.reject_reason = ""
         self.sort_key = (arrival_s, index)
         self.prefix_hashes = prefix_hashes
+        self.prefill_pos: int | None = None  # prompt tokens prefilled so far while a prompt is in progress
+        self.num_cached_tokens = 0           # prompt tokens found in the prefix cache at admission
+        self.block_keys = None               # content keys of full prompt blocks (prefix caching)
+        self.prefix_hit_tokens = 0
 
     def seqs_with(self, status: SeqStatus) -> list[Sequence]:
         return [s for s in self.seqs if s.status is status]

@@ -1,0 +1,192 @@
+"""Automatic prefix caching (vLLM's APC) on paged blocks.
+
+A full prompt block's identity is its content key: for traces with prefix hashes (e.g. Mooncake's
+`hash_ids` of 512-token blocks) the key of a `block_size`-token block is derived from the hash id
+covering it and its offset inside that hash block (a hash id already depends on the whole prefix,
+so equal keys mean equal prefixes). Blocks without a key (partial last blocks, generated tokens,
+traces without hashes) are never shared.
+
+At admission each leading full prompt block whose key is cached is reused (a hit; reference
+counted like any shared block) and only the tokens after the cached prefix are prefilled (at
+least the last one, as vLLM recomputes it). A block whose last reference goes keeps its content
+and key and waits in an evictor; it still counts as free. A new block comes from the never-cached
+free list first, else the evictor gives up its least recently freed block, ties going to the
+deepest block of a chain (the one furthest into its prompt), and its key is forgotten.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+from blocksim.block_manager import BlockSpaceManager, cdiv
+from blocksim.blocks import BlockAllocator, BlockError, Device
+from blocksim.sequence import SequenceGroup, SeqStatus
+
+
+class CachingBlockAllocator(BlockAllocator):
+    """GPU free list plus an LRU evictor of cached blocks with no references."""
+
+    def __init__(self, num_blocks: int, order: str = "lifo") -> None:
+        super().__init__(Device.GPU, num_blocks, order)
+        self.key_of: dict[int, int] = {}      # block -> content key
+        self.block_of: dict[int, int] = {}    # content key -> block
+        self.depth: dict[int, int] = {}       # block -> index in its prompt
+        self._heap: list[tuple[float, int, int, int]] = []
+        self._in_evictor: dict[int, int] = {}  # block -> live heap entry id
+        self._ids = itertools.count()
+        self.clock = 0.0
+        self.evictions = 0
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free) + len(self._in_evictor)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    def allocate(self) -> int:
+        if self._free:
+            block = self._take()
+        else:
+            block = self._evict()
+        self.ref_counts[block] = 1
+        return block
+
+    def _evict(self) -> int:
+        while self._heap:
+            _, _, entry, block = heapq.heappop(self._heap)
+            if self._in_evictor.get(block) == entry:
+                del self._in_evictor[block]
+                key = self.key_of.pop(block)
+                del self.block_of[key]
+                self.depth.pop(block, None)
+                self.evictions += 1
+                return block
+        raise BlockError(f"gpu allocator: out of blocks ({self.num_blocks} all in use)")
+
+    def free(self, block: int) -> None:
+        rc = self.ref_counts[block]
+        if rc <= 0:
+            raise BlockError(f"gpu block {block}: double free (reference count is already 0)")
+        rc -= 1
+        self.ref_counts[block] = rc
+        if rc == 0:
+            if block in self.key_of:
+                entry = next(self._ids)
+                self._in_evictor[block] = entry
+                heapq.heappush(self._heap, (self.clock, -self.depth.get(block, 0), entry, block))
+            else:
+                self._free.append(block)
+
+    def reuse(self, block: int) -> None:
+        """A cache hit on `block`: one more reference, taken out of the evictor if it was there."""
+        if self.ref_counts[block] == 0:
+            del self._in_evictor[block]  # its heap entry goes stale
+        self.ref_counts[block] += 1
+
+    def register(self, block: int, key: int, depth: int) -> None:
+        self.key_of[block] = key
+        self.block_of[key] = block
+        self.depth[block] = depth
+
+    def check(self) -> None:
+        free = list(self._free)
+        zero = {b for b, rc in enumerate(self.ref_counts) if rc == 0}
+        if len(set(free)) != len(free) or set(free) & set(self._in_evictor):
+            raise BlockError("gpu allocator: a block is free twice")
+        if zero != set(free) | set(self._in_evictor):
+            raise BlockError("gpu allocator: free list and evictor disagree with reference counts")
+        if any(self.block_of[k] != b for b, k in self.key_of.items()):
+            raise BlockError("gpu allocator: cache maps disagree")
+
+
+class PrefixCachingBlockManager(BlockSpaceManager):
+    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark: float = 0.01,
+                 watermark_blocks: int | None = None, order: str = "lifo") -> None:
+        super().__init__(block_size, num_gpu_blocks, num_cpu_blocks, watermark, watermark_blocks, order)
+        self.gpu = CachingBlockAllocator(num_gpu_blocks, order)
+        self.hash_block_tokens: int | None = None
+        self.hits = 0
+        self.queries = 0
+
+    def set_clock(self, now_s: float) -> None:
+        self.gpu.clock = now_s
+
+    def block_keys(self, group: SequenceGroup) -> list[int]:
+        """Content keys of the group's full prompt blocks (empty without prefix hashes)."""
+        if group.block_keys is not None:
+            return group.block_keys
+        hashes, h, bs = group.prefix_hashes, self.hash_block_tokens, self.block_size
+        keys: list[int] = []
+        if hashes is not None and len(hashes) and h:
+            full = group.prompt_tokens // bs
+            if h % bs == 0:
+                per = h // bs
+                keys = [int(hashes[(j * bs) // h]) * per + (j % per) for j in range(full)
+                        if (j * bs) // h < len(hashes)]
+            elif bs % h == 0:
+                keys = [int(hashes[((j + 1) * bs) // h - 1]) for j in range(full)
+                        if ((j + 1) * bs) // h - 1 < len(hashes)]
+            else:
+                raise BlockError(f"prefix hashes cover {h} tokens, which neither divides nor is a multiple "
+                                 f"of the block size {bs}; choose a block size that does")
+        group.block_keys = keys
+        return keys
+
+    def allocate(self, group: SequenceGroup, filled: int | None = None) -> None:
+        seqs = group.seqs_with(SeqStatus.WAITING)
+        n, num_tokens, bs, gpu = len(seqs), seqs[0].num_tokens, self.block_size, self.gpu
+        keys = self.block_keys(group)
+        table, hits, leading = [], 0, True
+        written = 0
+        for j in range(cdiv(num_tokens, bs)):
+            fill = min(bs, num_tokens - j * bs)
+            key = keys[j] if j < len(keys) else None
+            block = gpu.block_of.get(key) if key is not None else None
+            if block is not None and leading:
+                self.queries += 1
+                self.hits += 1
+                hits += 1
+                if gpu.ref_counts[block] == 0:
+                    written += fill  # back from the evictor: its slots hold K/V again
+                gpu.reuse(block)
+                gpu.ref_counts[block] += n - 1
+            else:
+                if key is not None:
+                    self.queries += 1
+                leading = False
+                block = gpu.allocate()
+                gpu.ref_counts[block] = n
+                if key is not None:
+                    if key in gpu.block_of:  # a non-leading duplicate: keep the cached copy
+                        key = None
+                    else:
+                        gpu.register(block, key, j)
+                written += fill
+            table.append(block)
+        for s in seqs:
+            s.block_table = table.copy()
+        cached = min(hits * bs, ((num_tokens - 1) // bs) * bs)
+        group.num_cached_tokens = cached
+        group.prefix_hit_tokens += cached
+        self.gpu_filled_slots += written
+
+    def free(self, seq) -> None:
+        """Through the caching allocator (blocks with keys go to the evictor)."""
+        table = seq.block_table
+        if not table:
+            return
+        if seq.status is SeqStatus.SWAPPED:
+            for c in table:
+                self.cpu.free(c)
+        else:
+            kv_len = seq.kv_len
+            for i, g in enumerate(table):
+                self._free_gpu_block(g, kv_len, i)
+        seq.block_table = []
+
+    def stats(self) -> dict[str, int]:
+        return {"prefix_cache_hits": self.hits, "prefix_cache_queries": self.queries,
+                "prefix_cache_evictions": self.gpu.evictions}

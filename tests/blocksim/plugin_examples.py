@@ -1,0 +1,17 @@
+"""A user's own policies, plugged in by 'tests.blocksim.plugin_examples:Name' strings."""
+
+from blocksim.scheduler import Scheduler
+
+
+class LongestPromptFirst(Scheduler):
+    """Admits the waiting group with the longest prompt first."""
+
+    def add_request(self, group):
+        group.sort_key = (-group.prompt_tokens, group.index)
+        group.status = "waiting"
+        self.waiting.append(group)
+        self.waiting = type(self.waiting)(sorted(self.waiting, key=lambda g: g.sort_key))
+
+
+def oldest_victim(candidates):
+    return 0
