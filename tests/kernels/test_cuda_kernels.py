@@ -215,11 +215,11 @@ def test_reshape_and_cache_is_exact(dtype, block_size, head_size):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_copy_blocks_is_exact_for_every_layer(dtype):
-    gen = torch.Generator(device="cuda").manual_seed(11)
+    gen = torch.Generator().manual_seed(11)
     layers = [kernels.allocate_kv_cache(256, 8, 128, 16, dtype, "cuda") for _ in range(4)]
     keys, values = [k for k, _ in layers], [v for _, v in layers]
     for t in keys + values:
-        t.uniform_(-1, 1, generator=gen)
+        t.uniform_(-1, 1)
     ids = torch.randperm(256, generator=gen)[:60]
     mapping = torch.stack([ids[:30], ids[30:]], 1)
     want = [t.clone() for t in keys + values]
@@ -249,8 +249,8 @@ def test_swap_blocks_is_exact(direction):
     kernels.swap_blocks(src, dst, mapping)
     torch.cuda.synchronize()
     assert torch.equal(dst.cpu(), want)
-    path = ops.extension().swap_path(src, dst)
-    print(f"swap {direction}: {path} path")
+    # Pinned host memory is mapped into the GPU's address space (UVA): one kernel for all pairs.
+    assert ops.extension().swap_path(src, dst) == "kernel"
 
 
 def test_swap_with_pageable_cpu_memory_is_refused():
