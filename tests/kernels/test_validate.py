@@ -19,6 +19,18 @@ from blocksim.sequence import SeqStatus  # noqa: E402
 from kernels import calibrate  # noqa: E402
 from kernels.validate import ValidationSetupError, choose_subset, report, validate_run  # noqa: E402
 
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: torch's thread pool only adds overhead (and contends on shared CI cores)."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 TINY = dict(layers=1, kv_heads=1, heads=2, head_size=32)
 
 # Parallel sampling (n > 1: shared prompts, copy-on-write) on 14 GPU blocks: groups are swapped.
