@@ -206,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_traces_command(sub)
     from analysis.cli import add_analysis_commands
     add_analysis_commands(sub)
+    from blocksim.sweep import add_sweep_command
+    add_sweep_command(sub)
     return p
 
 
