@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from blocksim.sweep_exec import GridSource, Job, LocalBackend, RayBackend, drive, replay_runner
+from blocksim.sweep_exec import GridSource, Job, LocalBackend, RayBackend, drive
+from blocksim.sweep_point import replay_runner
 from blocksim.sweep_spec import Point, SpecError, SweepSpec, load_spec, validate_points
 
 SWEEP_TABLE = "sweep.parquet"

@@ -1,20 +1,15 @@
-"""Running sweep points: one point in a worker, the local and Ray backends, and the driver loop.
+"""Running sweep points: the local and Ray backends, and the driver loop that feeds them.
 
-A point's run directory appears only when it is complete: the worker writes it under
-``OUT/.partial/`` and renames it to ``OUT/runs/<name>/`` as its last act, after ``point.json``
-(its metrics row). A killed sweep therefore leaves either a complete directory or none, and a
-rerun skips complete ones (`cached_row`). A point that raises is reported with its error (and
-``runs/<name>/error.txt`` holding the traceback) and does not stop the others; a point whose
-worker process dies is retried once, alone, and then reported failed.
+The driver hands jobs to a backend, at most ``backend.capacity`` at a time, reuses complete run
+directories from earlier sweeps (`sweep_point.cached_row`), and retries a point whose worker
+process died once; a point that raises is reported failed and does not stop the others.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
-import traceback
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -22,141 +17,19 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
+from blocksim.sweep_point import (
+    PARTIAL_DIR,
+    RUNS_DIR,
+    cached_row,
+    error_outcome,
+    install_run_dir,
+    run_point_into,
+    simulate_point,
+    write_error,
+)
 from blocksim.sweep_spec import Point
 
-RUNS_DIR = "runs"
-PARTIAL_DIR = ".partial"
-POINT_FILE = "point.json"
-ERROR_FILE = "error.txt"
 MAX_ATTEMPTS = 2  # a crashed worker's point runs at most twice
-
-
-def replay_runner(trace, out_dir, **kwargs) -> dict:
-    from blocksim.runner import replay
-    return replay(trace, out_dir, **kwargs)
-
-
-# ---------------------------------------------------------------- one point (runs in a worker)
-
-def shape_trace(trace, point: Point):
-    """The point's trace: its first ``max_requests``, re-timed as a seeded Poisson process at the
-    slice's own mean rate when the point has a ``seed``. (``rate_scale`` is applied by replay.)"""
-    import traces
-    if point.max_requests is not None:
-        trace = traces.head(trace, point.max_requests)
-    if point.seed is not None and len(trace) > 1:
-        arrival = trace.df["arrival_s"].to_numpy()
-        span = float(arrival.max() - arrival.min())
-        if span > 0:
-            trace = traces.poisson_retime(trace, (len(trace) - 1) / span, seed=point.seed)
-    return trace
-
-
-def point_metrics(run_dir: Path, slo: dict[str, float]) -> dict:
-    """A run's flat summary plus offered rate, memory fractions and (with an SLO) goodput."""
-    from analysis.metrics import goodput_metrics, memory_fractions, offered_rate, prefix_hit_rate
-    from analysis.rundir import load_run
-
-    run = load_run(run_dir)
-    row = {k: v for k, v in run.summary.items() if not isinstance(v, (dict, list))}
-    row["offered_rate_req_s"] = offered_rate(run.requests)
-    hit_rate = prefix_hit_rate(run.summary)
-    if hit_rate is not None:
-        row["prefix_hit_rate"] = hit_rate
-    if slo:
-        row.update(goodput_metrics(run, slo))
-    row.update(memory_fractions(run))
-    return row
-
-
-def simulate_point(point: Point, trace, dest: Path, slo_text: str, runner: Callable) -> dict:
-    """Run one point into ``dest`` and write its ``point.json``; returns the metrics row."""
-    from analysis.slo import parse_slo
-    dest.mkdir(parents=True, exist_ok=True)
-    runner(shape_trace(trace, point), dest, policy=point.policy, rate_scale=point.rate_scale,
-           overrides=point.overrides() or None, progress=False, write_report=False)
-    metrics = point_metrics(dest, parse_slo(slo_text))
-    (dest / POINT_FILE).write_text(json.dumps({"key": point.key(), "slo": slo_text, "metrics": metrics},
-                                              default=_json_default))
-    return metrics
-
-
-def _json_default(o):
-    import numpy as np
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    return str(o)
-
-
-def _error(exc: BaseException) -> tuple:
-    return ("error", " ".join(f"{type(exc).__name__}: {exc}".split()), traceback.format_exc())
-
-
-def _install(src: Path, final: Path) -> None:
-    """Move a finished run directory into place (replacing any incomplete leftover)."""
-    if final.exists():
-        shutil.rmtree(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(src, final)
-
-
-def run_point_into(out_dir: Path, name: str, point: Point, trace, slo_text: str, runner: Callable) -> tuple:
-    """Run one point into ``out_dir/runs/name`` (atomically); never raises.
-
-    Returns ``("ok", metrics)`` or ``("error", message, traceback)``.
-    """
-    tmp = out_dir / PARTIAL_DIR / f"{name}.{os.getpid()}"
-    try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        metrics = simulate_point(point, trace, tmp, slo_text, runner)
-        _install(tmp, out_dir / RUNS_DIR / name)
-        return ("ok", metrics)
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported in the sweep table
-        outcome = _error(exc)
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            write_error(out_dir / RUNS_DIR / name, outcome[2])
-        except OSError:
-            pass
-        return outcome
-
-
-def write_error(run_dir: Path, text: str) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / ERROR_FILE).write_text(text)
-
-
-def is_complete(run_dir: Path) -> bool:
-    """A run directory with both tables and a summary.json that parses and has its keys."""
-    from analysis.rundir import REQUESTS_FILE, STEPS_FILE, SUMMARY_FILE, SUMMARY_KEYS
-    try:
-        summary = json.loads((run_dir / SUMMARY_FILE).read_text())
-    except (OSError, ValueError):
-        return False
-    return (isinstance(summary, dict) and all(k in summary for k in SUMMARY_KEYS)
-            and (run_dir / REQUESTS_FILE).is_file() and (run_dir / STEPS_FILE).is_file())
-
-
-def cached_row(run_dir: Path, point: Point, slo_text: str) -> dict | None:
-    """The metrics of a complete earlier run of ``point`` (recomputed if the SLO changed), else None."""
-    if not is_complete(run_dir):
-        return None
-    try:
-        saved = json.loads((run_dir / POINT_FILE).read_text())
-        if saved.get("key") == point.key() and saved.get("slo") == slo_text:
-            return saved["metrics"]
-    except (OSError, ValueError, KeyError):
-        pass
-    from analysis.slo import parse_slo
-    try:
-        metrics = point_metrics(run_dir, parse_slo(slo_text))
-    except Exception:  # noqa: BLE001 - unreadable: run it again
-        return None
-    (run_dir / POINT_FILE).write_text(json.dumps({"key": point.key(), "slo": slo_text, "metrics": metrics},
-                                                 default=_json_default))
-    return metrics
 
 
 # ---------------------------------------------------------------- local backend
@@ -219,7 +92,7 @@ class LocalBackend:
                 broken = True
                 out.append((job, ("crash", f"worker process died ({type(exc).__name__})")))
             except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable result
-                out.append((job, _error(exc)))
+                out.append((job, error_outcome(exc)))
         if broken:  # the pool is unusable: every other running point failed with it
             out += [(job, ("crash", "worker process died (BrokenProcessPool)")) for job in self.futures.values()]
             self.futures.clear()
@@ -241,7 +114,7 @@ def _ray_task(point: Point, traces: dict, runner: Callable, slo_text: str) -> tu
         try:
             metrics = simulate_point(point, traces[point.trace], dest, slo_text, runner)
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported in the sweep table
-            return _error(exc)
+            return error_outcome(exc)
         files = {p.name: p.read_bytes() for p in dest.iterdir() if p.is_file()}
         return ("ok", metrics, files)
 
@@ -312,7 +185,7 @@ class RayBackend:
         tmp.mkdir(parents=True)
         for fname, data in result[2].items():
             (tmp / fname).write_bytes(data)
-        _install(tmp, self.out_dir / RUNS_DIR / job.name)
+        install_run_dir(tmp, self.out_dir / RUNS_DIR / job.name)
         return ("ok", result[1])
 
     def close(self) -> None:
@@ -377,9 +250,8 @@ def drive(source, backend, out_dir: Path, slo_text: str, *, progress: bool = Fal
 
     try:
         while pending or suspects or running:
-            if suspects:
-                if running == 0:
-                    start(suspects.popleft())
+            if suspects and running == 0:
+                start(suspects.popleft())
             while pending and not suspects:
                 job = pending[0]
                 cached = cached_row(out_dir / RUNS_DIR / job.name, job.point, slo_text) if not job.attempts else None

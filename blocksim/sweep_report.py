@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import math
+import numbers
 
 import pandas as pd
 
@@ -17,7 +18,8 @@ HEATMAP_METRICS = (
     ("norm_latency_mean_s", "normalized latency (s/token)", False),
 )
 TABLE_METRICS = ("offered_rate_req_s", "requests_per_s", "goodput_requests_per_s", "slo_attainment",
-                 "ttft_p90_s", "tpot_p90_s", "norm_latency_mean_s", "preemptions", "token_states_frac")
+                 "ttft_p90_s", "tpot_p90_s", "norm_latency_mean_s", "preemptions", "prefix_hit_rate",
+                 "token_states_frac")
 MAX_TABLE_ROWS = 200
 MAX_PANELS = 12
 
@@ -36,11 +38,11 @@ def heatmap_axes(df: pd.DataFrame, axes: list[str], chosen: dict) -> tuple[str, 
 
 
 def _sorted_values(values) -> list:
+    """Numbers in order; anything else (policies, traces) in the order of the spec."""
     vals = list(dict.fromkeys(values))
-    try:
+    if all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in vals):
         return sorted(vals)
-    except TypeError:
-        return vals
+    return vals
 
 
 def heatmap_png(panels: list[tuple[str, pd.DataFrame]], label: str, xlabel: str, ylabel: str,
@@ -140,9 +142,9 @@ def sweep_sections(df: pd.DataFrame, setup: dict, max_rate: pd.DataFrame | None 
                             "first_failing_rate_scale", "slo_attainment", "goodput_requests_per_s", "probes",
                             "error") if c in max_rate.columns]
         sections.append(Section("max-rate", f"Highest rate meeting the SLO ({slo_text})", [
-            f"Per configuration, the highest rate scale at which at least {setup.get('goodput_threshold')} of "
-            "requests finished within every SLO bound, found by doubling/halving then "
-            f"{setup.get('bisect_steps')} geometric bisection steps.",
+            (f"Per configuration, the highest rate scale at which at least {setup.get('goodput_threshold')} of "
+             "requests finished within every SLO bound, found by doubling/halving then "
+             f"{setup.get('bisect_steps')} geometric bisection steps."),
             Table(max_rate[cols]),
         ]))
         mr_axes = [a for a in axes if a != "rate_scale"]
@@ -157,7 +159,8 @@ def sweep_sections(df: pd.DataFrame, setup: dict, max_rate: pd.DataFrame | None 
         best, metric = best_per_trace(df, axes, slo_text)
         what = f"goodput under the SLO {slo_text}" if metric.startswith("goodput") else "throughput (no SLO given)"
         sections.append(Section("best", "Best configurations per trace",
-                                [f"Top configurations by {what}; mean over seeds.", Table(best)]))
+                                [f"Top configurations by {what}" + ("; mean over seeds." if seeds else "."),
+                                 Table(best)]))
     shown = [c for c in ("trace", *axes, "seed", "status", *TABLE_METRICS, "run_dir") if c in df.columns]
     if len(df) <= MAX_TABLE_ROWS:
         sections.append(Section("runs", "All runs", [Table(df[shown])]))

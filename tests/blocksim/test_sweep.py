@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from blocksim.sweep import add_sweep_command, run_sweep
-from blocksim.sweep_exec import ERROR_FILE, replay_runner
+from blocksim.sweep_point import ERROR_FILE, replay_runner
 from blocksim.sweep_search import Search
 from blocksim.sweep_spec import Point, SpecError, load_spec, parse_spec
 
