@@ -88,6 +88,9 @@ class Engine:
             self.bm = block_manager(config) if callable(block_manager) else block_manager
         self.sched = make_scheduler(config, self.bm)
         self._clocked = hasattr(self.bm, "set_clock")
+        # Allocators with address-space extents (contiguous) get their free extents sampled.
+        self._extents: list[tuple[int, float, np.ndarray]] | None = [] if hasattr(self.bm, "free_extents") else None
+        self._next_extent_s = 0.0
         self.rec = StepRecorder()
         self.groups: list[SequenceGroup] = []
         self._arrivals = self.reqs.arrival_s.to_numpy()
@@ -214,6 +217,8 @@ class Engine:
         queues = (len(sched.running), len(sched.waiting), len(sched.swapped))
         if self.plan is not None:
             self.plan.on_step(self.rec.num_steps, out, times)
+        if self._extents is not None and start >= self._next_extent_s:
+            self._sample_extents(start)
         blocks = (self.bm.num_gpu_blocks_used, self.bm.num_cpu_blocks_used)
         if times["t_swap_s"] > 0:
             with self.link.request() as req:
@@ -254,6 +259,20 @@ class Engine:
         })
         if self.check:
             bm.check_invariants(sched.live_seqs())
+
+    EXTENT_SAMPLE_S = 1.0
+
+    def _sample_extents(self, now: float) -> None:
+        self._extents.append((self.rec.num_steps, now, self.bm.free_extents()))
+        self._next_extent_s = now + self.EXTENT_SAMPLE_S
+
+    def extents_frame(self) -> pd.DataFrame | None:
+        """Free extents sampled about every EXTENT_SAMPLE_S simulated seconds (contiguous allocators)."""
+        if self._extents is None:
+            return None
+        rows = [(step, t, int(x)) for step, t, ext in self._extents for x in ext]
+        return pd.DataFrame(rows, columns=["step", "start_s", "extent_tokens"]).astype(
+            {"step": "int64", "start_s": "float64", "extent_tokens": "int64"})
 
     def _stall_message(self) -> str:
         s = self.sched

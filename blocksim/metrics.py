@@ -83,6 +83,7 @@ class RunResult:
     requests: pd.DataFrame
     steps: pd.DataFrame
     summary: dict
+    free_extents: pd.DataFrame | None = None
 
     @classmethod
     def build(cls, engine, wall_s: float) -> "RunResult":
@@ -94,13 +95,15 @@ class RunResult:
         stats = getattr(engine.bm, "stats", None)
         if stats is not None:
             summary.update(stats())
-        return cls(reqs, steps, summary)
+        return cls(reqs, steps, summary, engine.extents_frame())
 
     def save(self, out_dir: str | Path) -> Path:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         self.requests.to_parquet(out / "requests.parquet", index=False)
         self.steps.to_parquet(out / "steps.parquet", index=False)
+        if self.free_extents is not None:
+            self.free_extents.to_parquet(out / "free_extents.parquet", index=False)
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, default=_json_default) + "\n")
         return out
 
