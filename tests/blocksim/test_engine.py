@@ -46,11 +46,12 @@ def test_every_request_finishes_or_is_rejected_and_blocks_are_conserved(lists, b
     assert (steps.gpu_blocks_used <= blocks).all()
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(lists=requests, blocks=st.integers(8, 80), block_size=st.sampled_from([2, 8, 16]))
-def test_spans_give_exactly_the_single_step_result(lists, blocks, block_size):
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lists=requests, blocks=st.integers(8, 80), block_size=st.sampled_from([2, 8, 16]),
+       preset=st.sampled_from(["vllm", "vllm-prefix", "vllm-chunked", "orca-pow2", "static"]))
+def test_spans_give_exactly_the_single_step_result(lists, blocks, block_size, preset):
     trace = workload(lists)
-    cfg = build_config(num_gpu_blocks=blocks, block_size=block_size, max_num_seqs=8, watermark=0.0)
+    cfg = build_config(preset, num_gpu_blocks=blocks, block_size=block_size, max_num_seqs=8, watermark=0.0)
     a = Engine(cfg, trace, spans=True).run()
     b = Engine(cfg, trace, spans=False).run()
     pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=False, rtol=1e-12)
