@@ -76,7 +76,8 @@ def heatmap_png(panels: list[tuple[str, pd.DataFrame]], label: str, xlabel: str,
     return buf.getvalue()
 
 
-def heatmap_images(df: pd.DataFrame, axes: list[str], chosen: dict, seeds: bool = False) -> list:
+def heatmap_images(df: pd.DataFrame, axes: list[str], chosen: dict, seeds: bool = False,
+                   metrics: tuple = HEATMAP_METRICS) -> list:
     """Per metric, one image of it over the two heatmap axes, a panel per trace (unless the
     traces are an axis). Other varying axes are held at their first value."""
     from analysis.document import Image
@@ -93,7 +94,7 @@ def heatmap_images(df: pd.DataFrame, axes: list[str], chosen: dict, seeds: bool 
     groups = [("", sel)] if "trace" in (x, y) else [(f"trace {t}", g) for t, g in sel.groupby("trace", sort=False)]
     groups = groups[:MAX_PANELS]
     images = []
-    for col, label, higher in HEATMAP_METRICS:
+    for col, label, higher in metrics:
         if col not in sel.columns or not sel[col].notna().any():
             continue
         panels = []
@@ -149,7 +150,7 @@ def sweep_sections(df: pd.DataFrame, setup: dict, max_rate: pd.DataFrame | None 
         ]))
         mr_axes = [a for a in axes if a != "rate_scale"]
         images = heatmap_images(max_rate[max_rate["max_rate_scale"].notna()], mr_axes,
-                                setup.get("report") or {}, bool(seeds))
+                                setup.get("report") or {}, bool(seeds), HEATMAP_METRICS[:1])
         if images:
             sections.append(Section("max-rate-heatmaps", "Max rate over two axes", images))
     else:
