@@ -208,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_analysis_commands(sub)
     from blocksim.sweep import add_sweep_command
     add_sweep_command(sub)
+    from kernels.validate import add_validate_command  # imports torch only when a validation runs
+    add_validate_command(sub)
     return p
 
 

@@ -1,8 +1,8 @@
 """Paged-attention and KV-cache kernels that execute blocksim's block-management decisions.
 
 CUDA tensors run the CUDA kernels (built just in time on first use, see ``_build.py``); CPU
-tensors run the PyTorch reference (``reference.py``). Importing this package needs torch but no
-GPU and builds nothing.
+tensors run the PyTorch reference (``reference.py``). Importing this package needs neither torch nor a GPU and builds nothing: the names below load
+on first use (so `blocksim validate` can be registered without torch).
 
     key_cache, value_cache = kernels.allocate_kv_cache(num_blocks, num_kv_heads, head_size,
                                                        block_size, torch.float16, "cuda")
@@ -13,13 +13,22 @@ GPU and builds nothing.
     kernels.swap_blocks(gpu_key_cache, cpu_key_cache, [(gpu_block, cpu_block)])
 """
 
-from .layout import (SUPPORTED_BLOCK_SIZES, SUPPORTED_DTYPES, SUPPORTED_HEAD_SIZES, allocate_kv_cache,
-                     key_cache_shape, kv_x, value_cache_shape)
-from .ops import (PARTITION_SIZE, V1_MAX_CONTEXT, choose_version, copy_blocks, paged_attention,
-                  reshape_and_cache, swap_blocks)
+import importlib
 
-__all__ = [
-    "PARTITION_SIZE", "SUPPORTED_BLOCK_SIZES", "SUPPORTED_DTYPES", "SUPPORTED_HEAD_SIZES", "V1_MAX_CONTEXT",
-    "allocate_kv_cache", "choose_version", "copy_blocks", "key_cache_shape", "kv_x", "paged_attention",
-    "reshape_and_cache", "swap_blocks", "value_cache_shape",
-]
+_EXPORTS = {
+    "SUPPORTED_BLOCK_SIZES": "kernels.layout", "SUPPORTED_DTYPES": "kernels.layout",
+    "SUPPORTED_HEAD_SIZES": "kernels.layout", "allocate_kv_cache": "kernels.layout",
+    "key_cache_shape": "kernels.layout", "kv_x": "kernels.layout", "value_cache_shape": "kernels.layout",
+    "PARTITION_SIZE": "kernels.ops", "V1_MAX_CONTEXT": "kernels.ops", "choose_version": "kernels.ops",
+    "copy_blocks": "kernels.ops", "paged_attention": "kernels.ops", "reshape_and_cache": "kernels.ops",
+    "swap_blocks": "kernels.ops",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'kernels' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
