@@ -86,7 +86,7 @@ def _row(out_dir: Path, policy: str, rate_scale: float, result: tuple, slo: dict
     return row
 
 
-def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
+def parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
     """Columns mixing numbers and strings across runs become numbers where possible, else text."""
     for col in df.columns[df.dtypes == object]:
         values = df[col].dropna()
@@ -152,7 +152,7 @@ def compare(
                     results[futures[future]] = (None, f"{type(exc).__name__}: {exc}", "")
                 bar.update()
     bar.close()
-    summary = _parquet_safe(pd.DataFrame([_row(out_dir, *job, results[job], slo) for job in jobs]))
+    summary = parquet_safe(pd.DataFrame([_row(out_dir, *job, results[job], slo) for job in jobs]))
     summary.to_parquet(out_dir / COMPARE_SUMMARY, index=False)
     setup = {"trace": str(trace), "policies": policies, "rate_scales": rate_scales,
              "slo": format_slo(slo), "overrides": overrides, "workers": workers}

@@ -48,8 +48,8 @@ def _params(point: Point, columns: list[str]) -> dict:
 
 
 def _table(rows: list[dict]) -> pd.DataFrame:
-    from analysis.compare import _parquet_safe
-    return _parquet_safe(pd.DataFrame(rows))
+    from analysis.compare import parquet_safe
+    return parquet_safe(pd.DataFrame(rows))
 
 
 def load_traces(spec: SweepSpec) -> dict:
