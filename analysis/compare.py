@@ -72,10 +72,17 @@ def _row(out_dir: Path, policy: str, rate_scale: float, result: tuple, slo: dict
     except Exception as exc:  # noqa: BLE001 - an incomplete run directory is a failed run
         row["error"] = f"run finished but its directory is unusable: {exc}"
         return row
-    flat = {k: v for k, v in run.summary.items() if not isinstance(v, (dict, list))}
+    flat = run_row(run, slo)
     flat.update({k: v for k, v in summary.items() if not isinstance(v, (dict, list))})
     row.update({k: v for k, v in flat.items() if k not in row})
     row["status"] = "ok"
+    return row
+
+
+def run_row(run, slo: dict | None = None) -> dict:
+    """One run as a flat row: its summary's scalars, offered rate, prefix hit rate, memory fractions,
+    and goodput under `slo` when given (shared by compare and sweep tables)."""
+    row = {k: v for k, v in run.summary.items() if not isinstance(v, (dict, list))}
     row["offered_rate_req_s"] = offered_rate(run.requests)
     hit_rate = prefix_hit_rate(run.summary)
     if hit_rate is not None:

@@ -163,7 +163,11 @@ class BlockSpaceManager:
         if seq.status is SeqStatus.SWAPPED:
             for c in table:
                 self.cpu.free(c)
-        else:
+        elif type(self.gpu) is not BlockAllocator:  # e.g. a caching allocator: free through it
+            kv_len = seq.kv_len
+            for i, g in enumerate(table):
+                self._free_gpu_block(g, kv_len, i)
+        else:  # the plain free list, inlined: this runs for every finished request
             kv_len, bs = seq.kv_len, self.block_size
             refs, free_list = self.gpu.ref_counts, self.gpu._free
             released = 0

@@ -173,20 +173,6 @@ class PrefixCachingBlockManager(BlockSpaceManager):
         group.prefix_hit_tokens += cached
         self.gpu_filled_slots += written
 
-    def free(self, seq) -> None:
-        """Through the caching allocator (blocks with keys go to the evictor)."""
-        table = seq.block_table
-        if not table:
-            return
-        if seq.status is SeqStatus.SWAPPED:
-            for c in table:
-                self.cpu.free(c)
-        else:
-            kv_len = seq.kv_len
-            for i, g in enumerate(table):
-                self._free_gpu_block(g, kv_len, i)
-        seq.block_table = []
-
     def stats(self) -> dict[str, int]:
         return {"prefix_cache_hits": self.hits, "prefix_cache_queries": self.queries,
                 "prefix_cache_evictions": self.gpu.evictions}

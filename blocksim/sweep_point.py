@@ -45,19 +45,9 @@ def shape_trace(trace, point: Point):
 
 def point_metrics(run_dir: Path, slo: dict[str, float]) -> dict:
     """A run's flat summary plus offered rate, memory fractions and (with an SLO) goodput."""
-    from analysis.metrics import goodput_metrics, memory_fractions, offered_rate, prefix_hit_rate
+    from analysis.compare import run_row
     from analysis.rundir import load_run
-
-    run = load_run(run_dir)
-    row = {k: v for k, v in run.summary.items() if not isinstance(v, (dict, list))}
-    row["offered_rate_req_s"] = offered_rate(run.requests)
-    hit_rate = prefix_hit_rate(run.summary)
-    if hit_rate is not None:
-        row["prefix_hit_rate"] = hit_rate
-    if slo:
-        row.update(goodput_metrics(run, slo))
-    row.update(memory_fractions(run))
-    return row
+    return run_row(load_run(run_dir), slo)
 
 
 def simulate_point(point: Point, trace, dest: Path, slo_text: str, runner: Callable) -> dict:
