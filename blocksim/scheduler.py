@@ -299,7 +299,10 @@ class Scheduler:
                     break
                 self.waiting.popleft()
                 stop = min(num_tokens, budget)
-                bm.allocate(group, filled=stop)
+                if stop < num_tokens:
+                    bm.allocate(group, filled=stop)  # a first chunk: only it is written this step
+                else:
+                    bm.allocate(group)
                 for s in seqs:
                     s.status = SeqStatus.RUNNING
                 if group.preemptions:
