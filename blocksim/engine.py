@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from itertools import accumulate
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -26,6 +27,9 @@ from blocksim.policies import make_cost_model, make_memory_manager, make_schedul
 from blocksim.records import StepRecorder
 from blocksim.scheduler import SchedulerOutputs
 from blocksim.sequence import SequenceGroup
+
+if TYPE_CHECKING:
+    from blocksim.metrics import RunResult
 
 REQUIRED_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 MAX_SPAN_STEPS = 4096

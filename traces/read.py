@@ -141,7 +141,7 @@ def _apply_problems(table: RawTable, problems: list[RowProblem], lenient: bool) 
         raise TraceError(table.path, worst.describe(i) + more, line=int(table.lines[i]), column=worst.column or None,
                          hint=hint, where=table.where)
     reasons: dict[str, int] = {}
-    for line, why in table.unparsed:
+    for _line, why in table.unparsed:
         reasons[why.split(" (")[0]] = reasons.get(why.split(" (")[0], 0) + 1
     for p in problems:
         key = f"{p.column}: {p.kind}" if p.column else p.kind

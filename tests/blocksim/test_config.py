@@ -1,5 +1,7 @@
 """Configs and catalog: block counts as vLLM derives them, and clear errors for impossible values."""
 
+import dataclasses
+
 import pytest
 
 from blocksim.catalog import Catalog
@@ -68,6 +70,6 @@ def test_frozen_dataclasses_validate_directly():
     with pytest.raises(ConfigError, match="gpu_memory_utilization"):
         CacheConfig(gpu_memory_utilization=1.5)
     cfg = build_config()
-    with pytest.raises(Exception):
-        cfg.tensor_parallel = 2  # frozen
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.tensor_parallel = 2
     assert isinstance(cfg, SimConfig)
