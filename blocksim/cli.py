@@ -17,6 +17,7 @@ SUMMARY_ROWS = [
     ("end-to-end p50 / p99", ("e2e_p50_s", "e2e_p99_s"), "{:.2f} / {:.2f} s"),
     ("normalized latency", "norm_latency_mean_s", "{:.4f} s/token"),
     ("preemptions", "preemptions", "{:.0f}"), ("blocks swapped out", "blocks_swapped_out", "{:.0f}"),
+    ("prefix cache hits", ("prefix_cache_hits", "prefix_cache_queries"), "{:.0f} of {:.0f} blocks"),
     ("GPU blocks", "num_gpu_blocks", "{:.0f}"), ("engine steps", "steps", "{:.0f}"),
     ("simulated", "simulated_s", "{:.1f} s"), ("wall", "wall_s", "{:.2f} s"),
 ]
@@ -26,6 +27,8 @@ def format_summary(s: dict) -> str:
     lines = []
     for label, key, fmt in SUMMARY_ROWS:
         keys = key if isinstance(key, tuple) else (key,)
+        if any(k not in s for k in keys) and label.startswith("prefix"):
+            continue
         vals = [s.get(k, float("nan")) for k in keys]
         if "ms" in fmt:
             vals = [v * 1e3 for v in vals]
@@ -105,7 +108,8 @@ def _run_and_report(trace, args, out: Path, *, progress: bool) -> int:
     summary = replay(trace, out, policy=policy_from_args(args),
                      rate_scale=getattr(args, "rate_scale", 1.0) or 1.0, overrides=overrides_from_args(args),
                      progress=progress, max_requests=getattr(args, "max_requests", None),
-                     record_plan=getattr(args, "record_plan", False))
+                     record_plan=getattr(args, "record_plan", False),
+                     clip_to_model=getattr(args, "clip_to_model", False))
     print(f"\nblocksim: {summary['config']['model']['name']} on {summary['config']['gpu']['name']}, "
           f"policy {summary['config']['policy']}, block size {summary['block_size']}")
     print(format_summary(summary))
@@ -176,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "orca-pow2, orca-oracle, static (`blocksim policies`)")
     r.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
     r.add_argument("--rate-scale", type=float, default=1.0, help="multiply the request rate")
+    r.add_argument("--clip-to-model", action="store_true",
+                   help="clip requests longer than the model's max length (reports how many) instead of rejecting them")
     r.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
     r.add_argument("--record-plan", action="store_true",
                    help="write the execution plan (plan/) for `blocksim validate`; steps one by one")

@@ -73,8 +73,13 @@ def build_config(policy: str = "vllm", **options: Any) -> SimConfig:
     )
 
 
-def load_trace(trace, *, rate_scale: float = 1.0, max_requests: int | None = None):
-    """A `traces.Trace` from a path (any supported format) or a Trace, shaped by rate and count."""
+def load_trace(trace, *, rate_scale: float = 1.0, max_requests: int | None = None,
+               clip_max_len: int | None = None):
+    """A `traces.Trace` from a path (any supported format) or a Trace, shaped by count, rate and length.
+
+    With `clip_max_len`, requests longer than that are clipped (prompt first kept, output cut), and
+    how many changed is printed, never silent.
+    """
     import traces
     if isinstance(trace, (str, Path)):
         trace = traces.read_trace(trace)
@@ -82,6 +87,10 @@ def load_trace(trace, *, rate_scale: float = 1.0, max_requests: int | None = Non
         trace = traces.head(trace, max_requests)
     if rate_scale != 1.0:
         trace = traces.scale_rate(trace, rate_scale)
+    if clip_max_len is not None:
+        trace, changed = traces.clip_to_max_len(trace, clip_max_len)
+        if changed:
+            print(f"blocksim: clipped {changed} of {len(trace)} requests to the model's {clip_max_len} tokens")
     return trace
 
 
@@ -94,13 +103,15 @@ def simulate(trace, config: SimConfig, *, cost_profile: str | None = None, progr
 
 def replay(trace, out_dir: str | Path, *, policy: str = "vllm", rate_scale: float = 1.0,
            overrides: dict[str, Any] | None = None, progress: bool = False, write_report: bool = False,
-           max_requests: int | None = None, record_plan: bool = False) -> dict:
+           max_requests: int | None = None, record_plan: bool = False, clip_to_model: bool = False) -> dict:
     """Run one replay into `out_dir` and return its summary (the content of summary.json)."""
     options = dict(overrides or {})
     max_requests = options.pop("max_requests", max_requests)
     cost_profile = options.get("cost_profile")
     config = build_config(policy, **options)
-    tr = load_trace(trace, rate_scale=rate_scale, max_requests=max_requests)
+    clip_to_model = options.pop("clip_to_model", clip_to_model)
+    tr = load_trace(trace, rate_scale=rate_scale, max_requests=max_requests,
+                    clip_max_len=config.model.max_model_len if clip_to_model else None)
     result = simulate(tr, config, cost_profile=cost_profile, progress=progress,
                       plan_dir=out_dir if record_plan else None)
     result.summary["rate_scale"] = rate_scale

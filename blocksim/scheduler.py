@@ -324,7 +324,7 @@ class Scheduler:
     def _never_reason(self, group: SequenceGroup, num_tokens: int) -> str:
         if group.prompt_tokens + group.output_tokens > self.max_model_len:
             return (f"prompt + output tokens exceed the model's max_model_len ({self.max_model_len}); "
-                    f"clip the trace to the model's length (blocksim traces convert --clip-max-len)")
+                    f"clip it (blocksim replay --clip-to-model, or traces convert --clip-max-len)")
         if num_tokens > self.prompt_limit:
             return (f"prompt tokens exceed the limit of {self.prompt_limit} (min of max_model_len and "
                     f"max_num_batched_tokens); raise --max-num-batched-tokens")

@@ -92,3 +92,15 @@ def test_run_directory_has_the_documented_files(tmp_path):
     assert summary["finished"] == 3 and (reqs.status == "finished").all()
     assert np.isnan(reqs.tpot_s.iloc[1]), "TPOT is undefined for a one-token output"
     assert reqs.ttft_s.iloc[0] == pytest.approx(steps.start_s.iloc[0] + steps.duration_s.iloc[0])
+
+
+def test_clip_to_model_clips_instead_of_rejecting(tmp_path, capsys):
+    from blocksim.runner import replay
+    trace = pd.DataFrame({"arrival_s": [0.0, 0.1], "prompt_tokens": [5000, 100], "output_tokens": [50, 10]})
+    path = tmp_path / "long.csv"
+    trace.to_csv(path, index=False)
+    rejected = replay(str(path), tmp_path / "a", overrides={"num_gpu_blocks": 1000})
+    assert rejected["rejected"] == 1 and "clip" in next(iter(rejected["reject_reasons"]))
+    clipped = replay(str(path), tmp_path / "b", overrides={"num_gpu_blocks": 1000}, clip_to_model=True)
+    assert clipped["rejected"] == 0 and clipped["finished"] == 2
+    assert "clipped 1 of 2 requests" in capsys.readouterr().out
