@@ -22,6 +22,8 @@ SOURCES = (
     "paged_attention_f16.cu",
     "paged_attention_bf16.cu",
     "cache_ops.cu",
+    "fast_decode_f16.cu",
+    "fast_decode_bf16.cu",
     "torch_bindings.cpp",
 )
 

@@ -1,23 +1,32 @@
 """Decode-attention benchmark: ``python -m kernels.bench``.
 
-For each shape (batch, heads, kv heads, context), head size 128, float16, block size 16, times
-in one run:
+Head size 128, float16, 32 query heads; in one run:
 
-* the paged kernels v1 and v2 (and marks the one the automatic rule picks),
-* torch SDPA on contiguous ``[batch, kv_heads, context, head]`` K/V (the best of the fused
-  backends that accept the shape),
-* gather-then-SDPA: copy each sequence's blocks into contiguous K/V, then SDPA,
+1. the copy floor: a 2 GiB device-to-device copy, bandwidth = bytes read + written / time;
+2. the headline shapes (batch, heads, kv heads, context), block size 16: the fast kernel
+   (``impl="fast"``, NHD and HND storage), the vLLM-layout kernels v1 and v2 (and the one the
+   automatic rule picks), torch SDPA on contiguous ``[batch, kv_heads, context, head]`` K/V (the
+   best fused backend), and gather-then-SDPA (copy the blocks to contiguous K/V, then SDPA);
+3. the fast kernel's split length on the headline shapes (the automatic rule and fixed lengths);
+4. the fast kernel at block sizes 8 to 256;
+5. fp8 (e4m3) caches with per-tensor scales: time, and accuracy against float16;
+6. a sweep of batch 1-256 x context 512-131072 (32 heads on 8 KV heads; points whose KV exceeds
+   ``--max-kv-gb`` are left out) over the same implementations, written to ``--json`` and
+   plotted (effective bandwidth vs context) to ``--plot`` when matplotlib is installed
+   (``python -m kernels.bench --plot-from results.json --plot out.png`` plots a saved run).
 
-and a large device-to-device copy, whose bandwidth (bytes read + written / time) is the floor
-reference. Times are medians over ``--iters`` calls, each between two CUDA events, after
-``--warmup`` calls, cycling through ``--sets`` input sets (queries, block tables, outputs). Block
-tables are random permutations of the cache's blocks. Effective bandwidth = KV bytes of the
-contexts (read once) / time. Prints a Markdown table.
+Every sequence has the full context; block tables are random permutations of the cache's blocks.
+Times are medians over ``--iters`` replays of a CUDA graph that calls the implementation once on
+each of ``--sets`` input sets (queries, block tables, outputs), divided by the number of sets,
+after ``--warmup`` replays: the graph removes the host's launch overhead, which would otherwise
+dominate the microsecond-scale shapes. gather+SDPA is timed eagerly (milliseconds per call).
+Effective bandwidth = KV bytes of the contexts (read once) / time.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import warnings
@@ -25,17 +34,23 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from . import ops
-from .layout import allocate_kv_cache
+from . import fast, ops
+from .reference_fast import FP8
 
-SHAPES = ((64, 32, 32, 1024), (32, 32, 32, 4096), (8, 32, 8, 16384), (128, 32, 8, 2048))
+SHAPES = ((64, 32, 32, 1024), (32, 32, 32, 4096), (8, 32, 8, 16384), (128, 32, 8, 2048), (1, 32, 8, 32768),
+          (256, 32, 8, 512))
+SWEEP_BATCH = (1, 4, 16, 64, 256)
+SWEEP_CONTEXT = (512, 2048, 8192, 32768, 131072)
+SPLITS = (256, 512, 1024, 2048)
+BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
 HEAD_SIZE = 128
 BLOCK_SIZE = 16
 DTYPE = torch.float16
 
 
 def median_ms(fns, warmup: int, iters: int) -> float:
-    """Median time of one call, cycling through ``fns`` (one closure per input set)."""
+    """Median time of one call, cycling through ``fns`` (one closure per input set), each call
+    between two CUDA events (eager launches)."""
     for i in range(warmup):
         fns[i % len(fns)]()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
@@ -46,6 +61,33 @@ def median_ms(fns, warmup: int, iters: int) -> float:
         ends[i].record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def graph_ms(fns, warmup: int, iters: int) -> float:
+    """Median time of one call: a CUDA graph calls every closure of ``fns`` once; the median
+    replay time is divided by ``len(fns)``."""
+    for f in fns:  # eager first: builds, handles, lazy initialisation stay out of the capture
+        f()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(side)
+    for _ in range(warmup):
+        graph.replay()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        starts[i].record()
+        graph.replay()
+        ends[i].record()
+    torch.cuda.synchronize()
+    ms = statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) / len(fns)
+    del graph
+    return ms
 
 
 def copy_bandwidth_gbs(nbytes: int = 2 << 30, warmup: int = 3, iters: int = 20) -> float:
@@ -70,115 +112,321 @@ def _sdpa(q, k, v, backend):
 
 
 def best_sdpa(q_sets, k, v, warmup, iters):
-    """(name, ms) of the fastest fused SDPA backend that runs this shape."""
-    best = ("none", float("nan"))
+    """(name, backend, ms) of the fastest fused SDPA backend that runs this shape."""
+    best = ("none", None, float("nan"))
     for name, backend in _sdpa_backends():
         try:
             with warnings.catch_warnings():  # a backend that refuses the shape explains why at length
                 warnings.simplefilter("ignore")
                 _sdpa(q_sets[0], k, v, backend)
             torch.cuda.synchronize()
+            ms = graph_ms([lambda q=q: _sdpa(q, k, v, backend) for q in q_sets], warmup, iters)
         except RuntimeError:
             continue
-        ms = median_ms([lambda q=q: _sdpa(q, k, v, backend) for q in q_sets], warmup, iters)
-        if not ms >= best[1]:
-            best = (name.split("_")[0].lower(), ms)
+        if not ms >= best[2]:
+            best = (name.split("_")[0].lower(), backend, ms)
     return best
 
 
 def gather_contiguous(key_cache, value_cache, block_tables, ctx):
-    """[B, kv_heads, ctx, head] K and V gathered from the paged caches."""
+    """[B, kv_heads, ctx, head] K and V gathered from fast-layout caches
+    ([num_blocks, block_size, kv_heads, head])."""
     b, nblk = block_tables.shape
-    _, kvh, hx, bs, x = key_cache.shape
-    k = key_cache[block_tables]                                   # [B, nblk, kvh, hs/x, bs, x]
-    k = k.permute(0, 2, 1, 4, 3, 5).reshape(b, kvh, nblk * bs, hx * x)
-    v = value_cache[block_tables]                                 # [B, nblk, kvh, hs, bs]
-    v = v.permute(0, 2, 1, 4, 3).reshape(b, kvh, nblk * bs, hx * x)
-    return k[:, :, :ctx], v[:, :, :ctx]
+    _, bs, kvh, hs = key_cache.shape
+    k = key_cache[block_tables].reshape(b, nblk * bs, kvh, hs)[:, :ctx].transpose(1, 2)
+    v = value_cache[block_tables].reshape(b, nblk * bs, kvh, hs)[:, :ctx].transpose(1, 2)
+    return k, v
 
 
-def bench_shape(batch, heads, kv_heads, ctx, *, sets, warmup, iters):
-    gen = torch.Generator(device="cuda").manual_seed(batch * 7 + ctx)
-    nblk = -(-ctx // BLOCK_SIZE)
-    num_blocks = batch * nblk
-    key_cache, value_cache = allocate_kv_cache(num_blocks, kv_heads, HEAD_SIZE, BLOCK_SIZE, DTYPE, "cuda")
-    key_cache.normal_(generator=gen)
-    value_cache.normal_(generator=gen)
-    scale = HEAD_SIZE ** -0.5
-    lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-    inputs = []
-    for _ in range(sets):
-        q = torch.randn(batch, heads, HEAD_SIZE, dtype=DTYPE, device="cuda", generator=gen)
-        perm = torch.randperm(num_blocks, device="cuda", generator=gen).to(torch.int32)
-        inputs.append((q, perm.view(batch, nblk), torch.empty_like(q)))
+class Case:
+    """One shape's data: a fast-layout cache (random normal values), random block tables, query
+    sets, and on demand the same tokens in the vLLM layout and contiguous."""
 
-    def paged(version):
-        def make(q, table, out):
-            return lambda: ops.paged_attention(out, q, key_cache, value_cache, kv_heads, scale, table, lens,
-                                               BLOCK_SIZE, ctx, version=version, validate=False)
-        # Check once (validated call), then time unvalidated calls.
-        ops.paged_attention(inputs[0][2], inputs[0][0], key_cache, value_cache, kv_heads, scale, inputs[0][1],
-                            lens, BLOCK_SIZE, ctx, version=version)
-        return median_ms([make(*s) for s in inputs], warmup, iters)
+    def __init__(self, batch, heads, kv_heads, ctx, *, sets, block_size=BLOCK_SIZE, storage="NHD"):
+        self.shape = (batch, heads, kv_heads, ctx)
+        self.batch, self.heads, self.kv_heads, self.ctx, self.block_size = batch, heads, kv_heads, ctx, block_size
+        gen = torch.Generator(device="cuda").manual_seed(batch * 7 + ctx + block_size)
+        self.nblk = -(-ctx // block_size)
+        self.num_blocks = batch * self.nblk
+        self.kc, self.vc = fast.allocate_fast_kv_cache(self.num_blocks, block_size, kv_heads, HEAD_SIZE, DTYPE,
+                                                       "cuda", storage=storage)
+        self.kc.normal_(generator=gen)
+        self.vc.normal_(generator=gen)
+        self.scale = HEAD_SIZE ** -0.5
+        self.lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+        self.sets = []
+        for _ in range(sets):
+            q = torch.randn(batch, heads, HEAD_SIZE, dtype=DTYPE, device="cuda", generator=gen)
+            perm = torch.randperm(self.num_blocks, device="cuda", generator=gen).to(torch.int32)
+            self.sets.append((q, perm.view(batch, self.nblk), torch.empty_like(q)))
+        self.kv_bytes = 2 * batch * ctx * kv_heads * HEAD_SIZE * 2
 
-    row = {"v1": paged("v1"), "v2": paged("v2"), "auto": ops.choose_version(batch, heads, ctx)}
+    def fast_ms(self, warmup, iters, *, kc=None, vc=None, **kw):
+        kc = self.kc if kc is None else kc
+        vc = self.vc if vc is None else vc
+        q, t, o = self.sets[0]
+        fast.paged_attention(o, q, kc, vc, self.kv_heads, self.scale, t, self.lens, self.block_size, self.ctx, **kw)
+        return graph_ms([lambda q=q, t=t, o=o: fast.paged_attention(o, q, kc, vc, self.kv_heads, self.scale, t,
+                                                                     self.lens, self.block_size, self.ctx,
+                                                                     validate=False, **kw)
+                         for q, t, o in self.sets], warmup, iters)
 
-    # Contiguous K/V (one copy, gathered from the cache so the values match), SDPA on it.
-    k_c, v_c = gather_contiguous(key_cache, value_cache, inputs[0][1].long(), ctx)
-    k_c, v_c = k_c.contiguous(), v_c.contiguous()
-    q4 = [s[0].unsqueeze(2) for s in inputs]                       # [B, H, 1, D]
-    row["sdpa_backend"], row["sdpa"] = best_sdpa(q4, k_c, v_c, warmup, iters)
-    backend = dict(_sdpa_backends())
-    name = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}.get(
-        row["sdpa_backend"], "EFFICIENT_ATTENTION")
-    if row["sdpa_backend"] != "none":
-        # Agreement of the paged kernel with SDPA on the same data (a sanity check, not the test).
-        ref = _sdpa(q4[0], k_c, v_c, backend[name]).squeeze(2).float()
-        out = ops.paged_attention(None, inputs[0][0], key_cache, value_cache, kv_heads, scale, inputs[0][1], lens,
-                                  BLOCK_SIZE, ctx)
-        row["max_abs_diff"] = (out.float() - ref).abs().max().item()
-    del k_c, v_c
+    def fast_out(self, kc=None, vc=None, **kw):
+        q, t, _ = self.sets[0]
+        return fast.paged_attention(None, q, self.kc if kc is None else kc, self.vc if vc is None else vc,
+                                    self.kv_heads, self.scale, t, self.lens, self.block_size, self.ctx, **kw)
 
-    def gather_sdpa(q, table):
-        k, v = gather_contiguous(key_cache, value_cache, table, ctx)
-        return _sdpa(q.unsqueeze(2), k, v, backend[name])
+    def vllm_caches(self):
+        from .layout import allocate_kv_cache
 
-    tables_long = [s[1].long() for s in inputs]
-    row["gather_sdpa"] = float("nan")
-    if row["sdpa_backend"] != "none":
-        row["gather_sdpa"] = median_ms([lambda q=s[0], t=t: gather_sdpa(q, t) for s, t in zip(inputs, tables_long)],
-                                       warmup, iters)
-    row["kv_bytes"] = 2 * batch * ctx * kv_heads * HEAD_SIZE * torch.empty((), dtype=DTYPE).element_size()
-    return row
+        vk, vv = allocate_kv_cache(self.num_blocks, self.kv_heads, HEAD_SIZE, self.block_size, DTYPE, "cuda")
+        slots = torch.arange(self.num_blocks * self.block_size, device="cuda")
+        ops.reshape_and_cache(self.kc.flatten(0, 1), self.vc.flatten(0, 1), vk, vv, slots, validate=False)
+        return vk, vv
+
+    def vllm_ms(self, vk, vv, version, warmup, iters):
+        q, t, o = self.sets[0]
+        ops.paged_attention(o, q, vk, vv, self.kv_heads, self.scale, t, self.lens, self.block_size, self.ctx,
+                            version=version)
+        return graph_ms([lambda q=q, t=t, o=o: ops.paged_attention(o, q, vk, vv, self.kv_heads, self.scale, t,
+                                                                    self.lens, self.block_size, self.ctx,
+                                                                    version=version, validate=False)
+                         for q, t, o in self.sets], warmup, iters)
+
+    def contiguous(self):
+        k, v = gather_contiguous(self.kc, self.vc, self.sets[0][1].long(), self.ctx)
+        return k.contiguous(), v.contiguous()
+
+    def gather_sdpa_ms(self, backend, warmup, iters):
+        tables = [s[1].long() for s in self.sets]
+
+        def run(q, table):
+            k, v = gather_contiguous(self.kc, self.vc, table, self.ctx)
+            return _sdpa(q.unsqueeze(2), k, v, backend)
+        return median_ms([lambda q=s[0], t=t: run(q, t) for s, t in zip(self.sets, tables)], min(warmup, 3), iters)
+
+
+def gbs(nbytes, ms):
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def run_shape(shape, args, copy_gbs, *, gather=True):
+    """Every implementation on one shape; a dict of times (ms) and checks."""
+    c = Case(*shape, sets=args.sets)
+    w, n = args.warmup, args.iters
+    r = {"shape": list(shape), "kv_bytes": c.kv_bytes, "copy_gbs": copy_gbs}
+    r["fast"] = c.fast_ms(w, n)
+    r["split_tokens"] = fast.choose_split_tokens(c.batch, c.heads, c.kv_heads, c.ctx,
+                                                 torch.cuda.get_device_properties(0).multi_processor_count)
+    out_fast = c.fast_out().float()
+    vk, vv = c.vllm_caches()
+    r["auto"] = ops.choose_version(c.batch, c.heads, c.ctx)
+    r["v1"] = c.vllm_ms(vk, vv, "v1", w, n) if c.ctx <= ops.v1_max_context_len(0, BLOCK_SIZE) else float("nan")
+    r["v2"] = c.vllm_ms(vk, vv, "v2", w, n)
+    del vk, vv
+    torch.cuda.empty_cache()
+    k, v = c.contiguous()
+    q4 = [s[0].unsqueeze(2) for s in c.sets]
+    r["sdpa_backend"], backend, r["sdpa"] = best_sdpa(q4, k, v, w, n)
+    if backend is not None:
+        ref = _sdpa(q4[0], k, v, backend).squeeze(2).float()
+        r["max_abs_diff"] = (out_fast - ref).abs().max().item()
+    del k, v
+    torch.cuda.empty_cache()
+    r["gather_sdpa"] = c.gather_sdpa_ms(backend, w, max(5, n // 5)) if gather and backend is not None else float("nan")
+    return r
+
+
+def headline(args, copy_gbs, results):
+    print("\n## Headline shapes (block size 16)\n")
+    print("| batch, heads, kv heads, context | KV MB | fast ms | fast GB/s | fast % of copy | fast HND ms | v1 ms | "
+          "v2 ms | auto | SDPA contiguous ms (backend) | SDPA % of copy | fast / SDPA time | gather+SDPA ms | "
+          "max abs diff fast vs SDPA |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+    for shape in SHAPES:
+        r = run_shape(shape, args, copy_gbs)
+        c = Case(*shape, sets=args.sets, storage="HND")
+        r["fast_hnd"] = c.fast_ms(args.warmup, args.iters)
+        del c
+        torch.cuda.empty_cache()
+        results["headline"].append(r)
+        fg = gbs(r["kv_bytes"], r["fast"])
+        print(f"| {', '.join(map(str, shape))} | {r['kv_bytes'] / 1e6:.0f} | {r['fast']:.4f} | {fg:.0f} | "
+              f"{100 * fg / copy_gbs:.0f}% | {r['fast_hnd']:.4f} | {r['v1']:.4f} | {r['v2']:.4f} | {r['auto']} | "
+              f"{r['sdpa']:.4f} ({r['sdpa_backend']}) | {100 * gbs(r['kv_bytes'], r['sdpa']) / copy_gbs:.0f}% | "
+              f"{r['fast'] / r['sdpa']:.2f} | {r['gather_sdpa']:.3f} | {r.get('max_abs_diff', float('nan')):.1e} |",
+              flush=True)
+
+
+def splits(args, copy_gbs, results):
+    print("\n## Split length (fast kernel, block size 16): % of copy bandwidth\n")
+    print("| batch, heads, kv heads, context | auto (tokens) | whole context | "
+          + " | ".join(f"{s} tokens" for s in SPLITS) + " |")
+    print("|---|---:|---:|" + "---:|" * len(SPLITS))
+    nsm = torch.cuda.get_device_properties(0).multi_processor_count
+    for shape in SHAPES:
+        c = Case(*shape, sets=args.sets)
+        auto = fast.choose_split_tokens(c.batch, c.heads, c.kv_heads, c.ctx, nsm)
+        row = {"shape": list(shape), "auto_tokens": auto, "auto": c.fast_ms(args.warmup, args.iters),
+               "whole": c.fast_ms(args.warmup, args.iters, split_tokens=-(-c.ctx // 16) * 16)}
+        for s in SPLITS:
+            row[str(s)] = c.fast_ms(args.warmup, args.iters, split_tokens=s) if s < c.ctx else float("nan")
+        results["splits"].append(row)
+        kv = c.kv_bytes
+
+        def pct(ms, kv=kv):
+            return "-" if ms != ms else f"{100 * gbs(kv, ms) / copy_gbs:.0f}%"
+        print(f"| {', '.join(map(str, shape))} | {pct(row['auto'])} ({auto}) | {pct(row['whole'])} | "
+              + " | ".join(pct(row[str(s)]) for s in SPLITS) + " |", flush=True)
+        del c
+        torch.cuda.empty_cache()
+
+
+def block_sizes(args, copy_gbs, results):
+    print("\n## Block size (fast kernel): ms (% of copy bandwidth)\n")
+    print("| batch, heads, kv heads, context | " + " | ".join(f"block {b}" for b in BLOCK_SIZES)
+          + " | worst vs block 16 |")
+    print("|---|" + "---:|" * (len(BLOCK_SIZES) + 1))
+    for shape in ((8, 32, 8, 16384), (128, 32, 8, 2048), (1, 32, 8, 32768), (64, 32, 32, 1024)):
+        row = {"shape": list(shape)}
+        for b in BLOCK_SIZES:
+            c = Case(*shape, sets=args.sets, block_size=b)
+            row[str(b)] = c.fast_ms(args.warmup, args.iters)
+            kv = c.kv_bytes
+            del c
+            torch.cuda.empty_cache()
+        results["block_sizes"].append(row)
+        worst = max(row[str(b)] for b in BLOCK_SIZES) / row["16"] - 1
+        print(f"| {', '.join(map(str, shape))} | "
+              + " | ".join(f"{row[str(b)]:.4f} ({100 * gbs(kv, row[str(b)]) / copy_gbs:.0f}%)" for b in BLOCK_SIZES)
+              + f" | {100 * worst:+.1f}% |", flush=True)
+
+
+def fp8(args, copy_gbs, results):
+    print("\n## fp8 (e4m3) caches, per-tensor scales (block size 16)\n")
+    print("| batch, heads, kv heads, context | fp16 ms | fp8 ms | fp8 speed-up | fp8 GB/s (fp8 bytes) | "
+          "fp16 rel. error | fp8 rel. error | fp8 max abs error |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for shape in SHAPES:
+        c = Case(*shape, sets=args.sets)
+        ks, vs = fast.fp8_scale(c.kc), fast.fp8_scale(c.vc)
+        k8, v8 = fast.allocate_fast_kv_cache(c.num_blocks, BLOCK_SIZE, c.kv_heads, HEAD_SIZE, FP8, "cuda")
+        fast.reshape_and_cache_fast(c.kc.flatten(0, 1), c.vc.flatten(0, 1), k8, v8,
+                                    torch.arange(c.num_blocks * BLOCK_SIZE, device="cuda"), k_scale=ks, v_scale=vs,
+                                    validate=False)
+        t16 = c.fast_ms(args.warmup, args.iters)
+        t8 = c.fast_ms(args.warmup, args.iters, kc=k8, vc=v8, k_scale=ks, v_scale=vs)
+        o16 = c.fast_out().float()
+        o8 = c.fast_out(k8, v8, k_scale=ks, v_scale=vs).float()
+        del k8, v8
+        # float32 reference on the unquantised float16 values, one sequence group at a time
+        q, table, _ = c.sets[0]
+        ref = torch.empty(o16.shape, device="cuda")
+        step = max(1, (1 << 27) // (c.ctx * c.kv_heads * HEAD_SIZE))
+        for s0 in range(0, c.batch, step):
+            k, v = gather_contiguous(c.kc, c.vc, table[s0:s0 + step].long(), c.ctx)
+            ref[s0:s0 + step] = F.scaled_dot_product_attention(q[s0:s0 + step].unsqueeze(2).float(), k.float(),
+                                                               v.float(), enable_gqa=c.heads != c.kv_heads).squeeze(2)
+        rel = lambda o: ((o - ref).norm() / ref.norm()).item()  # noqa: E731
+        row = {"shape": list(shape), "fp16": t16, "fp8": t8, "rel_fp16": rel(o16), "rel_fp8": rel(o8),
+               "max_abs_fp8": (o8 - ref).abs().max().item(), "k_scale": ks, "v_scale": vs}
+        results["fp8"].append(row)
+        print(f"| {', '.join(map(str, shape))} | {t16:.4f} | {t8:.4f} | {t16 / t8:.2f}x | "
+              f"{gbs(c.kv_bytes / 2, t8):.0f} | {row['rel_fp16']:.1e} | {row['rel_fp8']:.1e} | "
+              f"{row['max_abs_fp8']:.1e} |", flush=True)
+        del c
+        torch.cuda.empty_cache()
+
+
+def sweep(args, copy_gbs, results):
+    print(f"\n## Sweep: 32 heads on 8 KV heads, block size 16, KV <= {args.max_kv_gb} GB: effective GB/s\n")
+    print("| batch | context | KV MB | fast | v1/v2 (auto) | SDPA contiguous | gather+SDPA | fast % of copy | "
+          "fast / SDPA time |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for b in SWEEP_BATCH:
+        for ctx in SWEEP_CONTEXT:
+            kv = 2 * b * ctx * 8 * HEAD_SIZE * 2
+            if kv > args.max_kv_gb * 1e9:
+                continue
+            r = run_shape((b, 32, 8, ctx), args, copy_gbs, gather=kv <= args.max_kv_gb * 1e9 / 2)
+            auto = r["v1"] if r["auto"] == "v1" else r["v2"]
+            results["sweep"].append(r)
+            print(f"| {b} | {ctx} | {kv / 1e6:.0f} | {gbs(kv, r['fast']):.0f} | {gbs(kv, auto):.0f} ({r['auto']}) | "
+                  f"{gbs(kv, r['sdpa']):.0f} | {gbs(kv, r['gather_sdpa']):.0f} | "
+                  f"{100 * gbs(kv, r['fast']) / copy_gbs:.0f}% | {r['fast'] / r['sdpa']:.2f} |", flush=True)
+            torch.cuda.empty_cache()
+
+
+def plot(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results["sweep"]
+    batches = sorted({r["shape"][0] for r in rows})
+    impls = (("fast", "fast (impl='fast')", "-"), ("vllm", "vLLM layout v1/v2 (auto)", ":"),
+             ("sdpa", "SDPA, contiguous K/V", "--"), ("gather_sdpa", "gather + SDPA", "-."))
+    fig, axes = plt.subplots(1, len(batches), figsize=(4 * len(batches), 4), sharey=True)
+    for ax, b in zip(axes, batches):
+        pts = sorted((r for r in rows if r["shape"][0] == b), key=lambda r: r["shape"][3])
+        ctx = [r["shape"][3] for r in pts]
+        for key, label, style in impls:
+            ms = [r["v1"] if key == "vllm" and r["auto"] == "v1" else r["v2"] if key == "vllm" else r[key]
+                  for r in pts]
+            ax.plot(ctx, [r["kv_bytes"] / (t * 1e-3) / 1e9 for r, t in zip(pts, ms)], style, marker="o", label=label)
+        ax.axhline(rows[0]["copy_gbs"], color="grey", lw=0.8, label="copy bandwidth (read + write)")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"batch {b}")
+        ax.set_xlabel("context (tokens)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("effective KV bandwidth (GB/s)")
+    axes[0].legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"Decode attention, 32 heads / 8 KV heads, head 128, float16, block 16 ({results['device']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--sets", type=int, default=4, help="input sets cycled through (queries, block tables)")
+    ap.add_argument("--sections", default="headline,splits,blocks,fp8,sweep",
+                    help="comma-separated: headline, splits, blocks, fp8, sweep")
+    ap.add_argument("--max-kv-gb", type=float, default=4.3, help="largest KV (GB) of a sweep point")
+    ap.add_argument("--json", default=None, help="write every number to this JSON file")
+    ap.add_argument("--plot", default=None, help="PNG of the sweep (needs matplotlib)")
+    ap.add_argument("--plot-from", default=None, help="plot a saved --json file and exit (no GPU needed)")
     args = ap.parse_args(argv)
+    if args.plot_from:
+        with open(args.plot_from) as f:
+            plot(json.load(f), args.plot or "bench.png")
+        return 0
     if not torch.cuda.is_available():
         print("kernels.bench needs a CUDA device", file=sys.stderr)
         return 2
     props = torch.cuda.get_device_properties(0)
     copy_gbs = copy_bandwidth_gbs()
-    print(f"device: {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}, "
-          f"CUDA {torch.version.cuda}")
-    print(f"head_size {HEAD_SIZE}, {str(DTYPE).replace('torch.', '')}, block_size {BLOCK_SIZE}; median of "
-          f"{args.iters} calls after {args.warmup} warm-up calls, {args.sets} rotating input sets")
-    print(f"device copy bandwidth (read + write): {copy_gbs:.0f} GB/s\n")
-    print("| batch, heads, kv heads, context | KV MB | v1 ms | v2 ms | auto | auto GB/s | % of copy BW "
-          "| SDPA contiguous ms (backend) | SDPA GB/s | gather+SDPA ms | max abs diff vs SDPA |")
-    print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
-    for shape in SHAPES:
-        r = bench_shape(*shape, sets=args.sets, warmup=args.warmup, iters=args.iters)
-        torch.cuda.empty_cache()  # the shape's caches are gone: give the memory back before the next
-        gbs = r["kv_bytes"] / (r[r["auto"]] * 1e-3) / 1e9
-        sdpa_gbs = r["kv_bytes"] / (r["sdpa"] * 1e-3) / 1e9
-        print(f"| {', '.join(map(str, shape))} | {r['kv_bytes'] / 1e6:.0f} | {r['v1']:.3f} | {r['v2']:.3f} | "
-              f"{r['auto']} | {gbs:.0f} | {100 * gbs / copy_gbs:.0f}% | {r['sdpa']:.3f} ({r['sdpa_backend']}) | "
-              f"{sdpa_gbs:.0f} | {r['gather_sdpa']:.3f} | {r.get('max_abs_diff', float('nan')):.1e} |", flush=True)
+    device = f"{props.name} ({props.multi_processor_count} SMs)"
+    print(f"device: {device}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    print(f"head_size {HEAD_SIZE}, {str(DTYPE).replace('torch.', '')}; median of {args.iters} graph replays after "
+          f"{args.warmup}, {args.sets} input sets per replay")
+    print(f"device copy bandwidth (read + write): {copy_gbs:.0f} GB/s")
+    results = {"device": device, "torch": torch.__version__, "copy_gbs": copy_gbs, "headline": [], "splits": [],
+               "block_sizes": [], "fp8": [], "sweep": []}
+    sections = {"headline": headline, "splits": splits, "blocks": block_sizes, "fp8": fp8, "sweep": sweep}
+    for name in args.sections.split(","):
+        sections[name](args, copy_gbs, results)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+    print(f"\ndevice copy bandwidth after the run: {copy_bandwidth_gbs():.0f} GB/s")
+    if args.plot and results["sweep"]:
+        try:
+            plot(results, args.plot)
+        except ImportError:
+            print("matplotlib not installed: no plot (use --plot-from on the --json file)")
     return 0
 
 

@@ -46,7 +46,8 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
                     block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
                     max_context_len: int | None, alibi_slopes: torch.Tensor | None = None, *,
                     version: str | None = None, impl: str = "vllm",
-                    validate: bool = True) -> torch.Tensor:
+                    validate: bool = True, k_scale: float = 1.0, v_scale: float = 1.0,
+                    split_tokens: int | None = None) -> torch.Tensor:
     """Decode attention of one query token per sequence over its paged KV cache.
 
     Args:
@@ -68,12 +69,26 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
             partition count), or None to compute it (one device sync).
         alibi_slopes: optional ``[num_heads]`` slopes: logit += slope * (pos - context_len + 1).
         version: None picks v1 or v2 by ``choose_version``; "v1" / "v2" force one. Ignored on CPU.
-        impl: "vllm", the vLLM-layout kernels (the only one so far).
+        impl: "vllm", the vLLM-layout kernels; "fast", the fast decode kernel (``fast.py``), whose
+            caches are ``[num_blocks, block_size, num_kv_heads, head_size]`` and which takes
+            ``k_scale`` / ``v_scale`` (float8 caches) and ``split_tokens``; ``version`` must be None.
         validate: False skips the checks that read block_tables / context_lens.
 
     Returns:
         ``out``.
     """
+    if impl not in ("vllm", "fast"):
+        raise ValueError(f"impl must be 'vllm' (the vLLM-layout v1/v2 kernels) or 'fast' (fast.py), got {impl!r}")
+    if impl == "fast":
+        if version is not None:
+            raise ValueError(f"version applies to impl='vllm' only, got version={version!r} with impl='fast'")
+        from . import fast
+
+        return fast.paged_attention(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables,
+                                    context_lens, block_size, max_context_len, alibi_slopes, k_scale=k_scale,
+                                    v_scale=v_scale, split_tokens=split_tokens, validate=validate)
+    if k_scale != 1.0 or v_scale != 1.0 or split_tokens is not None:
+        raise ValueError("k_scale, v_scale and split_tokens apply to impl='fast' only")
     max_context_len = _checks.check_attention(out, query, key_cache, value_cache, num_kv_heads, scale,
                                               block_tables, context_lens, block_size, max_context_len,
                                               alibi_slopes, version, impl, validate)

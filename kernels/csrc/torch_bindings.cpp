@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cache_ops.h"
+#include "fast_decode.h"
 #include "paged_attention.h"
 
 namespace {
@@ -127,6 +128,91 @@ void paged_attention_v2(torch::Tensor out, torch::Tensor exp_sums, torch::Tensor
   p.max_partitions = static_cast<int>(exp_sums.size(2));
   const DeviceScope scope(query.device());
   check_launch(launch_typed(p, query.scalar_type(), 2, as_stream(stream)), "paged_attention_v2");
+}
+
+// The fast decode kernel (kernels/fast.py checks every argument first). Caches are
+// [num_blocks, block_size, num_kv_heads, head_size] with any strides over the first three
+// dimensions; part_* are the split scratch (empty when max_splits == 1).
+void fast_decode(torch::Tensor out, torch::Tensor part_out, torch::Tensor part_max, torch::Tensor part_sum,
+                 torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache, int64_t num_kv_heads,
+                 double scale, double v_scale, torch::Tensor block_tables, torch::Tensor context_lens,
+                 int64_t split_tokens, int64_t max_splits, std::optional<torch::Tensor> alibi_slopes,
+                 int64_t stream) {
+  for (auto* t : {&out, &query, &key_cache, &value_cache, &block_tables, &context_lens}) {
+    check_cuda(*t, "every fast_decode tensor");
+  }
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && block_tables.is_contiguous(),
+              "block_tables must be contiguous int32");
+  TORCH_CHECK(context_lens.scalar_type() == torch::kInt32 && context_lens.is_contiguous(),
+              "context_lens must be contiguous int32");
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == query.scalar_type(), "out: contiguous, query's dtype");
+  TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2), "query rows must be contiguous");
+  TORCH_CHECK(key_cache.dim() == 4 && value_cache.dim() == 4 && key_cache.sizes() == value_cache.sizes(),
+              "caches must be [num_blocks, block_size, num_kv_heads, head_size]");
+  TORCH_CHECK(key_cache.stride(3) == 1 && value_cache.stride(3) == 1, "cache head rows must be contiguous");
+  TORCH_CHECK(key_cache.scalar_type() == value_cache.scalar_type(), "key and value caches differ in dtype");
+  const int64_t block_size = key_cache.size(1);
+  TORCH_CHECK(block_size >= 8 && block_size <= 256 && (block_size & (block_size - 1)) == 0,
+              "block size must be a power of two from 8 to 256");
+  blocksim::FastDecodeParams p{};
+  p.out = out.data_ptr();
+  p.query = query.data_ptr();
+  p.key_cache = key_cache.data_ptr();
+  p.value_cache = value_cache.data_ptr();
+  p.block_tables = block_tables.data_ptr<int>();
+  p.context_lens = context_lens.data_ptr<int>();
+  if (alibi_slopes.has_value()) {
+    check_cuda(*alibi_slopes, "alibi_slopes");
+    TORCH_CHECK(alibi_slopes->scalar_type() == torch::kFloat32 && alibi_slopes->is_contiguous(),
+                "alibi_slopes must be contiguous float32");
+    p.alibi_slopes = alibi_slopes->data_ptr<float>();
+  }
+  p.scale = static_cast<float>(scale);
+  p.v_scale = static_cast<float>(v_scale);
+  p.num_seqs = static_cast<int>(query.size(0));
+  p.num_heads = static_cast<int>(query.size(1));
+  p.head_size = static_cast<int>(query.size(2));
+  p.num_kv_heads = static_cast<int>(num_kv_heads);
+  int log2 = 0;
+  while ((int64_t{1} << log2) < block_size) ++log2;
+  p.block_size_log2 = log2;
+  p.max_blocks_per_seq = static_cast<int>(block_tables.size(1));
+  p.num_blocks = static_cast<int>(key_cache.size(0));
+  p.split_tokens = static_cast<int>(split_tokens);
+  p.max_splits = static_cast<int>(max_splits);
+  p.q_stride = query.stride(0);
+  p.k_block_stride = key_cache.stride(0);
+  p.k_token_stride = key_cache.stride(1);
+  p.k_head_stride = key_cache.stride(2);
+  p.v_block_stride = value_cache.stride(0);
+  p.v_token_stride = value_cache.stride(1);
+  p.v_head_stride = value_cache.stride(2);
+  if (max_splits > 1) {
+    for (auto* t : {&part_out, &part_max, &part_sum}) {
+      check_cuda(*t, "split scratch tensors");
+      TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->is_contiguous(), "split scratch must be contiguous float32");
+      TORCH_CHECK(t->size(0) == p.num_seqs && t->size(1) == p.num_heads && t->size(2) == max_splits,
+                  "split scratch must be [num_seqs, num_heads, max_splits(, head_size)]");
+    }
+    p.part_out = part_out.data_ptr<float>();
+    p.part_max = part_max.data_ptr<float>();
+    p.part_sum = part_sum.data_ptr<float>();
+  }
+  int q_dtype = 0;
+  switch (query.scalar_type()) {
+    case torch::kFloat16: q_dtype = blocksim::kFastF16; break;
+    case torch::kBFloat16: q_dtype = blocksim::kFastBF16; break;
+    default: TORCH_CHECK(false, "fast_decode: query must be float16 or bfloat16");
+  }
+  int kv_dtype = 0;
+  switch (key_cache.scalar_type()) {
+    case torch::kFloat16: kv_dtype = blocksim::kFastF16; break;
+    case torch::kBFloat16: kv_dtype = blocksim::kFastBF16; break;
+    case torch::kFloat8_e4m3fn: kv_dtype = blocksim::kFastFp8E4M3; break;
+    default: TORCH_CHECK(false, "fast_decode: caches must be float16, bfloat16 or float8_e4m3fn");
+  }
+  const DeviceScope scope(query.device());
+  check_launch(blocksim::launch_fast_decode(p, q_dtype, kv_dtype, as_stream(stream)), "fast_decode");
 }
 
 void reshape_and_cache(torch::Tensor key, torch::Tensor value, torch::Tensor key_cache, torch::Tensor value_cache,
@@ -251,6 +337,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "blocksim paged-attention and cache kernels (CUDA)";
   m.def("paged_attention_v1", &paged_attention_v1);
   m.def("paged_attention_v2", &paged_attention_v2);
+  m.def("fast_decode", &fast_decode);
   m.def("reshape_and_cache", &reshape_and_cache);
   m.def("copy_blocks", &copy_blocks);
   m.def("swap_blocks", &swap_blocks);

@@ -125,7 +125,7 @@ def test_unsupported_block_size_is_rejected():
         attend(case(block_size=64))
 
 
-@pytest.mark.parametrize("kw,match", [(dict(version="v3"), "version must be"), (dict(impl="fast"), "impl must be")])
+@pytest.mark.parametrize("kw,match", [(dict(version="v3"), "version must be"), (dict(impl="flash"), "impl must be")])
 def test_unknown_version_or_impl_is_rejected(kw, match):
     with pytest.raises(ValueError, match=match):
         attend(case(), **kw)

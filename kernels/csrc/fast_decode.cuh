@@ -1,0 +1,413 @@
+// Fast paged decode attention: tensor cores, one read of each KV head per GQA group, the
+// context split across thread blocks when the batch alone does not fill the GPU.
+//
+// Work split. A thread block of kFastWarps warps takes one (sequence, KV head, group of up to 8
+// query heads, split of split_tokens context tokens). Its warps take 16-token tiles of the split
+// in turn; each warp keeps its own running max, sum and output (flash-decoding), and the warps
+// are combined through shared memory at the end. With one split the block writes the output;
+// with several, each writes its normalised partial output with its max and sum, and a reduce
+// kernel combines the splits.
+//
+// Per tile, two mma.sync.m16n8k16 products with float accumulators:
+//   S  = Q K^T    M = query heads (8 used of 16), N = 8 tokens (two N-tiles), K = head dims
+//   O^T += V^T P^T  M = head dims (16 per tile), N = 8 query heads, K = 16 tokens
+// The head dimensions are a reduction index of the first product, so they may be permuted at
+// will: lane (g, t) (g = lane / 4, t = lane % 4) reads 16-byte chunks t, t + 4, ... of its token
+// g's key, and the query's A fragment uses the same permutation. S's accumulator (rows = heads,
+// columns = tokens 2t, 2t + 1) is exactly the B fragment of the second product after the
+// softmax, so probabilities never leave registers. For V^T as the A operand each register holds
+// one head dimension of two tokens: lane (g, t) reads chunks g, g + 8 (+ 16 ...) of tokens 2t,
+// 2t + 1, 2t + 8, 2t + 9 and pairs their halves with one byte permute per register. The
+// product's rows (head dims) come out permuted so that each lane ends with whole 16-byte chunks
+// of its two heads' output.
+//
+// Masking: tokens past the context (or past the split) get a -inf logit and are never loaded; a
+// block id outside [0, num_blocks) is never dereferenced and gives NaN logits, so the sequence's
+// output becomes NaN (the host API rejects such tables before launch).
+#pragma once
+
+#include <cfloat>
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include "fast_decode.h"
+
+namespace blocksim {
+namespace fast {
+
+constexpr unsigned kMask = 0xffffffffu;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Tensor-core product and float packing for the 16-bit type the products run in.
+template <typename T>
+struct Mma;
+
+template <>
+struct Mma<__half> {
+  __device__ __forceinline__ static void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  __device__ __forceinline__ static void store(__half* dst, float v) { *dst = __float2half_rn(v); }
+};
+
+template <>
+struct Mma<__nv_bfloat16> {
+  __device__ __forceinline__ static void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  __device__ __forceinline__ static void store(__nv_bfloat16* dst, float v) { *dst = __float2bfloat16_rn(v); }
+};
+
+// Eight consecutive cache elements as eight 16-bit values of the product type T (one uint4).
+template <typename T, typename KV>
+struct Load8;
+
+template <typename T>
+struct Load8<T, T> {  // 16-bit cache: one 16-byte load
+  using Raw = uint4;
+  __device__ __forceinline__ static Raw load(const T* ptr) { return __ldg(reinterpret_cast<const uint4*>(ptr)); }
+  __device__ __forceinline__ static uint4 widen(const Raw& r) { return r; }
+};
+
+template <>
+struct Load8<__half, __nv_fp8_e4m3> {  // fp8 cache: one 8-byte load, converted to float16 exactly
+  using Raw = uint2;
+  __device__ __forceinline__ static Raw load(const __nv_fp8_e4m3* ptr) {
+    return __ldg(reinterpret_cast<const uint2*>(ptr));
+  }
+  __device__ __forceinline__ static uint32_t cvt2(uint32_t two) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+  }
+  __device__ __forceinline__ static uint4 widen(const Raw& r) {
+    return make_uint4(cvt2(r.x & 0xffffu), cvt2(r.x >> 16), cvt2(r.y & 0xffffu), cvt2(r.y >> 16));
+  }
+};
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int w) {
+  return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+}
+
+template <typename T, typename KV, int HEAD>
+__global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const FastDecodeParams p) {
+  using L = Load8<T, KV>;
+  using Raw = typename L::Raw;
+  constexpr int NCHUNK = HEAD / 8;            // 8-element chunks per head row
+  constexpr int KJ = (NCHUNK + 3) / 4;        // key chunks per lane per token: t, t + 4, ...
+  constexpr int KSTEPS = 2 * KJ;              // k-steps of 16 head dims in S = Q K^T
+  constexpr int NCP = (NCHUNK + 15) / 16;     // value chunk pairs per lane per token
+  constexpr int MT = 8 * NCP;                 // 16-row tiles of head dims in O^T
+  static_assert(HEAD % 8 == 0, "head size must be a multiple of 8");
+
+  const int split = blockIdx.x;
+  const int group = p.num_heads / p.num_kv_heads;
+  const int head_groups = (group + kFastHeadsPerCta - 1) / kFastHeadsPerCta;
+  const int kvh = blockIdx.y / head_groups;
+  const int hg = blockIdx.y % head_groups;
+  const int seq = blockIdx.z;
+  const int head0 = kvh * group + hg * kFastHeadsPerCta;
+  const int nh = min(kFastHeadsPerCta, group - hg * kFastHeadsPerCta);  // real heads here
+  const int ctx = p.context_lens[seq];
+  const int start = split * p.split_tokens;
+  const int tid = threadIdx.x;
+  T* out = static_cast<T*>(p.out);
+
+  if (ctx <= 0) {  // nothing to attend to: zeros (the host API rejects empty contexts)
+    if (split == 0) {
+      for (int i = tid; i < nh * HEAD; i += kFastWarps * 32) {
+        Mma<T>::store(out + (static_cast<int64_t>(seq) * p.num_heads + head0 + i / HEAD) * HEAD + i % HEAD, 0.f);
+      }
+    }
+    return;
+  }
+  if (start >= ctx) return;  // a split past this sequence's context: the reduce skips it
+  const int end = min(ctx, start + p.split_tokens);
+
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int bs_mask = (1 << p.block_size_log2) - 1;
+  const int* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  const KV* k_cache = static_cast<const KV*>(p.key_cache) + kvh * p.k_head_stride;
+  const KV* v_cache = static_cast<const KV*>(p.value_cache) + kvh * p.v_head_stride;
+  const float scale2 = p.scale * kLog2e;
+  const float slope2 = (p.alibi_slopes != nullptr && g < nh) ? p.alibi_slopes[head0 + g] * kLog2e : 0.f;
+
+  // Query of head g as the A fragment of S = Q K^T (rows g + 8 are zero).
+  uint32_t qa[KSTEPS][2];
+  {
+    const T* q = static_cast<const T*>(p.query) + seq * p.q_stride + static_cast<int64_t>(head0 + g) * HEAD;
+#pragma unroll
+    for (int j = 0; j < KJ; ++j) {
+      const int c = t + 4 * j;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (g < nh && c < NCHUNK) v = *reinterpret_cast<const uint4*>(q + c * 8);
+      qa[2 * j][0] = v.x;
+      qa[2 * j][1] = v.y;
+      qa[2 * j + 1][0] = v.z;
+      qa[2 * j + 1][1] = v.w;
+    }
+  }
+
+  float o[MT][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m_run = -INFINITY;  // running max of head g's logits, log2 domain
+  float l_run = 0.f;        // this lane's share of head g's exp-sum
+
+  const int n_tiles = (end - start + kFastTile - 1) / kFastTile;
+  // Block ids of the two halves (tokens 0-7 and 8-15) of a tile; equal when blocks hold >= 16.
+  auto block_ids = [&](int tok0, int& lo, int& hi) {
+    lo = table[tok0 >> p.block_size_log2];
+    hi = tok0 + 8 < end ? table[(tok0 + 8) >> p.block_size_log2] : lo;
+  };
+  int next_lo = 0, next_hi = 0;
+  if (warp < n_tiles) block_ids(start + warp * kFastTile, next_lo, next_hi);
+
+  for (int it = warp; it < n_tiles; it += kFastWarps) {
+    const int tok0 = start + it * kFastTile;
+    const int b_lo = next_lo, b_hi = next_hi;
+    const bool ok_lo = static_cast<unsigned>(b_lo) < static_cast<unsigned>(p.num_blocks);
+    const bool ok_hi = static_cast<unsigned>(b_hi) < static_cast<unsigned>(p.num_blocks);
+    const int64_t base_lo = static_cast<int64_t>(ok_lo ? b_lo : 0);
+    const int64_t base_hi = static_cast<int64_t>(ok_hi ? b_hi : 0);
+
+    // Keys: tokens g (first half) and g + 8 (second half), chunks t, t + 4, ...
+    Raw kr[2][KJ];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const int tok = tok0 + 8 * n + g;
+      const bool live = tok < end && (n ? ok_hi : ok_lo);
+      const KV* row = k_cache + (n ? base_hi : base_lo) * p.k_block_stride + (tok & bs_mask) * p.k_token_stride;
+#pragma unroll
+      for (int j = 0; j < KJ; ++j) {
+        const int c = t + 4 * j;
+        kr[n][j] = Raw{};
+        if (live && c < NCHUNK) kr[n][j] = L::load(row + c * 8);
+      }
+    }
+    // Values: tokens 2t, 2t + 1, 2t + 8, 2t + 9; chunks g + 8 r + 16 cp. Issued with the keys for
+    // head sizes up to 128; after S = Q K^T for larger heads (register pressure).
+    Raw vr[4][2 * NCP];
+    auto load_values = [&]() {
+  #pragma unroll
+      for (int vt = 0; vt < 4; ++vt) {
+        const int tok = tok0 + 2 * t + (vt & 1) + 8 * (vt >> 1);
+        const bool live = tok < end && ((vt >> 1) ? ok_hi : ok_lo);
+        const KV* row = v_cache + ((vt >> 1) ? base_hi : base_lo) * p.v_block_stride + (tok & bs_mask) * p.v_token_stride;
+  #pragma unroll
+        for (int r = 0; r < 2 * NCP; ++r) {
+          const int c = g + 8 * r;
+          vr[vt][r] = Raw{};
+          if (live && c < NCHUNK) vr[vt][r] = L::load(row + c * 8);
+        }
+      }
+    };
+    if constexpr (HEAD <= 128) load_values();
+    // The next tile's block ids, while this tile's loads are in flight.
+    if (it + kFastWarps < n_tiles) block_ids(tok0 + kFastWarps * kFastTile, next_lo, next_hi);
+
+    // ---- S = Q K^T: s[n][0..1] = logits of head g, tokens 8 n + 2t, 8 n + 2t + 1 ----
+    float s[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+      for (int j = 0; j < KJ; ++j) {
+        const uint4 k = L::widen(kr[n][j]);
+        Mma<T>::run(s[n], qa[2 * j][0], 0u, qa[2 * j][1], 0u, k.x, k.y);
+        Mma<T>::run(s[n], qa[2 * j + 1][0], 0u, qa[2 * j + 1][1], 0u, k.z, k.w);
+      }
+    }
+
+    if constexpr (HEAD > 128) load_values();
+
+    // ---- online softmax (log2 domain) ----
+    float x[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int n = i >> 1;
+      const int tok = tok0 + 8 * n + 2 * t + (i & 1);
+      const float v = s[n][i & 1] * scale2 + slope2 * static_cast<float>(tok - ctx + 1);
+      x[i] = tok < end ? ((n ? ok_hi : ok_lo) ? v : __int_as_float(0x7fc00000)) : -INFINITY;
+    }
+    float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+    mx = fmaxf(mx, __shfl_xor_sync(kMask, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(kMask, mx, 2));
+    const float m_new = fmaxf(m_run, mx);
+    const float alpha = exp2f(m_run - m_new);
+    m_run = m_new;
+    float pr[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pr[i] = exp2f(x[i] - m_new);
+    l_run = l_run * alpha + ((pr[0] + pr[1]) + (pr[2] + pr[3]));
+    const uint32_t b0 = Mma<T>::pack(pr[0], pr[1]);
+    const uint32_t b1 = Mma<T>::pack(pr[2], pr[3]);
+    // O^T's columns are heads 2t and 2t + 1, whose factors live in lanes 8t and 8t + 4.
+    const float a_even = __shfl_sync(kMask, alpha, 8 * t);
+    const float a_odd = __shfl_sync(kMask, alpha, 8 * t + 4);
+
+    // ---- O^T += V^T P^T ----
+#pragma unroll
+    for (int cp = 0; cp < NCP; ++cp) {
+      uint4 v[4][2];
+#pragma unroll
+      for (int vt = 0; vt < 4; ++vt) {
+        v[vt][0] = L::widen(vr[vt][2 * cp]);
+        v[vt][1] = L::widen(vr[vt][2 * cp + 1]);
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const unsigned sel = (e & 1) ? 0x7632u : 0x5410u;
+        const int w = e >> 1;
+        float (&acc)[4] = o[cp * 8 + e];
+        acc[0] *= a_even;
+        acc[1] *= a_odd;
+        acc[2] *= a_even;
+        acc[3] *= a_odd;
+        Mma<T>::run(acc, __byte_perm(word(v[0][0], w), word(v[1][0], w), sel),
+                    __byte_perm(word(v[0][1], w), word(v[1][1], w), sel),
+                    __byte_perm(word(v[2][0], w), word(v[3][0], w), sel),
+                    __byte_perm(word(v[2][1], w), word(v[3][1], w), sel), b0, b1);
+      }
+    }
+  }
+
+  // ---- combine the warps ----
+  l_run += __shfl_xor_sync(kMask, l_run, 1);
+  l_run += __shfl_xor_sync(kMask, l_run, 2);
+  __shared__ float sm_m[kFastWarps][kFastHeadsPerCta];
+  __shared__ float sm_l[kFastWarps][kFastHeadsPerCta];
+  __shared__ float sm_o[kFastWarps][kFastHeadsPerCta][HEAD];
+  if (t == 0) {
+    sm_m[warp][g] = m_run;
+    sm_l[warp][g] = l_run;
+  }
+#pragma unroll
+  for (int cp = 0; cp < NCP; ++cp) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int d_lo = 8 * (g + 16 * cp) + e;
+      const int d_hi = 8 * (g + 8 + 16 * cp) + e;
+      if (d_lo < HEAD) {
+        sm_o[warp][2 * t][d_lo] = o[cp * 8 + e][0];
+        sm_o[warp][2 * t + 1][d_lo] = o[cp * 8 + e][1];
+      }
+      if (d_hi < HEAD) {
+        sm_o[warp][2 * t][d_hi] = o[cp * 8 + e][2];
+        sm_o[warp][2 * t + 1][d_hi] = o[cp * 8 + e][3];
+      }
+    }
+  }
+  __syncthreads();
+  const bool single = p.max_splits == 1;
+  for (int i = tid; i < nh * HEAD; i += kFastWarps * 32) {
+    const int h = i / HEAD;
+    const int d = i % HEAD;
+    float m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kFastWarps; ++w) m = fmaxf(m, sm_m[w][h]);
+    float l = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < kFastWarps; ++w) {
+      const float f = exp2f(sm_m[w][h] - m);  // 0 for a warp that had no tile
+      l += sm_l[w][h] * f;
+      acc += sm_o[w][h][d] * f;
+    }
+    const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + h;
+    if (single) {
+      Mma<T>::store(out + row * HEAD + d, acc / l * p.v_scale);
+    } else {
+      const int64_t idx = row * p.max_splits + split;
+      p.part_out[idx * HEAD + d] = acc / l;
+      if (d == 0) {
+        p.part_max[idx] = m;
+        p.part_sum[idx] = l;
+      }
+    }
+  }
+}
+
+// One thread block per (head, sequence): combines the splits that hold context tokens.
+template <typename T, int HEAD>
+__global__ void fast_decode_reduce_kernel(const FastDecodeParams p) {
+  const int head = blockIdx.x;
+  const int seq = blockIdx.y;
+  const int ctx = p.context_lens[seq];
+  if (ctx <= 0) return;  // written by the attention kernel
+  const int n = min(p.max_splits, (ctx + p.split_tokens - 1) / p.split_tokens);
+  const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head;
+  const float* pm = p.part_max + row * p.max_splits;
+  const float* ps = p.part_sum + row * p.max_splits;
+  const float* po = p.part_out + row * p.max_splits * HEAD;
+  float m = -INFINITY;
+  for (int i = 0; i < n; ++i) m = fmaxf(m, pm[i]);
+  for (int d = threadIdx.x; d < HEAD; d += blockDim.x) {
+    float l = 0.f, acc = 0.f;
+    for (int i = 0; i < n; ++i) {
+      const float w = ps[i] * exp2f(pm[i] - m);
+      l += w;
+      acc += w * po[i * HEAD + d];
+    }
+    Mma<T>::store(static_cast<T*>(p.out) + row * HEAD + d, acc / l * p.v_scale);
+  }
+}
+
+template <typename T, typename KV, int HEAD>
+cudaError_t launch_head(const FastDecodeParams& p, cudaStream_t stream) {
+  const int group = p.num_heads / p.num_kv_heads;
+  const int head_groups = (group + kFastHeadsPerCta - 1) / kFastHeadsPerCta;
+  const dim3 grid(p.max_splits, p.num_kv_heads * head_groups, p.num_seqs);
+  fast_decode_kernel<T, KV, HEAD><<<grid, kFastWarps * 32, 0, stream>>>(p);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || p.max_splits == 1) return err;
+  const int threads = HEAD < 128 ? HEAD : 128;
+  fast_decode_reduce_kernel<T, HEAD><<<dim3(p.num_heads, p.num_seqs), threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T, typename KV>
+cudaError_t launch_typed(const FastDecodeParams& p, cudaStream_t stream) {
+  switch (p.head_size) {
+#ifndef BLOCKSIM_FEW_INSTANCES
+    case 32: return launch_head<T, KV, 32>(p, stream);
+    case 64: return launch_head<T, KV, 64>(p, stream);
+    case 80: return launch_head<T, KV, 80>(p, stream);
+    case 96: return launch_head<T, KV, 96>(p, stream);
+    case 112: return launch_head<T, KV, 112>(p, stream);
+    case 120: return launch_head<T, KV, 120>(p, stream);
+    case 192: return launch_head<T, KV, 192>(p, stream);
+#endif
+    case 128: return launch_head<T, KV, 128>(p, stream);
+    case 256: return launch_head<T, KV, 256>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace fast
+
+cudaError_t launch_fast_decode_f16(const FastDecodeParams& p, cudaStream_t stream);
+cudaError_t launch_fast_decode_bf16(const FastDecodeParams& p, cudaStream_t stream);
+cudaError_t launch_fast_decode_fp8(const FastDecodeParams& p, cudaStream_t stream);
+
+}  // namespace blocksim

@@ -1,0 +1,59 @@
+// Host-side interface of the fast paged decode kernel (plain C++, no ATen).
+//
+// Cache layout (one layer; logical shape, any strides over the first three dimensions, the head
+// dimension contiguous and every token's head row on a 16-byte boundary):
+//
+//   key cache, value cache   [num_blocks, block_size, num_kv_heads, head_size]
+//
+// so both the "NHD" storage (token-major inside a block, vLLM's flash layout) and the "HND"
+// storage (a transposed view of [num_blocks, num_kv_heads, block_size, head_size]) are read by
+// the same kernel through strides.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime_api.h>
+
+namespace blocksim {
+
+// Tokens per tile of the fast kernel: one tensor-core step over the context.
+constexpr int kFastTile = 16;
+// Query heads of one KV head handled by one thread block (a GQA group of more heads takes
+// several thread blocks, each reading the KV head once).
+constexpr int kFastHeadsPerCta = 8;
+// Warps per thread block.
+constexpr int kFastWarps = 4;
+
+enum FastDtype : int { kFastF16 = 0, kFastBF16 = 1, kFastFp8E4M3 = 2 };
+
+struct FastDecodeParams {
+  void* out;                  // [num_seqs, num_heads, head_size], contiguous, query's dtype
+  float* part_out;            // splits > 1: [num_seqs, num_heads, max_splits, head_size]
+  float* part_max;            // splits > 1: [num_seqs, num_heads, max_splits], log2 domain
+  float* part_sum;            // splits > 1: [num_seqs, num_heads, max_splits]
+  const void* query;          // [num_seqs, num_heads, head_size], rows contiguous
+  const void* key_cache;      // see above
+  const void* value_cache;
+  const int* block_tables;    // [num_seqs, max_blocks_per_seq]
+  const int* context_lens;    // [num_seqs]
+  const float* alibi_slopes;  // [num_heads] or nullptr
+  float scale;                // softmax scale times the key scale (fp8)
+  float v_scale;              // value scale (fp8), 1 otherwise
+  int num_seqs;
+  int num_heads;
+  int num_kv_heads;
+  int head_size;
+  int block_size_log2;        // block size = 1 << block_size_log2, 8 to 256
+  int max_blocks_per_seq;
+  int num_blocks;             // larger block ids are never read: they poison the output with NaN
+  int split_tokens;           // context tokens per thread block, a multiple of kFastTile
+  int max_splits;             // ceil(max_context_len / split_tokens)
+  int64_t q_stride;           // elements between sequences of query
+  int64_t k_block_stride, k_token_stride, k_head_stride;  // elements
+  int64_t v_block_stride, v_token_stride, v_head_stride;
+};
+
+// query_dtype: kFastF16 or kFastBF16; kv_dtype: the same, or kFastFp8E4M3 (with a float16
+// query). One kernel launch, plus a reduce launch when max_splits > 1.
+cudaError_t launch_fast_decode(const FastDecodeParams& p, int query_dtype, int kv_dtype, cudaStream_t stream);
+
+}  // namespace blocksim

@@ -1,0 +1,282 @@
+"""The fast paged decode kernel (issue 8): its cache layout, cache writes, split rule and checked
+entry point. ``kernels.paged_attention(..., impl="fast")`` calls ``paged_attention`` here.
+
+Layout (one layer, key and value alike)::
+
+    [num_blocks, block_size, num_kv_heads, head_size]
+
+Token ``t`` of a sequence is row ``t % block_size`` of block ``block_table[t // block_size]``;
+its slot is ``block * block_size + offset`` as in the vLLM layout. The kernel reads the caches
+through their strides, so two storage orders work: ``"NHD"`` (contiguous as written above, all
+KV heads of a token side by side: vLLM's flash layout, and one contiguous row per token for
+``reshape_and_cache``) and ``"HND"`` (``[num_blocks, num_kv_heads, block_size, head_size]``
+storage, handed over as a transposed view, so one block of one KV head is contiguous).
+
+Element types: float16 or bfloat16 caches with a query of the same type, or float8_e4m3fn caches
+(per-tensor scales ``k_scale``, ``v_scale``: the cache holds ``key / k_scale``) with a float16
+query. Block sizes: powers of two from 8 to 256. Head sizes: ``layout.SUPPORTED_HEAD_SIZES``.
+
+Work split: one thread block per (sequence, KV head, group of up to 8 query heads, split of
+``split_tokens`` context tokens): each KV head is read once for all the query heads of its GQA
+group. When the batch alone gives too few thread blocks to fill the GPU, the context is split and
+a second kernel combines the splits (``choose_split_tokens``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import _checks, reference_fast
+from .layout import SUPPORTED_HEAD_SIZES
+
+FAST_BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
+FAST_DTYPES = (torch.float16, torch.bfloat16)
+FP8 = reference_fast.FP8
+STORAGES = ("NHD", "HND")
+TILE = 16                 # context tokens per tensor-core step
+HEADS_PER_CTA = 8         # query heads one thread block serves
+MIN_SPLIT_TOKENS = 256    # shortest split worth a thread block (4 warps x 4 tiles)
+
+
+def fast_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
+    return (num_blocks, block_size, num_kv_heads, head_size)
+
+
+def allocate_fast_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
+                           dtype: torch.dtype = torch.float16, device: str | torch.device = "cuda", *,
+                           storage: str = "NHD") -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's ``(key_cache, value_cache)``, each of shape
+    ``[num_blocks, block_size, num_kv_heads, head_size]`` (uninitialised), stored ``"NHD"``
+    (contiguous) or ``"HND"`` (a transposed view of ``[num_blocks, num_kv_heads, block_size,
+    head_size]`` storage)."""
+    if dtype not in (*FAST_DTYPES, torch.float32, FP8):
+        raise ValueError(f"dtype {dtype} not supported; use float16, bfloat16, float32 (CPU) or {FP8}")
+    if storage not in STORAGES:
+        raise ValueError(f"storage must be one of {STORAGES}, got {storage!r}")
+
+    def one():
+        if storage == "NHD":
+            return torch.empty(num_blocks, block_size, num_kv_heads, head_size, dtype=dtype, device=device)
+        return torch.empty(num_blocks, num_kv_heads, block_size, head_size, dtype=dtype, device=device).transpose(1, 2)
+    return one(), one()
+
+
+def fp8_scale(x: torch.Tensor) -> float:
+    """A per-tensor scale that maps ``x``'s largest magnitude to float8_e4m3fn's largest finite
+    value (448); 1.0 for an all-zero tensor."""
+    amax = float(x.detach().abs().max()) if x.numel() else 0.0
+    return amax / reference_fast.FP8_MAX if amax > 0 else 1.0
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def choose_split_tokens(num_seqs: int, num_heads: int, num_kv_heads: int, max_context_len: int,
+                        num_sms: int = 132) -> int:
+    """Context tokens per thread block. One split (the whole context) when the batch already
+    gives at least 8 thread blocks per SM; otherwise enough splits for about 16 thread blocks per
+    SM, each at least ``MIN_SPLIT_TOKENS`` long, rounded up to 64 tokens (a tile per warp)."""
+    groups = -(-(num_heads // num_kv_heads) // HEADS_PER_CTA)
+    ctas = max(1, num_seqs * num_kv_heads * groups)
+    whole = max(TILE, -(-max_context_len // TILE) * TILE)
+    if ctas >= 8 * num_sms:
+        return whole
+    splits = -(-16 * num_sms // ctas)
+    split = -(-max_context_len // splits)
+    split = max(MIN_SPLIT_TOKENS, -(-split // 64) * 64)
+    return min(split, whole)
+
+
+def _check_caches(query, key_cache, value_cache, num_kv_heads, block_size) -> int:
+    for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
+        _checks._tensor(name, c)
+        if c.dim() != 4:
+            raise ValueError(f"{name} must be [num_blocks, block_size, num_kv_heads, head_size], "
+                             f"got shape {tuple(c.shape)}")
+    if tuple(key_cache.shape) != tuple(value_cache.shape) or key_cache.dtype != value_cache.dtype:
+        raise ValueError(f"key_cache {key_cache.dtype} {tuple(key_cache.shape)} and value_cache "
+                         f"{value_cache.dtype} {tuple(value_cache.shape)} must match")
+    nb, bs, kvh, hs = key_cache.shape
+    qd, cd = query.dtype, key_cache.dtype
+    if query.is_cuda:
+        ok = cd == qd if qd in FAST_DTYPES else False
+        ok = ok or (cd == FP8 and qd == torch.float16)
+        if not ok:
+            raise ValueError(f"impl='fast' on CUDA takes a float16 or bfloat16 query with caches of the same dtype, "
+                             f"or float8_e4m3fn caches with a float16 query; got query {qd}, caches {cd}")
+    elif not (cd == qd or cd == FP8):
+        raise ValueError(f"caches dtype {cd} differs from query dtype {qd}")
+    if hs != query.shape[2]:
+        raise ValueError(f"caches hold head_size {hs} but query has head_size {query.shape[2]}")
+    if int(block_size) != bs:
+        raise ValueError(f"block_size {block_size} does not match the caches' block size {bs}")
+    if bs not in FAST_BLOCK_SIZES:
+        raise ValueError(f"block_size {bs} not supported by impl='fast'; use one of {FAST_BLOCK_SIZES}")
+    if int(num_kv_heads) != kvh:
+        raise ValueError(f"num_kv_heads {num_kv_heads} does not match the caches' {kvh} KV heads")
+    align = 16 // key_cache.element_size() if key_cache.element_size() > 1 else 8
+    for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if c.stride(3) != 1 or any(s % align for s in c.stride()[:3]) or c.data_ptr() % 16:
+            raise ValueError(f"{name}: each head row must be contiguous and start on a {align * c.element_size()}-byte "
+                             f"boundary (strides {c.stride()})")
+    if key_cache.device != value_cache.device:
+        raise ValueError(f"key_cache is on {key_cache.device} but value_cache on {value_cache.device}")
+    if nb >= 2**31:
+        raise ValueError(f"{nb} blocks: block ids must fit in int32")
+    return nb
+
+
+def check_attention(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, context_lens,
+                    block_size, max_context_len, alibi_slopes, k_scale, v_scale, validate: bool) -> int:
+    """Checks ``paged_attention``'s arguments; returns the max context length to use."""
+    _checks._tensor("query", query)
+    if query.dim() != 3:
+        raise ValueError(f"query must be [num_seqs, num_heads, head_size], got shape {tuple(query.shape)}")
+    num_seqs, num_heads, head_size = query.shape
+    if query.dtype not in (*FAST_DTYPES, torch.float32):
+        raise ValueError(f"query dtype {query.dtype} not supported by impl='fast'")
+    if head_size not in SUPPORTED_HEAD_SIZES:
+        raise ValueError(f"head_size {head_size} not supported; use one of {SUPPORTED_HEAD_SIZES}")
+    nb = _check_caches(query, key_cache, value_cache, num_kv_heads, block_size)
+    if num_heads % int(num_kv_heads):
+        raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+    for name, v in (("scale", scale), ("k_scale", k_scale), ("v_scale", v_scale)):
+        if not isinstance(v, (int, float)):
+            raise ValueError(f"{name} must be a float, got {type(v).__name__}")
+    if key_cache.dtype != FP8 and (k_scale != 1.0 or v_scale != 1.0):
+        raise ValueError("k_scale / v_scale apply to float8_e4m3fn caches only")
+    if out is not None:
+        _checks._tensor("out", out)
+        if tuple(out.shape) != tuple(query.shape) or out.dtype != query.dtype or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous {query.dtype} tensor of shape {tuple(query.shape)}, "
+                             f"got {out.dtype} {tuple(out.shape)} (contiguous={out.is_contiguous()})")
+    _checks._index_tensor("block_tables", block_tables, 2)
+    _checks._index_tensor("context_lens", context_lens, 1)
+    if block_tables.shape[0] != num_seqs or context_lens.shape[0] != num_seqs:
+        raise ValueError(f"block_tables {tuple(block_tables.shape)} and context_lens {tuple(context_lens.shape)} "
+                         f"must have one row per sequence ({num_seqs})")
+    if alibi_slopes is not None:
+        _checks._tensor("alibi_slopes", alibi_slopes)
+        if tuple(alibi_slopes.shape) != (num_heads,) or not alibi_slopes.is_floating_point():
+            raise ValueError(f"alibi_slopes must be a float tensor of shape ({num_heads},), "
+                             f"got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
+    _checks._same_device({"query": query, "key_cache": key_cache, "out": out, "block_tables": block_tables,
+                          "context_lens": context_lens, "alibi_slopes": alibi_slopes})
+    if max_context_len is None or validate:
+        longest = int(context_lens.max()) if num_seqs else 0
+    if max_context_len is None:
+        max_context_len = longest
+    max_context_len = int(max_context_len)
+    if validate and num_seqs:
+        bs = key_cache.shape[1]
+        if int(context_lens.min()) < 1:
+            raise ValueError(f"context_lens must be >= 1 (got {int(context_lens.min())})")
+        if longest > max_context_len:
+            raise ValueError(f"max_context_len {max_context_len} is less than the longest context {longest}")
+        if -(-longest // bs) > block_tables.shape[1]:
+            raise ValueError(f"a context of {longest} tokens needs {-(-longest // bs)} blocks but block_tables "
+                             f"has {block_tables.shape[1]} columns")
+        used = (torch.arange(block_tables.shape[1], device=block_tables.device)[None, :]
+                < ((context_lens.to(torch.long) + bs - 1) // bs)[:, None])
+        bad = used & ((block_tables < 0) | (block_tables >= nb))
+        if bool(bad.any()):
+            s, j = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"block_tables[{s}, {j}] = {int(block_tables[s, j])} is outside the cache's "
+                             f"{nb} blocks (sequence {s}, context {int(context_lens[s])})")
+    return max_context_len
+
+
+def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: torch.Tensor,
+                    value_cache: torch.Tensor, num_kv_heads: int, scale: float,
+                    block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
+                    max_context_len: int | None, alibi_slopes: torch.Tensor | None = None, *,
+                    k_scale: float = 1.0, v_scale: float = 1.0, split_tokens: int | None = None,
+                    validate: bool = True) -> torch.Tensor:
+    """Decode attention of one query token per sequence over caches in the fast layout.
+
+    Arguments as ``kernels.paged_attention`` (``ops.py``), except that the caches are
+    ``[num_blocks, block_size, num_kv_heads, head_size]`` (module docstring), plus:
+
+    Args:
+        k_scale, v_scale: float8_e4m3fn caches hold ``key / k_scale`` and ``value / v_scale``.
+        split_tokens: context tokens per thread block (a multiple of 16), or None for
+            ``choose_split_tokens``. Ignored on CPU.
+
+    Returns:
+        ``out``.
+    """
+    max_context_len = check_attention(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables,
+                                      context_lens, block_size, max_context_len, alibi_slopes, k_scale, v_scale,
+                                      validate)
+    if out is None:
+        out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    if not query.is_cuda:
+        return reference_fast.paged_attention(out, query, key_cache, value_cache, int(num_kv_heads), float(scale),
+                                              block_tables, context_lens, block_size, max_context_len, alibi_slopes,
+                                              k_scale=float(k_scale), v_scale=float(v_scale))
+    num_seqs, num_heads, head_size = query.shape
+    if num_seqs == 0:
+        return out
+    if split_tokens is None:
+        split_tokens = choose_split_tokens(num_seqs, num_heads, int(num_kv_heads), max_context_len,
+                                           _num_sms(query.device.index or 0))
+    split_tokens = int(split_tokens)
+    if split_tokens < TILE or split_tokens % TILE:
+        raise ValueError(f"split_tokens must be a positive multiple of {TILE}, got {split_tokens}")
+    max_splits = max(1, -(-max_context_len // split_tokens))
+    if query.stride(2) != 1 or query.stride(1) != head_size or query.stride(0) % 8 or query.data_ptr() % 16:
+        query = query.contiguous()
+    block_tables = block_tables.to(torch.int32).contiguous()
+    context_lens = context_lens.to(torch.int32).contiguous()
+    if alibi_slopes is not None:
+        alibi_slopes = alibi_slopes.to(torch.float32).contiguous()
+    f32 = dict(dtype=torch.float32, device=query.device)
+    if max_splits > 1:
+        part_out = torch.empty(num_seqs, num_heads, max_splits, head_size, **f32)
+        part_max = torch.empty(num_seqs, num_heads, max_splits, **f32)
+        part_sum = torch.empty(num_seqs, num_heads, max_splits, **f32)
+    else:
+        part_out = part_max = part_sum = torch.empty(0, **f32)
+    from ._build import extension
+
+    extension().fast_decode(out, part_out, part_max, part_sum, query, key_cache, value_cache, int(num_kv_heads),
+                            float(scale) * float(k_scale), float(v_scale), block_tables, context_lens, split_tokens,
+                            max_splits, alibi_slopes, torch.cuda.current_stream(query.device).cuda_stream)
+    return out
+
+
+def reshape_and_cache_fast(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                      value_cache: torch.Tensor, slot_mapping: torch.Tensor, *,
+                      k_scale: float = 1.0, v_scale: float = 1.0, validate: bool = True) -> None:
+    """Writes new tokens' keys and values (``[num_tokens, num_kv_heads, head_size]``) into their
+    slots of fast-layout caches (``slot_mapping[i] = block * block_size + offset``, negative =
+    padding, skipped). In the NHD storage a token's row is contiguous, so this is one indexed
+    copy per cache (torch indexing, CPU or CUDA); float8 caches store ``key / k_scale``,
+    ``value / v_scale`` saturated at +-448."""
+    for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
+        _checks._tensor(name, c)
+        if c.dim() != 4:
+            raise ValueError(f"{name} must be [num_blocks, block_size, num_kv_heads, head_size]")
+    nb, bs, kvh, hs = key_cache.shape
+    for name, t in (("key", key), ("value", value)):
+        _checks._tensor(name, t)
+        if t.dim() != 3 or tuple(t.shape[1:]) != (kvh, hs):
+            raise ValueError(f"{name} must be [num_tokens, {kvh}, {hs}] to match the caches, got {tuple(t.shape)}")
+    if key.shape[0] != value.shape[0]:
+        raise ValueError(f"key has {key.shape[0]} tokens but value has {value.shape[0]}")
+    _checks._index_tensor("slot_mapping", slot_mapping, 1)
+    if slot_mapping.shape[0] != key.shape[0]:
+        raise ValueError(f"slot_mapping has {slot_mapping.shape[0]} entries for {key.shape[0]} tokens")
+    if validate and slot_mapping.numel():
+        slots = slot_mapping[slot_mapping >= 0]
+        if slots.numel():
+            if int(slots.max()) >= nb * bs:
+                raise ValueError(f"slot {int(slots.max())} is outside the cache ({nb} blocks x {bs} tokens)")
+            if slots.unique().numel() != slots.numel():
+                raise ValueError("slot_mapping writes a slot twice")
+    reference_fast.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
+                                     k_scale=float(k_scale), v_scale=float(v_scale))

@@ -1,0 +1,224 @@
+"""The fast decode kernel (impl="fast") against the float32 reference of its layout, on the GPU
+(skipped without CUDA).
+
+The grid of the vLLM-layout kernel's tests (7 sequences, heads / KV heads 40/40 and 64/8, every
+supported head size, block sizes 16 and 32, random contexts up to 8192 with one at the maximum,
+random block tables over a 4321-block cache), for float16 and bfloat16, plus block sizes 8 and
+64-256, both storage orders, forced splits, contexts up to 128k, GQA groups wider than a thread
+block, ALiBi, poisoned block ids, fp8 caches.
+
+Tolerances (|out| <= 1): float16 as for the vLLM kernel (atol 1e-3, relative error norm < 1e-3):
+the probabilities are rounded to float16 for the tensor-core product (relative 2**-11, averaged
+over the context) and the output once. bfloat16: the probabilities are rounded to bfloat16
+(2**-9 relative) on top of the output's rounding (2**-9 below 1), so atol 1e-2 and a relative
+error norm < 8e-3.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+
+import kernels  # noqa: E402
+from kernels import reference_fast  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+NUM_BLOCKS = 4321
+NUM_SEQS = 7
+MAX_CONTEXT = 8192
+DTYPES = (torch.float16, torch.bfloat16)
+ATOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2}
+REL = {torch.float16: 1e-3, torch.bfloat16: 8e-3}
+QUERY_RANGE = 4.0
+
+_caches: dict = {}
+
+
+def caches(num_kv_heads, head_size, block_size, dtype, storage="NHD", num_blocks=NUM_BLOCKS):
+    """Random caches, kept for the next test of the same shape only."""
+    key = (num_kv_heads, head_size, block_size, dtype, storage, num_blocks)
+    if key not in _caches:
+        _caches.clear()
+        torch.cuda.empty_cache()
+        gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(str(key).encode()))
+        kc, vc = kernels.allocate_fast_kv_cache(num_blocks, block_size, num_kv_heads, head_size, dtype, "cuda",
+                                                storage=storage)
+        kc.uniform_(-1, 1, generator=gen)
+        vc.uniform_(-1, 1, generator=gen)
+        _caches[key] = (kc, vc)
+    return _caches[key]
+
+
+def run_case(*, num_heads, num_kv_heads, head_size, block_size, dtype, max_context=MAX_CONTEXT, lens=None,
+             alibi=False, seed=0, num_seqs=NUM_SEQS, storage="NHD", split_tokens=None, num_blocks=NUM_BLOCKS):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    kc, vc = caches(num_kv_heads, head_size, block_size, dtype, storage, num_blocks)
+    if lens is None:
+        lens = torch.randint(1, max_context + 1, (num_seqs,), generator=gen, device="cuda")
+        lens[num_seqs // 2] = max_context
+    context_lens = torch.as_tensor(lens, device="cuda").to(torch.int32)
+    width = -(-max_context // block_size)
+    block_tables = torch.randint(0, num_blocks, (len(context_lens), width), generator=gen, device="cuda",
+                                 dtype=torch.int32)
+    query = torch.empty(len(context_lens), num_heads, head_size, dtype=dtype, device="cuda")
+    query.uniform_(-QUERY_RANGE, QUERY_RANGE, generator=gen)
+    slopes = torch.rand(num_heads, generator=gen, device="cuda") * 0.1 if alibi else None
+    scale = head_size ** -0.5
+    out = torch.full_like(query, float("nan"))
+    kernels.paged_attention(out, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
+                            max_context, slopes, impl="fast", split_tokens=split_tokens)
+    want = torch.empty(query.shape, dtype=torch.float32, device="cuda")
+    reference_fast.paged_attention(want, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
+                                   max_context, slopes)
+    return out, want
+
+
+def assert_matches(out, want, dtype):
+    got = out.float()
+    assert torch.isfinite(got).all(), "unwritten (NaN) or non-finite outputs"
+    rel = ((got - want).norm() / want.norm()).item()
+    assert rel < REL[dtype], f"relative error norm {rel:.2e} >= {REL[dtype]:.0e}"
+    torch.testing.assert_close(got, want, atol=ATOL[dtype], rtol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("head_size", kernels.SUPPORTED_HEAD_SIZES)
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(40, 40), (64, 8)])
+def test_fast_matches_reference(num_heads, num_kv_heads, head_size, block_size, dtype):
+    out, want = run_case(num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
+                         block_size=block_size, dtype=dtype, seed=head_size + block_size)
+    assert_matches(out, want, dtype)
+
+
+@pytest.mark.parametrize("storage", ["NHD", "HND"])
+@pytest.mark.parametrize("block_size", [8, 64, 128, 256])
+@pytest.mark.parametrize("head_size", [64, 128, 256])
+def test_fast_block_sizes_and_storage(head_size, block_size, storage):
+    out, want = run_case(num_heads=32, num_kv_heads=8, head_size=head_size, block_size=block_size,
+                         dtype=torch.float16, storage=storage, num_blocks=NUM_BLOCKS * 16 // block_size + 8,
+                         max_context=4000, seed=block_size)
+    assert_matches(out, want, torch.float16)
+
+
+@pytest.mark.parametrize("split_tokens", [16, 64, 496, 8192])
+def test_fast_forced_splits(split_tokens):
+    out, want = run_case(num_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype=torch.float16,
+                         split_tokens=split_tokens, max_context=5000, seed=split_tokens)
+    assert_matches(out, want, torch.float16)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(32, 1), (32, 32), (24, 2), (12, 4)])
+def test_fast_context_edges_and_group_sizes(num_heads, num_kv_heads):
+    """Contexts of 1 token, block / tile / split boundaries +- 1; groups of 32, 1, 12 and 3 heads."""
+    lens = [1, 15, 16, 17, 255, 256, 257, 1024, 1025]
+    for split in (None, 256):
+        out, want = run_case(num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=128, block_size=16,
+                             dtype=torch.float16, max_context=1025, lens=lens, split_tokens=split)
+        assert_matches(out, want, torch.float16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("block_size", [16, 256])
+def test_fast_128k_context(dtype, block_size):
+    out, want = run_case(num_heads=32, num_kv_heads=8, head_size=128, block_size=block_size, dtype=dtype,
+                         max_context=131072, lens=[131072, 100000], num_blocks=131072 * 2 // block_size + 16,
+                         seed=7)
+    assert_matches(out, want, dtype)
+
+
+@pytest.mark.parametrize("head_size", [80, 128])
+def test_fast_alibi(head_size):
+    out, want = run_case(num_heads=64, num_kv_heads=8, head_size=head_size, block_size=16, dtype=torch.float16,
+                         alibi=True)
+    assert_matches(out, want, torch.float16)
+
+
+def test_fast_strided_query_from_a_fused_qkv_tensor():
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    kc, vc = caches(8, 128, 16, torch.float16)
+    qkv = torch.empty(NUM_SEQS, 64 + 2 * 8, 128, dtype=torch.float16, device="cuda").uniform_(-4, 4, generator=gen)
+    query = qkv[:, :64]
+    lens = torch.randint(1, 3000, (NUM_SEQS,), generator=gen, device="cuda", dtype=torch.int32)
+    bt = torch.randint(0, NUM_BLOCKS, (NUM_SEQS, 3000 // 16 + 1), generator=gen, device="cuda", dtype=torch.int32)
+    out = kernels.paged_attention(None, query, kc, vc, 8, 128 ** -0.5, bt, lens, 16, 3000, impl="fast")
+    want = reference_fast.paged_attention(torch.empty(query.shape, device="cuda"), query, kc, vc, 8, 128 ** -0.5,
+                                          bt, lens, 16, 3000)
+    assert_matches(out, want, torch.float16)
+
+
+@pytest.mark.parametrize("split_tokens", [None, 64])
+def test_fast_unchecked_bad_block_id_poisons_only_its_sequence(split_tokens):
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    kc, vc = caches(8, 128, 16, torch.float16)
+    lens = torch.tensor([700, 700], dtype=torch.int32, device="cuda")
+    bt = torch.randint(0, NUM_BLOCKS, (2, 44), generator=gen, device="cuda", dtype=torch.int32)
+    bt[1, 40] = 1 << 30
+    q = torch.empty(2, 32, 128, dtype=torch.float16, device="cuda").uniform_(-1, 1, generator=gen)
+    out = kernels.paged_attention(None, q, kc, vc, 8, 0.1, bt, lens, 16, 700, impl="fast", validate=False,
+                                  split_tokens=split_tokens)
+    torch.cuda.synchronize()
+    assert torch.isnan(out[1]).all()
+    want = reference_fast.paged_attention(torch.empty(1, 32, 128, device="cuda"), q[:1], kc, vc, 8, 0.1, bt[:1],
+                                          lens[:1], 16, 700)
+    assert_matches(out[:1], want, torch.float16)
+
+
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_fast_fp8_cache(block_size):
+    """fp8 e4m3 caches with per-tensor scales: equal to the reference on the dequantised values
+    (float16 tolerance), and close to float16 attention on the unquantised ones."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    nb = 2048 * 16 // block_size
+    kc16, vc16 = caches(8, 128, block_size, torch.float16, num_blocks=nb)
+    ks, vs = kernels.fp8_scale(kc16), kernels.fp8_scale(vc16)
+    k8, v8 = kernels.allocate_fast_kv_cache(nb, block_size, 8, 128, reference_fast.FP8, "cuda")
+    slots = torch.arange(nb * block_size, device="cuda")
+    kernels.reshape_and_cache_fast(kc16.flatten(0, 1), vc16.flatten(0, 1), k8, v8, slots, k_scale=ks, v_scale=vs)
+    lens = torch.randint(1, 6000, (NUM_SEQS,), generator=gen, device="cuda", dtype=torch.int32)
+    bt = torch.randint(0, nb, (NUM_SEQS, -(-6000 // block_size)), generator=gen, device="cuda", dtype=torch.int32)
+    q = torch.empty(NUM_SEQS, 32, 128, dtype=torch.float16, device="cuda").uniform_(-4, 4, generator=gen)
+    scale = 128 ** -0.5
+    out = kernels.paged_attention(None, q, k8, v8, 8, scale, bt, lens, block_size, 6000, impl="fast",
+                                  k_scale=ks, v_scale=vs)
+    want8 = reference_fast.paged_attention(torch.empty(q.shape, device="cuda"), q, k8, v8, 8, scale, bt, lens,
+                                           block_size, 6000, k_scale=ks, v_scale=vs)
+    assert_matches(out, want8, torch.float16)
+    want16 = reference_fast.paged_attention(torch.empty(q.shape, device="cuda"), q, kc16, vc16, 8, scale, bt, lens,
+                                            block_size, 6000)
+    rel = ((out.float() - want16).norm() / want16.norm()).item()
+    assert rel < 0.05, f"fp8 vs float16 relative error norm {rel:.3f}"
+
+
+def test_reshape_and_cache_fast_on_cuda_matches_cpu():
+    gen = torch.Generator().manual_seed(12)
+    kc, vc = kernels.allocate_fast_kv_cache(20, 16, 4, 128, torch.float16, "cpu")
+    kc.zero_()
+    vc.zero_()
+    key = torch.empty(100, 4, 128, dtype=torch.float16).uniform_(-1, 1, generator=gen)
+    value = torch.empty_like(key).uniform_(-1, 1, generator=gen)
+    slots = torch.randperm(320, generator=gen)[:100]
+    slots[7] = -1
+    gk, gv = kc.cuda(), vc.cuda()
+    kernels.reshape_and_cache_fast(key.cuda(), value.cuda(), gk, gv, slots.cuda())
+    kernels.reshape_and_cache_fast(key, value, kc, vc, slots)
+    assert torch.equal(gk.cpu(), kc) and torch.equal(gv.cpu(), vc)
+
+
+def test_fast_agrees_with_the_vllm_kernel_on_the_same_tokens():
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    kc, vc = caches(8, 128, 16, torch.float16)
+    vk, vv = kernels.allocate_kv_cache(NUM_BLOCKS, 8, 128, 16, torch.float16, "cuda")
+    kernels.reshape_and_cache(kc.flatten(0, 1), vc.flatten(0, 1), vk, vv, torch.arange(NUM_BLOCKS * 16, device="cuda"))
+    lens = torch.randint(1, 8000, (NUM_SEQS,), generator=gen, device="cuda", dtype=torch.int32)
+    bt = torch.randint(0, NUM_BLOCKS, (NUM_SEQS, 500), generator=gen, device="cuda", dtype=torch.int32)
+    q = torch.empty(NUM_SEQS, 32, 128, dtype=torch.float16, device="cuda").uniform_(-4, 4, generator=gen)
+    a = kernels.paged_attention(None, q, kc, vc, 8, 0.09, bt, lens, 16, 8000, impl="fast")
+    b = kernels.paged_attention(None, q, vk, vv, 8, 0.09, bt, lens, 16, 8000)
+    torch.testing.assert_close(a.float(), b.float(), atol=2e-3, rtol=0)
