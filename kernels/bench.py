@@ -387,6 +387,38 @@ def plot(results, path):
     fig.savefig(path, dpi=110)
 
 
+# The simulator's GPU specs (blocksim/catalog.py) and its default bandwidth efficiency
+# (blocksim/cost.py CostParams.bw_efficiency), copied so that this module needs no blocksim import.
+CATALOG_HBM_GBS = {"H200": ("h200-141gb", 4800.0), "H100": ("h100-80gb", 3350.0)}
+COST_BW_EFFICIENCY = 0.8
+
+
+def write_profile(results, path) -> dict | None:
+    """A cost profile for ``blocksim replay --cost-profile``: ``scale_attn_decode`` = measured time
+    of the fast kernel / the cost model's predicted time (KV bytes / (hbm_bw * bw_efficiency)),
+    over all headline shapes together (total KV bytes / total time)."""
+    rows = results["headline"]
+    gpu = next((v for k, v in CATALOG_HBM_GBS.items() if k in results["device"]), None)
+    if not rows or gpu is None:
+        return None
+    total_bytes = sum(r["kv_bytes"] for r in rows)
+    total_ms = sum(r["fast"] for r in rows)
+    measured = total_bytes / (total_ms * 1e-3) / 1e9
+    predicted = gpu[1] * COST_BW_EFFICIENCY
+    profile = {"params": {"scale_attn_decode": round(predicted / measured, 4)},
+               "source": (f"python -m kernels.bench --profile (kernels/bench.py) on {results['device']}, torch "
+                          f"{results['torch']}: fast decode kernel (impl='fast', float16, head 128, block 16) over "
+                          f"the {len(rows)} headline shapes, {total_bytes / 1e9:.2f} GB of KV in {total_ms:.3f} ms = "
+                          f"{measured:.0f} GB/s effective; the cost model assumes {gpu[0]} hbm_bw {gpu[1]:.0f} GB/s x "
+                          f"bw_efficiency {COST_BW_EFFICIENCY} = {predicted:.0f} GB/s; scale = predicted / measured "
+                          f"bandwidth = measured / predicted time. Copy bandwidth in the same run: "
+                          f"{results['copy_gbs']:.0f} GB/s.")}
+    with open(path, "w") as f:
+        json.dump(profile, f, indent=1)
+        f.write("\n")
+    return profile
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--warmup", type=int, default=10)
@@ -397,6 +429,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-kv-gb", type=float, default=4.3, help="largest KV (GB) of a sweep point")
     ap.add_argument("--json", default=None, help="write every number to this JSON file")
     ap.add_argument("--plot", default=None, help="PNG of the sweep (needs matplotlib)")
+    ap.add_argument("--profile", default=None, help="write the cost profile JSON (needs the headline section)")
     ap.add_argument("--plot-from", default=None, help="plot a saved --json file and exit (no GPU needed)")
     args = ap.parse_args(argv)
     if args.plot_from:
@@ -422,6 +455,8 @@ def main(argv=None) -> int:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)
     print(f"\ndevice copy bandwidth after the run: {copy_bandwidth_gbs():.0f} GB/s")
+    if args.profile:
+        print(f"cost profile: {write_profile(results, args.profile)}")
     if args.plot and results["sweep"]:
         try:
             plot(results, args.plot)
