@@ -48,7 +48,7 @@ def errors(timings: pd.DataFrame, scales: dict[str, float] | None = None) -> dic
     for comp in COMPARED:
         p, m = _pairs(timings, comp)
         p = p * (scales or {}).get(comp, 1.0)
-        out[comp] = {"steps": int(len(p)), "mape_pct": mape(p, m), "pred_s": float(p.sum()),
+        out[comp] = {"steps": len(p), "mape_pct": mape(p, m), "pred_s": float(p.sum()),
                      "meas_s": float(m.sum()),
                      "median_ratio": float(np.median(p / m)) if len(p) else float("nan")}
     return out
@@ -88,6 +88,7 @@ def scatter_png(timings: pd.DataFrame, path: str | Path, *, title: str = "",
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         return None
     comps = [c for c in COMPARED if len(_pairs(timings, c)[0])]
@@ -103,6 +104,8 @@ def scatter_png(timings: pd.DataFrame, path: str | Path, *, title: str = "",
         ax.plot([lo, hi], [lo, hi], color="grey", lw=1)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("measured (ms)")
         ax.set_ylabel("predicted (ms)")
         ax.set_title(f"{comp} ({len(p)} steps)")

@@ -102,7 +102,7 @@ def choose_subset(meta: dict, backend: str, *, layers=None, kv_heads=None, heads
     if check_layers is None:
         checked = executed if ref else sorted({executed[0], executed[-1]})
     else:
-        checked = sorted(set(int(x) for x in check_layers))
+        checked = sorted({int(x) for x in check_layers})
         if any(x not in executed for x in checked):
             raise ValidationSetupError(f"--check-layers {checked}: executed layers are 0..{n - 1}")
     if (n, kvh, h, d) != (L, KVH, H, D):
@@ -185,7 +185,7 @@ def validate_run(run_dir, backend: str = "reference", *, out_dir=None, max_steps
         "device": torch.cuda.get_device_name() if backend == "cuda" else "cpu (PyTorch reference)",
         "torch": torch.__version__, "model": meta.get("model"), "policy": meta.get("policy"),
         "num_gpu_blocks": meta["num_gpu_blocks"], "num_cpu_blocks": meta["num_cpu_blocks"],
-        "block_size": meta["block_size"], "steps_in_plan": int(len(steps)),
+        "block_size": meta["block_size"], "steps_in_plan": len(steps),
         "steps_checked": (error.step if error else n_total) if len(steps) else 0,
         "subset": subset.describe(meta), "subset_notes": subset.notes, "timing_scale_to_model": 1 / fraction,
         "wall_s": wall, "error": error.to_dict() if error else None,
@@ -213,14 +213,14 @@ def report(run_dir, *, out_dir=None, calibrate_with=None) -> dict:
     vdir = out_dir / "validation"
     summary = json.loads((vdir / "summary.json").read_text())
     lines = ["## GPU validation", "",
-             f"- run `{summary['run_dir']}`: {summary['model']}, policy {summary['policy']}, "
-             f"{summary['num_gpu_blocks']} GPU / {summary['num_cpu_blocks']} CPU blocks of {summary['block_size']} tokens",
-             f"- backend {summary['backend']} on {summary['device']} (torch {summary['torch']}), "
-             f"{summary['wall_s']:.1f} s",
+             (f"- run `{summary['run_dir']}`: {summary['model']}, policy {summary['policy']}, "
+             f"{summary['num_gpu_blocks']} GPU / {summary['num_cpu_blocks']} CPU blocks of {summary['block_size']} tokens"),
+             (f"- backend {summary['backend']} on {summary['device']} (torch {summary['torch']}), "
+             f"{summary['wall_s']:.1f} s"),
              f"- executed: {summary['subset']}"]
     lines += [f"- note: {n}" for n in summary["subset_notes"]]
-    lines += [f"- plan: {summary['steps_in_plan']} steps, {summary['decode_seq_steps']} decode sequence-steps, "
-              f"{summary['swaps']} blocks swapped, {summary['copies']} copy-on-write copies"]
+    lines += [(f"- plan: {summary['steps_in_plan']} steps, {summary['decode_seq_steps']} decode sequence-steps, "
+              f"{summary['swaps']} blocks swapped, {summary['copies']} copy-on-write copies")]
     if summary["ok"]:
         lines.append(f"- **result: all {summary['steps_checked']} steps passed** (cache content exact, attention "
                      f"within tolerance)")
@@ -230,10 +230,10 @@ def report(run_dir, *, out_dir=None, calibrate_with=None) -> dict:
     if tpath.exists():
         t = pd.read_parquet(tpath)
         lines += ["", "### Timing fidelity", "",
-                  f"Measured times scaled to the whole model by x{summary['timing_scale_to_model']:.3g} "
+                  (f"Measured times scaled to the whole model by x{summary['timing_scale_to_model']:.3g} "
                   f"(KV bytes of the model / executed). Cache writes measured: "
                   f"{t['m_write_s'].sum():.4g} s over {int(t['new_tokens'].sum())} tokens (no cost-model "
-                  f"component of their own).", ""]
+                  f"component of their own)."), ""]
         before = cal.errors(t)
         summary["errors"] = before
         if calibrate_with is not None:
@@ -252,7 +252,7 @@ def report(run_dir, *, out_dir=None, calibrate_with=None) -> dict:
                       + ", ".join(f"{c} {e['mape_pct']:.1f}%" for c, e in cal.errors(fit_t, scales).items()
                                   if e["steps"]) + "), evaluated on this run:", "",
                       cal.errors_table(before, after), "",
-                      f"Scales: " + ", ".join(f"`{cal.COMPARED[c]}` = {s:.4g}" for c, s in scales.items())
+                      "Scales: " + ", ".join(f"`{cal.COMPARED[c]}` = {s:.4g}" for c, s in scales.items())
                       + f"; profile `{prof.name}` (`blocksim replay ... --cost-profile {prof}`)."]
         else:
             scales = None

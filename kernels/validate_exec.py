@@ -17,7 +17,10 @@ Checks, outside the timed regions:
   regenerated K/V of the sequence.
 
 Timing: CUDA events around each layer's cache writes and attention and around the swaps and the
-copies (``time.perf_counter`` on the CPU reference, which is not a GPU timing).
+copies (``time.perf_counter`` on the CPU reference, which is not a GPU timing). An event pair
+brackets the call of the operation, so when the GPU has caught up with the CPU the time includes
+the Python launch path (argument checks, temporaries) as well as the kernel: what a Python
+serving loop calling these operations pays, not the kernel alone (see VALIDATION.md).
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .validate_kv import WHICH_K, WHICH_Q, WHICH_V, ValueGenerator, content_seeds, query_seeds
+from .validate_kv import (
+    WHICH_K,
+    WHICH_Q,
+    WHICH_V,
+    ValueGenerator,
+    content_seeds,
+    query_seeds,
+)
 
 COMPONENTS = ("swap", "copy", "write", "attn_decode")
 TOLERANCE = {"float32": (1e-4, 1e-4), "float16": (2e-3, 1e-2), "bfloat16": (1.5e-2, 2e-2)}  # (atol, rtol)

@@ -11,14 +11,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-from blocksim.block_manager import BlockSpaceManager  # noqa: E402
-from blocksim.engine import Engine  # noqa: E402
-from blocksim.plan import read_plan  # noqa: E402
-from blocksim.runner import build_config  # noqa: E402
-from blocksim.sequence import SeqStatus  # noqa: E402
-from kernels import calibrate  # noqa: E402
-from kernels.validate import ValidationSetupError, choose_subset, report, validate_run  # noqa: E402
-
+from blocksim.block_manager import BlockSpaceManager
+from blocksim.engine import Engine
+from blocksim.plan import read_plan
+from blocksim.runner import build_config
+from blocksim.sequence import SeqStatus
+from kernels import calibrate
+from kernels.validate import ValidationSetupError, choose_subset, report, validate_run
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +30,7 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-TINY = dict(layers=1, kv_heads=1, heads=2, head_size=32)
+TINY = {"layers": 1, "kv_heads": 1, "heads": 2, "head_size": 32}
 
 # Parallel sampling (n > 1: shared prompts, copy-on-write) on 14 GPU blocks: groups are swapped.
 SWAP_TRACE = pd.DataFrame({"arrival_s": [0, 0, 0.01, 0.02, 0.03, 0.05],
@@ -40,8 +39,8 @@ SWAP_TRACE = pd.DataFrame({"arrival_s": [0, 0, 0.01, 0.02, 0.03, 0.05],
 # Single sequences on 10 GPU blocks: preempted by recompute.
 RECOMPUTE_TRACE = pd.DataFrame({"arrival_s": [0, 0, 0.01, 0.02, 0.03], "prompt_tokens": [20, 35, 18, 40, 27],
                                 "output_tokens": [40, 30, 40, 16, 28], "n": 1})
-SWAP_OPTS = dict(num_gpu_blocks=14, preemption="swap")
-RECOMPUTE_OPTS = dict(num_gpu_blocks=10)
+SWAP_OPTS = {"num_gpu_blocks": 14, "preemption": "swap"}
+RECOMPUTE_OPTS = {"num_gpu_blocks": 10}
 
 
 class Recording(BlockSpaceManager):
