@@ -135,6 +135,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     path = traces.bundled("azure-conv")
     print(f"blocksim demo: replaying {path.name} (Azure LLM inference 2023, conversation; CC BY 4.0)")
     trace = traces.read_trace(path)
+    args.clip_to_model = not args.no_clip
     return _run_and_report(trace, args, Path(args.out), progress=not args.quiet)
 
 
@@ -195,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="blocksim-demo", metavar="DIR", help="default ./blocksim-demo")
     d.add_argument("--policy", default=None, help="preset (default vllm)")
     d.add_argument("--no-report", action="store_true")
+    d.add_argument("--no-clip", action="store_true",
+                   help="reject requests longer than the model instead of clipping them")
     d.add_argument("--quiet", action="store_true")
     add_config_options(d)
     d.set_defaults(func=cmd_demo)
