@@ -37,7 +37,8 @@ FP8 = reference_fast.FP8
 STORAGES = ("NHD", "HND")
 TILE = 16                 # context tokens per tensor-core step
 HEADS_PER_CTA = 8         # query heads one thread block serves
-MIN_SPLIT_TOKENS = 256    # shortest split worth a thread block (4 warps x 4 tiles)
+MIN_SPLIT_TOKENS = 1024   # shortest split worth a thread block (measured: kernels/NOTES.md)
+PREFETCH = True           # two tiles in flight per warp (head sizes <= 128)
 
 
 def fast_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
@@ -78,12 +79,12 @@ def _num_sms(index: int) -> int:
 def choose_split_tokens(num_seqs: int, num_heads: int, num_kv_heads: int, max_context_len: int,
                         num_sms: int = 132) -> int:
     """Context tokens per thread block. One split (the whole context) when the batch already
-    gives at least 8 thread blocks per SM; otherwise enough splits for about 16 thread blocks per
-    SM, each at least ``MIN_SPLIT_TOKENS`` long, rounded up to 64 tokens (a tile per warp)."""
+    gives at least 4 thread blocks per SM; otherwise enough splits for about 16 thread blocks per
+    SM, but none shorter than ``MIN_SPLIT_TOKENS``, rounded up to 64 tokens (a tile per warp)."""
     groups = -(-(num_heads // num_kv_heads) // HEADS_PER_CTA)
     ctas = max(1, num_seqs * num_kv_heads * groups)
     whole = max(TILE, -(-max_context_len // TILE) * TILE)
-    if ctas >= 8 * num_sms:
+    if ctas >= 4 * num_sms:
         return whole
     splits = -(-16 * num_sms // ctas)
     split = -(-max_context_len // splits)
@@ -195,7 +196,7 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
                     block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
                     max_context_len: int | None, alibi_slopes: torch.Tensor | None = None, *,
                     k_scale: float = 1.0, v_scale: float = 1.0, split_tokens: int | None = None,
-                    validate: bool = True) -> torch.Tensor:
+                    prefetch: bool = PREFETCH, validate: bool = True) -> torch.Tensor:
     """Decode attention of one query token per sequence over caches in the fast layout.
 
     Arguments as ``kernels.paged_attention`` (``ops.py``), except that the caches are
@@ -205,6 +206,7 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
         k_scale, v_scale: float8_e4m3fn caches hold ``key / k_scale`` and ``value / v_scale``.
         split_tokens: context tokens per thread block (a multiple of 16), or None for
             ``choose_split_tokens``. Ignored on CPU.
+        prefetch: keep two tiles in flight per warp (head sizes <= 128; larger heads keep one).
 
     Returns:
         ``out``.
@@ -245,7 +247,7 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
 
     extension().fast_decode(out, part_out, part_max, part_sum, query, key_cache, value_cache, int(num_kv_heads),
                             float(scale) * float(k_scale), float(v_scale), block_tables, context_lens, split_tokens,
-                            max_splits, alibi_slopes, torch.cuda.current_stream(query.device).cuda_stream)
+                            max_splits, bool(prefetch), alibi_slopes, torch.cuda.current_stream(query.device).cuda_stream)
     return out
 
 

@@ -107,7 +107,7 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int w) {
   return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
 }
 
-template <typename T, typename KV, int HEAD>
+template <typename T, typename KV, int HEAD, bool PREFETCH>
 __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const FastDecodeParams p) {
   using L = Load8<T, KV>;
   using Raw = typename L::Raw;
@@ -177,81 +177,79 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const Fast
 
   const int n_tiles = (end - start + kFastTile - 1) / kFastTile;
   // Block ids of the two halves (tokens 0-7 and 8-15) of a tile; equal when blocks hold >= 16.
-  auto block_ids = [&](int tok0, int& lo, int& hi) {
+  auto block_ids = [&](int tile, int& lo, int& hi) {
+    const int tok0 = start + tile * kFastTile;
     lo = table[tok0 >> p.block_size_log2];
     hi = tok0 + 8 < end ? table[(tok0 + 8) >> p.block_size_log2] : lo;
   };
-  int next_lo = 0, next_hi = 0;
-  if (warp < n_tiles) block_ids(start + warp * kFastTile, next_lo, next_hi);
-
-  for (int it = warp; it < n_tiles; it += kFastWarps) {
-    const int tok0 = start + it * kFastTile;
-    const int b_lo = next_lo, b_hi = next_hi;
-    const bool ok_lo = static_cast<unsigned>(b_lo) < static_cast<unsigned>(p.num_blocks);
-    const bool ok_hi = static_cast<unsigned>(b_hi) < static_cast<unsigned>(p.num_blocks);
-    const int64_t base_lo = static_cast<int64_t>(ok_lo ? b_lo : 0);
-    const int64_t base_hi = static_cast<int64_t>(ok_hi ? b_hi : 0);
-
-    // Keys: tokens g (first half) and g + 8 (second half), chunks t, t + 4, ...
-    Raw kr[2][KJ];
+  struct Tile {
+    int b_lo, b_hi;     // block ids of the two halves (possibly invalid)
+    Raw k[2][KJ];       // keys of tokens g, g + 8: chunks t, t + 4, ...
+    Raw v[4][2 * NCP];  // values of tokens 2t, 2t + 1, 2t + 8, 2t + 9: chunks g + 8 r
+  };
+  auto ok = [&](int b) { return static_cast<unsigned>(b) < static_cast<unsigned>(p.num_blocks); };
+  auto load_keys = [&](int tile, Tile& x) {
+    const int tok0 = start + tile * kFastTile;
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
       const int tok = tok0 + 8 * n + g;
-      const bool live = tok < end && (n ? ok_hi : ok_lo);
-      const KV* row = k_cache + (n ? base_hi : base_lo) * p.k_block_stride + (tok & bs_mask) * p.k_token_stride;
+      const int b = n ? x.b_hi : x.b_lo;
+      const bool live = tok < end && ok(b);
+      const KV* row = k_cache + static_cast<int64_t>(live ? b : 0) * p.k_block_stride + (tok & bs_mask) * p.k_token_stride;
 #pragma unroll
       for (int j = 0; j < KJ; ++j) {
         const int c = t + 4 * j;
-        kr[n][j] = Raw{};
-        if (live && c < NCHUNK) kr[n][j] = L::load(row + c * 8);
+        x.k[n][j] = Raw{};
+        if (live && c < NCHUNK) x.k[n][j] = L::load(row + c * 8);
       }
     }
-    // Values: tokens 2t, 2t + 1, 2t + 8, 2t + 9; chunks g + 8 r + 16 cp. Issued with the keys for
-    // head sizes up to 128; after S = Q K^T for larger heads (register pressure).
-    Raw vr[4][2 * NCP];
-    auto load_values = [&]() {
-  #pragma unroll
-      for (int vt = 0; vt < 4; ++vt) {
-        const int tok = tok0 + 2 * t + (vt & 1) + 8 * (vt >> 1);
-        const bool live = tok < end && ((vt >> 1) ? ok_hi : ok_lo);
-        const KV* row = v_cache + ((vt >> 1) ? base_hi : base_lo) * p.v_block_stride + (tok & bs_mask) * p.v_token_stride;
-  #pragma unroll
-        for (int r = 0; r < 2 * NCP; ++r) {
-          const int c = g + 8 * r;
-          vr[vt][r] = Raw{};
-          if (live && c < NCHUNK) vr[vt][r] = L::load(row + c * 8);
-        }
+  };
+  auto load_values = [&](int tile, Tile& x) {
+    const int tok0 = start + tile * kFastTile;
+#pragma unroll
+    for (int vt = 0; vt < 4; ++vt) {
+      const int tok = tok0 + 2 * t + (vt & 1) + 8 * (vt >> 1);
+      const int b = (vt >> 1) ? x.b_hi : x.b_lo;
+      const bool live = tok < end && ok(b);
+      const KV* row = v_cache + static_cast<int64_t>(live ? b : 0) * p.v_block_stride + (tok & bs_mask) * p.v_token_stride;
+#pragma unroll
+      for (int r = 0; r < 2 * NCP; ++r) {
+        const int c = g + 8 * r;
+        x.v[vt][r] = Raw{};
+        if (live && c < NCHUNK) x.v[vt][r] = L::load(row + c * 8);
       }
-    };
-    if constexpr (HEAD <= 128) load_values();
-    // The next tile's block ids, while this tile's loads are in flight.
-    if (it + kFastWarps < n_tiles) block_ids(tok0 + kFastWarps * kFastTile, next_lo, next_hi);
+    }
+  };
 
-    // ---- S = Q K^T: s[n][0..1] = logits of head g, tokens 8 n + 2t, 8 n + 2t + 1 ----
+  // One tile: S = Q K^T, online softmax, O^T += V^T P^T. Heads > 128 load the values only after
+  // S (register pressure), unless they were prefetched.
+  auto compute = [&](int tile, Tile& x, bool values_loaded) {
+    const int tok0 = start + tile * kFastTile;
+    // s[n][0..1] = logits of head g, tokens 8 n + 2t, 8 n + 2t + 1
     float s[2][4];
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
       s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
       for (int j = 0; j < KJ; ++j) {
-        const uint4 k = L::widen(kr[n][j]);
+        const uint4 k = L::widen(x.k[n][j]);
         Mma<T>::run(s[n], qa[2 * j][0], 0u, qa[2 * j][1], 0u, k.x, k.y);
         Mma<T>::run(s[n], qa[2 * j + 1][0], 0u, qa[2 * j + 1][1], 0u, k.z, k.w);
       }
     }
-
-    if constexpr (HEAD > 128) load_values();
+    if (!values_loaded) load_values(tile, x);
 
     // ---- online softmax (log2 domain) ----
-    float x[4];
+    const bool ok_lo = ok(x.b_lo), ok_hi = ok(x.b_hi);
+    float xs[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int n = i >> 1;
       const int tok = tok0 + 8 * n + 2 * t + (i & 1);
       const float v = s[n][i & 1] * scale2 + slope2 * static_cast<float>(tok - ctx + 1);
-      x[i] = tok < end ? ((n ? ok_hi : ok_lo) ? v : __int_as_float(0x7fc00000)) : -INFINITY;
+      xs[i] = tok < end ? ((n ? ok_hi : ok_lo) ? v : __int_as_float(0x7fc00000)) : -INFINITY;
     }
-    float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+    float mx = fmaxf(fmaxf(xs[0], xs[1]), fmaxf(xs[2], xs[3]));
     mx = fmaxf(mx, __shfl_xor_sync(kMask, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(kMask, mx, 2));
     const float m_new = fmaxf(m_run, mx);
@@ -259,7 +257,7 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const Fast
     m_run = m_new;
     float pr[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) pr[i] = exp2f(x[i] - m_new);
+    for (int i = 0; i < 4; ++i) pr[i] = exp2f(xs[i] - m_new);
     l_run = l_run * alpha + ((pr[0] + pr[1]) + (pr[2] + pr[3]));
     const uint32_t b0 = Mma<T>::pack(pr[0], pr[1]);
     const uint32_t b1 = Mma<T>::pack(pr[2], pr[3]);
@@ -273,8 +271,8 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const Fast
       uint4 v[4][2];
 #pragma unroll
       for (int vt = 0; vt < 4; ++vt) {
-        v[vt][0] = L::widen(vr[vt][2 * cp]);
-        v[vt][1] = L::widen(vr[vt][2 * cp + 1]);
+        v[vt][0] = L::widen(x.v[vt][2 * cp]);
+        v[vt][1] = L::widen(x.v[vt][2 * cp + 1]);
       }
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
@@ -290,6 +288,44 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const Fast
                     __byte_perm(word(v[2][0], w), word(v[3][0], w), sel),
                     __byte_perm(word(v[2][1], w), word(v[3][1], w), sel), b0, b1);
       }
+    }
+  };
+
+  if constexpr (PREFETCH) {
+    // Two tiles in flight per warp: the next tile's loads are issued before this one's products.
+    Tile cur;
+    int id_lo = 0, id_hi = 0;  // block ids of the tile after the one being loaded
+    if (warp < n_tiles) {
+      block_ids(warp, cur.b_lo, cur.b_hi);
+      load_keys(warp, cur);
+      load_values(warp, cur);
+      if (warp + kFastWarps < n_tiles) block_ids(warp + kFastWarps, id_lo, id_hi);
+    }
+    for (int it = warp; it < n_tiles; it += kFastWarps) {
+      Tile nxt;
+      nxt.b_lo = id_lo;
+      nxt.b_hi = id_hi;
+      const bool more = it + kFastWarps < n_tiles;
+      if (more) {
+        load_keys(it + kFastWarps, nxt);
+        load_values(it + kFastWarps, nxt);
+        if (it + 2 * kFastWarps < n_tiles) block_ids(it + 2 * kFastWarps, id_lo, id_hi);
+      }
+      compute(it, cur, true);
+      if (more) cur = nxt;
+    }
+  } else {
+    int id_lo = 0, id_hi = 0;
+    if (warp < n_tiles) block_ids(warp, id_lo, id_hi);
+    for (int it = warp; it < n_tiles; it += kFastWarps) {
+      Tile cur;
+      cur.b_lo = id_lo;
+      cur.b_hi = id_hi;
+      load_keys(it, cur);
+      if constexpr (HEAD <= 128) load_values(it, cur);
+      // The next tile's block ids, while this tile's loads are in flight.
+      if (it + kFastWarps < n_tiles) block_ids(it + kFastWarps, id_lo, id_hi);
+      compute(it, cur, HEAD <= 128);
     }
   }
 
@@ -378,7 +414,15 @@ cudaError_t launch_head(const FastDecodeParams& p, cudaStream_t stream) {
   const int group = p.num_heads / p.num_kv_heads;
   const int head_groups = (group + kFastHeadsPerCta - 1) / kFastHeadsPerCta;
   const dim3 grid(p.max_splits, p.num_kv_heads * head_groups, p.num_seqs);
-  fast_decode_kernel<T, KV, HEAD><<<grid, kFastWarps * 32, 0, stream>>>(p);
+  if constexpr (HEAD <= 128) {
+    if (p.prefetch) {
+      fast_decode_kernel<T, KV, HEAD, true><<<grid, kFastWarps * 32, 0, stream>>>(p);
+    } else {
+      fast_decode_kernel<T, KV, HEAD, false><<<grid, kFastWarps * 32, 0, stream>>>(p);
+    }
+  } else {
+    fast_decode_kernel<T, KV, HEAD, false><<<grid, kFastWarps * 32, 0, stream>>>(p);
+  }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || p.max_splits == 1) return err;
   const int threads = HEAD < 128 ? HEAD : 128;

@@ -25,7 +25,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
 import kernels  # noqa: E402
-from kernels import reference_fast  # noqa: E402
+from kernels import fast, reference_fast  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -56,7 +56,8 @@ def caches(num_kv_heads, head_size, block_size, dtype, storage="NHD", num_blocks
 
 
 def run_case(*, num_heads, num_kv_heads, head_size, block_size, dtype, max_context=MAX_CONTEXT, lens=None,
-             alibi=False, seed=0, num_seqs=NUM_SEQS, storage="NHD", split_tokens=None, num_blocks=NUM_BLOCKS):
+             alibi=False, seed=0, num_seqs=NUM_SEQS, storage="NHD", split_tokens=None, num_blocks=NUM_BLOCKS,
+             prefetch=True):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     kc, vc = caches(num_kv_heads, head_size, block_size, dtype, storage, num_blocks)
     if lens is None:
@@ -71,8 +72,12 @@ def run_case(*, num_heads, num_kv_heads, head_size, block_size, dtype, max_conte
     slopes = torch.rand(num_heads, generator=gen, device="cuda") * 0.1 if alibi else None
     scale = head_size ** -0.5
     out = torch.full_like(query, float("nan"))
-    kernels.paged_attention(out, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
-                            max_context, slopes, impl="fast", split_tokens=split_tokens)
+    if prefetch:
+        kernels.paged_attention(out, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
+                                max_context, slopes, impl="fast", split_tokens=split_tokens)
+    else:
+        fast.paged_attention(out, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
+                             max_context, slopes, split_tokens=split_tokens, prefetch=False)
     want = torch.empty(query.shape, dtype=torch.float32, device="cuda")
     reference_fast.paged_attention(want, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
                                    max_context, slopes)
@@ -112,6 +117,16 @@ def test_fast_forced_splits(split_tokens):
     out, want = run_case(num_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype=torch.float16,
                          split_tokens=split_tokens, max_context=5000, seed=split_tokens)
     assert_matches(out, want, torch.float16)
+
+
+@pytest.mark.parametrize("split_tokens", [64, 1024, None])
+@pytest.mark.parametrize("head_size", [64, 120, 128])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fast_one_tile_in_flight(dtype, head_size, split_tokens):
+    """prefetch=False: the loop that keeps one tile in flight per warp (the path of heads > 128)."""
+    out, want = run_case(num_heads=32, num_kv_heads=8, head_size=head_size, block_size=16, dtype=dtype,
+                         split_tokens=split_tokens, max_context=5000, seed=head_size, prefetch=False)
+    assert_matches(out, want, dtype)
 
 
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(32, 1), (32, 32), (24, 2), (12, 4)])
