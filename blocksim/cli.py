@@ -50,7 +50,8 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-gpu-blocks", type=int, default=None, help="fix the GPU block count")
     s = p.add_argument_group("scheduler")
     s.add_argument("--max-num-seqs", type=int, default=None, help="default 256")
-    s.add_argument("--max-num-batched-tokens", type=int, default=None, help="default max(max_model_len, 2048)")
+    s.add_argument("--max-num-batched-tokens", type=int, default=None, help="per-step token budget, decodes included; default max(max_model_len, 2048) + max_num_seqs "
+                        "(512 with chunked prefill)")
     s.add_argument("--preemption", choices=PREEMPTION_MODES, default=None, help="default auto (vLLM's rule)")
     s.add_argument("--cost-profile", default=None, metavar="JSON", help="calibrated cost-model parameters")
     k = p.add_argument_group("policy knobs (override the --policy preset; names or 'package.module:Class')")

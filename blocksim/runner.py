@@ -30,7 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "watermark": 0.01,
     "num_gpu_blocks": None,
     "max_num_seqs": 256,
-    "max_num_batched_tokens": None,  # None: max(max_model_len, 2048), vLLM's default
+    "max_num_batched_tokens": None,  # None: max(max_model_len, 2048) + max_num_seqs (512 with chunked prefill)
     "preemption": "auto",
     "cost_profile": None,
     # policy knobs (see blocksim.config.PolicyConfig); None keeps the preset's value
@@ -57,8 +57,10 @@ def build_config(policy: str = "vllm", **options: Any) -> SimConfig:
     catalog = Catalog(list(o["catalog"]))
     model = catalog.model(o["model"])
     policy_cfg = policy_config(policy, **{k: o[k] for k in POLICY_KEYS})
+    # Default step budget: a prompt of the model's full length must fit beside a full decode batch,
+    # since prefills and decodes share a step here (vLLM 0.1's relation: 2560 >= 2048 + 256 + ...).
     max_tokens = o["max_num_batched_tokens"] or (
-        CHUNKED_BUDGET_TOKENS if policy_cfg.chunked_prefill else max(model.max_model_len, 2048))
+        CHUNKED_BUDGET_TOKENS if policy_cfg.chunked_prefill else max(model.max_model_len, 2048) + o["max_num_seqs"])
     return SimConfig(
         model=model,
         gpu=catalog.gpu(o["gpu"]),
