@@ -37,8 +37,9 @@ FP8 = reference_fast.FP8
 STORAGES = ("NHD", "HND")
 TILE = 16                 # context tokens per tensor-core step
 HEADS_PER_CTA = 8         # query heads one thread block serves
-MIN_SPLIT_TOKENS = 1024   # shortest split worth a thread block (measured: kernels/NOTES.md)
-PREFETCH = True           # two tiles in flight per warp (head sizes <= 128)
+MIN_SPLIT_TOKENS = 1024   # shortest split worth a thread block when there is plenty of work ...
+MIN_SPLIT_TOKENS_SMALL = 256  # ... and when there is little (under 64 tiles per SM): see NOTES.md
+PREFETCH = False          # a second tile in flight per warp: no faster on the H200 (NOTES.md)
 
 
 def fast_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
@@ -79,16 +80,18 @@ def _num_sms(index: int) -> int:
 def choose_split_tokens(num_seqs: int, num_heads: int, num_kv_heads: int, max_context_len: int,
                         num_sms: int = 132) -> int:
     """Context tokens per thread block. One split (the whole context) when the batch already
-    gives at least 4 thread blocks per SM; otherwise enough splits for about 16 thread blocks per
-    SM, but none shorter than ``MIN_SPLIT_TOKENS``, rounded up to 64 tokens (a tile per warp)."""
+    gives at least 4 thread blocks per SM; otherwise about 4 thread blocks per SM, each split at
+    least ``MIN_SPLIT_TOKENS`` long (``MIN_SPLIT_TOKENS_SMALL`` when the whole problem is under
+    64 16-token tiles per SM, where latency rules), rounded up to 64 tokens (a tile per warp)."""
     groups = -(-(num_heads // num_kv_heads) // HEADS_PER_CTA)
     ctas = max(1, num_seqs * num_kv_heads * groups)
     whole = max(TILE, -(-max_context_len // TILE) * TILE)
     if ctas >= 4 * num_sms:
         return whole
-    splits = -(-16 * num_sms // ctas)
-    split = -(-max_context_len // splits)
-    split = max(MIN_SPLIT_TOKENS, -(-split // 64) * 64)
+    splits = -(-4 * num_sms // ctas)
+    tiles_per_sm = ctas * (whole // TILE) / num_sms
+    shortest = MIN_SPLIT_TOKENS if tiles_per_sm >= 64 else MIN_SPLIT_TOKENS_SMALL
+    split = max(shortest, -(-(-(-max_context_len // splits)) // 64) * 64)
     return min(split, whole)
 
 

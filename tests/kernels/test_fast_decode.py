@@ -57,7 +57,7 @@ def caches(num_kv_heads, head_size, block_size, dtype, storage="NHD", num_blocks
 
 def run_case(*, num_heads, num_kv_heads, head_size, block_size, dtype, max_context=MAX_CONTEXT, lens=None,
              alibi=False, seed=0, num_seqs=NUM_SEQS, storage="NHD", split_tokens=None, num_blocks=NUM_BLOCKS,
-             prefetch=True):
+             prefetch=None):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     kc, vc = caches(num_kv_heads, head_size, block_size, dtype, storage, num_blocks)
     if lens is None:
@@ -72,12 +72,12 @@ def run_case(*, num_heads, num_kv_heads, head_size, block_size, dtype, max_conte
     slopes = torch.rand(num_heads, generator=gen, device="cuda") * 0.1 if alibi else None
     scale = head_size ** -0.5
     out = torch.full_like(query, float("nan"))
-    if prefetch:
+    if prefetch is None:
         kernels.paged_attention(out, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
                                 max_context, slopes, impl="fast", split_tokens=split_tokens)
     else:
         fast.paged_attention(out, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
-                             max_context, slopes, split_tokens=split_tokens, prefetch=False)
+                             max_context, slopes, split_tokens=split_tokens, prefetch=prefetch)
     want = torch.empty(query.shape, dtype=torch.float32, device="cuda")
     reference_fast.paged_attention(want, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
                                    max_context, slopes)
@@ -122,10 +122,10 @@ def test_fast_forced_splits(split_tokens):
 @pytest.mark.parametrize("split_tokens", [64, 1024, None])
 @pytest.mark.parametrize("head_size", [64, 120, 128])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_fast_one_tile_in_flight(dtype, head_size, split_tokens):
-    """prefetch=False: the loop that keeps one tile in flight per warp (the path of heads > 128)."""
+def test_fast_two_tiles_in_flight(dtype, head_size, split_tokens):
+    """prefetch=True: the loop that keeps a second tile in flight per warp (heads <= 128)."""
     out, want = run_case(num_heads=32, num_kv_heads=8, head_size=head_size, block_size=16, dtype=dtype,
-                         split_tokens=split_tokens, max_context=5000, seed=head_size, prefetch=False)
+                         split_tokens=split_tokens, max_context=5000, seed=head_size, prefetch=True)
     assert_matches(out, want, dtype)
 
 
