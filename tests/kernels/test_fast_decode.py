@@ -193,7 +193,7 @@ def test_fast_fp8_cache(block_size):
     nb = 2048 * 16 // block_size
     kc16, vc16 = caches(8, 128, block_size, torch.float16, num_blocks=nb)
     ks, vs = kernels.fp8_scale(kc16), kernels.fp8_scale(vc16)
-    k8, v8 = kernels.allocate_fast_kv_cache(nb, block_size, 8, 128, reference_fast.FP8, "cuda")
+    k8, v8 = kernels.allocate_fast_kv_cache(nb, block_size, 8, 128, reference_fast.FP8, "cuda", storage="NHD")
     slots = torch.arange(nb * block_size, device="cuda")
     kernels.reshape_and_cache_fast(kc16.flatten(0, 1), vc16.flatten(0, 1), k8, v8, slots, k_scale=ks, v_scale=vs)
     lens = torch.randint(1, 6000, (NUM_SEQS,), generator=gen, device="cuda", dtype=torch.int32)
@@ -213,7 +213,7 @@ def test_fast_fp8_cache(block_size):
 
 def test_reshape_and_cache_fast_on_cuda_matches_cpu():
     gen = torch.Generator().manual_seed(12)
-    kc, vc = kernels.allocate_fast_kv_cache(20, 16, 4, 128, torch.float16, "cpu")
+    kc, vc = kernels.allocate_fast_kv_cache(20, 16, 4, 128, torch.float16, "cpu", storage="NHD")
     kc.zero_()
     vc.zero_()
     key = torch.empty(100, 4, 128, dtype=torch.float16).uniform_(-1, 1, generator=gen)
