@@ -53,7 +53,8 @@ class BlockSpaceManager:
     def allocate(self, group: SequenceGroup, filled: int | None = None) -> None:
         """Allocate the prompt (or recompute) blocks once, shared by every waiting sequence.
 
-        `filled`: prompt tokens whose K/V this step writes (a first chunk); default all of them.
+        `filled`: prompt tokens whose K/V is counted now; default all of them. Chunked prefill
+        passes 0 and reports each chunk with `add_filled`.
         """
         seqs = group.seqs_with(SeqStatus.WAITING)
         num_tokens = seqs[0].num_tokens
@@ -65,9 +66,9 @@ class BlockSpaceManager:
             s.block_table = table.copy()
         self.gpu_filled_slots += num_tokens if filled is None else filled
 
-    def add_filled(self, num_seqs: int, tokens: int) -> None:
-        """A prompt chunk wrote `tokens` more K/V into blocks its sequences share."""
-        self.gpu_filled_slots += tokens
+    def add_filled(self, group: SequenceGroup, start: int, stop: int) -> None:
+        """A prompt chunk writes positions [start, stop) into blocks the group's sequences share."""
+        self.gpu_filled_slots += stop - start
 
     # --- decode ------------------------------------------------------------------------------
     def can_append_slots(self, group: SequenceGroup) -> bool:

@@ -136,6 +136,8 @@ class PrefixCachingBlockManager(BlockSpaceManager):
         return keys
 
     def allocate(self, group: SequenceGroup, filled: int | None = None) -> None:
+        """Reuse cached leading blocks, allocate the rest; `filled=0` counts only the cached content
+        (chunked prefill then reports each chunk through `add_filled`)."""
         seqs = group.seqs_with(SeqStatus.WAITING)
         n, num_tokens, bs, gpu = len(seqs), seqs[0].num_tokens, self.block_size, self.gpu
         keys = self.block_keys(group)
@@ -164,14 +166,20 @@ class PrefixCachingBlockManager(BlockSpaceManager):
                         key = None
                     else:
                         gpu.register(block, key, j)
-                written += fill
+                if filled is None:
+                    written += fill
             table.append(block)
         for s in seqs:
             s.block_table = table.copy()
         cached = min(hits * bs, ((num_tokens - 1) // bs) * bs)
         group.num_cached_tokens = cached
+        group.hit_tokens = hits * bs
         group.prefix_hit_tokens += cached
         self.gpu_filled_slots += written
+
+    def add_filled(self, group: SequenceGroup, start: int, stop: int) -> None:
+        """Positions inside cache-hit blocks already hold their K/V; only later ones add slots."""
+        self.gpu_filled_slots += max(0, stop - max(start, group.hit_tokens))
 
     def stats(self) -> dict[str, int]:
         return {"prefix_cache_hits": self.hits, "prefix_cache_queries": self.queries,

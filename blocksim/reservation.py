@@ -78,9 +78,9 @@ class ContiguousManager:
         self.gpu_filled_slots += 1
         return None
 
-    def add_filled(self, num_seqs: int, tokens: int) -> None:
-        """A prompt chunk wrote `tokens` more K/V for each of `num_seqs` sequences (no sharing here)."""
-        self.gpu_filled_slots += num_seqs * tokens
+    def add_filled(self, group: SequenceGroup, start: int, stop: int) -> None:
+        """A prompt chunk writes positions [start, stop) for each running sequence (no sharing here)."""
+        self.gpu_filled_slots += len(group.seqs_with(SeqStatus.RUNNING)) * (stop - start)
 
     # --- swapping: never needed ----------------------------------------------------------------
     def can_swap_out(self, group: SequenceGroup) -> bool:

@@ -250,7 +250,7 @@ class Scheduler:
             start = group.prefill_pos
             stop = min(group.seqs[0].num_tokens, start + budget)
             self._prefill(group, start, stop, out)
-            bm.add_filled(len(group.seqs_with(SeqStatus.RUNNING)), stop - start)
+            bm.add_filled(group, start, stop)
             budget -= stop - start
 
         # (b) swap in, in queue order, only if nothing was preempted
@@ -298,9 +298,8 @@ class Scheduler:
                         or num_seqs + len(seqs) > self.config.max_num_seqs):
                     break
                 self.waiting.popleft()
-                stop = min(num_tokens, budget)
-                if stop < num_tokens:
-                    bm.allocate(group, filled=stop)  # a first chunk: only it is written this step
+                if self.chunked:  # blocks now, K/V chunk by chunk (the first one below)
+                    bm.allocate(group, filled=0)
                 else:
                     bm.allocate(group)
                 for s in seqs:
@@ -308,7 +307,10 @@ class Scheduler:
                 if group.preemptions:
                     group.recomputed_tokens += num_tokens
                 group.status = "running"
-                start = getattr(group, "num_cached_tokens", 0)
+                start = group.num_cached_tokens
+                stop = min(num_tokens, start + budget)
+                if self.chunked:
+                    bm.add_filled(group, start, stop)
                 self._prefill(group, start, stop, out)
                 budget -= stop - start
                 num_seqs += len(seqs)

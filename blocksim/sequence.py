@@ -30,8 +30,8 @@ class Sequence:
     @property
     def kv_len(self) -> int:
         """Tokens whose K/V is in the cache between steps (a prompt mid-chunk: the chunks done)."""
-        pos = self.group.prefill_pos
-        return self.num_tokens - 1 if pos is None else pos
+        g = self.group
+        return self.num_tokens - 1 if g.prefill_pos is None else max(g.prefill_pos, g.hit_tokens)
 
     @property
     def num_generated(self) -> int:
@@ -51,7 +51,7 @@ class SequenceGroup:
     __slots__ = ("request_id", "index", "arrival_s", "prompt_tokens", "output_tokens", "priority", "seqs",
                  "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "swaps",
                  "recomputed_tokens", "status", "reject_reason", "sort_key", "prefix_hashes", "prefill_pos",
-                 "num_cached_tokens", "block_keys", "prefix_hit_tokens")
+                 "num_cached_tokens", "block_keys", "prefix_hit_tokens", "hit_tokens")
 
     def __init__(self, request_id: int, index: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
                  n: int = 1, priority: int = 0, first_seq_id: int = 0, prefix_hashes=None) -> None:
@@ -73,7 +73,8 @@ class SequenceGroup:
         self.sort_key = (arrival_s, index)
         self.prefix_hashes = prefix_hashes
         self.prefill_pos: int | None = None  # prompt tokens prefilled so far while a prompt is in progress
-        self.num_cached_tokens = 0           # prompt tokens found in the prefix cache at admission
+        self.num_cached_tokens = 0           # prompt tokens not prefilled at admission (prefix cache hits)
+        self.hit_tokens = 0                  # tokens in prefix-cache hit blocks (>= num_cached_tokens)
         self.block_keys = None               # content keys of full prompt blocks (prefix caching)
         self.prefix_hit_tokens = 0
 

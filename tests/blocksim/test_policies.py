@@ -152,3 +152,22 @@ def test_plugins_load_by_module_path_and_failures_say_which_part():
         Engine(build_config("vllm", scheduler="no_such_pkg.mod:X"), tr)
     with pytest.raises(ConfigError, match="has no attribute 'Nope'"):
         Engine(build_config("vllm", scheduler="tests.blocksim.plugin_examples:Nope"), tr)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(count=st.integers(2, 25), prefix=st.sampled_from([0, 16, 40, 64, 128]), suffix=st.integers(0, 40),
+       n_prefixes=st.integers(1, 3), chunked=st.booleans(), blocks=st.integers(16, 80), n=st.sampled_from([1, 2]),
+       seed=st.integers(0, 5))
+def test_prefix_caching_keeps_memory_exact_with_and_without_chunked_prefill(count, prefix, suffix, n_prefixes,
+                                                                           chunked, blocks, n, seed):
+    from traces.lengths import Fixed, Uniform
+    from traces.synth import shared_prefix_trace
+    tr = shared_prefix_trace(count, rate_per_s=20.0, prefix_tokens=prefix, suffix=Uniform(1, suffix + 1),
+                             output=Fixed(12), n_prefixes=n_prefixes, n=n, hash_block_tokens=16, seed=seed)
+    cfg = build_config("vllm-prefix", chunked_prefill=chunked, max_num_batched_tokens=48 if chunked else None,
+                       num_gpu_blocks=blocks, block_size=16, max_num_seqs=6, swap_space_gib=1.0)
+    res = Engine(cfg, tr, check_invariants=True).run()  # recounts filled slots and references every step
+    assert set(res.requests.status) <= {"finished", "rejected"}
+    assert (res.steps[MEM].sum(axis=1) == blocks * 16).all()
+    if chunked:
+        assert (res.steps.prefill_tokens + res.steps.num_decode_seqs).max() <= 48
