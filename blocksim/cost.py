@@ -13,9 +13,10 @@ Components of a step (each a column `t_<name>_s` in steps.parquet):
   ``peak_flops * flops_eff``.
 * ``attn_decode``: decode attention reads every context token's K and V once:
   ``ctx_tokens * kv_bytes_per_token / (hbm_bw * bw_eff)``.
-* ``swap``: ``blocks * block_bytes / host_link_bw + blocks * copies_per_block * transfer_latency``;
-  vLLM v0 issues one copy per block per layer for K and for V (``copies_per_block = 2 * layers``),
-  which is why small blocks swap slowly.
+* ``swap``: ``blocks * block_bytes / host_link_bw + copies * transfer_latency``; vLLM v0 issues one
+  copy per block per layer for K and for V (``copies = blocks * 2 * layers``), which is why small
+  blocks swap slowly. With ``swap_batched`` (one launch per cache tensor for all blocks, as
+  `kernels.swap_blocks` does) ``copies = 2 * layers`` whatever the block count.
 * ``copy``: copy-on-write block copies on the GPU: ``blocks * block_bytes * 2 / (hbm_bw * bw_eff)``
   (read + write), plus one launch.
 * ``overhead``: a fixed per-step cost (scheduling, launches, sampling) when the step runs anything.
@@ -45,6 +46,7 @@ class CostParams:
     step_overhead_s: float = 0.003
     transfer_latency_s: float | None = None  # None: the GPU spec's value
     launch_s: float = 5e-6
+    swap_batched: bool = False
     # Multipliers fitted by calibration, one per component (1.0 = the roofline as is).
     scale_linear: float = 1.0
     scale_attn_prefill: float = 1.0
@@ -117,7 +119,8 @@ class RooflineCostModel:
     def swap(self, blocks: int) -> float:
         if blocks <= 0:
             return 0.0
-        t = blocks * self.block_bytes / self.link_bw + blocks * self.copies_per_block * self.transfer_latency_s
+        copies = self.copies_per_block * (1 if self.params.swap_batched else blocks)
+        t = blocks * self.block_bytes / self.link_bw + copies * self.transfer_latency_s
         return t * self.params.scale_swap
 
     def copy(self, blocks: int) -> float:

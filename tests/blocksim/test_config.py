@@ -73,3 +73,17 @@ def test_frozen_dataclasses_validate_directly():
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.tensor_parallel = 2
     assert isinstance(cfg, SimConfig)
+
+
+def test_swap_cost_per_block_copies_or_batched(tmp_path):
+    from blocksim.cost import CostParams, RooflineCostModel
+    cfg = build_config(model="llama-2-7b", gpu="h100-80gb")
+    v0 = RooflineCostModel(cfg)
+    batched = RooflineCostModel(cfg, CostParams(swap_batched=True))
+    link = cfg.block_bytes / (cfg.gpu.host_link_gbps * 1e9)
+    lat = cfg.gpu.transfer_latency_s * 2 * cfg.model.num_layers
+    assert v0.swap(10) == pytest.approx(10 * link + 10 * lat)
+    assert batched.swap(10) == pytest.approx(10 * link + lat)
+    profile = tmp_path / "p.json"
+    profile.write_text('{"params": {"swap_batched": true, "scale_swap": 0.5}, "source": "test"}')
+    assert CostParams.from_json(profile).swap_batched is True
