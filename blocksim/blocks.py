@@ -78,9 +78,6 @@ class BlockAllocator:
         if rc == 0:
             self._free.append(block)
 
-    def free_blocks(self) -> list[int]:
-        return list(self._free)
-
     def check(self) -> None:
         """Verify the free list against the reference counts (O(num_blocks); for tests)."""
         free = list(self._free)

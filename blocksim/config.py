@@ -133,10 +133,6 @@ class SchedulerConfig:
                  f"must be one of {', '.join(PREEMPTION_MODES)}, got {self.preemption_mode!r}")
 
 
-ALLOCATORS = ("paged", "contiguous")
-SCHEDULERS = ("fcfs", "priority", "sjf", "orca", "static")
-
-
 @dataclass(frozen=True)
 class PolicyConfig:
     """The plug points of one run; presets in `blocksim.policies` fill these.

@@ -131,8 +131,3 @@ class RooflineCostModel:
     def overhead(self, active: bool) -> float:
         return self.params.step_overhead_s if active else 0.0
 
-
-def make_cost_model(config: SimConfig, params: CostParams | None = None) -> RooflineCostModel:
-    return RooflineCostModel(config, params)
-
-

@@ -6,7 +6,7 @@ issued them, as vLLM v0 waits for its swaps before running the model.
 
 Spans: after a plain decode step whose groups each decode one sequence, the next steps are the
 same batch with contexts one token longer until a request finishes, a request arrives or free
-blocks run low. `Scheduler.span_plan` finds that span and the engine advances it in one jump;
+blocks run low. `Scheduler.span_candidates` and the memory manager's `span_blocks` find that span and the engine advances it in one jump;
 the step records, block tables and times are exactly those of stepping one by one
 (`spans=False` steps one by one, for checking that claim).
 """
@@ -248,7 +248,8 @@ class Engine:
         n = out.num_decode_seqs
         mem = bm.span_memory(k, n, crossing, sched.waiting[0] if sched.waiting else None)
         bm.apply_span(seqs, crossing)
-        yield env.timeout(float(starts[k - 1] + durations[k - 1] - env.now))
+        for d in durations[:k].tolist():  # the clock adds each step's time, exactly as stepping does
+            yield env.timeout(d)
         finished = sched.complete_step(out, env.now)
         fin = np.zeros(k, dtype=np.int64)
         fin[-1] = len(finished)

@@ -1,6 +1,8 @@
 """vLLM v0's continuous-batching scheduler: waiting, running and swapped queues.
 
-Each `schedule()` call decides one step, in vLLM v0's order:
+Each `schedule()` call decides one step, in the order of vLLM 0.1's scheduler, which (like vLLM's
+later chunked-prefill scheduler) mixes prefills and decodes in one step; vLLM 0.2-0.6's default
+path instead runs prompt-only steps first. Per step:
 
 (a) every running group gets its next slot, in queue order (FCFS: oldest first); when one cannot,
     a victim among the groups not yet served is preempted (vLLM: the newest), or the group
@@ -145,7 +147,8 @@ class Scheduler:
                                  f"has no room to grow: its allocator must reserve the maximum up front")
         mode = self.config.preemption_mode
         in_prompt = group.prefill_pos is not None
-        recompute = in_prompt or (group.num_unfinished() == 1 and mode in ("auto", "recompute"))
+        can_swap = getattr(self.bm, "supports_swap", True)
+        recompute = in_prompt or not can_swap or (group.num_unfinished() == 1 and mode in ("auto", "recompute"))
         group.preemptions += 1
         out.preempted.append(group)
         if recompute:
@@ -304,10 +307,10 @@ class Scheduler:
                     bm.allocate(group)
                 for s in seqs:
                     s.status = SeqStatus.RUNNING
-                if group.preemptions:
-                    group.recomputed_tokens += num_tokens
                 group.status = "running"
                 start = group.num_cached_tokens
+                if group.preemptions:
+                    group.recomputed_tokens += num_tokens - start
                 stop = min(num_tokens, start + budget)
                 if self.chunked:
                     bm.add_filled(group, start, stop)
@@ -422,11 +425,17 @@ class _SortedWaiting(Scheduler):
 
 
 class PriorityScheduler(_SortedWaiting):
-    """Higher `priority` first, then arrival; a waiting group that cannot be admitted preempts
-    running groups of strictly lower priority (lowest first) until it fits (vLLM's priority policy)."""
+    """Higher `priority` first, then arrival. A waiting group that cannot be admitted, for lack of
+    blocks or of room under max_num_seqs, preempts running groups of strictly lower priority
+    (lowest first) until it can (vLLM's priority policy; the token budget is not a reason here)."""
 
     def sort_key(self, group: SequenceGroup) -> tuple:
         return (-group.priority, group.arrival_s, group.index)
+
+    def _blocked(self, head: SequenceGroup) -> bool:
+        seqs = sum(len(g.seqs_with(SeqStatus.RUNNING)) for g in self.running)
+        return (self.bm.can_allocate(head) is AllocStatus.LATER
+                or seqs + len(head.seqs_with(SeqStatus.WAITING)) > self.config.max_num_seqs)
 
     def _before_schedule(self, out: SchedulerOutputs) -> None:
         if not self.waiting or not self.running or self.swapped:
@@ -434,10 +443,16 @@ class PriorityScheduler(_SortedWaiting):
         head = self.waiting[0]
         if head.status != "waiting" or self._never_reason(head, head.seqs[0].num_tokens):
             return
-        while (self.running and self.running[-1].priority < head.priority
-               and self.bm.can_allocate(head) is AllocStatus.LATER):
+        while self.running and self.running[-1].priority < head.priority and self._blocked(head):
             victim = self.running.pop()
             self._preempt(victim, out)
+
+    def span_candidates(self, out: SchedulerOutputs):
+        """No span while a waiting group outranks a running one: free blocks shrink during a span,
+        which can turn its admission into a preemption at any step."""
+        if self.waiting and self.running and self.waiting[0].priority > self.running[-1].priority:
+            return None
+        return super().span_candidates(out)
 
 
 class SJFScheduler(_SortedWaiting):

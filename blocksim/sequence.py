@@ -33,14 +33,6 @@ class Sequence:
         g = self.group
         return self.num_tokens - 1 if g.prefill_pos is None else max(g.prefill_pos, g.hit_tokens)
 
-    @property
-    def num_generated(self) -> int:
-        return self.num_tokens - self.group.prompt_tokens
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status is SeqStatus.FINISHED
-
     def __repr__(self) -> str:
         return f"Sequence({self.seq_id}, tokens={self.num_tokens}, {self.status.value}, blocks={self.block_table})"
 
@@ -80,9 +72,6 @@ class SequenceGroup:
 
     def seqs_with(self, status: SeqStatus) -> list[Sequence]:
         return [s for s in self.seqs if s.status is status]
-
-    def unfinished_seqs(self) -> list[Sequence]:
-        return [s for s in self.seqs if s.status is not SeqStatus.FINISHED]
 
     def num_unfinished(self) -> int:
         return sum(1 for s in self.seqs if s.status is not SeqStatus.FINISHED)

@@ -48,14 +48,18 @@ def test_every_request_finishes_or_is_rejected_and_blocks_are_conserved(lists, b
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lists=requests, blocks=st.integers(8, 80), block_size=st.sampled_from([2, 8, 16]),
-       preset=st.sampled_from(["vllm", "vllm-prefix", "vllm-chunked", "orca-pow2", "static"]))
-def test_spans_give_exactly_the_single_step_result(lists, blocks, block_size, preset):
+       preset=st.sampled_from(["vllm", "vllm-prefix", "vllm-chunked", "orca-pow2", "static", "priority", "sjf"]),
+       priorities=st.lists(st.integers(0, 2), min_size=25, max_size=25))
+def test_spans_give_exactly_the_single_step_result(lists, blocks, block_size, preset, priorities):
     trace = workload(lists)
-    cfg = build_config(preset, num_gpu_blocks=blocks, block_size=block_size, max_num_seqs=8, watermark=0.0)
+    trace["priority"] = priorities[: len(trace)]
+    knobs = {"scheduler": preset} if preset in ("priority", "sjf") else {}
+    cfg = build_config("vllm" if knobs else preset, num_gpu_blocks=blocks, block_size=block_size, max_num_seqs=8,
+                       watermark=0.0, **knobs)
     a = Engine(cfg, trace, spans=True).run()
     b = Engine(cfg, trace, spans=False).run()
-    pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=False, rtol=1e-12)
-    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=False, rtol=1e-12)
+    pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=True)
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
 
 
 def test_a_bundled_trace_replays_with_spans_identical_to_single_steps():
@@ -65,7 +69,7 @@ def test_a_bundled_trace_replays_with_spans_identical_to_single_steps():
     a = Engine(cfg, tr).run()
     b = Engine(cfg, tr, spans=False).run()
     assert len(a.steps) == len(b.steps)
-    pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=False, rtol=1e-12)
+    pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=True)
     assert a.summary["finished"] + a.summary["rejected"] == 300
 
 
