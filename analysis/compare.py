@@ -135,11 +135,15 @@ def compare(
         raise ValueError(f"rate scales must be positive numbers, got {rate_scales}")
     if isinstance(trace, (str, Path)) and runner is None and not Path(trace).exists():
         raise FileNotFoundError(f"trace {trace} not found")
+    overrides = {**(overrides or {}), **common}
+    if runner is None:  # the simulator: refuse a bad policy or option before any run starts
+        from blocksim.runner import check_options
+        for policy in policies:
+            check_options(policy, overrides)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     runner = runner or replay_runner
     slo = slo or {}
-    overrides = {**(overrides or {}), **common}
     jobs = [(p, r) for p in policies for r in rate_scales]
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
     args = {job: (runner, str(trace), str(out_dir / run_dir_name(*job)), *job, overrides) for job in jobs}

@@ -43,9 +43,10 @@ GPUS: dict[str, GPUSpec] = {g.name: g for g in [
 ]}
 
 
-def _read_file(path: Path) -> dict[str, Any]:
+def _read_file(path: Path, what: str = "catalog file") -> dict[str, Any]:
+    """A YAML or TOML mapping; errors name the file as `what`."""
     if not path.exists():
-        raise ConfigError(f"catalog file {path}: not found")
+        raise ConfigError(f"{what} {path}: not found")
     text = path.read_text()
     try:
         if path.suffix in (".yaml", ".yml"):
@@ -58,13 +59,13 @@ def _read_file(path: Path) -> dict[str, Any]:
                 import tomli as tomllib
             data = tomllib.loads(text)
         else:
-            raise ConfigError(f"catalog file {path}: unknown extension; use .yaml, .yml or .toml")
+            raise ConfigError(f"{what} {path}: unknown extension; use .yaml, .yml or .toml")
     except ConfigError:
         raise
     except Exception as e:  # parser errors carry their own line numbers
-        raise ConfigError(f"catalog file {path}: cannot parse: {e}") from e
+        raise ConfigError(f"{what} {path}: cannot parse: {e}") from e
     if not isinstance(data, dict):
-        raise ConfigError(f"catalog file {path}: top level must be a mapping with 'models' and/or 'gpus'")
+        raise ConfigError(f"{what} {path}: the top level must be a mapping")
     return data
 
 

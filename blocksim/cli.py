@@ -75,42 +75,53 @@ CONFIG_KEYS = ("model", "gpu", "tensor_parallel", "block_size", "gpu_memory_util
                "scheduler", "victim", "watermark_blocks", "cost_model")
 
 
+RUN_KEYS = ("max_requests", "rate_scale", "clip_to_model")
+
+
 def read_config_file(path: str) -> dict:
     """Options from a YAML or TOML file: the option names of `blocksim replay` with underscores."""
     from blocksim.catalog import _read_file
-    data = _read_file(Path(path))
-    known = set(CONFIG_KEYS) | {"policy", "catalog", "max_requests", "rate_scale"}
+    data = _read_file(Path(path), "config file")
+    known = set(CONFIG_KEYS) | set(RUN_KEYS) | {"policy", "catalog"}
     unknown = set(data) - known
     if unknown:
         raise ConfigError(f"config file {path}: unknown option(s) {sorted(unknown)}; known: {sorted(known)}")
+    if isinstance(data.get("catalog"), str):
+        data["catalog"] = [data["catalog"]]
     return data
 
 
-def overrides_from_args(args: argparse.Namespace) -> dict:
+def settings_from_args(args: argparse.Namespace) -> tuple[str, dict]:
+    """(policy, options) from the --config file, then the command-line flags over it."""
     o = read_config_file(args.config) if getattr(args, "config", None) else {}
+    policy = getattr(args, "policy", None) or o.pop("policy", None) or "vllm"
     o.pop("policy", None)
-    o.update({k: getattr(args, k) for k in CONFIG_KEYS if getattr(args, k, None) is not None})
+    o.update({k: getattr(args, k) for k in CONFIG_KEYS + RUN_KEYS if getattr(args, k, None) is not None})
     if getattr(args, "catalog", None):
         o["catalog"] = tuple(args.catalog)
     elif "catalog" in o:
         o["catalog"] = tuple(o["catalog"])
-    return o
+    return policy, o
 
 
-def policy_from_args(args: argparse.Namespace) -> str:
-    if getattr(args, "policy", None):
-        return args.policy
-    if getattr(args, "config", None):
-        return read_config_file(args.config).get("policy", "vllm")
-    return "vllm"
+def positive_float(text: str) -> float:
+    v = float(text)
+    if not v > 0 or v != v or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return v
 
 
 def _run_and_report(trace, args, out: Path, *, progress: bool) -> int:
-    summary = replay(trace, out, policy=policy_from_args(args),
-                     rate_scale=getattr(args, "rate_scale", 1.0) or 1.0, overrides=overrides_from_args(args),
-                     progress=progress, max_requests=getattr(args, "max_requests", None),
-                     record_plan=getattr(args, "record_plan", False),
-                     clip_to_model=getattr(args, "clip_to_model", False))
+    policy, options = settings_from_args(args)
+    summary = replay(trace, out, policy=policy, overrides=options, progress=progress,
+                     record_plan=getattr(args, "record_plan", False))
     print(f"\nblocksim: {summary['config']['model']['name']} on {summary['config']['gpu']['name']}, "
           f"policy {summary['config']['policy']}, block size {summary['block_size']}")
     print(format_summary(summary))
@@ -136,7 +147,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     path = traces.bundled("azure-conv")
     print(f"blocksim demo: replaying {path.name} (Azure LLM inference 2023, conversation; CC BY 4.0)")
     trace = traces.read_trace(path)
-    args.clip_to_model = not args.no_clip
+    args.clip_to_model = None if args.no_clip else True
     return _run_and_report(trace, args, Path(args.out), progress=not args.quiet)
 
 
@@ -180,9 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", required=True, metavar="DIR")
     r.add_argument("--policy", default=None, help="preset: vllm (default), vllm-prefix, vllm-chunked, orca-max, "
                                                    "orca-pow2, orca-oracle, static (`blocksim policies`)")
-    r.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
-    r.add_argument("--rate-scale", type=float, default=1.0, help="multiply the request rate")
-    r.add_argument("--clip-to-model", action="store_true",
+    r.add_argument("--max-requests", type=positive_int, default=None, help="replay only the first N requests")
+    r.add_argument("--rate-scale", type=positive_float, default=None, help="multiply the request rate (default 1)")
+    r.add_argument("--clip-to-model", action="store_true", default=None,
                    help="clip requests longer than the model's max length (reports how many) instead of rejecting them")
     r.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
     r.add_argument("--record-plan", action="store_true",
@@ -231,8 +242,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"blocksim: configuration error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # errors that carry a user-facing message
+        from blocksim.engine import EngineError
         from traces import TraceError
-        if isinstance(e, (TraceError, FileNotFoundError)):
+        if isinstance(e, (TraceError, FileNotFoundError, EngineError)):
             print(f"blocksim: {e}", file=sys.stderr)
             return 2
         raise

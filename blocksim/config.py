@@ -22,6 +22,19 @@ def _require(cond: bool, where: str, msg: str) -> None:
         raise ConfigError(f"{where}: {msg}")
 
 
+def _typed(where: str, value, kind: type) -> None:
+    """Refuse a value of the wrong type (a YAML string "8", a float block count, "false" for a flag)."""
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:  # float: any real number
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok:
+        raise ConfigError(f"{where}: expected {'true/false' if kind is bool else 'a number' if kind is float else 'an integer'}"
+                          f", got {value!r} ({type(value).__name__})")
+
+
 def _is_pow2(x: int) -> bool:
     return x > 0 and (x & (x - 1)) == 0
 
@@ -52,6 +65,7 @@ class ModelSpec:
                   "intermediate_size", "vocab_size"):
             v = getattr(self, f)
             _require(isinstance(v, int) and v > 0, f"{w}.{f}", f"must be a positive integer, got {v!r}")
+        _typed(f"{w}.num_params", self.num_params, float)
         _require(self.num_params > 0, f"{w}.num_params", f"must be positive, got {self.num_params!r}")
         _require(self.dtype_bytes in (1, 2, 4), f"{w}.dtype_bytes", f"must be 1, 2 or 4, got {self.dtype_bytes!r}")
         _require(self.num_heads % self.num_kv_heads == 0, f"{w}.num_kv_heads",
@@ -79,6 +93,8 @@ class GPUSpec:
 
     def __post_init__(self) -> None:
         w = f"gpu {self.name!r}"
+        for f in ("memory_bytes", "hbm_bw_gbps", "fp16_tflops", "host_link_gbps", "transfer_latency_s"):
+            _typed(f"{w}.{f}", getattr(self, f), float)
         _require(self.memory_bytes > 0, f"{w}.memory_bytes", "must be positive")
         for f in ("hbm_bw_gbps", "fp16_tflops", "host_link_gbps"):
             _require(getattr(self, f) > 0, f"{w}.{f}", f"must be positive, got {getattr(self, f)!r}")
@@ -101,6 +117,8 @@ class CacheConfig:
     num_gpu_blocks_override: int | None = None
 
     def __post_init__(self) -> None:
+        for f in ("gpu_memory_utilization", "swap_space_gib", "watermark"):
+            _typed(f"cache.{f}", getattr(self, f), float)
         _require(isinstance(self.block_size, int) and _is_pow2(self.block_size), "cache.block_size",
                  f"must be a positive power of two (e.g. 16), got {self.block_size!r}")
         _require(0 < self.gpu_memory_utilization <= 1, "cache.gpu_memory_utilization",
@@ -109,7 +127,8 @@ class CacheConfig:
         _require(0 <= self.watermark < 1, "cache.watermark",
                  f"must be a fraction in [0, 1) (e.g. 0.01), got {self.watermark!r}")
         if self.num_gpu_blocks_override is not None:
-            _require(self.num_gpu_blocks_override > 0, "cache.num_gpu_blocks_override", "must be positive")
+            _typed("cache.num_gpu_blocks", self.num_gpu_blocks_override, int)
+            _require(self.num_gpu_blocks_override > 0, "cache.num_gpu_blocks", "must be positive")
 
 
 PREEMPTION_MODES = ("auto", "recompute", "swap")
@@ -127,6 +146,8 @@ class SchedulerConfig:
     preemption_mode: str = "auto"
 
     def __post_init__(self) -> None:
+        _typed("scheduler.max_num_seqs", self.max_num_seqs, int)
+        _typed("scheduler.max_num_batched_tokens", self.max_num_batched_tokens, int)
         _require(self.max_num_seqs > 0, "scheduler.max_num_seqs", "must be positive")
         _require(self.max_num_batched_tokens > 0, "scheduler.max_num_batched_tokens", "must be positive")
         _require(self.preemption_mode in PREEMPTION_MODES, "scheduler.preemption_mode",
@@ -160,6 +181,10 @@ class PolicyConfig:
 
     def __post_init__(self) -> None:
         from blocksim import plugins
+        for f in ("prefix_caching", "chunked_prefill"):
+            _typed(f"policy.{f}", getattr(self, f), bool)
+        for f in ("allocator", "free_order", "reservation", "address_space", "scheduler", "victim", "cost_model"):
+            _require(isinstance(getattr(self, f), str), f"policy.{f}", f"expected a name, got {getattr(self, f)!r}")
         plugins.check_name("allocator", self.allocator)
         plugins.check_name("scheduler", self.scheduler)
         plugins.check_name("victim", self.victim)
@@ -171,6 +196,7 @@ class PolicyConfig:
         _require(self.address_space in CONTIGUOUS_ALLOCATORS, "policy.address_space",
                  f"must be one of {', '.join(CONTIGUOUS_ALLOCATORS)}, got {self.address_space!r}")
         if self.watermark_blocks is not None:
+            _typed("policy.watermark_blocks", self.watermark_blocks, int)
             _require(self.watermark_blocks >= 0, "policy.watermark_blocks", "must be >= 0")
         contiguous = self.allocator == "contiguous"
         _require(not (self.prefix_caching and contiguous), "policy.prefix_caching",
@@ -204,7 +230,11 @@ class SimConfig:
                  f"choose a divisor of {self.model.num_heads}")
         _require(self.model.num_kv_heads % tp == 0 or tp % self.model.num_kv_heads == 0, "tensor_parallel",
                  f"{tp} neither divides nor is a multiple of {self.model.num_kv_heads} KV heads")
-        self.kv_heads_per_gpu  # noqa: B018 - validated through the property
+        wm = self.policy_config.watermark_blocks
+        if wm is not None:
+            _require(wm < self.num_gpu_blocks, "policy.watermark_blocks",
+                     f"{wm} blocks leave nothing of the {self.num_gpu_blocks} GPU blocks to admit requests into; "
+                     f"use fewer (vLLM's 1% would be {int(0.01 * self.num_gpu_blocks)})")
         if self.cache.num_gpu_blocks_override is None:
             free = self.kv_memory_bytes
             _require(free >= self.block_bytes, "gpu",

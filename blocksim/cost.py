@@ -55,6 +55,13 @@ class CostParams:
     scale_copy: float = 1.0
 
     def __post_init__(self) -> None:
+        from blocksim.config import _typed
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "swap_batched":
+                _typed(f"cost.{f.name}", v, bool)
+            elif v is not None:
+                _typed(f"cost.{f.name}", v, float)
         for f in ("flops_efficiency", "bw_efficiency"):
             v = getattr(self, f)
             if not 0 < v <= 1:
@@ -71,7 +78,10 @@ class CostParams:
             data = json.loads(p.read_text())
         except json.JSONDecodeError as e:
             raise ConfigError(f"cost profile {p}: not valid JSON ({e})") from e
-        params = data.get("params", data)
+        params = data.get("params", data) if isinstance(data, dict) else data
+        if not isinstance(params, dict):
+            raise ConfigError(f"cost profile {p}: expected an object of parameters (or {{\"params\": {{...}}}}), "
+                              f"got {type(params).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = set(params) - known
         if unknown:

@@ -62,7 +62,7 @@ def requests_frame(trace) -> pd.DataFrame:
     for col, mask in bad.items():
         if mask.any():
             i = int(np.argmax(mask.to_numpy()))
-            raise EngineError(f"trace row {i}: {col}={out[col].iloc[i]!r} is invalid "
+            raise EngineError(f"trace row {i}: {col}={out[col].iloc[i].item()!r} is invalid "
                               f"(lengths and n must be >= 1, arrivals finite and >= 0)")
     if (np.diff(out.arrival_s.to_numpy()) < 0).any():
         out = out.sort_values("arrival_s", kind="stable").reset_index(drop=True)

@@ -59,8 +59,9 @@ def build_config(policy: str = "vllm", **options: Any) -> SimConfig:
     policy_cfg = policy_config(policy, **{k: o[k] for k in POLICY_KEYS})
     # Default step budget: a prompt of the model's full length must fit beside a full decode batch,
     # since prefills and decodes share a step here (vLLM 0.1's relation: 2560 >= 2048 + 256 + ...).
+    seqs = o["max_num_seqs"] if isinstance(o["max_num_seqs"], int) else 0  # SchedulerConfig refuses a non-int
     max_tokens = o["max_num_batched_tokens"] or (
-        CHUNKED_BUDGET_TOKENS if policy_cfg.chunked_prefill else max(model.max_model_len, 2048) + o["max_num_seqs"])
+        CHUNKED_BUDGET_TOKENS if policy_cfg.chunked_prefill else max(model.max_model_len, 2048) + seqs)
     return SimConfig(
         model=model,
         gpu=catalog.gpu(o["gpu"]),
@@ -73,6 +74,14 @@ def build_config(policy: str = "vllm", **options: Any) -> SimConfig:
         policy=policy,
         policy_config=policy_cfg,
     )
+
+
+RUN_OPTIONS = ("max_requests", "clip_to_model", "rate_scale")  # shape the trace, not the configuration
+
+
+def check_options(policy: str, overrides: dict[str, Any]) -> SimConfig:
+    """Validate a policy and replay options as `replay` would, without running anything."""
+    return build_config(policy, **{k: v for k, v in overrides.items() if k not in RUN_OPTIONS})
 
 
 def load_trace(trace, *, rate_scale: float = 1.0, max_requests: int | None = None,
@@ -109,9 +118,10 @@ def replay(trace, out_dir: str | Path, *, policy: str = "vllm", rate_scale: floa
     """Run one replay into `out_dir` and return its summary (the content of summary.json)."""
     options = dict(overrides or {})
     max_requests = options.pop("max_requests", max_requests)
+    clip_to_model = options.pop("clip_to_model", clip_to_model)
+    rate_scale = options.pop("rate_scale", rate_scale)
     cost_profile = options.get("cost_profile")
     config = build_config(policy, **options)
-    clip_to_model = options.pop("clip_to_model", clip_to_model)
     tr = load_trace(trace, rate_scale=rate_scale, max_requests=max_requests,
                     clip_max_len=config.model.max_model_len if clip_to_model else None)
     result = simulate(tr, config, cost_profile=cost_profile, progress=progress,

@@ -62,8 +62,8 @@ def test_compare_command_passes_overrides(tmp_path, monkeypatch, capsys):
 
     def runner(trace, out_dir, *, policy, rate_scale, overrides, progress, write_report):
         seen.append(overrides)
-        if policy == "bad":
-            raise ValueError("unknown policy 'bad'")
+        if policy == "orca-max":
+            raise RuntimeError("this run broke")
         write_run(tmp_path / out_dir)
         return {}
 
@@ -71,14 +71,25 @@ def test_compare_command_passes_overrides(tmp_path, monkeypatch, capsys):
     out = tmp_path / "cmp"
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,1,1\n")
-    args = _parse(["compare", str(trace), "--policy", "vllm", "--policy", "bad", "--out", str(out),
+    args = _parse(["compare", str(trace), "--policy", "vllm", "--policy", "orca-max", "--out", str(out),
                    "--workers", "1", "--max-requests", "50", "--gpu", "a100-80gb", "--set", "block_size=32",
                    "--no-progress"])
     assert args.func(args) == 1, "exit status 1 when a run failed"
     assert seen == [{"block_size": 32, "max_requests": 50, "gpu": "a100-80gb"}] * 2
     captured = capsys.readouterr()
-    assert "unknown policy 'bad'" in captured.out and "1 of 2 runs failed" in captured.err
+    assert "this run broke" in captured.out and "1 of 2 runs failed" in captured.err
     assert (out / "summary.parquet").is_file() and (out / "report.html").is_file()
+
+
+def test_compare_refuses_an_unknown_policy_before_running(tmp_path, monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(analysis.compare, "replay_runner", lambda *a, **k: ran.append(a))
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,1,1\n")
+    args = _parse(["compare", str(trace), "--policy", "vllm", "--policy", "vllm-turbo", "--out", str(tmp_path / "o"),
+                   "--workers", "1", "--no-progress"])
+    assert args.func(args) == 2 and not ran
+    assert "unknown policy 'vllm-turbo'" in capsys.readouterr().err
 
 
 def test_compare_command_with_a_missing_trace(tmp_path, capsys):
