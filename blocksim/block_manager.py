@@ -192,14 +192,18 @@ class BlockSpaceManager:
     def num_cpu_blocks_used(self) -> int:
         return self.cpu.num_used
 
-    def memory_breakdown(self, next_group: SequenceGroup | None = None) -> tuple[int, int, int, int, int]:
+    def memory_breakdown(self, next_group: SequenceGroup | None = None,
+                         pending_prefill: int = 0) -> tuple[int, int, int, int, int]:
         """GPU token slots as (token states, reservation, internal, external fragmentation, free).
 
-        Paged blocks reserve nothing ahead and any free block serves any request, so reservation
-        and external fragmentation are 0; internal fragmentation is the unfilled part of used blocks.
+        Any free block serves any request, so external fragmentation is 0. Reservation is only the
+        `pending_prefill` slots: prompt positions of chunked prefills whose blocks are allocated but
+        not written yet. Internal fragmentation is the rest of the unfilled part of used blocks.
         """
         used = self.gpu.num_used * self.block_size
-        return (self.gpu_filled_slots, 0, used - self.gpu_filled_slots, 0, self.gpu.num_free * self.block_size)
+        unfilled = used - self.gpu_filled_slots
+        return (self.gpu_filled_slots, pending_prefill, unfilled - pending_prefill, 0,
+                self.gpu.num_free * self.block_size)
 
     # --- spans of identical decode steps (see Scheduler.span_candidates) -----------------------
     def span_blocks(self, lens, k: int):

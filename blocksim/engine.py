@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from blocksim.block_manager import BlockSpaceManager
 from blocksim.config import SimConfig
 from blocksim.policies import make_cost_model, make_memory_manager, make_scheduler
 from blocksim.records import StepRecorder
@@ -217,7 +218,9 @@ class Engine:
         times = self._step_times(out)
         duration = sum(times.values())
         start = env.now
-        mem = self.bm.memory_breakdown(sched.waiting[0] if sched.waiting else None)
+        head = sched.waiting[0] if sched.waiting else None
+        pending = self._pending_prefill(out) if sched.chunked else 0
+        mem = self.bm.memory_breakdown(head, pending) if pending else self.bm.memory_breakdown(head)
         queues = (len(sched.running), len(sched.waiting), len(sched.swapped))
         if self.plan is not None:
             self.plan.on_step(self.rec.num_steps, out, times)
@@ -242,6 +245,20 @@ class Engine:
                       times["t_overhead_s"], *mem))
         if self.check:
             self.bm.check_invariants(sched.live_seqs())
+
+    def _pending_prefill(self, out: SchedulerOutputs) -> int:
+        """Paged slots allocated to prompt positions a chunked prefill has not written yet (counted
+        once per group: its sequences share the prompt blocks). Contiguous managers count these as
+        reservation themselves."""
+        if not isinstance(self.bm, BlockSpaceManager):
+            return 0
+        stops = {id(g): stop for g, (_, stop) in zip(out.prefill_groups, out.prefill_ranges)}
+        pending = 0
+        for g in self.sched.running:
+            if g.prefill_pos is not None:
+                done = stops.get(id(g), max(g.prefill_pos, g.hit_tokens))
+                pending += max(0, g.seqs[0].num_tokens - max(done, g.hit_tokens))
+        return pending
 
     def _run_span(self, out, k, seqs, crossing, starts, durations, comps):
         env, sched, bm = self.env, self.sched, self.bm
