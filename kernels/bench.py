@@ -250,6 +250,7 @@ def headline(args, copy_gbs, results):
         del c
         c = Case(*shape, sets=args.sets)
         r["fast_prefetch"] = c.fast_ms(args.warmup, args.iters, prefetch=True)
+        r["fast_no_prefetch"] = c.fast_ms(args.warmup, args.iters, prefetch=False)
         del c
         torch.cuda.empty_cache()
         results["headline"].append(r)

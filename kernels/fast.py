@@ -40,7 +40,7 @@ TILE = 16                 # context tokens per tensor-core step
 HEADS_PER_CTA = 8         # query heads one thread block serves
 MIN_SPLIT_TOKENS = 1024   # shortest split worth a thread block when there is plenty of work ...
 MIN_SPLIT_TOKENS_SMALL = 256  # ... and when there is little (under 64 tiles per SM): see NOTES.md
-PREFETCH = False          # a second tile in flight per warp: no faster on the H200 (NOTES.md)
+PREFETCH = None           # None: choose_prefetch; a second tile in flight per warp helps only latency-bound shapes
 
 
 def fast_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
@@ -94,6 +94,17 @@ def choose_split_tokens(num_seqs: int, num_heads: int, num_kv_heads: int, max_co
     shortest = MIN_SPLIT_TOKENS if tiles_per_sm >= 64 else MIN_SPLIT_TOKENS_SMALL
     split = max(shortest, -(-(-(-max_context_len // splits)) // 64) * 64)
     return min(split, whole)
+
+
+def choose_prefetch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: int, dtype: torch.dtype,
+                    num_sms: int = 132) -> bool:
+    """A second tile in flight per warp when the batch alone gives fewer than one thread block per
+    8 SMs (e.g. one sequence of 8 KV heads: latency-bound, where it was the fastest variant in three
+    H200 runs; at 8 sequences x 8 KV heads it measured 3% slower); float16/bfloat16 with heads <= 128
+    only (it measured slower with fp8, BENCHMARKS.md)."""
+    groups = -(-(num_heads // num_kv_heads) // HEADS_PER_CTA)
+    return (num_seqs * num_kv_heads * groups * 8 < num_sms and head_size <= 128
+            and dtype in (torch.float16, torch.bfloat16))
 
 
 def _check_caches(query, key_cache, value_cache, num_kv_heads, block_size) -> int:
@@ -200,7 +211,7 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
                     block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
                     max_context_len: int | None, alibi_slopes: torch.Tensor | None = None, *,
                     k_scale: float = 1.0, v_scale: float = 1.0, split_tokens: int | None = None,
-                    prefetch: bool = PREFETCH, validate: bool = True) -> torch.Tensor:
+                    prefetch: bool | None = PREFETCH, validate: bool = True) -> torch.Tensor:
     """Decode attention of one query token per sequence over caches in the fast layout.
 
     Arguments as ``kernels.paged_attention`` (``ops.py``), except that the caches are
@@ -210,7 +221,8 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
         k_scale, v_scale: float8_e4m3fn caches hold ``key / k_scale`` and ``value / v_scale``.
         split_tokens: context tokens per thread block (a multiple of 16), or None for
             ``choose_split_tokens``. Ignored on CPU.
-        prefetch: keep two tiles in flight per warp (head sizes <= 128; larger heads keep one).
+        prefetch: keep two tiles in flight per warp (head sizes <= 128; larger heads keep one);
+            None chooses with ``choose_prefetch``.
 
     Returns:
         ``out``.
@@ -231,6 +243,9 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
         split_tokens = choose_split_tokens(num_seqs, num_heads, int(num_kv_heads), max_context_len,
                                            _num_sms(query.device.index or 0))
     split_tokens = int(split_tokens)
+    if prefetch is None:
+        prefetch = choose_prefetch(num_seqs, num_heads, int(num_kv_heads), head_size, key_cache.dtype,
+                                   _num_sms(query.device.index or 0))
     if split_tokens < TILE or split_tokens % TILE:
         raise ValueError(f"split_tokens must be a positive multiple of {TILE}, got {split_tokens}")
     max_splits = max(1, -(-max_context_len // split_tokens))

@@ -199,3 +199,13 @@ def test_importing_kernels_stays_lazy():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
     assert {"allocate_fast_kv_cache", "reshape_and_cache_fast", "choose_split_tokens", "fp8_scale"} <= set(kernels.__all__)
+
+
+def test_prefetch_is_chosen_only_for_latency_bound_half_precision_shapes():
+    import torch
+    from kernels.fast import choose_prefetch
+    assert choose_prefetch(1, 32, 8, 128, torch.float16)           # 8 thread-block groups on 132 SMs
+    assert not choose_prefetch(64, 32, 32, 128, torch.float16)     # the batch fills the GPU
+    assert not choose_prefetch(8, 32, 8, 128, torch.float16)       # 64 groups: measured slower with it
+    assert not choose_prefetch(1, 32, 8, 256, torch.float16)       # large heads keep one tile
+    assert not choose_prefetch(1, 32, 8, 128, torch.float8_e4m3fn)
