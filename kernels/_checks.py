@@ -104,6 +104,16 @@ def check_attention(out, query, key_cache, value_cache, num_kv_heads, scale, blo
         raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {kvh}")
     if not isinstance(scale, (int, float)):
         raise ValueError(f"scale must be a float, got {type(scale).__name__}")
+    check_sequences(out, query, key_cache, block_tables, context_lens, alibi_slopes)
+    if nb >= 2**31:
+        raise ValueError(f"{nb} blocks: block ids must fit in int32")
+
+    return check_context(block_tables, context_lens, max_context_len, bs, nb, validate)
+
+
+def check_sequences(out, query, key_cache, block_tables, context_lens, alibi_slopes) -> None:
+    """The output, per-sequence index tensors and ALiBi slopes of a decode-attention call."""
+    num_seqs, num_heads, _ = query.shape
     if out is not None:
         _tensor("out", out)
         if tuple(out.shape) != tuple(query.shape) or out.dtype != query.dtype or not out.is_contiguous():
@@ -121,9 +131,12 @@ def check_attention(out, query, key_cache, value_cache, num_kv_heads, scale, blo
                              f"got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
     _same_device({"query": query, "key_cache": key_cache, "out": out, "block_tables": block_tables,
                   "context_lens": context_lens, "alibi_slopes": alibi_slopes})
-    if nb >= 2**31:
-        raise ValueError(f"{nb} blocks: block ids must fit in int32")
 
+
+def check_context(block_tables, context_lens, max_context_len, bs: int, nb: int, validate: bool) -> int:
+    """Context lengths against the block tables and the cache's `nb` blocks of `bs` tokens (reads
+    the index tensors: one device sync, skipped with validate=False); returns the max context."""
+    num_seqs = context_lens.shape[0]
     if max_context_len is None or validate:
         longest = int(context_lens.max()) if num_seqs else 0
     if max_context_len is None:

@@ -165,45 +165,8 @@ def check_attention(out, query, key_cache, value_cache, num_kv_heads, scale, blo
             raise ValueError(f"{name} must be a float, got {type(v).__name__}")
     if key_cache.dtype != FP8 and (k_scale != 1.0 or v_scale != 1.0):
         raise ValueError("k_scale / v_scale apply to float8_e4m3fn caches only")
-    if out is not None:
-        _checks._tensor("out", out)
-        if tuple(out.shape) != tuple(query.shape) or out.dtype != query.dtype or not out.is_contiguous():
-            raise ValueError(f"out must be a contiguous {query.dtype} tensor of shape {tuple(query.shape)}, "
-                             f"got {out.dtype} {tuple(out.shape)} (contiguous={out.is_contiguous()})")
-    _checks._index_tensor("block_tables", block_tables, 2)
-    _checks._index_tensor("context_lens", context_lens, 1)
-    if block_tables.shape[0] != num_seqs or context_lens.shape[0] != num_seqs:
-        raise ValueError(f"block_tables {tuple(block_tables.shape)} and context_lens {tuple(context_lens.shape)} "
-                         f"must have one row per sequence ({num_seqs})")
-    if alibi_slopes is not None:
-        _checks._tensor("alibi_slopes", alibi_slopes)
-        if tuple(alibi_slopes.shape) != (num_heads,) or not alibi_slopes.is_floating_point():
-            raise ValueError(f"alibi_slopes must be a float tensor of shape ({num_heads},), "
-                             f"got {alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
-    _checks._same_device({"query": query, "key_cache": key_cache, "out": out, "block_tables": block_tables,
-                          "context_lens": context_lens, "alibi_slopes": alibi_slopes})
-    if max_context_len is None or validate:
-        longest = int(context_lens.max()) if num_seqs else 0
-    if max_context_len is None:
-        max_context_len = longest
-    max_context_len = int(max_context_len)
-    if validate and num_seqs:
-        bs = key_cache.shape[1]
-        if int(context_lens.min()) < 1:
-            raise ValueError(f"context_lens must be >= 1 (got {int(context_lens.min())})")
-        if longest > max_context_len:
-            raise ValueError(f"max_context_len {max_context_len} is less than the longest context {longest}")
-        if -(-longest // bs) > block_tables.shape[1]:
-            raise ValueError(f"a context of {longest} tokens needs {-(-longest // bs)} blocks but block_tables "
-                             f"has {block_tables.shape[1]} columns")
-        used = (torch.arange(block_tables.shape[1], device=block_tables.device)[None, :]
-                < ((context_lens.to(torch.long) + bs - 1) // bs)[:, None])
-        bad = used & ((block_tables < 0) | (block_tables >= nb))
-        if bool(bad.any()):
-            s, j = (int(i) for i in bad.nonzero()[0])
-            raise ValueError(f"block_tables[{s}, {j}] = {int(block_tables[s, j])} is outside the cache's "
-                             f"{nb} blocks (sequence {s}, context {int(context_lens[s])})")
-    return max_context_len
+    _checks.check_sequences(out, query, key_cache, block_tables, context_lens, alibi_slopes)
+    return _checks.check_context(block_tables, context_lens, max_context_len, key_cache.shape[1], nb, validate)
 
 
 def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: torch.Tensor,
