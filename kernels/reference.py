@@ -35,26 +35,31 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
     values of KV head ``h // (num_heads // num_kv_heads)`` over the ``context_lens[s]`` cached
     tokens, and ``alibi[t] = alibi_slopes[h] * (t - context_lens[s] + 1)``.
     """
-    num_seqs, num_heads, head_size = query.shape
-    group = num_heads // num_kv_heads
+    num_seqs = query.shape[0]
     if out is None:
         out = torch.empty_like(query)
     lens = context_lens.tolist()
     for s in range(num_seqs):
         ctx = int(lens[s])
         k, v = gather_kv(key_cache, value_cache, block_tables[s], ctx)
-        k = k.to(compute_dtype)                                   # [t, kvh, d]
-        v = v.to(compute_dtype)
-        q = query[s].to(compute_dtype).view(num_kv_heads, group, head_size)
-        logits = torch.einsum("kgd,tkd->kgt", q, k) * scale       # [kvh, g, t]
-        if alibi_slopes is not None:
-            pos = torch.arange(ctx, device=query.device, dtype=compute_dtype) - (ctx - 1)
-            slopes = alibi_slopes.to(compute_dtype).view(num_kv_heads, group, 1)
-            logits = logits + slopes * pos
-        probs = torch.softmax(logits, dim=-1)
-        o = torch.einsum("kgt,tkd->kgd", probs, v)
-        out[s] = o.reshape(num_heads, head_size).to(out.dtype)
+        out[s] = attend(query[s], k.to(compute_dtype), v.to(compute_dtype), scale, alibi_slopes).to(out.dtype)
     return out
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+           alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+    """One sequence's decode attention: query ``[heads, d]`` over keys and values ``[t, kv_heads, d]``
+    (query head ``h`` reads KV head ``h // (heads // kv_heads)``), in ``k``'s dtype; ``[heads, d]``."""
+    num_heads, head_size = q.shape
+    ctx, num_kv_heads = k.shape[0], k.shape[1]
+    group = num_heads // num_kv_heads
+    qg = q.to(k.dtype).view(num_kv_heads, group, head_size)
+    logits = torch.einsum("kgd,tkd->kgt", qg, k) * scale       # [kvh, g, t]
+    if alibi_slopes is not None:
+        pos = torch.arange(ctx, device=q.device, dtype=k.dtype) - (ctx - 1)
+        logits = logits + alibi_slopes.to(k.dtype).view(num_kv_heads, group, 1) * pos
+    probs = torch.softmax(logits, dim=-1)
+    return torch.einsum("kgt,tkd->kgd", probs, v).reshape(num_heads, head_size)
 
 
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from .reference import attend
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
@@ -37,23 +39,15 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
     """``out[s, h] = softmax(scale * q[s, h] . K_s^T + alibi) V_s`` over the ``context_lens[s]``
     cached tokens of KV head ``h // (num_heads // num_kv_heads)``, with ``K = k_scale * key_cache``
     and ``V = v_scale * value_cache``; writes and returns ``out``."""
-    num_seqs, num_heads, head_size = query.shape
-    group = num_heads // num_kv_heads
+    num_seqs = query.shape[0]
     if out is None:
         out = torch.empty_like(query)
     lens = context_lens.tolist()
     for s in range(num_seqs):
         ctx = int(lens[s])
         k, v = gather_kv(key_cache, value_cache, block_tables[s], ctx)
-        k = k.to(compute_dtype) * k_scale                        # [t, kvh, d]
-        v = v.to(compute_dtype) * v_scale
-        q = query[s].to(compute_dtype).view(num_kv_heads, group, head_size)
-        logits = torch.einsum("kgd,tkd->kgt", q, k) * scale      # [kvh, g, t]
-        if alibi_slopes is not None:
-            pos = torch.arange(ctx, device=query.device, dtype=compute_dtype) - (ctx - 1)
-            logits = logits + alibi_slopes.to(compute_dtype).view(num_kv_heads, group, 1) * pos
-        o = torch.einsum("kgt,tkd->kgd", torch.softmax(logits, dim=-1), v)
-        out[s] = o.reshape(num_heads, head_size).to(out.dtype)
+        out[s] = attend(query[s], k.to(compute_dtype) * k_scale, v.to(compute_dtype) * v_scale, scale,
+                        alibi_slopes).to(out.dtype)
     return out
 
 
