@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 pytest.importorskip("torch")
+pytest.importorskip("simpy")  # the simulator records the plans validated here
 
 from blocksim.block_manager import BlockSpaceManager
 from blocksim.engine import Engine
