@@ -470,16 +470,16 @@ class OrcaScheduler(Scheduler):
 
 class StaticScheduler(Scheduler):
     """Static batching (FasterTransformer-like): a batch is admitted only when the previous one is
-    done, and runs until its longest request ends. Finished requests keep their memory until then,
-    and their responses return with the batch (their finish time is the batch's end).
-
-    Simplification: a finished request stops decoding (its padding steps are not priced)."""
+    done, and runs until its longest request ends. A sequence that has finished keeps being
+    computed as padding (priced in every step's decode tokens and context, its K/V not counted as
+    token states) and keeps its memory; responses return with the batch (finish time = its end)."""
 
     preempts = False
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.held: list[SequenceGroup] = []
+        self._padding: dict[int, list] = {}  # seq_id -> [sequence, padding tokens so far]
 
     def _may_admit(self) -> bool:
         return not self.running and not self.held
@@ -487,8 +487,24 @@ class StaticScheduler(Scheduler):
     def live_seqs(self):
         return super().live_seqs() + [s for g in self.held for s in g.seqs]
 
+    def schedule(self) -> SchedulerOutputs:
+        out = super().schedule()
+        for seq, pad in self._padding.values():
+            out.num_decode_seqs += 1
+            out.decode_ctx_tokens += seq.num_tokens + pad
+        return out
+
+    def complete_step(self, out: SchedulerOutputs, end_s: float) -> list[SequenceGroup]:
+        for entry in self._padding.values():
+            entry[1] += 1
+        return super().complete_step(out, end_s)
+
+    def span_candidates(self, out: SchedulerOutputs):
+        return None if self._padding else super().span_candidates(out)
+
     def _finish_seq(self, seq) -> None:
-        seq.status = SeqStatus.FINISHED  # memory released with the batch
+        seq.status = SeqStatus.FINISHED  # memory released with the batch; computed as padding until then
+        self._padding[seq.seq_id] = [seq, 0]
 
     def _finish_group(self, group: SequenceGroup, end_s: float, finished: list) -> None:
         group.status = "held"
@@ -499,3 +515,4 @@ class StaticScheduler(Scheduler):
                     self.bm.free(s)
                 super()._finish_group(g, end_s, finished)
             self.held = []
+            self._padding = {}

@@ -127,6 +127,9 @@ def test_static_batching_waits_for_the_longest_request():
     r = res.requests
     assert r.finish_s.iloc[0] == r.finish_s.iloc[1], "a batch's responses return together"
     assert r.first_scheduled_s.iloc[2] >= r.finish_s.iloc[1], "the next batch starts after the last one ends"
+    first_batch = res.steps[res.steps.start_s < r.finish_s.iloc[1]]
+    decodes = first_batch.num_decode_seqs.iloc[1:]
+    assert (decodes == 2).all(), "the finished request is computed as padding until the batch ends"
 
 
 def test_unknown_names_and_incompatible_knobs_are_refused_with_reasons():
