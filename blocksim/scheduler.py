@@ -426,16 +426,19 @@ class _SortedWaiting(Scheduler):
 
 class PriorityScheduler(_SortedWaiting):
     """Higher `priority` first, then arrival. A waiting group that cannot be admitted, for lack of
-    blocks or of room under max_num_seqs, preempts running groups of strictly lower priority
-    (lowest first) until it can (vLLM's priority policy; the token budget is not a reason here)."""
+    blocks or of room under max_num_seqs or the step's token budget (decodes included), preempts
+    running groups of strictly lower priority (lowest first) until it can (vLLM's priority policy)."""
 
     def sort_key(self, group: SequenceGroup) -> tuple:
         return (-group.priority, group.arrival_s, group.index)
 
     def _blocked(self, head: SequenceGroup) -> bool:
         seqs = sum(len(g.seqs_with(SeqStatus.RUNNING)) for g in self.running)
-        return (self.bm.can_allocate(head) is AllocStatus.LATER
-                or seqs + len(head.seqs_with(SeqStatus.WAITING)) > self.config.max_num_seqs)
+        waiting = head.seqs_with(SeqStatus.WAITING)
+        tokens_over = (not self.chunked
+                       and seqs + waiting[0].num_tokens > self.config.max_num_batched_tokens)
+        return (self.bm.can_allocate(head) is AllocStatus.LATER or tokens_over
+                or seqs + len(waiting) > self.config.max_num_seqs)
 
     def _before_schedule(self, out: SchedulerOutputs) -> None:
         if not self.waiting or not self.running or self.swapped:
