@@ -76,7 +76,11 @@ class BlockAllocator:
         rc -= 1
         self.ref_counts[block] = rc
         if rc == 0:
-            self._free.append(block)
+            self._release(block)
+
+    def _release(self, block: int) -> None:
+        """A block whose last reference went: back on the free list (subclasses may keep it cached)."""
+        self._free.append(block)
 
     def check(self) -> None:
         """Verify the free list against the reference counts (O(num_blocks); for tests)."""

@@ -66,19 +66,14 @@ class CachingBlockAllocator(BlockAllocator):
                 return block
         raise BlockError(f"gpu allocator: out of blocks ({self.num_blocks} all in use)")
 
-    def free(self, block: int) -> None:
-        rc = self.ref_counts[block]
-        if rc <= 0:
-            raise BlockError(f"gpu block {block}: double free (reference count is already 0)")
-        rc -= 1
-        self.ref_counts[block] = rc
-        if rc == 0:
-            if block in self.key_of:
-                entry = next(self._ids)
-                self._in_evictor[block] = entry
-                heapq.heappush(self._heap, (self.clock, -self.depth.get(block, 0), entry, block))
-            else:
-                self._free.append(block)
+    def _release(self, block: int) -> None:
+        """A cached block keeps its content and key in the evictor; others go to the free list."""
+        if block in self.key_of:
+            entry = next(self._ids)
+            self._in_evictor[block] = entry
+            heapq.heappush(self._heap, (self.clock, -self.depth.get(block, 0), entry, block))
+        else:
+            self._free.append(block)
 
     def reuse(self, block: int) -> None:
         """A cache hit on `block`: one more reference, taken out of the evictor if it was there."""
