@@ -133,7 +133,7 @@ class Engine:
         while i < len(arr) and arr[i] <= now:
             g = SequenceGroup(int(r[0][i]), i, float(arr[i]), int(r[1][i]), int(r[2][i]), int(r[3][i]),
                               int(r[4][i]), self._seq_id, None if self._hashes is None else self._hashes[i])
-            self._seq_id += g.seqs.__len__()
+            self._seq_id += len(g.seqs)
             self.groups.append(g)
             self.sched.add_request(g)
             i += 1
