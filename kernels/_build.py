@@ -4,12 +4,16 @@ process on the first CUDA call and cached on disk between processes.
 The build directory is ``$BLOCKSIM_KERNELS_CACHE`` if set, else ``$TORCH_EXTENSIONS_DIR/blocksim``,
 else ``~/.cache/blocksim/kernels``, with one subdirectory per (torch, CUDA, GPU architecture).
 Sources are compiled for the GPUs present: ``sm_90a`` on Hopper, ``sm_XY`` elsewhere. ``MAX_JOBS``
-bounds the parallel compile jobs; ``BLOCKSIM_KERNELS_VERBOSE=1`` shows the compiler's output.
+bounds the parallel compile jobs; ``BLOCKSIM_KERNELS_VERBOSE=1`` shows the compiler's output;
+``BLOCKSIM_NVCC_FLAGS`` adds nvcc flags (e.g. ``-D`` switches of an experiment: such a build gets its
+own subdirectory).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shlex
 import shutil
 import threading
 from pathlib import Path
@@ -49,6 +53,9 @@ def cache_dir(capabilities: set[tuple[int, int]]) -> Path:
         root = Path.home() / ".cache" / "blocksim" / "kernels"
     archs = "-".join(f"sm{a}{b}" for a, b in sorted(capabilities))
     tag = f"torch{torch.__version__}-cuda{torch.version.cuda}-{archs}".replace("+", "_")
+    extra = os.environ.get("BLOCKSIM_NVCC_FLAGS", "").strip()
+    if extra:
+        tag += "-" + hashlib.sha1(extra.encode()).hexdigest()[:10]
     return root / tag
 
 
@@ -91,7 +98,8 @@ def extension():
                 name="blocksim_kernels",
                 sources=[str(CSRC / s) for s in SOURCES],
                 extra_cflags=["-O3"],
-                extra_cuda_cflags=["-O3", "-lineinfo", *arch_flags(caps)],
+                extra_cuda_cflags=["-O3", "-lineinfo", *arch_flags(caps),
+                                   *shlex.split(os.environ.get("BLOCKSIM_NVCC_FLAGS", ""))],
                 build_directory=str(build),
                 verbose=os.environ.get("BLOCKSIM_KERNELS_VERBOSE") == "1",
             )

@@ -41,6 +41,7 @@ HEADS_PER_CTA = 8         # query heads one thread block serves
 MIN_SPLIT_TOKENS = 1024   # shortest split worth a thread block when there is plenty of work ...
 MIN_SPLIT_TOKENS_SMALL = 256  # ... and when there is little (under 64 tiles per SM): see NOTES.md
 PREFETCH = None           # None: choose_prefetch; a second tile in flight per warp helps only latency-bound shapes
+PDL = True                # the split reduce as a programmatic dependent launch (Hopper and later)
 
 
 def fast_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
@@ -174,7 +175,7 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
                     block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
                     max_context_len: int | None, alibi_slopes: torch.Tensor | None = None, *,
                     k_scale: float = 1.0, v_scale: float = 1.0, split_tokens: int | None = None,
-                    prefetch: bool | None = PREFETCH, validate: bool = True) -> torch.Tensor:
+                    prefetch: bool | None = PREFETCH, pdl: bool = PDL, validate: bool = True) -> torch.Tensor:
     """Decode attention of one query token per sequence over caches in the fast layout.
 
     Arguments as ``kernels.paged_attention`` (``ops.py``), except that the caches are
@@ -186,6 +187,9 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
             ``choose_split_tokens``. Ignored on CPU.
         prefetch: keep two tiles in flight per warp (head sizes <= 128; larger heads keep one);
             None chooses with ``choose_prefetch``.
+        pdl: with splits, launch the kernel that combines them as a programmatic dependent launch
+            (compute capability 9.0 and later; ignored before): it is scheduled while the attention
+            kernel's last wave runs instead of after it, hiding its launch latency.
 
     Returns:
         ``out``.
@@ -229,7 +233,7 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
 
     extension().fast_decode(out, part_out, part_max, part_sum, query, key_cache, value_cache, int(num_kv_heads),
                             float(scale) * float(k_scale), float(v_scale), block_tables, context_lens, split_tokens,
-                            max_splits, bool(prefetch), alibi_slopes, torch.cuda.current_stream(query.device).cuda_stream)
+                            max_splits, bool(prefetch), bool(pdl), alibi_slopes, torch.cuda.current_stream(query.device).cuda_stream)
     return out
 
 

@@ -118,6 +118,11 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const Fast
   constexpr int MT = 8 * NCP;                 // 16-row tiles of head dims in O^T
   static_assert(HEAD % 8 == 0, "head size must be a multiple of 8");
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // With splits, the reduce kernel may be scheduled once every thread block of this grid has
+  // started; it waits (griddepcontrol.wait) for this grid to finish before reading the partials.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
   const int split = blockIdx.x;
   const int group = p.num_heads / p.num_kv_heads;
   const int head_groups = (group + kFastHeadsPerCta - 1) / kFastHeadsPerCta;
@@ -384,28 +389,71 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const Fast
   }
 }
 
-// One thread block per (head, sequence): combines the splits that hold context tokens.
+// One thread block (kFastWarps warps) per (head, sequence): combines the splits that hold
+// context tokens. Each thread owns output dimensions and reads every split's max and sum itself
+// (the same addresses across the block: broadcasts), issuing the loads of a whole batch of splits
+// before using any, so the kernel costs one memory round trip per kBatch splits; a running max
+// rescales the sums between batches.
 template <typename T, int HEAD>
-__global__ void fast_decode_reduce_kernel(const FastDecodeParams p) {
+__global__ void __launch_bounds__(kFastWarps * 32) fast_decode_reduce_kernel(const FastDecodeParams p) {
+  constexpr int kThreads = kFastWarps * 32;
+  constexpr int kDims = (HEAD + kThreads - 1) / kThreads;  // output dimensions per thread
+  constexpr int kBatch = kDims == 1 ? 32 : 16;              // splits in flight per thread
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
+  const int tid = threadIdx.x;
   const int ctx = p.context_lens[seq];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // A programmatic dependent launch: wait until the attention grid has finished and its partials
+  // are visible (returns at once for an ordinary launch).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   if (ctx <= 0) return;  // written by the attention kernel
   const int n = min(p.max_splits, (ctx + p.split_tokens - 1) / p.split_tokens);
   const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head;
   const float* pm = p.part_max + row * p.max_splits;
   const float* ps = p.part_sum + row * p.max_splits;
   const float* po = p.part_out + row * p.max_splits * HEAD;
-  float m = -INFINITY;
-  for (int i = 0; i < n; ++i) m = fmaxf(m, pm[i]);
-  for (int d = threadIdx.x; d < HEAD; d += blockDim.x) {
-    float l = 0.f, acc = 0.f;
-    for (int i = 0; i < n; ++i) {
-      const float w = ps[i] * exp2f(pm[i] - m);
-      l += w;
-      acc += w * po[i * HEAD + d];
+
+  float m = -INFINITY;  // running max (log2 domain)
+  float l = 0.f;        // running total weight, relative to m
+  float acc[kDims];
+#pragma unroll
+  for (int k = 0; k < kDims; ++k) acc[k] = 0.f;
+  for (int i0 = 0; i0 < n; i0 += kBatch) {
+    float bm[kBatch], bs[kBatch], bo[kBatch][kDims];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = i0 + j;
+      const bool live = i < n;
+      bm[j] = live ? pm[i] : -INFINITY;
+      bs[j] = live ? ps[i] : 0.f;
+#pragma unroll
+      for (int k = 0; k < kDims; ++k) {
+        const int d = tid + k * kThreads;
+        bo[j][k] = live && d < HEAD ? po[static_cast<int64_t>(i) * HEAD + d] : 0.f;
+      }
     }
-    Mma<T>::store(static_cast<T*>(p.out) + row * HEAD + d, acc / l * p.v_scale);
+    float cm = m;
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) cm = fmaxf(cm, bm[j]);
+    const float r = exp2f(m - cm);  // 0 for the first batch
+    l *= r;
+#pragma unroll
+    for (int k = 0; k < kDims; ++k) acc[k] *= r;
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const float w = bs[j] * exp2f(bm[j] - cm);  // 0 past the live splits
+      l += w;
+#pragma unroll
+      for (int k = 0; k < kDims; ++k) acc[k] += w * bo[j][k];
+    }
+    m = cm;
+  }
+#pragma unroll
+  for (int k = 0; k < kDims; ++k) {
+    const int d = tid + k * kThreads;
+    if (d < HEAD) Mma<T>::store(static_cast<T*>(p.out) + row * HEAD + d, acc[k] / l * p.v_scale);
   }
 }
 
@@ -425,9 +473,18 @@ cudaError_t launch_head(const FastDecodeParams& p, cudaStream_t stream) {
   }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || p.max_splits == 1) return err;
-  const int threads = HEAD < 128 ? HEAD : 128;
-  fast_decode_reduce_kernel<T, HEAD><<<dim3(p.num_heads, p.num_seqs), threads, 0, stream>>>(p);
-  return cudaGetLastError();
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(p.num_heads, p.num_seqs);
+  cfg.blockDim = dim3(kFastWarps * 32);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  if (p.pdl) {
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&cfg, fast_decode_reduce_kernel<T, HEAD>, p);
 }
 
 template <typename T, typename KV>

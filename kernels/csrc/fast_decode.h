@@ -48,6 +48,8 @@ struct FastDecodeParams {
   int split_tokens;           // context tokens per thread block, a multiple of kFastTile
   int max_splits;             // ceil(max_context_len / split_tokens)
   int prefetch;               // 1: two tiles in flight per warp (head sizes <= 128), 0: one
+  int pdl;                    // 1: the reduce kernel is a programmatic dependent launch (sm_90+):
+                              // it is scheduled while the attention kernel's last wave runs
   int64_t q_stride;           // elements between sequences of query
   int64_t k_block_stride, k_token_stride, k_head_stride;  // elements
   int64_t v_block_stride, v_token_stride, v_head_stride;

@@ -136,7 +136,7 @@ void paged_attention_v2(torch::Tensor out, torch::Tensor exp_sums, torch::Tensor
 void fast_decode(torch::Tensor out, torch::Tensor part_out, torch::Tensor part_max, torch::Tensor part_sum,
                  torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache, int64_t num_kv_heads,
                  double scale, double v_scale, torch::Tensor block_tables, torch::Tensor context_lens,
-                 int64_t split_tokens, int64_t max_splits, bool prefetch,
+                 int64_t split_tokens, int64_t max_splits, bool prefetch, bool pdl,
                  std::optional<torch::Tensor> alibi_slopes, int64_t stream) {
   for (auto* t : {&out, &query, &key_cache, &value_cache, &block_tables, &context_lens}) {
     check_cuda(*t, "every fast_decode tensor");
@@ -181,6 +181,12 @@ void fast_decode(torch::Tensor out, torch::Tensor part_out, torch::Tensor part_m
   p.split_tokens = static_cast<int>(split_tokens);
   p.max_splits = static_cast<int>(max_splits);
   p.prefetch = prefetch ? 1 : 0;
+  if (pdl) {  // programmatic dependent launch exists from sm_90 on
+    int major = 0;
+    TORCH_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, query.get_device()) == cudaSuccess,
+                "fast_decode: cannot read the device's compute capability");
+    p.pdl = major >= 9 ? 1 : 0;
+  }
   p.q_stride = query.stride(0);
   p.k_block_stride = key_cache.stride(0);
   p.k_token_stride = key_cache.stride(1);
