@@ -7,7 +7,8 @@ Head size 128, float16, 32 query heads; in one run:
    (``impl="fast"``, NHD and HND storage), the vLLM-layout kernels v1 and v2 (and the one the
    automatic rule picks), torch SDPA on contiguous ``[batch, kv_heads, context, head]`` K/V (the
    best fused backend), and gather-then-SDPA (copy the blocks to contiguous K/V, then SDPA);
-3. the fast kernel's split length on the headline shapes (the automatic rule and fixed lengths);
+3. the fast kernel's split length on the headline shapes (the automatic rule and fixed lengths),
+   and per load path (register loads, cp.async rings of 2-4 shared-memory stages);
 4. the fast kernel at block sizes 8 to 256;
 5. fp8 (e4m3) caches with per-tensor scales: time, and accuracy against float16;
 6. a sweep of batch 1-256 x context 512-131072 (32 heads on 8 KV heads; points whose KV exceeds
@@ -240,19 +241,20 @@ def run_shape(shape, args, copy_gbs, *, gather=True):
 def headline(args, copy_gbs, results):
     print("\n## Headline shapes (block size 16)\n")
     print("| batch, heads, kv heads, context | KV MB | fast ms | fast GB/s | fast % of copy | fast HND ms | fast HND % of copy | "
-          "fast, no PDL ms | fast, prefetch ms | v1 ms | v2 ms | auto | SDPA contiguous ms (backend) | SDPA % of copy | "
+          "fast, no PDL ms | load path | fast, prefetch ms | v1 ms | v2 ms | auto | SDPA contiguous ms (backend) | SDPA % of copy | "
           "fast HND / SDPA time | gather+SDPA ms | max abs diff fast vs SDPA |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     for shape in SHAPES:
         r = run_shape(shape, args, copy_gbs)
         c = Case(*shape, sets=args.sets, storage="HND")
         r["fast_hnd"] = c.fast_ms(args.warmup, args.iters)
+        r["load_path"] = fast.choose_stages(r["split_tokens"], HEAD_SIZE, DTYPE)
         r["fast_hnd_no_pdl"] = (c.fast_ms(args.warmup, args.iters, pdl=False) if r["split_tokens"] < c.ctx
                                 else float("nan"))
         del c
         c = Case(*shape, sets=args.sets)
-        r["fast_prefetch"] = c.fast_ms(args.warmup, args.iters, prefetch=True)
-        r["fast_no_prefetch"] = c.fast_ms(args.warmup, args.iters, prefetch=False)
+        r["fast_prefetch"] = c.fast_ms(args.warmup, args.iters, prefetch=True, stages=0)
+        r["fast_no_prefetch"] = c.fast_ms(args.warmup, args.iters, prefetch=False, stages=0)
         del c
         torch.cuda.empty_cache()
         results["headline"].append(r)
@@ -260,6 +262,7 @@ def headline(args, copy_gbs, results):
         print(f"| {', '.join(map(str, shape))} | {r['kv_bytes'] / 1e6:.0f} | {r['fast']:.4f} | {fg:.0f} | "
               f"{100 * fg / copy_gbs:.0f}% | {r['fast_hnd']:.4f} | {100 * gbs(r['kv_bytes'], r['fast_hnd']) / copy_gbs:.1f}% | "
               f"{'-' if r['fast_hnd_no_pdl'] != r['fast_hnd_no_pdl'] else format(r['fast_hnd_no_pdl'], '.4f')} | "
+              f"{'ring ' + str(r['load_path']) if r['load_path'] else 'registers'} | "
               f"{r['fast_prefetch']:.4f} | {r['v1']:.4f} | {r['v2']:.4f} | {r['auto']} | "
               f"{r['sdpa']:.4f} ({r['sdpa_backend']}) | {100 * gbs(r['kv_bytes'], r['sdpa']) / copy_gbs:.0f}% | "
               f"{r['fast_hnd'] / r['sdpa']:.2f} | {r['gather_sdpa']:.3f} | {r.get('max_abs_diff', float('nan')):.1e} |",
@@ -288,6 +291,49 @@ def splits(args, copy_gbs, results):
               + " | ".join(pct(row[str(s)]) for s in SPLITS) + " |", flush=True)
         del c
         torch.cuda.empty_cache()
+
+
+def stages(args, copy_gbs, results):
+    """The load paths (register loads, cp.async rings of 2-4 stages) by split length, HND storage."""
+    nsm = torch.cuda.get_device_properties(0).multi_processor_count
+    depths = tuple(int(d) for d in args.depths.split(","))
+    cols = ("auto", *SPLITS, "whole")
+    table = {d: [] for d in depths}
+    for shape in SHAPES:
+        c = Case(*shape, sets=args.sets, storage="HND")
+        auto = fast.choose_split_tokens(c.batch, c.heads, c.kv_heads, c.ctx, nsm)
+        for d in depths:
+            row = {"shape": list(shape), "stages": d, "auto_tokens": auto}
+            for col in cols:
+                split = None if col == "auto" else -(-c.ctx // 16) * 16 if col == "whole" else col
+                if col not in ("auto", "whole") and col >= c.ctx:
+                    row[str(col)] = float("nan")
+                    continue
+                row[str(col)] = c.fast_ms(args.warmup, args.iters, split_tokens=split, stages=d)
+            row["kv_bytes"] = c.kv_bytes
+            table[d].append(row)
+            results["stages"].append(row)
+        del c
+        torch.cuda.empty_cache()
+    from ._build import extension
+
+    occ = {d: extension().fast_decode_ctas_per_sm(HEAD_SIZE, "float16", d, False) for d in depths}
+    occ_prefetch = extension().fast_decode_ctas_per_sm(HEAD_SIZE, "float16", 0, True)
+    print(f"\nthread blocks per SM (occupancy API): prefetch {occ_prefetch}, "
+          + ", ".join(f"{d} stages {occ[d]}" for d in depths))
+    results["occupancy"] = {"prefetch": occ_prefetch, **{str(d): occ[d] for d in depths}}
+    for d in depths:
+        name = "register loads (stages=0, prefetch by choose_prefetch)" if d == 0 else f"cp.async ring, {d} stages"
+        print(f"\n## Load path: {name}, HND storage, block size 16: % of copy bandwidth (auto: ms)\n")
+        print("| batch, heads, kv heads, context | auto (tokens) | auto ms | " + " | ".join(f"{s} tokens" for s in SPLITS)
+              + " | whole context |")
+        print("|---|---:|---:|" + "---:|" * (len(SPLITS) + 1))
+        for row in table[d]:
+            def pct(ms, kv=row["kv_bytes"]):
+                return "-" if ms != ms else f"{100 * gbs(kv, ms) / copy_gbs:.1f}%"
+            print(f"| {', '.join(map(str, row['shape']))} | {pct(row['auto'])} ({row['auto_tokens']}) | "
+                  f"{row['auto']:.4f} | " + " | ".join(pct(row[str(s)]) for s in SPLITS) + f" | {pct(row['whole'])} |",
+                  flush=True)
 
 
 def block_sizes(args, copy_gbs, results):
@@ -432,8 +478,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--sets", type=int, default=4, help="input sets cycled through (queries, block tables)")
-    ap.add_argument("--sections", default="headline,splits,blocks,fp8,sweep",
-                    help="comma-separated: headline, splits, blocks, fp8, sweep")
+    ap.add_argument("--sections", default="headline,splits,stages,blocks,fp8,sweep",
+                    help="comma-separated: headline, splits, stages, blocks, fp8, sweep")
+    ap.add_argument("--depths", default="0,2,3,4", help="stages section: load paths (0 = registers, 2-4 = ring)")
     ap.add_argument("--max-kv-gb", type=float, default=4.3, help="largest KV (GB) of a sweep point")
     ap.add_argument("--json", default=None, help="write every number to this JSON file")
     ap.add_argument("--plot", default=None, help="PNG of the sweep (needs matplotlib)")
@@ -455,8 +502,9 @@ def main(argv=None) -> int:
           f"{args.warmup}, {args.sets} input sets per replay")
     print(f"device copy bandwidth (read + write): {copy_gbs:.0f} GB/s")
     results = {"device": device, "torch": torch.__version__, "copy_gbs": copy_gbs, "headline": [], "splits": [],
-               "block_sizes": [], "fp8": [], "sweep": []}
-    sections = {"headline": headline, "splits": splits, "blocks": block_sizes, "fp8": fp8, "sweep": sweep}
+               "stages": [], "block_sizes": [], "fp8": [], "sweep": []}
+    sections = {"headline": headline, "splits": splits, "stages": stages, "blocks": block_sizes, "fp8": fp8,
+                "sweep": sweep}
     for name in args.sections.split(","):
         sections[name](args, copy_gbs, results)
         if args.json:

@@ -20,7 +20,9 @@ query. Block sizes: powers of two from 8 to 256. Head sizes: ``layout.SUPPORTED_
 Work split: one thread block per (sequence, KV head, group of up to 8 query heads, split of
 ``split_tokens`` context tokens): each KV head is read once for all the query heads of its GQA
 group. When the batch alone gives too few thread blocks to fill the GPU, the context is split and
-a second kernel combines the splits (``choose_split_tokens``).
+a second kernel combines the splits (``choose_split_tokens``), launched as a programmatic dependent
+launch on Hopper (``pdl``). Load path (``choose_stages``): register loads, or for short splits a
+ring of shared-memory stages per warp filled with whole-line ``cp.async`` copies.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ MIN_SPLIT_TOKENS = 1024   # shortest split worth a thread block when there is pl
 MIN_SPLIT_TOKENS_SMALL = 256  # ... and when there is little (under 64 tiles per SM): see NOTES.md
 PREFETCH = None           # None: choose_prefetch; a second tile in flight per warp helps only latency-bound shapes
 PDL = True                # the split reduce as a programmatic dependent launch (Hopper and later)
+STAGES = None             # None: choose_stages; 0 = register loads, 2-4 = cp.async shared-memory ring depth
+RING_MAX_SPLIT = 512      # longest split (tokens per thread block) for which choose_stages picks the ring
+SMEM_LIMIT = 227 * 1024   # dynamic shared memory one thread block may have on sm_90
+WARPS = 4
 
 
 def fast_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
@@ -95,6 +101,32 @@ def choose_split_tokens(num_seqs: int, num_heads: int, num_kv_heads: int, max_co
     shortest = MIN_SPLIT_TOKENS if tiles_per_sm >= 64 else MIN_SPLIT_TOKENS_SMALL
     split = max(shortest, -(-(-(-max_context_len // splits)) // 64) * 64)
     return min(split, whole)
+
+
+def ring_smem_bytes(head_size: int, stages: int) -> int:
+    """Dynamic shared memory of the cp.async variant (float16 / bfloat16 caches, heads <= 128) with ``stages``
+    stages per warp: one tile's key and value rows plus each lane's two block ids per warp and
+    stage; at least the warps' combine buffer, which reuses it (kernels/csrc/fast_decode.cuh,
+    ``Ring``)."""
+    stage_bytes = 2 * TILE * head_size * 2 + 32 * 8
+    return max(WARPS * stages * stage_bytes, WARPS * HEADS_PER_CTA * head_size * 4)
+
+
+def max_stages(head_size: int, dtype: torch.dtype) -> int:
+    """The deepest ring (2 to 4 stages) that fits a thread block's shared memory; 0 for float8
+    caches and head sizes over 128, which use the register loads only."""
+    if dtype == FP8 or head_size > 128:
+        return 0
+    return max((s for s in (2, 3, 4) if ring_smem_bytes(head_size, s) <= SMEM_LIMIT), default=0)
+
+
+def choose_stages(split_tokens: int, head_size: int, dtype: torch.dtype) -> int:
+    """The load path: a cp.async ring of 2 stages when a thread block's split is at most
+    ``RING_MAX_SPLIT`` tokens (8 tiles per warp or fewer, where issuing the next tile before the
+    current one is computed pays: +7% at 256 x 512 and +7-14% with 256-token splits in the H200
+    runs), else register loads, which were 2-8% faster on longer splits (NOTES.md, BENCHMARKS.md).
+    Float8 caches and heads over 128 always use the register loads."""
+    return 2 if split_tokens <= RING_MAX_SPLIT and max_stages(head_size, dtype) >= 2 else 0
 
 
 def choose_prefetch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: int, dtype: torch.dtype,
@@ -175,7 +207,8 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
                     block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
                     max_context_len: int | None, alibi_slopes: torch.Tensor | None = None, *,
                     k_scale: float = 1.0, v_scale: float = 1.0, split_tokens: int | None = None,
-                    prefetch: bool | None = PREFETCH, pdl: bool = PDL, validate: bool = True) -> torch.Tensor:
+                    prefetch: bool | None = PREFETCH, pdl: bool = PDL, stages: int | None = STAGES,
+                    validate: bool = True) -> torch.Tensor:
     """Decode attention of one query token per sequence over caches in the fast layout.
 
     Arguments as ``kernels.paged_attention`` (``ops.py``), except that the caches are
@@ -185,8 +218,12 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
         k_scale, v_scale: float8_e4m3fn caches hold ``key / k_scale`` and ``value / v_scale``.
         split_tokens: context tokens per thread block (a multiple of 16), or None for
             ``choose_split_tokens``. Ignored on CPU.
-        prefetch: keep two tiles in flight per warp (head sizes <= 128; larger heads keep one);
-            None chooses with ``choose_prefetch``.
+        stages: 2 to 4: each warp streams its tiles through a ring of that many shared-memory
+            stages (cp.async, float16 / bfloat16 caches, heads <= 128), so ``stages - 1`` tiles
+            are in flight while one is computed; 0: loads straight into registers; None chooses
+            with ``choose_stages``. The deepest ring that fits is ``max_stages(head_size, dtype)``.
+        prefetch: with ``stages=0``, keep two tiles in flight per warp in registers (head sizes
+            <= 128; larger heads keep one); None chooses with ``choose_prefetch``.
         pdl: with splits, launch the kernel that combines them as a programmatic dependent launch
             (compute capability 9.0 and later; ignored before): it is scheduled while the attention
             kernel's last wave runs instead of after it, hiding its launch latency.
@@ -197,6 +234,15 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
     max_context_len = check_attention(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables,
                                       context_lens, block_size, max_context_len, alibi_slopes, k_scale, v_scale,
                                       validate)
+    head_size = query.shape[2]
+    if stages is not None and stages != 0:
+        deepest = max_stages(head_size, key_cache.dtype)
+        if deepest == 0:
+            raise ValueError(f"stages must be 0 for head_size {head_size} with {key_cache.dtype} caches: the "
+                             f"cp.async ring takes float16 / bfloat16 caches with head sizes <= 128, got {stages}")
+        if not 2 <= stages <= deepest:
+            raise ValueError(f"stages must be 0 or 2 to {deepest} for head_size {head_size} (shared memory), "
+                             f"got {stages}")
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
     if not query.is_cuda:
@@ -210,6 +256,9 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
         split_tokens = choose_split_tokens(num_seqs, num_heads, int(num_kv_heads), max_context_len,
                                            _num_sms(query.device.index or 0))
     split_tokens = int(split_tokens)
+    if stages is None:
+        stages = choose_stages(split_tokens, head_size, key_cache.dtype)
+    stages = int(stages)
     if prefetch is None:
         prefetch = choose_prefetch(num_seqs, num_heads, int(num_kv_heads), head_size, key_cache.dtype,
                                    _num_sms(query.device.index or 0))
@@ -233,7 +282,8 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
 
     extension().fast_decode(out, part_out, part_max, part_sum, query, key_cache, value_cache, int(num_kv_heads),
                             float(scale) * float(k_scale), float(v_scale), block_tables, context_lens, split_tokens,
-                            max_splits, bool(prefetch), bool(pdl), alibi_slopes, torch.cuda.current_stream(query.device).cuda_stream)
+                            max_splits, bool(prefetch), bool(pdl), stages, alibi_slopes,
+                            torch.cuda.current_stream(query.device).cuda_stream)
     return out
 
 

@@ -21,6 +21,14 @@
 // product's rows (head dims) come out permuted so that each lane ends with whole 16-byte chunks
 // of its two heads' output.
 //
+// Loads. With stages == 0 each lane loads its chunks straight into registers (one tile in flight
+// per warp, or two with prefetch). With stages >= 2 each warp streams its tiles through its own
+// ring of shared-memory stages with cp.async: the loads of the next stages - 1 tiles are in
+// flight while a tile is computed, at no register cost. Every lane copies exactly the 16-byte
+// (fp8: 8-byte) chunks it will read back, into slots of its own ([slot][lane] order, so a warp's
+// accesses are conflict-free), so the ring needs no barrier: a lane's cp.async.wait_group makes
+// its own copies visible to it.
+//
 // Masking: tokens past the context (or past the split) get a -inf logit and are never loaded; a
 // block id outside [0, num_blocks) is never dereferenced and gives NaN logits, so the sequence's
 // output becomes NaN (the host API rejects such tables before launch).
@@ -77,6 +85,41 @@ struct Mma<__nv_bfloat16> {
   __device__ __forceinline__ static void store(__nv_bfloat16* dst, float v) { *dst = __float2bfloat16_rn(v); }
 };
 
+// L2 prefetch size hints (bytes; 0 = none) of the register loads and of the cp.async ring's copies.
+#ifndef BLOCKSIM_FAST_LOAD_L2
+#define BLOCKSIM_FAST_LOAD_L2 0
+#endif
+#ifndef BLOCKSIM_FAST_RING_L2
+#define BLOCKSIM_FAST_RING_L2 128
+#endif
+#if BLOCKSIM_FAST_LOAD_L2 == 64
+#define BLOCKSIM_LOAD_HINT ".L2::64B"
+#elif BLOCKSIM_FAST_LOAD_L2 == 128
+#define BLOCKSIM_LOAD_HINT ".L2::128B"
+#elif BLOCKSIM_FAST_LOAD_L2 == 256
+#define BLOCKSIM_LOAD_HINT ".L2::256B"
+#endif
+
+__device__ __forceinline__ uint4 ld_nc16(const void* ptr) {
+#ifdef BLOCKSIM_LOAD_HINT
+  uint4 v;
+  asm("ld.global.nc" BLOCKSIM_LOAD_HINT ".v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
+  return v;
+#else
+  return __ldg(reinterpret_cast<const uint4*>(ptr));
+#endif
+}
+__device__ __forceinline__ uint2 ld_nc8(const void* ptr) {
+#ifdef BLOCKSIM_LOAD_HINT
+  uint2 v;
+  asm("ld.global.nc" BLOCKSIM_LOAD_HINT ".v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(ptr));
+  return v;
+#else
+  return __ldg(reinterpret_cast<const uint2*>(ptr));
+#endif
+}
+
 // Eight consecutive cache elements as eight 16-bit values of the product type T (one uint4).
 template <typename T, typename KV>
 struct Load8;
@@ -84,7 +127,7 @@ struct Load8;
 template <typename T>
 struct Load8<T, T> {  // 16-bit cache: one 16-byte load
   using Raw = uint4;
-  __device__ __forceinline__ static Raw load(const T* ptr) { return __ldg(reinterpret_cast<const uint4*>(ptr)); }
+  __device__ __forceinline__ static Raw load(const T* ptr) { return ld_nc16(ptr); }
   __device__ __forceinline__ static uint4 widen(const Raw& r) { return r; }
 };
 
@@ -92,7 +135,7 @@ template <>
 struct Load8<__half, __nv_fp8_e4m3> {  // fp8 cache: one 8-byte load, converted to float16 exactly
   using Raw = uint2;
   __device__ __forceinline__ static Raw load(const __nv_fp8_e4m3* ptr) {
-    return __ldg(reinterpret_cast<const uint2*>(ptr));
+    return ld_nc8(ptr);
   }
   __device__ __forceinline__ static uint32_t cvt2(uint32_t two) {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
@@ -103,12 +146,58 @@ struct Load8<__half, __nv_fp8_e4m3> {  // fp8 cache: one 8-byte load, converted 
   }
 };
 
+// Asynchronous copy of one chunk (16 or 8 bytes) into shared memory; a dead chunk (live == false)
+// is zero-filled without reading global memory.
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void* dst, const void* src, bool live) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const int n = live ? BYTES : 0;
+#if BLOCKSIM_FAST_RING_L2 == 0
+#define BLOCKSIM_RING_HINT ""
+#elif BLOCKSIM_FAST_RING_L2 == 64
+#define BLOCKSIM_RING_HINT ".L2::64B"
+#elif BLOCKSIM_FAST_RING_L2 == 256
+#define BLOCKSIM_RING_HINT ".L2::256B"
+#else
+#define BLOCKSIM_RING_HINT ".L2::128B"
+#endif
+  if constexpr (BYTES == 16) {
+    asm volatile("cp.async.cg.shared.global" BLOCKSIM_RING_HINT " [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global" BLOCKSIM_RING_HINT " [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src),
+                 "n"(BYTES), "r"(n) : "memory");
+  }
+#undef BLOCKSIM_RING_HINT
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// Shared memory of the cp.async variant (16-bit caches, heads <= 128): per warp and stage one tile's key and
+// value rows plus each lane's copy of the tile's two block ids; at least the warps' combine buffer,
+// which reuses it.
+template <typename KV, int HEAD>
+struct Ring {
+  static constexpr int STAGE_BYTES = 2 * kFastTile * HEAD * 2 + 32 * 8;
+  static constexpr int COMBINE_BYTES = kFastWarps * kFastHeadsPerCta * HEAD * 4;
+  static constexpr size_t bytes(int stages) {
+    if (sizeof(KV) != 2 || HEAD > 128) return ~size_t{0};  // fp8 caches, heads > 128: register loads
+    const size_t ring = static_cast<size_t>(kFastWarps) * stages * STAGE_BYTES;
+    return ring > COMBINE_BYTES ? ring : COMBINE_BYTES;
+  }
+};
+constexpr size_t kMaxSmem = 227 * 1024;  // an sm_90 thread block's dynamic shared-memory limit
+
+extern __shared__ __align__(16) unsigned char fast_smem[];
+
 __device__ __forceinline__ uint32_t word(const uint4& v, int w) {
   return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
 }
 
-template <typename T, typename KV, int HEAD, bool PREFETCH>
+template <typename T, typename KV, int HEAD, bool PREFETCH, int STAGES>
 __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const FastDecodeParams p) {
+  static_assert(STAGES == 0 || (STAGES >= 2 && !PREFETCH), "cp.async ring: 2 or more stages, no prefetch");
   using L = Load8<T, KV>;
   using Raw = typename L::Raw;
   constexpr int NCHUNK = HEAD / 8;            // 8-element chunks per head row
@@ -228,7 +317,96 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const Fast
 
   // One tile: S = Q K^T, online softmax, O^T += V^T P^T. Heads > 128 load the values only after
   // S (register pressure), unless they were prefetched.
-  auto compute = [&](int tile, Tile& x, bool values_loaded) {
+  // The cp.async ring (16-bit caches). A stage holds one tile: 16 key rows, then 16 value rows,
+  // of NCHUNK 16-byte chunks each, then the lanes' copies of the tile's two block ids. The warp
+  // copies a tile with whole rows per instruction (32 consecutive chunks: full 128-byte lines),
+  // and each lane then reads the chunks its fragments need. Chunk c of row r is stored at
+  // position c ^ f(r) of its row (for rows of a multiple of 8 chunks), which makes both fragment
+  // read patterns and the copies conflict-free: each group of 8 lanes touches 8 distinct 16-byte
+  // bank groups.
+  using R = Ring<KV, HEAD>;
+  auto stage_base = [&](int stage) {
+    return fast_smem + (warp * (STAGES > 0 ? STAGES : 1) + stage) * R::STAGE_BYTES;
+  };
+  auto swz = [](int row, int c) {
+    return (NCHUNK % 8 == 0) ? c ^ (((row & 1) << 2) ^ (((row >> 1) & 3) << 1)) : c;
+  };
+  auto ring_ids = [&](int stage) {
+    return reinterpret_cast<int2*>(stage_base(stage) + 2 * kFastTile * NCHUNK * 16) + lane;
+  };
+  // Issues the copies of one tile into a stage (and keeps its block ids there).
+  auto issue = [&](int tile, int b_lo, int b_hi, int stage) {
+    uint4* dst = reinterpret_cast<uint4*>(stage_base(stage));
+    *ring_ids(stage) = make_int2(b_lo, b_hi);
+    const int tok0 = start + tile * kFastTile;  // a multiple of 16: each half lies in one block
+    const KV* kh[2];
+    const KV* vh[2];
+    bool okh[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int b = h ? b_hi : b_lo;
+      okh[h] = ok(b);
+      const int64_t blk = okh[h] ? b : 0;
+      const int off = (tok0 + 8 * h) & bs_mask;
+      kh[h] = k_cache + blk * p.k_block_stride + off * p.k_token_stride;
+      vh[h] = v_cache + blk * p.v_block_stride + off * p.v_token_stride;
+    }
+#pragma unroll
+    for (int i = 0; i < (kFastTile * NCHUNK + 31) / 32; ++i) {
+      const int q = i * 32 + lane;
+      if (kFastTile * NCHUNK % 32 == 0 || q < kFastTile * NCHUNK) {
+        const int row = q / NCHUNK;
+        const int c = q % NCHUNK;
+        const int h = row >> 3;
+        const bool live = tok0 + row < end && okh[h];
+        const int slot = row * NCHUNK + swz(row, c);
+        cp_async<16>(dst + slot, kh[h] + (row & 7) * p.k_token_stride + c * 8, live);
+        cp_async<16>(dst + kFastTile * NCHUNK + slot, vh[h] + (row & 7) * p.v_token_stride + c * 8, live);
+      }
+    }
+  };
+  // Fragment reads. Keys: rows g, g + 8, chunks t + 4j, so f(row) = f(g) and chunk c ^ f splits
+  // into (t ^ f % 4) + 4 (j ^ f / 4): two lane bases (even / odd j) plus immediates. Values: rows
+  // 2t + (vt & 1) + 8 (vt / 2), chunks g + 8r, so f = 4 (vt & 1) ^ 2t: one base per (vt & 1).
+  constexpr bool kSwz = NCHUNK % 8 == 0;
+  const int fk = kSwz ? (((g & 1) << 2) ^ (((g >> 1) & 3) << 1)) : 0;
+  const int kbase = g * NCHUNK + (t ^ (fk & 3));
+  const int kb_even = kbase + 4 * (fk >> 2);
+  const int kb_odd = kbase - 4 * (fk >> 2);
+  const int fv = kSwz ? (t << 1) : 0;
+  const int vb0 = 2 * t * NCHUNK + (g ^ fv);
+  const int vb1 = (2 * t + 1) * NCHUNK + (g ^ fv ^ (kSwz ? 4 : 0));
+  auto read_keys = [&](int stage, Tile& x) {
+    const uint4* src = reinterpret_cast<const uint4*>(stage_base(stage));
+    const int2 ids = *ring_ids(stage);
+    x.b_lo = ids.x;
+    x.b_hi = ids.y;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int j = 0; j < KJ; ++j) {
+        if constexpr (sizeof(KV) == 2) {
+          x.k[n][j] = t + 4 * j < NCHUNK ? src[((j & 1) ? kb_odd : kb_even) + 8 * n * NCHUNK + 4 * j]
+                                         : make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+  };
+  auto read_values = [&](int stage, Tile& x) {
+    const uint4* src = reinterpret_cast<const uint4*>(stage_base(stage)) + kFastTile * NCHUNK;
+#pragma unroll
+    for (int vt = 0; vt < 4; ++vt) {
+#pragma unroll
+      for (int r = 0; r < 2 * NCP; ++r) {
+        if constexpr (sizeof(KV) == 2) {
+          x.v[vt][r] = g + 8 * r < NCHUNK ? src[((vt & 1) ? vb1 : vb0) + 8 * (vt >> 1) * NCHUNK + 8 * r]
+                                          : make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+  };
+
+  auto compute = [&](int tile, Tile& x, bool values_loaded, int stage) {
     const int tok0 = start + tile * kFastTile;
     // s[n][0..1] = logits of head g, tokens 8 n + 2t, 8 n + 2t + 1
     float s[2][4];
@@ -242,7 +420,13 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const Fast
         Mma<T>::run(s[n], qa[2 * j + 1][0], 0u, qa[2 * j + 1][1], 0u, k.z, k.w);
       }
     }
-    if (!values_loaded) load_values(tile, x);
+    if (!values_loaded) {
+      if constexpr (STAGES > 0) {
+        read_values(stage, x);
+      } else {
+        load_values(tile, x);
+      }
+    }
 
     // ---- online softmax (log2 domain) ----
     const bool ok_lo = ok(x.b_lo), ok_hi = ok(x.b_hi);
@@ -296,7 +480,39 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const Fast
     }
   };
 
-  if constexpr (PREFETCH) {
+  if constexpr (STAGES > 0) {
+    // This warp's tiles are warp, warp + kFastWarps, ...: k-th one in stage k % STAGES.
+    const int my_n = warp < n_tiles ? (n_tiles - warp + kFastWarps - 1) / kFastWarps : 0;
+    int id_lo = 0, id_hi = 0;  // block ids of the next tile to issue
+    if (my_n > 0) block_ids(warp, id_lo, id_hi);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < my_n) {
+        issue(warp + s * kFastWarps, id_lo, id_hi, s);
+        if (s + 1 < my_n) block_ids(warp + (s + 1) * kFastWarps, id_lo, id_hi);
+      }
+      cp_async_commit();
+    }
+    int stage = 0;        // stage of tile k
+    int next = STAGES - 1;  // stage of tile k + STAGES - 1
+    for (int k = 0; k < my_n; ++k) {
+      const int ahead = k + STAGES - 1;
+      if (ahead < my_n) {
+        issue(warp + ahead * kFastWarps, id_lo, id_hi, next);
+        if (ahead + 1 < my_n) block_ids(warp + (ahead + 1) * kFastWarps, id_lo, id_hi);
+      }
+      cp_async_commit();
+      cp_async_wait<STAGES - 1>();  // tile k's copies have landed
+      Tile cur;
+      read_keys(stage, cur);
+      if constexpr (HEAD <= 128) read_values(stage, cur);
+      compute(warp + k * kFastWarps, cur, HEAD <= 128, stage);
+      stage = stage + 1 == STAGES ? 0 : stage + 1;
+      next = next + 1 == STAGES ? 0 : next + 1;
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the combine below reuses the ring's shared memory
+  } else if constexpr (PREFETCH) {
     // Two tiles in flight per warp: the next tile's loads are issued before this one's products.
     Tile cur;
     int id_lo = 0, id_hi = 0;  // block ids of the tile after the one being loaded
@@ -316,7 +532,7 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const Fast
         load_values(it + kFastWarps, nxt);
         if (it + 2 * kFastWarps < n_tiles) block_ids(it + 2 * kFastWarps, id_lo, id_hi);
       }
-      compute(it, cur, true);
+      compute(it, cur, true, 0);
       if (more) cur = nxt;
     }
   } else {
@@ -330,7 +546,7 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const Fast
       if constexpr (HEAD <= 128) load_values(it, cur);
       // The next tile's block ids, while this tile's loads are in flight.
       if (it + kFastWarps < n_tiles) block_ids(it + kFastWarps, id_lo, id_hi);
-      compute(it, cur, HEAD <= 128);
+      compute(it, cur, HEAD <= 128, 0);
     }
   }
 
@@ -339,7 +555,15 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const Fast
   l_run += __shfl_xor_sync(kMask, l_run, 2);
   __shared__ float sm_m[kFastWarps][kFastHeadsPerCta];
   __shared__ float sm_l[kFastWarps][kFastHeadsPerCta];
-  __shared__ float sm_o[kFastWarps][kFastHeadsPerCta][HEAD];
+  using Combine = float[kFastWarps][kFastHeadsPerCta][HEAD];
+  Combine* sm_o_ptr;
+  if constexpr (STAGES > 0) {
+    sm_o_ptr = reinterpret_cast<Combine*>(fast_smem);
+  } else {
+    __shared__ Combine sm_o_static;
+    sm_o_ptr = &sm_o_static;
+  }
+  Combine& sm_o = *sm_o_ptr;
   if (t == 0) {
     sm_m[warp][g] = m_run;
     sm_l[warp][g] = l_run;
@@ -457,21 +681,55 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_reduce_kernel(con
   }
 }
 
+// Launches the attention kernel, or with p.ctas_per_sm only reports its occupancy.
+template <typename Kernel>
+cudaError_t launch_or_query(Kernel* kernel, const FastDecodeParams& p, dim3 grid, size_t smem, cudaStream_t stream) {
+  if (p.ctas_per_sm != nullptr) {
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(p.ctas_per_sm, kernel, kFastWarps * 32, smem);
+  }
+  kernel<<<grid, kFastWarps * 32, smem, stream>>>(p);
+  return cudaSuccess;
+}
+
+template <typename T, typename KV, int HEAD, int STAGES>
+cudaError_t launch_ring(const FastDecodeParams& p, dim3 grid, cudaStream_t stream) {
+  constexpr size_t bytes = Ring<KV, HEAD>::bytes(STAGES);
+  if constexpr (bytes > kMaxSmem) {
+    return cudaErrorInvalidValue;  // does not fit: fast_decode_smem_bytes says 0
+  } else {
+    auto* kernel = fast_decode_kernel<T, KV, HEAD, false, STAGES>;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    // all of the SM's unified L1 / shared memory as shared memory, so that as many thread blocks
+    // as the ring allows are resident (the driver may otherwise pick a smaller carveout)
+    if (err == cudaSuccess) {
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    }
+    if (err != cudaSuccess) return err;
+    return launch_or_query(kernel, p, grid, bytes, stream);
+  }
+}
+
 template <typename T, typename KV, int HEAD>
 cudaError_t launch_head(const FastDecodeParams& p, cudaStream_t stream) {
   const int group = p.num_heads / p.num_kv_heads;
   const int head_groups = (group + kFastHeadsPerCta - 1) / kFastHeadsPerCta;
   const dim3 grid(p.max_splits, p.num_kv_heads * head_groups, p.num_seqs);
-  if constexpr (HEAD <= 128) {
-    if (p.prefetch) {
-      fast_decode_kernel<T, KV, HEAD, true><<<grid, kFastWarps * 32, 0, stream>>>(p);
-    } else {
-      fast_decode_kernel<T, KV, HEAD, false><<<grid, kFastWarps * 32, 0, stream>>>(p);
-    }
-  } else {
-    fast_decode_kernel<T, KV, HEAD, false><<<grid, kFastWarps * 32, 0, stream>>>(p);
+  cudaError_t err = cudaSuccess;
+  switch (p.stages) {
+    case 0:
+      if (HEAD <= 128 && p.prefetch) {
+        err = launch_or_query(fast_decode_kernel<T, KV, HEAD, HEAD <= 128, 0>, p, grid, 0, stream);
+      } else {
+        err = launch_or_query(fast_decode_kernel<T, KV, HEAD, false, 0>, p, grid, 0, stream);
+      }
+      break;
+    case 2: err = launch_ring<T, KV, HEAD, 2>(p, grid, stream); break;
+    case 3: err = launch_ring<T, KV, HEAD, 3>(p, grid, stream); break;
+    case 4: err = launch_ring<T, KV, HEAD, 4>(p, grid, stream); break;
+    default: return cudaErrorInvalidValue;
   }
-  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || p.ctas_per_sm != nullptr) return err;
+  err = cudaGetLastError();
   if (err != cudaSuccess || p.max_splits == 1) return err;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(p.num_heads, p.num_seqs);

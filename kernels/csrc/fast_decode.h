@@ -47,13 +47,22 @@ struct FastDecodeParams {
   int num_blocks;             // larger block ids are never read: they poison the output with NaN
   int split_tokens;           // context tokens per thread block, a multiple of kFastTile
   int max_splits;             // ceil(max_context_len / split_tokens)
-  int prefetch;               // 1: two tiles in flight per warp (head sizes <= 128), 0: one
+  int prefetch;               // register loads (stages == 0): 1 = two tiles in flight per warp
+                              // (head sizes <= 128), 0 = one
+  int stages;                 // 0: K/V loaded into registers; 2 to 4: each warp streams its tiles
+                              // through a ring of this many shared-memory stages (cp.async)
+  int* ctas_per_sm;           // non-null: launch nothing; write how many thread blocks of the kernel
+                              // this launch would run fit on one SM (occupancy)
   int pdl;                    // 1: the reduce kernel is a programmatic dependent launch (sm_90+):
                               // it is scheduled while the attention kernel's last wave runs
   int64_t q_stride;           // elements between sequences of query
   int64_t k_block_stride, k_token_stride, k_head_stride;  // elements
   int64_t v_block_stride, v_token_stride, v_head_stride;
 };
+
+// Dynamic shared memory of the cp.async variant (stages >= 2), in bytes; 0 when the variant does
+// not exist for this head size / cache type / stage count (it must fit an SM's 227 KB).
+size_t fast_decode_smem_bytes(int head_size, int kv_dtype, int stages);
 
 // query_dtype: kFastF16 or kFastBF16; kv_dtype: the same, or kFastFp8E4M3 (with a float16
 // query). One kernel launch, plus a reduce launch when max_splits > 1.

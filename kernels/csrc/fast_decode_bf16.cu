@@ -1,10 +1,36 @@
-// Instantiates the fast decode kernel for bfloat16 queries and caches, and the dtype dispatch.
+// Instantiates the fast decode kernel for bfloat16 queries and caches, the dtype dispatch, and the
+// cp.async variant's shared-memory size.
 #include "fast_decode.cuh"
 
 namespace blocksim {
 
 cudaError_t launch_fast_decode_bf16(const FastDecodeParams& p, cudaStream_t stream) {
   return fast::launch_typed<__nv_bfloat16, __nv_bfloat16>(p, stream);
+}
+
+namespace {
+template <typename KV>
+size_t ring_bytes(int head_size, int stages) {
+  switch (head_size) {
+    case 32: return fast::Ring<KV, 32>::bytes(stages);
+    case 64: return fast::Ring<KV, 64>::bytes(stages);
+    case 80: return fast::Ring<KV, 80>::bytes(stages);
+    case 96: return fast::Ring<KV, 96>::bytes(stages);
+    case 112: return fast::Ring<KV, 112>::bytes(stages);
+    case 120: return fast::Ring<KV, 120>::bytes(stages);
+    case 128: return fast::Ring<KV, 128>::bytes(stages);
+    case 192: return fast::Ring<KV, 192>::bytes(stages);
+    case 256: return fast::Ring<KV, 256>::bytes(stages);
+    default: return 0;
+  }
+}
+}  // namespace
+
+size_t fast_decode_smem_bytes(int head_size, int kv_dtype, int stages) {
+  if (stages < 2 || stages > 4) return 0;
+  const size_t bytes = kv_dtype == kFastFp8E4M3 ? ring_bytes<__nv_fp8_e4m3>(head_size, stages)
+                                                : ring_bytes<__half>(head_size, stages);
+  return bytes <= fast::kMaxSmem ? bytes : 0;
 }
 
 cudaError_t launch_fast_decode(const FastDecodeParams& p, int query_dtype, int kv_dtype, cudaStream_t stream) {

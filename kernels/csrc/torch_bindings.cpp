@@ -136,7 +136,7 @@ void paged_attention_v2(torch::Tensor out, torch::Tensor exp_sums, torch::Tensor
 void fast_decode(torch::Tensor out, torch::Tensor part_out, torch::Tensor part_max, torch::Tensor part_sum,
                  torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache, int64_t num_kv_heads,
                  double scale, double v_scale, torch::Tensor block_tables, torch::Tensor context_lens,
-                 int64_t split_tokens, int64_t max_splits, bool prefetch, bool pdl,
+                 int64_t split_tokens, int64_t max_splits, bool prefetch, bool pdl, int64_t stages,
                  std::optional<torch::Tensor> alibi_slopes, int64_t stream) {
   for (auto* t : {&out, &query, &key_cache, &value_cache, &block_tables, &context_lens}) {
     check_cuda(*t, "every fast_decode tensor");
@@ -187,6 +187,7 @@ void fast_decode(torch::Tensor out, torch::Tensor part_out, torch::Tensor part_m
                 "fast_decode: cannot read the device's compute capability");
     p.pdl = major >= 9 ? 1 : 0;
   }
+  p.stages = static_cast<int>(stages);
   p.q_stride = query.stride(0);
   p.k_block_stride = key_cache.stride(0);
   p.k_token_stride = key_cache.stride(1);
@@ -218,6 +219,8 @@ void fast_decode(torch::Tensor out, torch::Tensor part_out, torch::Tensor part_m
     case torch::kFloat8_e4m3fn: kv_dtype = blocksim::kFastFp8E4M3; break;
     default: TORCH_CHECK(false, "fast_decode: caches must be float16, bfloat16 or float8_e4m3fn");
   }
+  TORCH_CHECK(stages == 0 || blocksim::fast_decode_smem_bytes(p.head_size, kv_dtype, p.stages) > 0,
+              "fast_decode: ", stages, " shared-memory stages do not fit head size ", p.head_size);
   const DeviceScope scope(query.device());
   check_launch(blocksim::launch_fast_decode(p, q_dtype, kv_dtype, as_stream(stream)), "fast_decode");
 }
@@ -345,6 +348,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention_v1", &paged_attention_v1);
   m.def("paged_attention_v2", &paged_attention_v2);
   m.def("fast_decode", &fast_decode);
+  m.def("fast_decode_smem_bytes", [](int64_t head_size, bool fp8, int64_t stages) {
+    return static_cast<int64_t>(blocksim::fast_decode_smem_bytes(
+        static_cast<int>(head_size), fp8 ? blocksim::kFastFp8E4M3 : blocksim::kFastF16, static_cast<int>(stages)));
+  });
+  m.def("fast_decode_ctas_per_sm", [](int64_t head_size, const std::string& dtype, int64_t stages, bool prefetch) {
+    blocksim::FastDecodeParams p{};
+    int ctas = 0;
+    p.ctas_per_sm = &ctas;
+    p.num_seqs = p.num_heads = p.num_kv_heads = p.max_splits = 1;
+    p.head_size = static_cast<int>(head_size);
+    p.block_size_log2 = 4;
+    p.split_tokens = blocksim::kFastTile;
+    p.stages = static_cast<int>(stages);
+    p.prefetch = prefetch ? 1 : 0;
+    const int q = dtype == "bfloat16" ? blocksim::kFastBF16 : blocksim::kFastF16;
+    const int kv = dtype == "bfloat16" ? blocksim::kFastBF16 : dtype == "fp8" ? blocksim::kFastFp8E4M3 : blocksim::kFastF16;
+    check_launch(blocksim::launch_fast_decode(p, q, kv, nullptr), "fast_decode_ctas_per_sm");
+    return static_cast<int64_t>(ctas);
+  });
   m.def("reshape_and_cache", &reshape_and_cache);
   m.def("copy_blocks", &copy_blocks);
   m.def("swap_blocks", &swap_blocks);

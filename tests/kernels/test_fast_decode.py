@@ -57,7 +57,7 @@ def caches(num_kv_heads, head_size, block_size, dtype, storage="NHD", num_blocks
 
 def run_case(*, num_heads, num_kv_heads, head_size, block_size, dtype, max_context=MAX_CONTEXT, lens=None,
              alibi=False, seed=0, num_seqs=NUM_SEQS, storage="NHD", split_tokens=None, num_blocks=NUM_BLOCKS,
-             prefetch=None):
+             prefetch=None, stages=None):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     kc, vc = caches(num_kv_heads, head_size, block_size, dtype, storage, num_blocks)
     if lens is None:
@@ -72,12 +72,12 @@ def run_case(*, num_heads, num_kv_heads, head_size, block_size, dtype, max_conte
     slopes = torch.rand(num_heads, generator=gen, device="cuda") * 0.1 if alibi else None
     scale = head_size ** -0.5
     out = torch.full_like(query, float("nan"))
-    if prefetch is None:
+    if prefetch is None and stages is None:
         kernels.paged_attention(out, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
                                 max_context, slopes, impl="fast", split_tokens=split_tokens)
     else:
         fast.paged_attention(out, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
-                             max_context, slopes, split_tokens=split_tokens, prefetch=prefetch)
+                             max_context, slopes, split_tokens=split_tokens, prefetch=prefetch, stages=stages)
     want = torch.empty(query.shape, dtype=torch.float32, device="cuda")
     reference_fast.paged_attention(want, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
                                    max_context, slopes)
@@ -125,8 +125,38 @@ def test_fast_forced_splits(split_tokens):
 def test_fast_two_tiles_in_flight(dtype, head_size, split_tokens):
     """prefetch=True: the loop that keeps a second tile in flight per warp (heads <= 128)."""
     out, want = run_case(num_heads=32, num_kv_heads=8, head_size=head_size, block_size=16, dtype=dtype,
-                         split_tokens=split_tokens, max_context=5000, seed=head_size, prefetch=True)
+                         split_tokens=split_tokens, max_context=5000, seed=head_size, prefetch=True, stages=0)
     assert_matches(out, want, dtype)
+
+
+@pytest.mark.parametrize("split_tokens", [64, 1024, None])
+@pytest.mark.parametrize("head_size,stages", [(h, d) for h in (64, 120, 128) for d in (0, 2, 3, 4)] + [(256, 0)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fast_load_paths(dtype, head_size, stages, split_tokens):
+    """Register loads (stages=0) and every cp.async ring depth (heads <= 128: the ring's limit)."""
+    out, want = run_case(num_heads=32, num_kv_heads=8, head_size=head_size, block_size=16, dtype=dtype,
+                         split_tokens=split_tokens, max_context=5000, seed=head_size + stages, stages=stages)
+    assert_matches(out, want, dtype)
+
+
+@pytest.mark.parametrize("stages", [0, 3])
+@pytest.mark.parametrize("block_size", [8, 256])
+def test_fast_load_paths_block_sizes(block_size, stages):
+    out, want = run_case(num_heads=32, num_kv_heads=8, head_size=128, block_size=block_size, dtype=torch.float16,
+                         storage="HND", num_blocks=NUM_BLOCKS * 16 // block_size + 8, max_context=4000,
+                         seed=block_size + stages, stages=stages)
+    assert_matches(out, want, torch.float16)
+
+
+def test_fast_ring_shared_memory_matches_the_extension():
+    from kernels._build import extension
+
+    for head_size in kernels.SUPPORTED_HEAD_SIZES:
+        for stages in (2, 3, 4):
+            py = fast.ring_smem_bytes(head_size, stages)
+            ext = extension().fast_decode_smem_bytes(head_size, False, stages)
+            assert ext == (py if py <= fast.SMEM_LIMIT and head_size <= 128 else 0), (head_size, stages)
+            assert extension().fast_decode_smem_bytes(head_size, True, stages) == 0  # fp8: register loads
 
 
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(32, 1), (32, 32), (24, 2), (12, 4)])
@@ -168,16 +198,17 @@ def test_fast_strided_query_from_a_fused_qkv_tensor():
     assert_matches(out, want, torch.float16)
 
 
+@pytest.mark.parametrize("stages", [0, 2])
 @pytest.mark.parametrize("split_tokens", [None, 64])
-def test_fast_unchecked_bad_block_id_poisons_only_its_sequence(split_tokens):
+def test_fast_unchecked_bad_block_id_poisons_only_its_sequence(split_tokens, stages):
     gen = torch.Generator(device="cuda").manual_seed(9)
     kc, vc = caches(8, 128, 16, torch.float16)
     lens = torch.tensor([700, 700], dtype=torch.int32, device="cuda")
     bt = torch.randint(0, NUM_BLOCKS, (2, 44), generator=gen, device="cuda", dtype=torch.int32)
     bt[1, 40] = 1 << 30
     q = torch.empty(2, 32, 128, dtype=torch.float16, device="cuda").uniform_(-1, 1, generator=gen)
-    out = kernels.paged_attention(None, q, kc, vc, 8, 0.1, bt, lens, 16, 700, impl="fast", validate=False,
-                                  split_tokens=split_tokens)
+    out = fast.paged_attention(None, q, kc, vc, 8, 0.1, bt, lens, 16, 700, validate=False,
+                               split_tokens=split_tokens, stages=stages)
     torch.cuda.synchronize()
     assert torch.isnan(out[1]).all()
     want = reference_fast.paged_attention(torch.empty(1, 32, 128, device="cuda"), q[:1], kc, vc, 8, 0.1, bt[:1],

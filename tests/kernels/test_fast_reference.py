@@ -209,3 +209,32 @@ def test_prefetch_is_chosen_only_for_latency_bound_half_precision_shapes():
     assert not choose_prefetch(8, 32, 8, 128, torch.float16)       # 64 groups: measured slower with it
     assert not choose_prefetch(1, 32, 8, 256, torch.float16)       # large heads keep one tile
     assert not choose_prefetch(1, 32, 8, 128, torch.float8_e4m3fn)
+
+
+def test_load_path_rule_and_ring_limits():
+    """The ring is chosen for splits of at most RING_MAX_SPLIT tokens, never for float8 caches or
+    heads over 128; its shared memory decides the deepest ring."""
+    from kernels import fast
+
+    assert fast.choose_stages(512, 128, torch.float16) == 2
+    assert fast.choose_stages(256, 64, torch.bfloat16) == 2
+    assert fast.choose_stages(1024, 128, torch.float16) == 0
+    assert fast.choose_stages(256, 256, torch.float16) == 0
+    assert fast.choose_stages(256, 128, torch.float8_e4m3fn) == 0
+    assert fast.ring_smem_bytes(128, 2) == 4 * 2 * (2 * 16 * 128 * 2 + 256)
+    assert fast.max_stages(128, torch.float16) == 4          # 135 KB for 4 stages fits 227 KB
+    assert fast.max_stages(192, torch.float16) == 0 == fast.max_stages(128, torch.float8_e4m3fn)
+
+
+def test_bad_stage_count_is_refused_before_any_work():
+    from kernels import fast
+
+    kc, vc = fast.allocate_fast_kv_cache(4, 16, 2, 128, torch.float16, "cpu", storage="NHD")
+    q = torch.zeros(1, 4, 128, dtype=torch.float16)
+    bt = torch.zeros(1, 1, dtype=torch.int32)
+    lens = torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="stages must be 0 or 2 to 4"):
+        fast.paged_attention(None, q, kc, vc, 2, 0.1, bt, lens, 16, 1, stages=5)
+    with pytest.raises(ValueError, match="stages must be 0 for head_size 128"):
+        fast.paged_attention(None, q, kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn), 2, 0.1, bt, lens, 16,
+                             1, stages=2)
