@@ -123,8 +123,9 @@ def max_stages(head_size: int, dtype: torch.dtype) -> int:
 def choose_stages(split_tokens: int, head_size: int, dtype: torch.dtype) -> int:
     """The load path: a cp.async ring of 2 stages when a thread block's split is at most
     ``RING_MAX_SPLIT`` tokens (8 tiles per warp or fewer, where issuing the next tile before the
-    current one is computed pays: +7% at 256 x 512 and +7-14% with 256-token splits in the H200
-    runs), else register loads, which were 2-8% faster on longer splits (NOTES.md, BENCHMARKS.md).
+    current one is computed pays: +5% at 256 x 512, +2-13% on the GQA shapes with 256- and
+    512-token splits in the H200 runs), else register loads, which were as fast or up to 12%
+    faster on the longer splits the split rule picks (kernels/NOTES.md, kernels/BENCHMARKS.md).
     Float8 caches and heads over 128 always use the register loads."""
     return 2 if split_tokens <= RING_MAX_SPLIT and max_stages(head_size, dtype) >= 2 else 0
 
