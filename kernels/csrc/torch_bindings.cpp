@@ -39,16 +39,17 @@ void check_cuda(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
 }
 
-blocksim::AttentionParams attention_params(torch::Tensor& out, const torch::Tensor& query,
-                                           const torch::Tensor& key_cache, const torch::Tensor& value_cache,
-                                           int64_t num_kv_heads, double scale, const torch::Tensor& block_tables,
-                                           const torch::Tensor& context_lens, int64_t block_size,
-                                           int64_t max_context_len,
-                                           const std::optional<torch::Tensor>& alibi_slopes) {
-  for (auto* t : {&out, const_cast<torch::Tensor*>(&query), const_cast<torch::Tensor*>(&key_cache),
-                  const_cast<torch::Tensor*>(&value_cache), const_cast<torch::Tensor*>(&block_tables),
-                  const_cast<torch::Tensor*>(&context_lens)}) {
-    check_cuda(*t, "every paged_attention tensor");
+// Checks and fields common to the vLLM-layout and the fast kernels' parameter structs (both name
+// them alike): the tensors on CUDA, int32 tables and lengths, contiguous output and query rows;
+// pointers, ALiBi slopes, scale, sizes and the query stride.
+template <typename Params>
+void fill_common(Params& p, const char* what, torch::Tensor& out, const torch::Tensor& query,
+                 const torch::Tensor& key_cache, const torch::Tensor& value_cache, int64_t num_kv_heads, double scale,
+                 const torch::Tensor& block_tables, const torch::Tensor& context_lens,
+                 const std::optional<torch::Tensor>& alibi_slopes) {
+  const torch::Tensor& out_ = out;
+  for (const torch::Tensor* t : {&out_, &query, &key_cache, &value_cache, &block_tables, &context_lens}) {
+    check_cuda(*t, what);
   }
   TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && block_tables.is_contiguous(),
               "block_tables must be contiguous int32");
@@ -56,7 +57,6 @@ blocksim::AttentionParams attention_params(torch::Tensor& out, const torch::Tens
               "context_lens must be contiguous int32");
   TORCH_CHECK(out.is_contiguous(), "out must be contiguous");
   TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2), "query rows must be contiguous");
-  blocksim::AttentionParams p{};
   p.out = out.data_ptr();
   p.query = query.data_ptr();
   p.key_cache = key_cache.data_ptr();
@@ -74,11 +74,22 @@ blocksim::AttentionParams attention_params(torch::Tensor& out, const torch::Tens
   p.num_heads = static_cast<int>(query.size(1));
   p.head_size = static_cast<int>(query.size(2));
   p.num_kv_heads = static_cast<int>(num_kv_heads);
-  p.block_size = static_cast<int>(block_size);
   p.max_blocks_per_seq = static_cast<int>(block_tables.size(1));
   p.num_blocks = static_cast<int>(key_cache.size(0));
-  p.max_context_len = static_cast<int>(max_context_len);
   p.q_stride = query.stride(0);
+}
+
+blocksim::AttentionParams attention_params(torch::Tensor& out, const torch::Tensor& query,
+                                           const torch::Tensor& key_cache, const torch::Tensor& value_cache,
+                                           int64_t num_kv_heads, double scale, const torch::Tensor& block_tables,
+                                           const torch::Tensor& context_lens, int64_t block_size,
+                                           int64_t max_context_len,
+                                           const std::optional<torch::Tensor>& alibi_slopes) {
+  blocksim::AttentionParams p{};
+  fill_common(p, "every paged_attention tensor", out, query, key_cache, value_cache, num_kv_heads, scale,
+              block_tables, context_lens, alibi_slopes);
+  p.block_size = static_cast<int>(block_size);
+  p.max_context_len = static_cast<int>(max_context_len);
   p.k_block_stride = key_cache.stride(0);
   p.k_head_stride = key_cache.stride(1);
   p.v_block_stride = value_cache.stride(0);
@@ -138,15 +149,7 @@ void fast_decode(torch::Tensor out, torch::Tensor part_out, torch::Tensor part_m
                  double scale, double v_scale, torch::Tensor block_tables, torch::Tensor context_lens,
                  int64_t split_tokens, int64_t max_splits, bool prefetch, bool pdl, int64_t stages,
                  std::optional<torch::Tensor> alibi_slopes, int64_t stream) {
-  for (auto* t : {&out, &query, &key_cache, &value_cache, &block_tables, &context_lens}) {
-    check_cuda(*t, "every fast_decode tensor");
-  }
-  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && block_tables.is_contiguous(),
-              "block_tables must be contiguous int32");
-  TORCH_CHECK(context_lens.scalar_type() == torch::kInt32 && context_lens.is_contiguous(),
-              "context_lens must be contiguous int32");
-  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == query.scalar_type(), "out: contiguous, query's dtype");
-  TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2), "query rows must be contiguous");
+  TORCH_CHECK(out.scalar_type() == query.scalar_type(), "out must have the query's dtype");
   TORCH_CHECK(key_cache.dim() == 4 && value_cache.dim() == 4 && key_cache.sizes() == value_cache.sizes(),
               "caches must be [num_blocks, block_size, num_kv_heads, head_size]");
   TORCH_CHECK(key_cache.stride(3) == 1 && value_cache.stride(3) == 1, "cache head rows must be contiguous");
@@ -155,29 +158,12 @@ void fast_decode(torch::Tensor out, torch::Tensor part_out, torch::Tensor part_m
   TORCH_CHECK(block_size >= 8 && block_size <= 256 && (block_size & (block_size - 1)) == 0,
               "block size must be a power of two from 8 to 256");
   blocksim::FastDecodeParams p{};
-  p.out = out.data_ptr();
-  p.query = query.data_ptr();
-  p.key_cache = key_cache.data_ptr();
-  p.value_cache = value_cache.data_ptr();
-  p.block_tables = block_tables.data_ptr<int>();
-  p.context_lens = context_lens.data_ptr<int>();
-  if (alibi_slopes.has_value()) {
-    check_cuda(*alibi_slopes, "alibi_slopes");
-    TORCH_CHECK(alibi_slopes->scalar_type() == torch::kFloat32 && alibi_slopes->is_contiguous(),
-                "alibi_slopes must be contiguous float32");
-    p.alibi_slopes = alibi_slopes->data_ptr<float>();
-  }
-  p.scale = static_cast<float>(scale);
+  fill_common(p, "every fast_decode tensor", out, query, key_cache, value_cache, num_kv_heads, scale, block_tables,
+              context_lens, alibi_slopes);
   p.v_scale = static_cast<float>(v_scale);
-  p.num_seqs = static_cast<int>(query.size(0));
-  p.num_heads = static_cast<int>(query.size(1));
-  p.head_size = static_cast<int>(query.size(2));
-  p.num_kv_heads = static_cast<int>(num_kv_heads);
   int log2 = 0;
   while ((int64_t{1} << log2) < block_size) ++log2;
   p.block_size_log2 = log2;
-  p.max_blocks_per_seq = static_cast<int>(block_tables.size(1));
-  p.num_blocks = static_cast<int>(key_cache.size(0));
   p.split_tokens = static_cast<int>(split_tokens);
   p.max_splits = static_cast<int>(max_splits);
   p.prefetch = prefetch ? 1 : 0;
@@ -188,7 +174,6 @@ void fast_decode(torch::Tensor out, torch::Tensor part_out, torch::Tensor part_m
     p.pdl = major >= 9 ? 1 : 0;
   }
   p.stages = static_cast<int>(stages);
-  p.q_stride = query.stride(0);
   p.k_block_stride = key_cache.stride(0);
   p.k_token_stride = key_cache.stride(1);
   p.k_head_stride = key_cache.stride(2);
