@@ -21,8 +21,8 @@ Work split: one thread block per (sequence, KV head, group of up to 8 query head
 ``split_tokens`` context tokens): each KV head is read once for all the query heads of its GQA
 group. When the batch alone gives too few thread blocks to fill the GPU, the context is split and
 a second kernel combines the splits (``choose_split_tokens``), launched as a programmatic dependent
-launch on Hopper (``pdl``). Load path (``choose_stages``): register loads, or for short splits a
-ring of shared-memory stages per warp filled with whole-line ``cp.async`` copies.
+launch on Hopper (``pdl``). Load path (``choose_stages``): a ring of shared-memory stages per warp
+filled with whole-line ``cp.async`` copies (float16 / bfloat16, heads <= 128), else register loads.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ MIN_SPLIT_TOKENS_SMALL = 256  # ... and when there is little (under 64 tiles per
 PREFETCH = None           # None: choose_prefetch; a second tile in flight per warp helps only latency-bound shapes
 PDL = True                # the split reduce as a programmatic dependent launch (Hopper and later)
 STAGES = None             # None: choose_stages; 0 = register loads, 2-4 = cp.async shared-memory ring depth
-RING_MAX_SPLIT = 512      # longest split (tokens per thread block) for which choose_stages picks the ring
 SMEM_LIMIT = 227 * 1024   # dynamic shared memory one thread block may have on sm_90
 WARPS = 4
 
@@ -121,13 +120,12 @@ def max_stages(head_size: int, dtype: torch.dtype) -> int:
 
 
 def choose_stages(split_tokens: int, head_size: int, dtype: torch.dtype) -> int:
-    """The load path: a cp.async ring of 2 stages when a thread block's split is at most
-    ``RING_MAX_SPLIT`` tokens (8 tiles per warp or fewer, where issuing the next tile before the
-    current one is computed pays: +5% at 256 x 512, +2-13% on the GQA shapes with 256- and
-    512-token splits in the H200 runs), else register loads, which were as fast or up to 12%
-    faster on the longer splits the split rule picks (kernels/NOTES.md, kernels/BENCHMARKS.md).
-    Float8 caches and heads over 128 always use the register loads."""
-    return 2 if split_tokens <= RING_MAX_SPLIT and max_stages(head_size, dtype) >= 2 else 0
+    """The load path: a cp.async ring of 2 stages wherever it exists (float16 / bfloat16 caches,
+    heads <= 128), register loads otherwise. With fewer instructions per tile (ninth version in
+    kernels/NOTES.md) the ring measured faster than the register loads on the headline shapes at
+    every split length the split rule picks; 3 and 4 stages cost occupancy. ``split_tokens`` is
+    accepted for rules that depend on it (the eighth version's did)."""
+    return 2 if max_stages(head_size, dtype) >= 2 else 0
 
 
 def choose_prefetch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: int, dtype: torch.dtype,

@@ -195,8 +195,13 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int w) {
   return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
 }
 
+// Heads <= 128 without prefetch are capped at 168 registers: 3 resident thread blocks per SM.
+template <int HEAD, bool PREFETCH>
+constexpr int kFastMinBlocks = HEAD <= 128 && !PREFETCH ? 3 : 1;
+
 template <typename T, typename KV, int HEAD, bool PREFETCH, int STAGES>
-__global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const FastDecodeParams p) {
+__global__ void __launch_bounds__(kFastWarps * 32, kFastMinBlocks<HEAD, PREFETCH>)
+    fast_decode_kernel(const FastDecodeParams p) {
   static_assert(STAGES == 0 || (STAGES >= 2 && !PREFETCH), "cp.async ring: 2 or more stages, no prefetch");
   using L = Load8<T, KV>;
   using Raw = typename L::Raw;
@@ -245,7 +250,8 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const Fast
   const KV* k_cache = static_cast<const KV*>(p.key_cache) + kvh * p.k_head_stride;
   const KV* v_cache = static_cast<const KV*>(p.value_cache) + kvh * p.v_head_stride;
   const float scale2 = p.scale * kLog2e;
-  const float slope2 = (p.alibi_slopes != nullptr && g < nh) ? p.alibi_slopes[head0 + g] * kLog2e : 0.f;
+  const bool has_alibi = p.alibi_slopes != nullptr;
+  const float slope2 = (has_alibi && g < nh) ? p.alibi_slopes[head0 + g] * kLog2e : 0.f;
 
   // Query of head g as the A fragment of S = Q K^T (rows g + 8 are zero).
   uint32_t qa[KSTEPS][2];
@@ -351,17 +357,38 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const Fast
       kh[h] = k_cache + blk * p.k_block_stride + off * p.k_token_stride;
       vh[h] = v_cache + blk * p.v_block_stride + off * p.v_token_stride;
     }
+    if constexpr (32 % NCHUNK == 0) {
+      // RPI whole rows per instruction: this lane copies chunk c of rows lr, lr + RPI, ...; the
+      // addresses are one per-lane offset plus multiples of RPI rows.
+      constexpr int RPI = 32 / NCHUNK;
+      const int lr = lane / NCHUNK;
+      const int c = lane % NCHUNK;
+      const int64_t ko = lr * p.k_token_stride + c * 8;
+      const int64_t vo = lr * p.v_token_stride + c * 8;
 #pragma unroll
-    for (int i = 0; i < (kFastTile * NCHUNK + 31) / 32; ++i) {
-      const int q = i * 32 + lane;
-      if (kFastTile * NCHUNK % 32 == 0 || q < kFastTile * NCHUNK) {
-        const int row = q / NCHUNK;
-        const int c = q % NCHUNK;
-        const int h = row >> 3;
-        const bool live = tok0 + row < end && okh[h];
-        const int slot = row * NCHUNK + swz(row, c);
-        cp_async<16>(dst + slot, kh[h] + (row & 7) * p.k_token_stride + c * 8, live);
-        cp_async<16>(dst + kFastTile * NCHUNK + slot, vh[h] + (row & 7) * p.v_token_stride + c * 8, live);
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int ii = 0; ii < 8 / RPI; ++ii) {
+          const int row = 8 * h + ii * RPI + lr;
+          const bool live = tok0 + row < end && okh[h];
+          const int slot = row * NCHUNK + swz(row, c);
+          cp_async<16>(dst + slot, kh[h] + ko + ii * RPI * p.k_token_stride, live);
+          cp_async<16>(dst + kFastTile * NCHUNK + slot, vh[h] + vo + ii * RPI * p.v_token_stride, live);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < (kFastTile * NCHUNK + 31) / 32; ++i) {
+        const int q = i * 32 + lane;
+        if (kFastTile * NCHUNK % 32 == 0 || q < kFastTile * NCHUNK) {
+          const int row = q / NCHUNK;
+          const int c = q % NCHUNK;
+          const int h = row >> 3;
+          const bool live = tok0 + row < end && okh[h];
+          const int slot = row * NCHUNK + swz(row, c);
+          cp_async<16>(dst + slot, kh[h] + (row & 7) * p.k_token_stride + c * 8, live);
+          cp_async<16>(dst + kFastTile * NCHUNK + slot, vh[h] + (row & 7) * p.v_token_stride + c * 8, live);
+        }
       }
     }
   };
@@ -435,7 +462,8 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const Fast
     for (int i = 0; i < 4; ++i) {
       const int n = i >> 1;
       const int tok = tok0 + 8 * n + 2 * t + (i & 1);
-      const float v = s[n][i & 1] * scale2 + slope2 * static_cast<float>(tok - ctx + 1);
+      float v = s[n][i & 1] * scale2;
+      if (has_alibi) v += slope2 * static_cast<float>(tok - ctx + 1);
       xs[i] = tok < end ? ((n ? ok_hi : ok_lo) ? v : __int_as_float(0x7fc00000)) : -INFINITY;
     }
     float mx = fmaxf(fmaxf(xs[0], xs[1]), fmaxf(xs[2], xs[3]));
@@ -443,6 +471,9 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const Fast
     mx = fmaxf(mx, __shfl_xor_sync(kMask, mx, 2));
     const float m_new = fmaxf(m_run, mx);
     const float alpha = exp2f(m_run - m_new);
+    // Rescaling the output is needed only when some head's max grew (otherwise every factor is
+    // exactly 1): after the first tiles it rarely does.
+    const bool rescale = __any_sync(kMask, m_new > m_run);
     m_run = m_new;
     float pr[4];
 #pragma unroll
@@ -450,9 +481,18 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const Fast
     l_run = l_run * alpha + ((pr[0] + pr[1]) + (pr[2] + pr[3]));
     const uint32_t b0 = Mma<T>::pack(pr[0], pr[1]);
     const uint32_t b1 = Mma<T>::pack(pr[2], pr[3]);
-    // O^T's columns are heads 2t and 2t + 1, whose factors live in lanes 8t and 8t + 4.
-    const float a_even = __shfl_sync(kMask, alpha, 8 * t);
-    const float a_odd = __shfl_sync(kMask, alpha, 8 * t + 4);
+    if (rescale) {
+      // O^T's columns are heads 2t and 2t + 1, whose factors live in lanes 8t and 8t + 4.
+      const float a_even = __shfl_sync(kMask, alpha, 8 * t);
+      const float a_odd = __shfl_sync(kMask, alpha, 8 * t + 4);
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        o[i][0] *= a_even;
+        o[i][1] *= a_odd;
+        o[i][2] *= a_even;
+        o[i][3] *= a_odd;
+      }
+    }
 
     // ---- O^T += V^T P^T ----
 #pragma unroll
@@ -468,10 +508,6 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_kernel(const Fast
         const unsigned sel = (e & 1) ? 0x7632u : 0x5410u;
         const int w = e >> 1;
         float (&acc)[4] = o[cp * 8 + e];
-        acc[0] *= a_even;
-        acc[1] *= a_odd;
-        acc[2] *= a_even;
-        acc[3] *= a_odd;
         Mma<T>::run(acc, __byte_perm(word(v[0][0], w), word(v[1][0], w), sel),
                     __byte_perm(word(v[0][1], w), word(v[1][1], w), sel),
                     __byte_perm(word(v[2][0], w), word(v[3][0], w), sel),
