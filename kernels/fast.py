@@ -45,6 +45,7 @@ MIN_SPLIT_TOKENS_SMALL = 256  # ... and when there is little (under 64 tiles per
 PREFETCH = None           # None: choose_prefetch; a second tile in flight per warp helps only latency-bound shapes
 PDL = True                # the split reduce as a programmatic dependent launch (Hopper and later)
 STAGES = None             # None: choose_stages; 0 = register loads, 2-4 = cp.async shared-memory ring depth
+DEEP_RING_SPLIT = 1024    # splits from this many tokens take a 3-stage ring (choose_stages)
 SMEM_LIMIT = 227 * 1024   # dynamic shared memory one thread block may have on sm_90
 WARPS = 4
 
@@ -120,12 +121,15 @@ def max_stages(head_size: int, dtype: torch.dtype) -> int:
 
 
 def choose_stages(split_tokens: int, head_size: int, dtype: torch.dtype) -> int:
-    """The load path: a cp.async ring of 2 stages wherever it exists (float16 / bfloat16 caches,
-    heads <= 128), register loads otherwise. With fewer instructions per tile (ninth version in
-    kernels/NOTES.md) the ring measured faster than the register loads on the headline shapes at
-    every split length the split rule picks; 3 and 4 stages cost occupancy. ``split_tokens`` is
-    accepted for rules that depend on it (the eighth version's did)."""
-    return 2 if max_stages(head_size, dtype) >= 2 else 0
+    """The load path: a cp.async ring wherever it exists (float16 / bfloat16 caches, heads <= 128),
+    register loads otherwise. 3 stages (2 thread blocks per SM) for splits of ``DEEP_RING_SPLIT``
+    tokens or more, where a warp has enough tiles to keep two in flight (+0.5-1.3% on the H200
+    headline shapes), 2 stages (3 thread blocks per SM) below (3 stages lost 1% at 256 x 512).
+    With fewer instructions per tile (ninth version in kernels/NOTES.md) the ring measured faster
+    than the register loads on every headline shape."""
+    if max_stages(head_size, dtype) < 2:
+        return 0
+    return 3 if split_tokens >= DEEP_RING_SPLIT and max_stages(head_size, dtype) >= 3 else 2
 
 
 def choose_prefetch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: int, dtype: torch.dtype,

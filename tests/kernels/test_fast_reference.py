@@ -212,12 +212,13 @@ def test_prefetch_is_chosen_only_for_latency_bound_half_precision_shapes():
 
 
 def test_load_path_rule_and_ring_limits():
-    """The ring is chosen wherever it exists: never for float8 caches or heads over 128; its
-    shared memory decides the deepest ring."""
+    """The ring is chosen wherever it exists (3 stages for long splits, 2 below), never for float8
+    caches or heads over 128; its shared memory decides the deepest ring."""
     from kernels import fast
 
     assert fast.choose_stages(512, 128, torch.float16) == 2
-    assert fast.choose_stages(32768, 64, torch.bfloat16) == 2
+    assert fast.choose_stages(1024, 128, torch.float16) == 3
+    assert fast.choose_stages(32768, 64, torch.bfloat16) == 3
     assert fast.choose_stages(256, 256, torch.float16) == 0
     assert fast.choose_stages(256, 128, torch.float8_e4m3fn) == 0
     assert fast.ring_smem_bytes(128, 2) == 4 * 2 * (2 * 16 * 128 * 2 + 256)
