@@ -217,8 +217,8 @@ def run_shape(shape, args, copy_gbs, *, gather=True):
     w, n = args.warmup, args.iters
     r = {"shape": list(shape), "kv_bytes": c.kv_bytes, "copy_gbs": copy_gbs}
     r["fast"] = c.fast_ms(w, n)
-    r["split_tokens"] = fast.choose_split_tokens(c.batch, c.heads, c.kv_heads, c.ctx,
-                                                 torch.cuda.get_device_properties(0).multi_processor_count)
+    r["split_tokens"], r["load_path"] = fast.choose_launch(
+        c.batch, c.heads, c.kv_heads, HEAD_SIZE, DTYPE, c.ctx, torch.cuda.get_device_properties(0).multi_processor_count)
     out_fast = c.fast_out().float()
     vk, vv = c.vllm_caches()
     r["auto"] = ops.choose_version(c.batch, c.heads, c.ctx)
@@ -248,7 +248,6 @@ def headline(args, copy_gbs, results):
         r = run_shape(shape, args, copy_gbs)
         c = Case(*shape, sets=args.sets, storage="HND")
         r["fast_hnd"] = c.fast_ms(args.warmup, args.iters)
-        r["load_path"] = fast.choose_stages(r["split_tokens"], HEAD_SIZE, DTYPE)
         r["fast_hnd_no_pdl"] = (c.fast_ms(args.warmup, args.iters, pdl=False) if r["split_tokens"] < c.ctx
                                 else float("nan"))
         del c
@@ -277,7 +276,7 @@ def splits(args, copy_gbs, results):
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     for shape in SHAPES:
         c = Case(*shape, sets=args.sets)
-        auto = fast.choose_split_tokens(c.batch, c.heads, c.kv_heads, c.ctx, nsm)
+        auto = fast.choose_launch(c.batch, c.heads, c.kv_heads, HEAD_SIZE, DTYPE, c.ctx, nsm)[0]
         row = {"shape": list(shape), "auto_tokens": auto, "auto": c.fast_ms(args.warmup, args.iters),
                "whole": c.fast_ms(args.warmup, args.iters, split_tokens=-(-c.ctx // 16) * 16)}
         for s in SPLITS:
@@ -301,11 +300,13 @@ def stages(args, copy_gbs, results):
     table = {d: [] for d in depths}
     for shape in SHAPES:
         c = Case(*shape, sets=args.sets, storage="HND")
-        auto = fast.choose_split_tokens(c.batch, c.heads, c.kv_heads, c.ctx, nsm)
         for d in depths:
+            # the split rule for this load path's occupancy (the register loads: the plain rule)
+            auto = fast.choose_split_tokens(c.batch, c.heads, c.kv_heads, c.ctx, nsm,
+                                            fast.ring_ctas_per_sm(HEAD_SIZE, d) if d else None)
             row = {"shape": list(shape), "stages": d, "auto_tokens": auto}
             for col in cols:
-                split = None if col == "auto" else -(-c.ctx // 16) * 16 if col == "whole" else col
+                split = auto if col == "auto" else -(-c.ctx // 16) * 16 if col == "whole" else col
                 if col not in ("auto", "whole") and col >= c.ctx:
                     row[str(col)] = float("nan")
                     continue

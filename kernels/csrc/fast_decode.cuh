@@ -436,16 +436,21 @@ __global__ void __launch_bounds__(kFastWarps * 32, kFastMinBlocks<HEAD, PREFETCH
   auto compute = [&](int tile, Tile& x, bool values_loaded, int stage) {
     const int tok0 = start + tile * kFastTile;
     // s[n][0..1] = logits of head g, tokens 8 n + 2t, 8 n + 2t + 1
+    // Two independent accumulator chains per N-tile (even and odd k-steps), added at the end: the
+    // dependent tensor-core chain before the softmax is half as long.
     float s[2][4];
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
+      float s2[4] = {0.f, 0.f, 0.f, 0.f};
       s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
       for (int j = 0; j < KJ; ++j) {
         const uint4 k = L::widen(x.k[n][j]);
         Mma<T>::run(s[n], qa[2 * j][0], 0u, qa[2 * j][1], 0u, k.x, k.y);
-        Mma<T>::run(s[n], qa[2 * j + 1][0], 0u, qa[2 * j + 1][1], 0u, k.z, k.w);
+        Mma<T>::run(s2, qa[2 * j + 1][0], 0u, qa[2 * j + 1][1], 0u, k.z, k.w);
       }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[n][i] += s2[i];
     }
     if (!values_loaded) {
       if constexpr (STAGES > 0) {

@@ -238,3 +238,18 @@ def test_bad_stage_count_is_refused_before_any_work():
     with pytest.raises(ValueError, match="stages must be 0 for head_size 128"):
         fast.paged_attention(None, q, kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn), 2, 0.1, bt, lens, 16,
                              1, stages=2)
+
+
+@pytest.mark.parametrize("shape,want", [
+    ((8, 32, 8, 16384), (2048, 3)),     # 64 blocks: 2048-token splits still fill two waves of 264
+    ((1, 32, 8, 32768), (1024, 3)),     # 8 blocks: longer splits would leave most SMs idle
+    ((64, 32, 32, 1024), (1024, 3)),    # one split
+    ((256, 32, 8, 512), (512, 2)),
+    ((1, 32, 8, 2048), (256, 2)),       # short splits, 2-stage ring
+])
+def test_choose_launch_lengthens_splits_for_the_deep_ring(shape, want):
+    b, h, kvh, ctx = shape
+    assert fast.choose_launch(b, h, kvh, 128, torch.float16, ctx, 132) == want
+    # float8 caches keep the register loads and the plain split rule
+    assert fast.choose_launch(b, h, kvh, 128, fast.FP8, ctx, 132) == \
+        (fast.choose_split_tokens(b, h, kvh, ctx, 132), 0)
