@@ -22,12 +22,11 @@
 // of its two heads' output.
 //
 // Loads. With stages == 0 each lane loads its chunks straight into registers (one tile in flight
-// per warp, or two with prefetch). With stages >= 2 each warp streams its tiles through its own
-// ring of shared-memory stages with cp.async: the loads of the next stages - 1 tiles are in
-// flight while a tile is computed, at no register cost. Every lane copies exactly the 16-byte
-// (fp8: 8-byte) chunks it will read back, into slots of its own ([slot][lane] order, so a warp's
-// accesses are conflict-free), so the ring needs no barrier: a lane's cp.async.wait_group makes
-// its own copies visible to it.
+// per warp, or two with prefetch). With stages >= 2 (16-bit caches, heads <= 128) each warp
+// streams its tiles through its own ring of shared-memory stages with cp.async: the loads of the
+// next stages - 1 tiles are in flight while a tile is computed, at no register cost. The warp
+// copies whole rows and each lane reads back the chunks its fragments need (see the ring's
+// layout below), so a __syncwarp orders the lanes' copies and reads of a stage.
 //
 // Masking: tokens past the context (or past the split) get a -inf logit and are never loaded; a
 // block id outside [0, num_blocks) is never dereferenced and gives NaN logits, so the sequence's
@@ -85,41 +84,6 @@ struct Mma<__nv_bfloat16> {
   __device__ __forceinline__ static void store(__nv_bfloat16* dst, float v) { *dst = __float2bfloat16_rn(v); }
 };
 
-// L2 prefetch size hints (bytes; 0 = none) of the register loads and of the cp.async ring's copies.
-#ifndef BLOCKSIM_FAST_LOAD_L2
-#define BLOCKSIM_FAST_LOAD_L2 0
-#endif
-#ifndef BLOCKSIM_FAST_RING_L2
-#define BLOCKSIM_FAST_RING_L2 128
-#endif
-#if BLOCKSIM_FAST_LOAD_L2 == 64
-#define BLOCKSIM_LOAD_HINT ".L2::64B"
-#elif BLOCKSIM_FAST_LOAD_L2 == 128
-#define BLOCKSIM_LOAD_HINT ".L2::128B"
-#elif BLOCKSIM_FAST_LOAD_L2 == 256
-#define BLOCKSIM_LOAD_HINT ".L2::256B"
-#endif
-
-__device__ __forceinline__ uint4 ld_nc16(const void* ptr) {
-#ifdef BLOCKSIM_LOAD_HINT
-  uint4 v;
-  asm("ld.global.nc" BLOCKSIM_LOAD_HINT ".v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
-  return v;
-#else
-  return __ldg(reinterpret_cast<const uint4*>(ptr));
-#endif
-}
-__device__ __forceinline__ uint2 ld_nc8(const void* ptr) {
-#ifdef BLOCKSIM_LOAD_HINT
-  uint2 v;
-  asm("ld.global.nc" BLOCKSIM_LOAD_HINT ".v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(ptr));
-  return v;
-#else
-  return __ldg(reinterpret_cast<const uint2*>(ptr));
-#endif
-}
-
 // Eight consecutive cache elements as eight 16-bit values of the product type T (one uint4).
 template <typename T, typename KV>
 struct Load8;
@@ -127,7 +91,7 @@ struct Load8;
 template <typename T>
 struct Load8<T, T> {  // 16-bit cache: one 16-byte load
   using Raw = uint4;
-  __device__ __forceinline__ static Raw load(const T* ptr) { return ld_nc16(ptr); }
+  __device__ __forceinline__ static Raw load(const T* ptr) { return __ldg(reinterpret_cast<const uint4*>(ptr)); }
   __device__ __forceinline__ static uint4 widen(const Raw& r) { return r; }
 };
 
@@ -135,7 +99,7 @@ template <>
 struct Load8<__half, __nv_fp8_e4m3> {  // fp8 cache: one 8-byte load, converted to float16 exactly
   using Raw = uint2;
   __device__ __forceinline__ static Raw load(const __nv_fp8_e4m3* ptr) {
-    return ld_nc8(ptr);
+    return __ldg(reinterpret_cast<const uint2*>(ptr));
   }
   __device__ __forceinline__ static uint32_t cvt2(uint32_t two) {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
@@ -146,29 +110,13 @@ struct Load8<__half, __nv_fp8_e4m3> {  // fp8 cache: one 8-byte load, converted 
   }
 };
 
-// Asynchronous copy of one chunk (16 or 8 bytes) into shared memory; a dead chunk (live == false)
-// is zero-filled without reading global memory.
-template <int BYTES>
-__device__ __forceinline__ void cp_async(void* dst, const void* src, bool live) {
+// Asynchronous 16-byte copy into shared memory, with a 128-byte L2 prefetch hint (the measured best
+// of none, 128 and 256 bytes, NOTES.md); a dead chunk (live == false) is zero-filled without
+// reading global memory.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool live) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  const int n = live ? BYTES : 0;
-#if BLOCKSIM_FAST_RING_L2 == 0
-#define BLOCKSIM_RING_HINT ""
-#elif BLOCKSIM_FAST_RING_L2 == 64
-#define BLOCKSIM_RING_HINT ".L2::64B"
-#elif BLOCKSIM_FAST_RING_L2 == 256
-#define BLOCKSIM_RING_HINT ".L2::256B"
-#else
-#define BLOCKSIM_RING_HINT ".L2::128B"
-#endif
-  if constexpr (BYTES == 16) {
-    asm volatile("cp.async.cg.shared.global" BLOCKSIM_RING_HINT " [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n)
-                 : "memory");
-  } else {
-    asm volatile("cp.async.ca.shared.global" BLOCKSIM_RING_HINT " [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src),
-                 "n"(BYTES), "r"(n) : "memory");
-  }
-#undef BLOCKSIM_RING_HINT
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(live ? 16 : 0)
+               : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
@@ -372,8 +320,8 @@ __global__ void __launch_bounds__(kFastWarps * 32, kFastMinBlocks<HEAD, PREFETCH
           const int row = 8 * h + ii * RPI + lr;
           const bool live = tok0 + row < end && okh[h];
           const int slot = row * NCHUNK + swz(row, c);
-          cp_async<16>(dst + slot, kh[h] + ko + ii * RPI * p.k_token_stride, live);
-          cp_async<16>(dst + kFastTile * NCHUNK + slot, vh[h] + vo + ii * RPI * p.v_token_stride, live);
+          cp_async16(dst + slot, kh[h] + ko + ii * RPI * p.k_token_stride, live);
+          cp_async16(dst + kFastTile * NCHUNK + slot, vh[h] + vo + ii * RPI * p.v_token_stride, live);
         }
       }
     } else {
@@ -386,8 +334,8 @@ __global__ void __launch_bounds__(kFastWarps * 32, kFastMinBlocks<HEAD, PREFETCH
           const int h = row >> 3;
           const bool live = tok0 + row < end && okh[h];
           const int slot = row * NCHUNK + swz(row, c);
-          cp_async<16>(dst + slot, kh[h] + (row & 7) * p.k_token_stride + c * 8, live);
-          cp_async<16>(dst + kFastTile * NCHUNK + slot, vh[h] + (row & 7) * p.v_token_stride + c * 8, live);
+          cp_async16(dst + slot, kh[h] + (row & 7) * p.k_token_stride + c * 8, live);
+          cp_async16(dst + kFastTile * NCHUNK + slot, vh[h] + (row & 7) * p.v_token_stride + c * 8, live);
         }
       }
     }
@@ -537,13 +485,15 @@ __global__ void __launch_bounds__(kFastWarps * 32, kFastMinBlocks<HEAD, PREFETCH
     int stage = 0;        // stage of tile k
     int next = STAGES - 1;  // stage of tile k + STAGES - 1
     for (int k = 0; k < my_n; ++k) {
+      __syncwarp();  // every lane has read the stage about to be refilled (tile k - 1's)
       const int ahead = k + STAGES - 1;
       if (ahead < my_n) {
         issue(warp + ahead * kFastWarps, id_lo, id_hi, next);
         if (ahead + 1 < my_n) block_ids(warp + (ahead + 1) * kFastWarps, id_lo, id_hi);
       }
       cp_async_commit();
-      cp_async_wait<STAGES - 1>();  // tile k's copies have landed
+      cp_async_wait<STAGES - 1>();  // this lane's copies of tile k have landed ...
+      __syncwarp();                 // ... and so have the other lanes'
       Tile cur;
       read_keys(stage, cur);
       if constexpr (HEAD <= 128) read_values(stage, cur);
