@@ -120,13 +120,14 @@ def ring_ctas_per_sm(head_size: int, stages: int) -> int:
 
 
 def choose_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: int, dtype: torch.dtype,
-                  max_context_len: int, num_sms: int = 132) -> tuple[int, int]:
+                  max_context_len: int, num_sms: int = 132, stages: int | None = None) -> tuple[int, int]:
     """``(split_tokens, stages)`` as ``paged_attention`` chooses them: the split for 3 resident
-    blocks per SM, the load path for that split, and with a ring the split again for the ring's
-    occupancy."""
+    blocks per SM and the load path for that split (or the given ``stages``); when that path is
+    the chosen ring, the split again for the ring's occupancy."""
     split = choose_split_tokens(num_seqs, num_heads, num_kv_heads, max_context_len, num_sms)
-    stages = choose_stages(split, head_size, dtype)
-    if stages:
+    auto = choose_stages(split, head_size, dtype)
+    stages = auto if stages is None else int(stages)
+    if stages and stages == auto:
         split = choose_split_tokens(num_seqs, num_heads, num_kv_heads, max_context_len, num_sms,
                                     ring_ctas_per_sm(head_size, stages))
     return split, stages
@@ -284,15 +285,11 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
     num_seqs, num_heads, head_size = query.shape
     if num_seqs == 0:
         return out
-    if split_tokens is None or stages is None:
-        auto_split, auto_stages = choose_launch(num_seqs, num_heads, int(num_kv_heads), head_size, key_cache.dtype,
-                                                max_context_len, _num_sms(query.device.index or 0))
-        if split_tokens is None:
-            split_tokens = auto_split if stages is None or int(stages) == auto_stages else \
-                choose_split_tokens(num_seqs, num_heads, int(num_kv_heads), max_context_len,
-                                    _num_sms(query.device.index or 0))
-        if stages is None:
-            stages = choose_stages(int(split_tokens), head_size, key_cache.dtype)
+    if split_tokens is None:
+        split_tokens, stages = choose_launch(num_seqs, num_heads, int(num_kv_heads), head_size, key_cache.dtype,
+                                             max_context_len, _num_sms(query.device.index or 0), stages)
+    elif stages is None:
+        stages = choose_stages(int(split_tokens), head_size, key_cache.dtype)
     split_tokens = int(split_tokens)
     stages = int(stages)
     if prefetch is None:
