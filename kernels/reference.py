@@ -35,14 +35,29 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
     values of KV head ``h // (num_heads // num_kv_heads)`` over the ``context_lens[s]`` cached
     tokens, and ``alibi[t] = alibi_slopes[h] * (t - context_lens[s] + 1)``.
     """
-    num_seqs = query.shape[0]
+    return attend_sequences(out, query, lambda table, ctx: gather_kv(key_cache, value_cache, table, ctx),
+                            scale, block_tables, context_lens, alibi_slopes, compute_dtype)
+
+
+def attend_sequences(out: torch.Tensor | None, query: torch.Tensor, gather, scale: float,
+                     block_tables: torch.Tensor, context_lens: torch.Tensor,
+                     alibi_slopes: torch.Tensor | None, compute_dtype: torch.dtype,
+                     k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    """Decode attention of each sequence over the keys and values ``gather(block_table, ctx)``
+    returns for it (``[ctx, num_kv_heads, head_size]`` each, in a cache layout's dtype), computed in
+    ``compute_dtype`` with the keys and values times ``k_scale`` and ``v_scale``; writes and returns
+    ``out`` (a new tensor like ``query`` when None)."""
     if out is None:
         out = torch.empty_like(query)
     lens = context_lens.tolist()
-    for s in range(num_seqs):
-        ctx = int(lens[s])
-        k, v = gather_kv(key_cache, value_cache, block_tables[s], ctx)
-        out[s] = attend(query[s], k.to(compute_dtype), v.to(compute_dtype), scale, alibi_slopes).to(out.dtype)
+    for s in range(query.shape[0]):
+        k, v = gather(block_tables[s], int(lens[s]))
+        k, v = k.to(compute_dtype), v.to(compute_dtype)
+        if k_scale != 1.0:
+            k = k * k_scale
+        if v_scale != 1.0:
+            v = v * v_scale
+        out[s] = attend(query[s], k, v, scale, alibi_slopes).to(out.dtype)
     return out
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .reference import attend
+from .reference import attend_sequences
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -39,16 +39,8 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
     """``out[s, h] = softmax(scale * q[s, h] . K_s^T + alibi) V_s`` over the ``context_lens[s]``
     cached tokens of KV head ``h // (num_heads // num_kv_heads)``, with ``K = k_scale * key_cache``
     and ``V = v_scale * value_cache``; writes and returns ``out``."""
-    num_seqs = query.shape[0]
-    if out is None:
-        out = torch.empty_like(query)
-    lens = context_lens.tolist()
-    for s in range(num_seqs):
-        ctx = int(lens[s])
-        k, v = gather_kv(key_cache, value_cache, block_tables[s], ctx)
-        out[s] = attend(query[s], k.to(compute_dtype) * k_scale, v.to(compute_dtype) * v_scale, scale,
-                        alibi_slopes).to(out.dtype)
-    return out
+    return attend_sequences(out, query, lambda table, ctx: gather_kv(key_cache, value_cache, table, ctx),
+                            scale, block_tables, context_lens, alibi_slopes, compute_dtype, k_scale, v_scale)
 
 
 def quantize_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
