@@ -14,14 +14,15 @@ torch = pytest.importorskip("torch")
 import kernels  # noqa: E402
 from kernels import fast, reference, reference_fast  # noqa: E402
 
-from kernel_cases import fill_  # noqa: E402
+from kernel_cases import fill_, naive_heads  # noqa: E402
 
 
 def naive_fast_attention(query, key_cache, value_cache, block_tables, context_lens, scale, alibi_slopes=None,
                          k_scale=1.0, v_scale=1.0):
-    """Dense float64 attention reading the fast layout token by token (no shared code)."""
+    """Dense float64 attention reading the fast layout token by token (no code shared with
+    kernels.reference_fast)."""
     num_seqs, num_heads, head_size = query.shape
-    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    block_size = key_cache.shape[1]
     out = torch.empty(num_seqs, num_heads, head_size, dtype=torch.float64)
     for s in range(num_seqs):
         ctx = int(context_lens[s])
@@ -29,12 +30,7 @@ def naive_fast_attention(query, key_cache, value_cache, block_tables, context_le
                             for t in range(ctx)]) * k_scale
         values = torch.stack([value_cache[int(block_tables[s, t // block_size]), t % block_size].double()
                               for t in range(ctx)]) * v_scale
-        for h in range(num_heads):
-            kvh = h // (num_heads // num_kv_heads)
-            logits = keys[:, kvh] @ query[s, h].double() * scale
-            if alibi_slopes is not None:
-                logits = logits + float(alibi_slopes[h]) * (torch.arange(ctx, dtype=torch.float64) - ctx + 1)
-            out[s, h] = torch.softmax(logits, 0) @ values[:, kvh]
+        out[s] = naive_heads(query[s], keys, values, scale, alibi_slopes)
     return out
 
 
