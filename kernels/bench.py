@@ -217,8 +217,9 @@ def run_shape(shape, args, copy_gbs, *, gather=True):
     w, n = args.warmup, args.iters
     r = {"shape": list(shape), "kv_bytes": c.kv_bytes, "copy_gbs": copy_gbs}
     r["fast"] = c.fast_ms(w, n)
-    r["split_tokens"], r["load_path"] = fast.choose_launch(
-        c.batch, c.heads, c.kv_heads, HEAD_SIZE, DTYPE, c.ctx, torch.cuda.get_device_properties(0).multi_processor_count)
+    launch = fast.choose_launch(c.batch, c.heads, c.kv_heads, HEAD_SIZE, DTYPE, c.ctx,
+                                torch.cuda.get_device_properties(0).multi_processor_count)
+    r["split_tokens"], r["load_path"], r["max_ctas_per_sm"] = launch
     out_fast = c.fast_out().float()
     vk, vv = c.vllm_caches()
     r["auto"] = ops.choose_version(c.batch, c.heads, c.ctx)
@@ -261,26 +262,32 @@ def headline(args, copy_gbs, results):
         print(f"| {', '.join(map(str, shape))} | {r['kv_bytes'] / 1e6:.0f} | {r['fast']:.4f} | {fg:.0f} | "
               f"{100 * fg / copy_gbs:.0f}% | {r['fast_hnd']:.4f} | {100 * gbs(r['kv_bytes'], r['fast_hnd']) / copy_gbs:.1f}% | "
               f"{'-' if r['fast_hnd_no_pdl'] != r['fast_hnd_no_pdl'] else format(r['fast_hnd_no_pdl'], '.4f')} | "
-              f"{'ring ' + str(r['load_path']) if r['load_path'] else 'registers'} | "
+              f"{load_path_label(r['load_path'], r['max_ctas_per_sm'])} | "
               f"{r['fast_prefetch']:.4f} | {r['v1']:.4f} | {r['v2']:.4f} | {r['auto']} | "
               f"{r['sdpa']:.4f} ({r['sdpa_backend']}) | {100 * gbs(r['kv_bytes'], r['sdpa']) / copy_gbs:.0f}% | "
               f"{r['fast_hnd'] / r['sdpa']:.2f} | {r['gather_sdpa']:.3f} | {r.get('max_abs_diff', float('nan')):.1e} |",
               flush=True)
 
 
+def load_path_label(stages: int, max_ctas_per_sm: int | None) -> str:
+    path = f"ring {stages}" if stages else "registers"
+    return path if max_ctas_per_sm is None else f"{path}, <= {max_ctas_per_sm}/SM"
+
+
 def splits(args, copy_gbs, results):
-    print("\n## Split length (fast kernel, block size 16): % of copy bandwidth\n")
+    print("\n## Split length (fast kernel, block size 16, the chosen load path and occupancy): % of copy bandwidth\n")
     print("| batch, heads, kv heads, context | auto (tokens) | whole context | "
           + " | ".join(f"{s} tokens" for s in SPLITS) + " |")
     print("|---|---:|---:|" + "---:|" * len(SPLITS))
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     for shape in SHAPES:
         c = Case(*shape, sets=args.sets)
-        auto = fast.choose_launch(c.batch, c.heads, c.kv_heads, HEAD_SIZE, DTYPE, c.ctx, nsm)[0]
+        auto, st, cap = fast.choose_launch(c.batch, c.heads, c.kv_heads, HEAD_SIZE, DTYPE, c.ctx, nsm)
+        kw = dict(stages=st, max_ctas_per_sm=cap)
         row = {"shape": list(shape), "auto_tokens": auto, "auto": c.fast_ms(args.warmup, args.iters),
-               "whole": c.fast_ms(args.warmup, args.iters, split_tokens=-(-c.ctx // 16) * 16)}
+               "whole": c.fast_ms(args.warmup, args.iters, split_tokens=-(-c.ctx // 16) * 16, **kw)}
         for s in SPLITS:
-            row[str(s)] = c.fast_ms(args.warmup, args.iters, split_tokens=s) if s < c.ctx else float("nan")
+            row[str(s)] = c.fast_ms(args.warmup, args.iters, split_tokens=s, **kw) if s < c.ctx else float("nan")
         results["splits"].append(row)
         kv = c.kv_bytes
 
@@ -301,9 +308,7 @@ def stages(args, copy_gbs, results):
     for shape in SHAPES:
         c = Case(*shape, sets=args.sets, storage="HND")
         for d in depths:
-            # the split rule for this load path's occupancy (the register loads: the plain rule)
-            auto = fast.choose_split_tokens(c.batch, c.heads, c.kv_heads, c.ctx, nsm,
-                                            fast.ring_ctas_per_sm(HEAD_SIZE, d) if d else None)
+            auto = fast.choose_split_tokens(c.batch, c.heads, c.kv_heads, c.ctx, nsm)  # the plain rule
             row = {"shape": list(shape), "stages": d, "auto_tokens": auto}
             for col in cols:
                 split = auto if col == "auto" else -(-c.ctx // 16) * 16 if col == "whole" else col
@@ -318,11 +323,11 @@ def stages(args, copy_gbs, results):
         torch.cuda.empty_cache()
     from ._build import extension
 
-    occ = {d: extension().fast_decode_ctas_per_sm(HEAD_SIZE, "float16", d, False) for d in depths}
-    occ_prefetch = extension().fast_decode_ctas_per_sm(HEAD_SIZE, "float16", 0, True)
+    occ = {d: extension().fast_decode_ctas_per_sm(HEAD_SIZE, "float16", d, False, 0) for d in depths}
+    occ_prefetch = extension().fast_decode_ctas_per_sm(HEAD_SIZE, "float16", 0, True, 0)
     print(f"\nthread blocks per SM (occupancy API): prefetch {occ_prefetch}, "
           + ", ".join(f"{d} stages {occ[d]}" for d in depths))
-    results["occupancy"] = {"prefetch": occ_prefetch, **{str(d): occ[d] for d in depths}}
+    results["ctas_per_sm"] = {"prefetch": occ_prefetch, **{str(d): occ[d] for d in depths}}
     for d in depths:
         name = "register loads (stages=0, prefetch by choose_prefetch)" if d == 0 else f"cp.async ring, {d} stages"
         print(f"\n## Load path: {name}, HND storage, block size 16: % of copy bandwidth (auto: ms)\n")
@@ -335,6 +340,51 @@ def stages(args, copy_gbs, results):
             print(f"| {', '.join(map(str, row['shape']))} | {pct(row['auto'])} ({row['auto_tokens']}) | "
                   f"{row['auto']:.4f} | " + " | ".join(pct(row[str(s)]) for s in SPLITS) + f" | {pct(row['whole'])} |",
                   flush=True)
+
+
+OCCUPANCY_SHAPES = SHAPES + ((16, 32, 8, 8192), (4, 32, 8, 32768), (1, 32, 8, 131072), (64, 32, 8, 8192),
+                             (16, 32, 8, 32768))
+# (thread blocks per SM the split aims at, ring stages, cap passed as max_ctas_per_sm)
+OCCUPANCY_CONFIGS = ((1, 4, None), (1, 3, 1), (1, 2, 1), (2, 2, 2), (2, 3, None), (3, 2, None))
+
+
+def one_wave_split(items: int, ctx: int, per_sm: int, num_sms: int) -> int:
+    """The split that makes one wave of ``per_sm`` blocks per SM (the whole context when the batch
+    fills it already)."""
+    if items >= per_sm * num_sms:
+        return -(-ctx // 16) * 16
+    n = max(1, per_sm * num_sms // items)
+    return -(-(-(-ctx // n)) // 64) * 64
+
+
+def occupancy(args, copy_gbs, results):
+    """Resident blocks per SM x ring depth, each with the split of one wave at that occupancy, as
+    time relative to SDPA on contiguous K/V (HND storage): the measurements behind choose_launch."""
+    nsm = torch.cuda.get_device_properties(0).multi_processor_count
+    labels = [f"{n}/SM, {st} stages" + (f", cap {cap}" if cap else "") for n, st, cap in OCCUPANCY_CONFIGS]
+    print("\n## Occupancy and ring depth (one wave of blocks at that occupancy): fast / SDPA time\n")
+    print("| batch, heads, kv heads, context | SDPA ms | auto (split, path) | " + " | ".join(labels) + " |")
+    print("|---|---:|---|" + "---:|" * (1 + len(labels)))
+    for shape in OCCUPANCY_SHAPES:
+        c = Case(*shape, sets=args.sets, storage="HND")
+        k, v = c.contiguous()
+        _, _, sdpa_ms = best_sdpa([s[0].unsqueeze(2) for s in c.sets], k, v, args.warmup, args.iters)
+        del k, v
+        torch.cuda.empty_cache()
+        launch = fast.choose_launch(c.batch, c.heads, c.kv_heads, HEAD_SIZE, DTYPE, c.ctx, nsm)
+        items = c.batch * c.kv_heads * -(-(c.heads // c.kv_heads) // fast.HEADS_PER_CTA)
+        row = {"shape": list(shape), "sdpa": sdpa_ms, "auto": c.fast_ms(args.warmup, args.iters),
+               "auto_launch": list(launch)}
+        for label, (n, st, cap) in zip(labels, OCCUPANCY_CONFIGS):
+            split = one_wave_split(items, c.ctx, n, nsm)
+            row[label] = c.fast_ms(args.warmup, args.iters, split_tokens=split, stages=st, max_ctas_per_sm=cap)
+            row[label + " split"] = split
+        results["occupancy"].append(row)
+        print(f"| {', '.join(map(str, shape))} | {sdpa_ms:.4f} | {row['auto'] / sdpa_ms:.3f} ({launch.split_tokens}, "
+              f"{load_path_label(launch.stages, launch.max_ctas_per_sm)}) | "
+              + " | ".join(f"{row[lb] / sdpa_ms:.3f} ({row[lb + ' split']})" for lb in labels) + " |", flush=True)
+        del c
+        torch.cuda.empty_cache()
 
 
 def block_sizes(args, copy_gbs, results):
@@ -479,8 +529,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--sets", type=int, default=4, help="input sets cycled through (queries, block tables)")
-    ap.add_argument("--sections", default="headline,splits,stages,blocks,fp8,sweep",
-                    help="comma-separated: headline, splits, stages, blocks, fp8, sweep")
+    ap.add_argument("--sections", default="headline,splits,stages,occupancy,blocks,fp8,sweep",
+                    help="comma-separated: headline, splits, stages, occupancy, blocks, fp8, sweep")
     ap.add_argument("--depths", default="0,2,3,4", help="stages section: load paths (0 = registers, 2-4 = ring)")
     ap.add_argument("--max-kv-gb", type=float, default=4.3, help="largest KV (GB) of a sweep point")
     ap.add_argument("--json", default=None, help="write every number to this JSON file")
@@ -503,8 +553,9 @@ def main(argv=None) -> int:
           f"{args.warmup}, {args.sets} input sets per replay")
     print(f"device copy bandwidth (read + write): {copy_gbs:.0f} GB/s")
     results = {"device": device, "torch": torch.__version__, "copy_gbs": copy_gbs, "headline": [], "splits": [],
-               "stages": [], "block_sizes": [], "fp8": [], "sweep": []}
-    sections = {"headline": headline, "splits": splits, "stages": stages, "blocks": block_sizes, "fp8": fp8,
+               "stages": [], "occupancy": [], "block_sizes": [], "fp8": [], "sweep": []}
+    sections = {"headline": headline, "splits": splits, "stages": stages, "occupancy": occupancy,
+                "blocks": block_sizes, "fp8": fp8,
                 "sweep": sweep}
     for name in args.sections.split(","):
         sections[name](args, copy_gbs, results)

@@ -20,14 +20,16 @@ query. Block sizes: powers of two from 8 to 256. Head sizes: ``layout.SUPPORTED_
 Work split: one thread block per (sequence, KV head, group of up to 8 query heads, split of
 ``split_tokens`` context tokens): each KV head is read once for all the query heads of its GQA
 group. When the batch alone gives too few thread blocks to fill the GPU, the context is split and
-a second kernel combines the splits (``choose_split_tokens``), launched as a programmatic dependent
-launch on Hopper (``pdl``). Load path (``choose_stages``): a ring of shared-memory stages per warp
-filled with whole-line ``cp.async`` copies (float16 / bfloat16, heads <= 128), else register loads.
+a second kernel combines the splits, launched as a programmatic dependent launch on Hopper
+(``pdl``). Load path: a ring of shared-memory stages per warp filled with whole-line ``cp.async``
+copies (float16 / bfloat16, heads <= 128), else register loads. ``choose_launch`` picks the split,
+the load path and how many thread blocks may share an SM.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -42,11 +44,12 @@ TILE = 16                 # context tokens per tensor-core step
 HEADS_PER_CTA = 8         # query heads one thread block serves
 MIN_SPLIT_TOKENS = 1024   # shortest split worth a thread block when there is plenty of work ...
 MIN_SPLIT_TOKENS_SMALL = 256  # ... and when there is little (under 64 tiles per SM): see NOTES.md
-WAVES_KEPT = 1.9          # choose_split_tokens lengthens splits while this many waves of blocks remain
+SMALL_TILES_PER_SM = 64   # under this many 16-token tiles per SM a problem is latency-bound
+CAPPED_CONTEXT = 2048     # whole contexts from this long run at most 2 thread blocks per SM (choose_launch)
+ONE_PER_SM_FILL = 0.9     # this fraction of the SMs busy with one block each: no split (choose_launch)
 PREFETCH = None           # None: choose_prefetch; a second tile in flight per warp helps only latency-bound shapes
 PDL = True                # the split reduce as a programmatic dependent launch (Hopper and later)
 STAGES = None             # None: choose_stages; 0 = register loads, 2-4 = cp.async shared-memory ring depth
-DEEP_RING_SPLIT = 1024    # splits from this many tokens take a 3-stage ring (choose_stages)
 SMEM_LIMIT = 227 * 1024   # dynamic shared memory one thread block may have on sm_90
 WARPS = 4
 
@@ -87,50 +90,75 @@ def _num_sms(index: int) -> int:
 
 
 def choose_split_tokens(num_seqs: int, num_heads: int, num_kv_heads: int, max_context_len: int,
-                        num_sms: int = 132, ctas_per_sm: int | None = None) -> int:
-    """Context tokens per thread block. One split (the whole context) when the batch already
-    gives at least 4 thread blocks per SM; otherwise enough splits for about 16 thread blocks per
-    SM, but none shorter than ``MIN_SPLIT_TOKENS`` (``MIN_SPLIT_TOKENS_SMALL`` when the whole problem is under
-    64 16-token tiles per SM, where latency rules), rounded up to 64 tokens (a tile per warp).
-    Given ``ctas_per_sm`` (the cp.async ring's resident blocks per SM), splits of
-    ``MIN_SPLIT_TOKENS`` or more are then doubled while the thread blocks still fill ``WAVES_KEPT``
-    waves (longer splits, fewer partial results, no wave left mostly empty: 8 x 16k ran 2% faster
-    with 2048-token splits on the 3-stage ring, 2 blocks per SM); the register loads, at 3 blocks
-    per SM, measured best without it."""
-    groups = -(-(num_heads // num_kv_heads) // HEADS_PER_CTA)
-    ctas = max(1, num_seqs * num_kv_heads * groups)
+                        num_sms: int = 132) -> int:
+    """Context tokens per thread block, the rule for the register loads (3 blocks per SM). One
+    split (the whole context) when the batch already gives at least 4 thread blocks per SM;
+    otherwise enough splits for about 16 thread blocks per SM, but none shorter than
+    ``MIN_SPLIT_TOKENS`` (``MIN_SPLIT_TOKENS_SMALL`` when the whole problem is under 64 16-token
+    tiles per SM, where latency rules), rounded up to 64 tokens (a tile per warp).
+    ``choose_launch`` has the rule for the cp.async ring."""
+    ctas = _work_items(num_seqs, num_heads, num_kv_heads)
     whole = max(TILE, -(-max_context_len // TILE) * TILE)
     if ctas >= 4 * num_sms:
         return whole
     splits = -(-16 * num_sms // ctas)
-    tiles_per_sm = ctas * (whole // TILE) / num_sms
-    shortest = MIN_SPLIT_TOKENS if tiles_per_sm >= 64 else MIN_SPLIT_TOKENS_SMALL
+    shortest = MIN_SPLIT_TOKENS if _tiles_per_sm(ctas, whole, num_sms) >= SMALL_TILES_PER_SM else MIN_SPLIT_TOKENS_SMALL
     split = max(shortest, -(-(-(-max_context_len // splits)) // 64) * 64)
-    if ctas_per_sm is not None and split >= MIN_SPLIT_TOKENS:
-        slots = ctas_per_sm * num_sms
-        while 2 * split < whole and ctas * -(-max_context_len // (2 * split)) >= WAVES_KEPT * slots:
-            split *= 2
     return min(split, whole)
 
 
-def ring_ctas_per_sm(head_size: int, stages: int) -> int:
-    """Resident thread blocks per SM of a ``stages``-deep ring: shared memory (228 KB per SM, 1 KB
-    reserved per block) or the 3 blocks the registers allow, whichever is fewer."""
-    return max(1, min(3, (228 * 1024) // (ring_smem_bytes(head_size, stages) + 1024)))
+def _work_items(num_seqs: int, num_heads: int, num_kv_heads: int) -> int:
+    """Thread blocks per split: (sequence, KV head, group of up to 8 query heads)."""
+    return max(1, num_seqs * num_kv_heads * -(-(num_heads // num_kv_heads) // HEADS_PER_CTA))
+
+
+def _tiles_per_sm(items: int, whole: int, num_sms: int) -> float:
+    return items * (whole // TILE) / num_sms
+
+
+class Launch(NamedTuple):
+    """How ``paged_attention`` runs the fast kernel: context tokens per thread block, load path
+    (0 = register loads, 2-4 = cp.async ring depth) and the cap on resident thread blocks per SM
+    (None: as many as fit)."""
+
+    split_tokens: int
+    stages: int
+    max_ctas_per_sm: int | None
 
 
 def choose_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: int, dtype: torch.dtype,
-                  max_context_len: int, num_sms: int = 132, stages: int | None = None) -> tuple[int, int]:
-    """``(split_tokens, stages)`` as ``paged_attention`` chooses them: the split for 3 resident
-    blocks per SM and the load path for that split (or the given ``stages``); when that path is
-    the chosen ring, the split again for the ring's occupancy."""
-    split = choose_split_tokens(num_seqs, num_heads, num_kv_heads, max_context_len, num_sms)
-    auto = choose_stages(split, head_size, dtype)
-    stages = auto if stages is None else int(stages)
-    if stages and stages == auto:
-        split = choose_split_tokens(num_seqs, num_heads, num_kv_heads, max_context_len, num_sms,
-                                    ring_ctas_per_sm(head_size, stages))
-    return split, stages
+                  max_context_len: int, num_sms: int = 132, stages: int | None = None) -> Launch:
+    """Split, load path and occupancy as ``paged_attention`` chooses them (kernels/NOTES.md,
+    eleventh version, has the measurements behind each branch).
+
+    Where the cp.async ring exists (float16 / bfloat16 caches, heads <= 128) and ``stages`` is
+    None: a 2-stage ring with at most 2 thread blocks per SM for long contexts, which measured
+    best on the H200 (8 warps per SM streaming, each with one tile in flight):
+
+    * little work (under 64 tiles per SM): ``choose_split_tokens``, as many blocks as fit;
+    * more blocks than SMs without splitting: the whole context, capped at 2 per SM from
+      ``CAPPED_CONTEXT`` tokens (3 per SM below, where each block's start-up weighs more);
+    * close to one block per SM (``ONE_PER_SM_FILL`` of the SMs or more): the whole context, one
+      block per SM with a 3-stage ring (no split to combine);
+    * fewer: splits of at least ``MIN_SPLIT_TOKENS`` that make one wave of 2 blocks per SM.
+
+    Otherwise (float8 caches, heads over 128, or ``stages`` given): ``choose_split_tokens`` and
+    ``choose_stages`` (or the given ``stages``), no cap."""
+    plain = choose_split_tokens(num_seqs, num_heads, num_kv_heads, max_context_len, num_sms)
+    ring = max_stages(head_size, dtype) >= 2
+    if stages is not None or not ring:
+        return Launch(plain, choose_stages(plain, head_size, dtype) if stages is None else int(stages), None)
+    items = _work_items(num_seqs, num_heads, num_kv_heads)
+    whole = max(TILE, -(-max_context_len // TILE) * TILE)
+    if _tiles_per_sm(items, whole, num_sms) < SMALL_TILES_PER_SM:
+        return Launch(plain, 2, None)
+    if items > num_sms:
+        return Launch(whole, 2, 2 if whole >= CAPPED_CONTEXT else None)
+    if items >= ONE_PER_SM_FILL * num_sms and max_stages(head_size, dtype) >= 3:
+        return Launch(whole, 3, 1)
+    splits = max(1, 2 * num_sms // items)
+    split = max(MIN_SPLIT_TOKENS, -(-(-(-max_context_len // splits)) // 64) * 64)
+    return Launch(min(split, whole), 2, 2)
 
 
 def ring_smem_bytes(head_size: int, stages: int) -> int:
@@ -151,15 +179,11 @@ def max_stages(head_size: int, dtype: torch.dtype) -> int:
 
 
 def choose_stages(split_tokens: int, head_size: int, dtype: torch.dtype) -> int:
-    """The load path: a cp.async ring wherever it exists (float16 / bfloat16 caches, heads <= 128),
-    register loads otherwise. 3 stages (2 thread blocks per SM) for splits of ``DEEP_RING_SPLIT``
-    tokens or more, where a warp has enough tiles to keep two in flight (+0.5-1.3% on the H200
-    headline shapes), 2 stages (3 thread blocks per SM) below (3 stages lost 1% at 256 x 512).
-    With fewer instructions per tile (ninth version in kernels/NOTES.md) the ring measured faster
-    than the register loads on every headline shape."""
-    if max_stages(head_size, dtype) < 2:
-        return 0
-    return 3 if split_tokens >= DEEP_RING_SPLIT and max_stages(head_size, dtype) >= 3 else 2
+    """The load path for a given split: a 2-stage cp.async ring wherever the ring exists
+    (float16 / bfloat16 caches, heads <= 128), register loads otherwise. The ring measured faster
+    than the register loads on every headline shape (ninth version in kernels/NOTES.md), and 2
+    stages at least as fast as 3 at the same occupancy (eleventh version)."""
+    return 2 if max_stages(head_size, dtype) >= 2 else 0
 
 
 def choose_prefetch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: int, dtype: torch.dtype,
@@ -241,7 +265,7 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
                     max_context_len: int | None, alibi_slopes: torch.Tensor | None = None, *,
                     k_scale: float = 1.0, v_scale: float = 1.0, split_tokens: int | None = None,
                     prefetch: bool | None = PREFETCH, pdl: bool = PDL, stages: int | None = STAGES,
-                    validate: bool = True) -> torch.Tensor:
+                    max_ctas_per_sm: int | None = None, validate: bool = True) -> torch.Tensor:
     """Decode attention of one query token per sequence over caches in the fast layout.
 
     Arguments as ``kernels.paged_attention`` (``ops.py``), except that the caches are
@@ -257,6 +281,9 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
             with ``choose_stages``. The deepest ring that fits is ``max_stages(head_size, dtype)``.
         prefetch: with ``stages=0``, keep two tiles in flight per warp in registers (head sizes
             <= 128; larger heads keep one); None chooses with ``choose_prefetch``.
+        max_ctas_per_sm: at most this many thread blocks resident per SM (the launch asks for
+            enough shared memory that no more fit); None: ``choose_launch``'s cap when
+            ``split_tokens`` is None, else as many as fit.
         pdl: with splits, launch the kernel that combines them as a programmatic dependent launch
             (compute capability 9.0 and later; ignored before): it is scheduled while the attention
             kernel's last wave runs instead of after it, hiding its launch latency.
@@ -276,6 +303,9 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
         if not 2 <= stages <= deepest:
             raise ValueError(f"stages must be 0 or 2 to {deepest} for head_size {head_size} (shared memory), "
                              f"got {stages}")
+    if max_ctas_per_sm is not None and not (isinstance(max_ctas_per_sm, int) and not isinstance(max_ctas_per_sm, bool)
+                                            and 1 <= max_ctas_per_sm <= 32):
+        raise ValueError(f"max_ctas_per_sm must be None or an integer from 1 to 32, got {max_ctas_per_sm!r}")
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
     if not query.is_cuda:
@@ -286,8 +316,11 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
     if num_seqs == 0:
         return out
     if split_tokens is None:
-        split_tokens, stages = choose_launch(num_seqs, num_heads, int(num_kv_heads), head_size, key_cache.dtype,
-                                             max_context_len, _num_sms(query.device.index or 0), stages)
+        launch = choose_launch(num_seqs, num_heads, int(num_kv_heads), head_size, key_cache.dtype, max_context_len,
+                               _num_sms(query.device.index or 0), stages)
+        split_tokens, stages = launch.split_tokens, launch.stages
+        if max_ctas_per_sm is None:
+            max_ctas_per_sm = launch.max_ctas_per_sm
     elif stages is None:
         stages = choose_stages(int(split_tokens), head_size, key_cache.dtype)
     split_tokens = int(split_tokens)
@@ -315,7 +348,7 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
 
     extension().fast_decode(out, part_out, part_max, part_sum, query, key_cache, value_cache, int(num_kv_heads),
                             float(scale) * float(k_scale), float(v_scale), block_tables, context_lens, split_tokens,
-                            max_splits, bool(prefetch), bool(pdl), stages, alibi_slopes,
+                            max_splits, bool(prefetch), bool(pdl), stages, int(max_ctas_per_sm or 0), alibi_slopes,
                             torch.cuda.current_stream(query.device).cuda_stream)
     return out
 

@@ -672,9 +672,27 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_reduce_kernel(con
   }
 }
 
-// Launches the attention kernel, or with p.ctas_per_sm only reports its occupancy.
+constexpr size_t kSmemPerSm = 228 * 1024;  // an sm_90 SM's shared memory (1 KB of it reserved per block)
+
+// Launches the attention kernel with `smem` bytes of dynamic shared memory (more with
+// p.max_ctas_per_sm: enough that no more blocks fit an SM), or with p.ctas_per_sm only reports
+// its occupancy.
 template <typename Kernel>
 cudaError_t launch_or_query(Kernel* kernel, const FastDecodeParams& p, dim3 grid, size_t smem, cudaStream_t stream) {
+  if (p.max_ctas_per_sm > 0) {
+    const size_t cap = kSmemPerSm / (p.max_ctas_per_sm + 1);
+    smem = smem > cap ? smem : cap;
+    smem = smem < kMaxSmem ? smem : kMaxSmem;
+  }
+  if (smem > 0) {
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    // all of the SM's unified L1 / shared memory as shared memory, so that as many thread blocks
+    // as the shared memory allows are resident (the driver may otherwise pick a smaller carveout)
+    if (err == cudaSuccess) {
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    }
+    if (err != cudaSuccess) return err;
+  }
   if (p.ctas_per_sm != nullptr) {
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(p.ctas_per_sm, kernel, kFastWarps * 32, smem);
   }
@@ -688,15 +706,7 @@ cudaError_t launch_ring(const FastDecodeParams& p, dim3 grid, cudaStream_t strea
   if constexpr (bytes > kMaxSmem) {
     return cudaErrorInvalidValue;  // does not fit: fast_decode_smem_bytes says 0
   } else {
-    auto* kernel = fast_decode_kernel<T, KV, HEAD, false, STAGES>;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    // all of the SM's unified L1 / shared memory as shared memory, so that as many thread blocks
-    // as the ring allows are resident (the driver may otherwise pick a smaller carveout)
-    if (err == cudaSuccess) {
-      err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-    }
-    if (err != cudaSuccess) return err;
-    return launch_or_query(kernel, p, grid, bytes, stream);
+    return launch_or_query(fast_decode_kernel<T, KV, HEAD, false, STAGES>, p, grid, bytes, stream);
   }
 }
 

@@ -53,6 +53,8 @@ struct FastDecodeParams {
                               // through a ring of this many shared-memory stages (cp.async)
   int* ctas_per_sm;           // non-null: launch nothing; write how many thread blocks of the kernel
                               // this launch would run fit on one SM (occupancy)
+  int max_ctas_per_sm;        // > 0: pad the dynamic shared memory so that at most this many thread blocks
+                              // are resident per SM (fewer warps streaming at once); 0: as many as fit
   int pdl;                    // 1: the reduce kernel is a programmatic dependent launch (sm_90+):
                               // it is scheduled while the attention kernel's last wave runs
   int64_t q_stride;           // elements between sequences of query

@@ -148,6 +148,7 @@ void fast_decode(torch::Tensor out, torch::Tensor part_out, torch::Tensor part_m
                  torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache, int64_t num_kv_heads,
                  double scale, double v_scale, torch::Tensor block_tables, torch::Tensor context_lens,
                  int64_t split_tokens, int64_t max_splits, bool prefetch, bool pdl, int64_t stages,
+                 int64_t max_ctas_per_sm,
                  std::optional<torch::Tensor> alibi_slopes, int64_t stream) {
   TORCH_CHECK(out.scalar_type() == query.scalar_type(), "out must have the query's dtype");
   TORCH_CHECK(key_cache.dim() == 4 && value_cache.dim() == 4 && key_cache.sizes() == value_cache.sizes(),
@@ -174,6 +175,7 @@ void fast_decode(torch::Tensor out, torch::Tensor part_out, torch::Tensor part_m
     p.pdl = major >= 9 ? 1 : 0;
   }
   p.stages = static_cast<int>(stages);
+  p.max_ctas_per_sm = static_cast<int>(max_ctas_per_sm);
   p.k_block_stride = key_cache.stride(0);
   p.k_token_stride = key_cache.stride(1);
   p.k_head_stride = key_cache.stride(2);
@@ -337,7 +339,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return static_cast<int64_t>(blocksim::fast_decode_smem_bytes(
         static_cast<int>(head_size), fp8 ? blocksim::kFastFp8E4M3 : blocksim::kFastF16, static_cast<int>(stages)));
   });
-  m.def("fast_decode_ctas_per_sm", [](int64_t head_size, const std::string& dtype, int64_t stages, bool prefetch) {
+  m.def("fast_decode_ctas_per_sm", [](int64_t head_size, const std::string& dtype, int64_t stages, bool prefetch,
+                                      int64_t max_ctas_per_sm) {
     blocksim::FastDecodeParams p{};
     int ctas = 0;
     p.ctas_per_sm = &ctas;
@@ -347,6 +350,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     p.split_tokens = blocksim::kFastTile;
     p.stages = static_cast<int>(stages);
     p.prefetch = prefetch ? 1 : 0;
+    p.max_ctas_per_sm = static_cast<int>(max_ctas_per_sm);
     const int q = dtype == "bfloat16" ? blocksim::kFastBF16 : blocksim::kFastF16;
     const int kv = dtype == "bfloat16" ? blocksim::kFastBF16 : dtype == "fp8" ? blocksim::kFastFp8E4M3 : blocksim::kFastF16;
     check_launch(blocksim::launch_fast_decode(p, q, kv, nullptr), "fast_decode_ctas_per_sm");

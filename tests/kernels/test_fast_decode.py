@@ -58,7 +58,7 @@ def caches(num_kv_heads, head_size, block_size, dtype, storage="NHD", num_blocks
 
 def run_case(*, num_heads, num_kv_heads, head_size, block_size, dtype, max_context=MAX_CONTEXT, lens=None,
              alibi=False, seed=0, num_seqs=NUM_SEQS, storage="NHD", split_tokens=None, num_blocks=NUM_BLOCKS,
-             prefetch=None, stages=None):
+             prefetch=None, stages=None, max_ctas_per_sm=None):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     kc, vc = caches(num_kv_heads, head_size, block_size, dtype, storage, num_blocks)
     if lens is None:
@@ -73,12 +73,13 @@ def run_case(*, num_heads, num_kv_heads, head_size, block_size, dtype, max_conte
     slopes = torch.rand(num_heads, generator=gen, device="cuda") * 0.1 if alibi else None
     scale = head_size ** -0.5
     out = torch.full_like(query, float("nan"))
-    if prefetch is None and stages is None:
+    if prefetch is None and stages is None and max_ctas_per_sm is None:
         kernels.paged_attention(out, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
                                 max_context, slopes, impl="fast", split_tokens=split_tokens)
     else:
         fast.paged_attention(out, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
-                             max_context, slopes, split_tokens=split_tokens, prefetch=prefetch, stages=stages)
+                             max_context, slopes, split_tokens=split_tokens, prefetch=prefetch, stages=stages,
+                             max_ctas_per_sm=max_ctas_per_sm)
     want = torch.empty(query.shape, dtype=torch.float32, device="cuda")
     reference_fast.paged_attention(want, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
                                    max_context, slopes)
@@ -143,6 +144,19 @@ def test_fast_load_paths_block_sizes(block_size, stages):
                          storage="HND", num_blocks=NUM_BLOCKS * 16 // block_size + 8, max_context=4000,
                          seed=block_size + stages, stages=stages)
     assert_matches(out, want, torch.float16)
+
+
+@pytest.mark.parametrize("stages,cap", [(0, 1), (0, 2), (2, 1), (2, 2), (3, 1), (4, 3)])
+def test_fast_occupancy_cap(stages, cap):
+    """max_ctas_per_sm pads the shared memory: same results, and the occupancy API reports the cap
+    (or fewer where the kernel's own resources allow fewer)."""
+    from kernels._build import extension
+
+    out, want = run_case(num_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype=torch.float16,
+                         storage="HND", max_context=4000, seed=stages + 10 * cap, stages=stages, max_ctas_per_sm=cap)
+    assert_matches(out, want, torch.float16)
+    free = extension().fast_decode_ctas_per_sm(128, "float16", stages, False, 0)
+    assert extension().fast_decode_ctas_per_sm(128, "float16", stages, False, cap) == min(cap, free)
 
 
 def test_fast_ring_shared_memory_matches_the_extension():

@@ -208,13 +208,12 @@ def test_prefetch_is_chosen_only_for_latency_bound_half_precision_shapes():
 
 
 def test_load_path_rule_and_ring_limits():
-    """The ring is chosen wherever it exists (3 stages for long splits, 2 below), never for float8
-    caches or heads over 128; its shared memory decides the deepest ring."""
+    """The 2-stage ring is chosen wherever it exists, never for float8 caches or heads over 128;
+    its shared memory decides the deepest ring."""
     from kernels import fast
 
     assert fast.choose_stages(512, 128, torch.float16) == 2
-    assert fast.choose_stages(1024, 128, torch.float16) == 3
-    assert fast.choose_stages(32768, 64, torch.bfloat16) == 3
+    assert fast.choose_stages(32768, 64, torch.bfloat16) == 2
     assert fast.choose_stages(256, 256, torch.float16) == 0
     assert fast.choose_stages(256, 128, torch.float8_e4m3fn) == 0
     assert fast.ring_smem_bytes(128, 2) == 4 * 2 * (2 * 16 * 128 * 2 + 256)
@@ -237,15 +236,31 @@ def test_bad_stage_count_is_refused_before_any_work():
 
 
 @pytest.mark.parametrize("shape,want", [
-    ((8, 32, 8, 16384), (2048, 3)),     # 64 blocks: 2048-token splits still fill two waves of 264
-    ((1, 32, 8, 32768), (1024, 3)),     # 8 blocks: longer splits would leave most SMs idle
-    ((64, 32, 32, 1024), (1024, 3)),    # one split
-    ((256, 32, 8, 512), (512, 2)),
-    ((1, 32, 8, 2048), (256, 2)),       # short splits, 2-stage ring
+    ((8, 32, 8, 16384), (4096, 2, 2)),     # 64 blocks: 4 splits make one wave of 2 per SM
+    ((1, 32, 8, 32768), (1024, 2, 2)),     # 8 blocks: 32 splits (33 would be 993 tokens, under the minimum)
+    ((1, 32, 8, 131072), (4032, 2, 2)),    # 33 splits
+    ((16, 32, 8, 8192), (8192, 3, 1)),     # 128 blocks, about one per SM: no split
+    ((64, 32, 8, 8192), (8192, 2, 2)),     # 512 blocks: whole contexts, 2 per SM
+    ((32, 32, 32, 4096), (4096, 2, 2)),
+    ((64, 32, 32, 1024), (1024, 2, None)),  # short whole contexts: as many blocks as fit
+    ((256, 32, 8, 512), (512, 2, None)),
+    ((1, 32, 8, 2048), (256, 2, None)),    # little work (8 tiles per SM): short splits
 ])
-def test_choose_launch_lengthens_splits_for_the_deep_ring(shape, want):
+def test_choose_launch(shape, want):
     b, h, kvh, ctx = shape
-    assert fast.choose_launch(b, h, kvh, 128, torch.float16, ctx, 132) == want
-    # float8 caches keep the register loads and the plain split rule
-    assert fast.choose_launch(b, h, kvh, 128, fast.FP8, ctx, 132) == \
-        (fast.choose_split_tokens(b, h, kvh, ctx, 132), 0)
+    got = fast.choose_launch(b, h, kvh, 128, torch.float16, ctx, 132)
+    assert got == want and got.split_tokens % 16 == 0
+    # float8 caches keep the register loads and the plain split rule, as does a given ring depth
+    assert fast.choose_launch(b, h, kvh, 128, fast.FP8, ctx, 132) == (fast.choose_split_tokens(b, h, kvh, ctx, 132), 0,
+                                                                      None)
+    assert fast.choose_launch(b, h, kvh, 128, torch.float16, ctx, 132, stages=3) == \
+        (fast.choose_split_tokens(b, h, kvh, ctx, 132), 3, None)
+
+
+@pytest.mark.parametrize("bad", [0, 33, 1.5, True, "2"])
+def test_bad_occupancy_cap_is_refused(bad):
+    kc, vc = fast.allocate_fast_kv_cache(4, 16, 2, 128, torch.float16, "cpu", storage="NHD")
+    q = torch.zeros(1, 4, 128, dtype=torch.float16)
+    with pytest.raises(ValueError, match="max_ctas_per_sm must be None or an integer from 1 to 32"):
+        fast.paged_attention(None, q, kc, vc, 2, 0.1, torch.zeros(1, 1, dtype=torch.int32),
+                             torch.ones(1, dtype=torch.int32), 16, 1, max_ctas_per_sm=bad)
