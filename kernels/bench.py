@@ -343,18 +343,9 @@ def stages(args, copy_gbs, results):
 
 
 OCCUPANCY_SHAPES = SHAPES + ((16, 32, 8, 8192), (4, 32, 8, 32768), (1, 32, 8, 131072), (64, 32, 8, 8192),
-                             (16, 32, 8, 32768))
+                             (16, 32, 8, 32768), (1, 32, 8, 2048), (4, 32, 8, 512), (16, 32, 8, 512))
 # (thread blocks per SM the split aims at, ring stages, cap passed as max_ctas_per_sm)
 OCCUPANCY_CONFIGS = ((1, 4, None), (1, 3, 1), (1, 2, 1), (2, 2, 2), (2, 3, None), (3, 2, None))
-
-
-def one_wave_split(items: int, ctx: int, per_sm: int, num_sms: int) -> int:
-    """The split that makes one wave of ``per_sm`` blocks per SM (the whole context when the batch
-    fills it already)."""
-    if items >= per_sm * num_sms:
-        return -(-ctx // 16) * 16
-    n = max(1, per_sm * num_sms // items)
-    return -(-(-(-ctx // n)) // 64) * 64
 
 
 def occupancy(args, copy_gbs, results):
@@ -364,7 +355,7 @@ def occupancy(args, copy_gbs, results):
     labels = [f"{n}/SM, {st} stages" + (f", cap {cap}" if cap else "") for n, st, cap in OCCUPANCY_CONFIGS]
     print("\n## Occupancy and ring depth (one wave of blocks at that occupancy): fast / SDPA time\n")
     print("| batch, heads, kv heads, context | SDPA ms | auto (split, path) | " + " | ".join(labels) + " |")
-    print("|---|---:|---|" + "---:|" * (1 + len(labels)))
+    print("|---|---:|---|" + "---:|" * len(labels))
     for shape in OCCUPANCY_SHAPES:
         c = Case(*shape, sets=args.sets, storage="HND")
         k, v = c.contiguous()
@@ -372,11 +363,11 @@ def occupancy(args, copy_gbs, results):
         del k, v
         torch.cuda.empty_cache()
         launch = fast.choose_launch(c.batch, c.heads, c.kv_heads, HEAD_SIZE, DTYPE, c.ctx, nsm)
-        items = c.batch * c.kv_heads * -(-(c.heads // c.kv_heads) // fast.HEADS_PER_CTA)
+        items = fast.work_items(c.batch, c.heads, c.kv_heads)
         row = {"shape": list(shape), "sdpa": sdpa_ms, "auto": c.fast_ms(args.warmup, args.iters),
                "auto_launch": list(launch)}
         for label, (n, st, cap) in zip(labels, OCCUPANCY_CONFIGS):
-            split = one_wave_split(items, c.ctx, n, nsm)
+            split = fast.one_wave_split(items, c.ctx, n, nsm)
             row[label] = c.fast_ms(args.warmup, args.iters, split_tokens=split, stages=st, max_ctas_per_sm=cap)
             row[label + " split"] = split
         results["occupancy"].append(row)

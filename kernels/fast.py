@@ -44,7 +44,6 @@ TILE = 16                 # context tokens per tensor-core step
 HEADS_PER_CTA = 8         # query heads one thread block serves
 MIN_SPLIT_TOKENS = 1024   # shortest split worth a thread block when there is plenty of work ...
 MIN_SPLIT_TOKENS_SMALL = 256  # ... and when there is little (under 64 tiles per SM): see NOTES.md
-SMALL_TILES_PER_SM = 64   # under this many 16-token tiles per SM a problem is latency-bound
 CAPPED_CONTEXT = 2048     # whole contexts from this long run at most 2 thread blocks per SM (choose_launch)
 ONE_PER_SM_FILL = 0.9     # this fraction of the SMs busy with one block each: no split (choose_launch)
 PREFETCH = None           # None: choose_prefetch; a second tile in flight per warp helps only latency-bound shapes
@@ -97,23 +96,20 @@ def choose_split_tokens(num_seqs: int, num_heads: int, num_kv_heads: int, max_co
     ``MIN_SPLIT_TOKENS`` (``MIN_SPLIT_TOKENS_SMALL`` when the whole problem is under 64 16-token
     tiles per SM, where latency rules), rounded up to 64 tokens (a tile per warp).
     ``choose_launch`` has the rule for the cp.async ring."""
-    ctas = _work_items(num_seqs, num_heads, num_kv_heads)
+    ctas = work_items(num_seqs, num_heads, num_kv_heads)
     whole = max(TILE, -(-max_context_len // TILE) * TILE)
     if ctas >= 4 * num_sms:
         return whole
     splits = -(-16 * num_sms // ctas)
-    shortest = MIN_SPLIT_TOKENS if _tiles_per_sm(ctas, whole, num_sms) >= SMALL_TILES_PER_SM else MIN_SPLIT_TOKENS_SMALL
+    tiles_per_sm = ctas * (whole // TILE) / num_sms
+    shortest = MIN_SPLIT_TOKENS if tiles_per_sm >= 64 else MIN_SPLIT_TOKENS_SMALL
     split = max(shortest, -(-(-(-max_context_len // splits)) // 64) * 64)
     return min(split, whole)
 
 
-def _work_items(num_seqs: int, num_heads: int, num_kv_heads: int) -> int:
+def work_items(num_seqs: int, num_heads: int, num_kv_heads: int) -> int:
     """Thread blocks per split: (sequence, KV head, group of up to 8 query heads)."""
     return max(1, num_seqs * num_kv_heads * -(-(num_heads // num_kv_heads) // HEADS_PER_CTA))
-
-
-def _tiles_per_sm(items: int, whole: int, num_sms: int) -> float:
-    return items * (whole // TILE) / num_sms
 
 
 class Launch(NamedTuple):
@@ -132,33 +128,40 @@ def choose_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: i
     eleventh version, has the measurements behind each branch).
 
     Where the cp.async ring exists (float16 / bfloat16 caches, heads <= 128) and ``stages`` is
-    None: a 2-stage ring with at most 2 thread blocks per SM for long contexts, which measured
-    best on the H200 (8 warps per SM streaming, each with one tile in flight):
+    None, a 2-stage ring, which measured best on the H200 with at most 2 thread blocks per SM
+    (8 warps per SM streaming, each with one tile in flight):
 
-    * little work (under 64 tiles per SM): ``choose_split_tokens``, as many blocks as fit;
     * more blocks than SMs without splitting: the whole context, capped at 2 per SM from
       ``CAPPED_CONTEXT`` tokens (3 per SM below, where each block's start-up weighs more);
     * close to one block per SM (``ONE_PER_SM_FILL`` of the SMs or more): the whole context, one
       block per SM with a 3-stage ring (no split to combine);
-    * fewer: splits of at least ``MIN_SPLIT_TOKENS`` that make one wave of 2 blocks per SM.
+    * fewer: the splits (multiples of 64 tokens, one tile per warp) that make one wave of 2
+      blocks per SM, capped at 2 per SM; short contexts thus get short splits, where latency rules.
 
     Otherwise (float8 caches, heads over 128, or ``stages`` given): ``choose_split_tokens`` and
     ``choose_stages`` (or the given ``stages``), no cap."""
-    plain = choose_split_tokens(num_seqs, num_heads, num_kv_heads, max_context_len, num_sms)
     ring = max_stages(head_size, dtype) >= 2
     if stages is not None or not ring:
+        plain = choose_split_tokens(num_seqs, num_heads, num_kv_heads, max_context_len, num_sms)
         return Launch(plain, choose_stages(plain, head_size, dtype) if stages is None else int(stages), None)
-    items = _work_items(num_seqs, num_heads, num_kv_heads)
+    items = work_items(num_seqs, num_heads, num_kv_heads)
     whole = max(TILE, -(-max_context_len // TILE) * TILE)
-    if _tiles_per_sm(items, whole, num_sms) < SMALL_TILES_PER_SM:
-        return Launch(plain, 2, None)
     if items > num_sms:
         return Launch(whole, 2, 2 if whole >= CAPPED_CONTEXT else None)
     if items >= ONE_PER_SM_FILL * num_sms and max_stages(head_size, dtype) >= 3:
         return Launch(whole, 3, 1)
-    splits = max(1, 2 * num_sms // items)
-    split = max(MIN_SPLIT_TOKENS, -(-(-(-max_context_len // splits)) // 64) * 64)
-    return Launch(min(split, whole), 2, 2)
+    return Launch(one_wave_split(items, max_context_len, 2, num_sms), 2, 2)
+
+
+def one_wave_split(items: int, max_context_len: int, per_sm: int, num_sms: int = 132) -> int:
+    """Context tokens per thread block that make one wave of ``per_sm`` blocks per SM out of
+    ``items`` (sequence, KV head, head group) triples: the whole context when they fill it
+    already, else as many splits as fit, rounded up to 64 tokens (a tile per warp)."""
+    whole = max(TILE, -(-max_context_len // TILE) * TILE)
+    if items >= per_sm * num_sms:
+        return whole
+    splits = per_sm * num_sms // items
+    return min(whole, -(-(-(-max_context_len // splits)) // 64) * 64)
 
 
 def ring_smem_bytes(head_size: int, stages: int) -> int:

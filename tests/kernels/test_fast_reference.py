@@ -237,14 +237,17 @@ def test_bad_stage_count_is_refused_before_any_work():
 
 @pytest.mark.parametrize("shape,want", [
     ((8, 32, 8, 16384), (4096, 2, 2)),     # 64 blocks: 4 splits make one wave of 2 per SM
-    ((1, 32, 8, 32768), (1024, 2, 2)),     # 8 blocks: 32 splits (33 would be 993 tokens, under the minimum)
+    ((1, 32, 8, 32768), (1024, 2, 2)),     # 8 blocks: 33 splits of 993 tokens, rounded up to 64: 32
     ((1, 32, 8, 131072), (4032, 2, 2)),    # 33 splits
     ((16, 32, 8, 8192), (8192, 3, 1)),     # 128 blocks, about one per SM: no split
+    ((16, 32, 8, 512), (512, 3, 1)),
     ((64, 32, 8, 8192), (8192, 2, 2)),     # 512 blocks: whole contexts, 2 per SM
     ((32, 32, 32, 4096), (4096, 2, 2)),
     ((64, 32, 32, 1024), (1024, 2, None)),  # short whole contexts: as many blocks as fit
     ((256, 32, 8, 512), (512, 2, None)),
-    ((1, 32, 8, 2048), (256, 2, None)),    # little work (8 tiles per SM): short splits
+    ((1, 32, 8, 2048), (64, 2, 2)),        # little work: one tile per warp
+    ((4, 32, 8, 2048), (256, 2, 2)),
+    ((1, 32, 8, 100), (64, 2, 2)),
 ])
 def test_choose_launch(shape, want):
     b, h, kvh, ctx = shape
