@@ -283,7 +283,7 @@ def splits(args, copy_gbs, results):
     for shape in SHAPES:
         c = Case(*shape, sets=args.sets)
         auto, st, cap = fast.choose_launch(c.batch, c.heads, c.kv_heads, HEAD_SIZE, DTYPE, c.ctx, nsm)
-        kw = dict(stages=st, max_ctas_per_sm=cap)
+        kw = {"stages": st, "max_ctas_per_sm": cap}
         row = {"shape": list(shape), "auto_tokens": auto, "auto": c.fast_ms(args.warmup, args.iters),
                "whole": c.fast_ms(args.warmup, args.iters, split_tokens=-(-c.ctx // 16) * 16, **kw)}
         for s in SPLITS:

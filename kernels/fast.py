@@ -160,8 +160,8 @@ def one_wave_split(items: int, max_context_len: int, per_sm: int, num_sms: int =
     whole = max(TILE, -(-max_context_len // TILE) * TILE)
     if items >= per_sm * num_sms:
         return whole
-    splits = per_sm * num_sms // items
-    return min(whole, -(-(-(-max_context_len // splits)) // 64) * 64)
+    per_split = -(-max_context_len // (per_sm * num_sms // items))
+    return min(whole, -(-per_split // 64) * 64)
 
 
 def ring_smem_bytes(head_size: int, stages: int) -> int:
