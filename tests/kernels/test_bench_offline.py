@@ -1,0 +1,47 @@
+"""kernels.bench's offline parts (no GPU): the cost profile written from a results file, and the
+sweep plot redrawn from one."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kernels import bench
+
+
+def results(**over):
+    row = {"shape": [8, 32, 8, 16384], "kv_bytes": 537_000_000, "fast": 0.130, "fast_hnd": 0.125,
+           "copy_gbs": 4250.0}
+    res = {"device": "NVIDIA H200 (132 SMs)", "torch": "2.11.0", "copy_gbs": 4250.0, "headline": [row, dict(row)]}
+    res.update(over)
+    return res
+
+
+def test_profile_scale_is_predicted_over_measured_bandwidth(tmp_path):
+    path = tmp_path / "profile.json"
+    prof = bench.write_profile(results(), path)
+    measured = 2 * 537_000_000 / (2 * 0.125e-3) / 1e9        # the HND (default storage) times
+    assert prof["params"]["scale_attn_decode"] == pytest.approx(4800 * 0.8 / measured, abs=1e-4)
+    assert json.loads(path.read_text()) == prof
+    assert "HND storage" in prof["source"]
+
+
+def test_profile_needs_a_known_gpu_and_headline_rows(tmp_path):
+    assert bench.write_profile(results(device="Some GPU"), tmp_path / "p.json") is None
+    assert bench.write_profile(results(headline=[]), tmp_path / "p.json") is None
+
+
+def test_plot_from_a_saved_results_file(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = []
+    for b in (1, 4):
+        for ctx in (512, 2048):
+            kv = 2 * b * ctx * 8 * 128 * 2
+            rows.append({"shape": [b, 32, 8, ctx], "kv_bytes": kv, "copy_gbs": 4250.0, "fast": 0.01 * b,
+                         "v1": 0.02 * b, "v2": 0.03 * b, "auto": "v1" if ctx == 512 else "v2", "sdpa": 0.012 * b,
+                         "gather_sdpa": 0.05 * b})
+    saved = tmp_path / "bench.json"
+    saved.write_text(json.dumps(results(sweep=rows)))
+    png = tmp_path / "sweep.png"
+    assert bench.main(["--plot-from", str(saved), "--plot", str(png)]) == 0
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
