@@ -4,7 +4,7 @@ Head size 128, float16, 32 query heads; in one run:
 
 1. the copy floor: a 2 GiB device-to-device copy, bandwidth = bytes read + written / time;
 2. the headline shapes (batch, heads, kv heads, context), block size 16: the fast kernel
-   (``impl="fast"``, NHD and HND storage), the vLLM-layout kernels v1 and v2 (and the one the
+   (``impl="fast"``, NHD and the default H2ND storage), the vLLM-layout kernels v1 and v2 (and the one the
    automatic rule picks), torch SDPA on contiguous ``[batch, kv_heads, context, head]`` K/V (the
    best fused backend), and gather-then-SDPA (copy the blocks to contiguous K/V, then SDPA);
 3. the fast kernel's split length on the headline shapes (the automatic rule and fixed lengths),
@@ -47,6 +47,7 @@ BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
 HEAD_SIZE = 128
 BLOCK_SIZE = 16
 DTYPE = torch.float16
+STORE = fast.DEFAULT_STORAGE  # the storage of the fast kernel's caches in every section but the headline's "fast" column
 
 
 def median_ms(fns, warmup: int, iters: int) -> float:
@@ -242,30 +243,32 @@ def run_shape(shape, args, copy_gbs, *, gather=True, storage="NHD"):
 
 def headline(args, copy_gbs, results):
     print("\n## Headline shapes (block size 16)\n")
-    print(f"fast HND and SDPA: medians of {args.repeats} alternating measurements\n")
-    print("| batch, heads, kv heads, context | KV MB | fast ms | fast GB/s | fast % of copy | fast HND ms | fast HND % of copy | "
+    print(f"fast ms, GB/s, % of copy: NHD storage; fast {STORE}: the default storage. fast {STORE} and SDPA: medians of "
+          f"{args.repeats} alternating measurements\n")
+    print(f"| batch, heads, kv heads, context | KV MB | fast ms | fast GB/s | fast % of copy | fast {STORE} ms | "
+          f"fast {STORE} % of copy | "
           "fast, no PDL ms | load path | fast, prefetch ms | v1 ms | v2 ms | auto | SDPA contiguous ms (backend) | SDPA % of copy | "
-          "fast HND / SDPA time | gather+SDPA ms | max abs diff fast vs SDPA |")
+          f"fast {STORE} / SDPA time | gather+SDPA ms | max abs diff fast vs SDPA |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     for shape in SHAPES:
         r = run_shape(shape, args, copy_gbs)
-        c = Case(*shape, sets=args.sets, storage="HND")
+        c = Case(*shape, sets=args.sets, storage=STORE)
         # the comparison with SDPA: medians of alternating measurements, so that a drift of the
         # device's speed during the run does not favour either side
         k, v = c.contiguous()
         backend = dict((name.split("_")[0].lower(), b) for name, b in _sdpa_backends()).get(r["sdpa_backend"])
         q4 = [s[0].unsqueeze(2) for s in c.sets]
-        r["fast_hnd_runs"], r["sdpa_runs"] = [], []
+        r["fast_default_runs"], r["sdpa_runs"] = [], []
         for _ in range(args.repeats):
-            r["fast_hnd_runs"].append(c.fast_ms(args.warmup, args.iters))
+            r["fast_default_runs"].append(c.fast_ms(args.warmup, args.iters))
             if backend is not None:
                 r["sdpa_runs"].append(graph_ms([lambda q=q: _sdpa(q, k, v, backend) for q in q4], args.warmup,
                                                args.iters))
         del k, v
-        r["fast_hnd"] = statistics.median(r["fast_hnd_runs"])
+        r["fast_default"] = statistics.median(r["fast_default_runs"])
         if r["sdpa_runs"]:
             r["sdpa"] = statistics.median(r["sdpa_runs"])
-        r["fast_hnd_no_pdl"] = (c.fast_ms(args.warmup, args.iters, pdl=False) if r["split_tokens"] < c.ctx
+        r["fast_default_no_pdl"] = (c.fast_ms(args.warmup, args.iters, pdl=False) if r["split_tokens"] < c.ctx
                                 else float("nan"))
         del c
         c = Case(*shape, sets=args.sets)
@@ -276,12 +279,12 @@ def headline(args, copy_gbs, results):
         results["headline"].append(r)
         fg = gbs(r["kv_bytes"], r["fast"])
         print(f"| {', '.join(map(str, shape))} | {r['kv_bytes'] / 1e6:.0f} | {r['fast']:.4f} | {fg:.0f} | "
-              f"{100 * fg / copy_gbs:.0f}% | {r['fast_hnd']:.4f} | {100 * gbs(r['kv_bytes'], r['fast_hnd']) / copy_gbs:.1f}% | "
-              f"{'-' if r['fast_hnd_no_pdl'] != r['fast_hnd_no_pdl'] else format(r['fast_hnd_no_pdl'], '.4f')} | "
+              f"{100 * fg / copy_gbs:.0f}% | {r['fast_default']:.4f} | {100 * gbs(r['kv_bytes'], r['fast_default']) / copy_gbs:.1f}% | "
+              f"{'-' if r['fast_default_no_pdl'] != r['fast_default_no_pdl'] else format(r['fast_default_no_pdl'], '.4f')} | "
               f"{load_path_label(r['load_path'], r['max_ctas_per_sm'])} | "
               f"{r['fast_prefetch']:.4f} | {r['v1']:.4f} | {r['v2']:.4f} | {r['auto']} | "
               f"{r['sdpa']:.4f} ({r['sdpa_backend']}) | {100 * gbs(r['kv_bytes'], r['sdpa']) / copy_gbs:.0f}% | "
-              f"{r['fast_hnd'] / r['sdpa']:.3f} | {r['gather_sdpa']:.3f} | {r.get('max_abs_diff', float('nan')):.1e} |",
+              f"{r['fast_default'] / r['sdpa']:.3f} | {r['gather_sdpa']:.3f} | {r.get('max_abs_diff', float('nan')):.1e} |",
               flush=True)
 
 
@@ -297,7 +300,7 @@ def splits(args, copy_gbs, results):
     print("|---|---:|---:|" + "---:|" * len(SPLITS))
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     for shape in SHAPES:
-        c = Case(*shape, sets=args.sets)
+        c = Case(*shape, sets=args.sets, storage=STORE)
         auto, st, cap = fast.choose_launch(c.batch, c.heads, c.kv_heads, HEAD_SIZE, DTYPE, c.ctx, nsm)
         kw = {"stages": st, "max_ctas_per_sm": cap}
         row = {"shape": list(shape), "auto_tokens": auto, "auto": c.fast_ms(args.warmup, args.iters),
@@ -316,13 +319,13 @@ def splits(args, copy_gbs, results):
 
 
 def stages(args, copy_gbs, results):
-    """The load paths (register loads, cp.async rings of 2-4 stages) by split length, HND storage."""
+    """The load paths (register loads, cp.async rings of 2-4 stages) by split length, default storage."""
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     depths = tuple(int(d) for d in args.depths.split(","))
     cols = ("auto", *SPLITS, "whole")
     table = {d: [] for d in depths}
     for shape in SHAPES:
-        c = Case(*shape, sets=args.sets, storage="HND")
+        c = Case(*shape, sets=args.sets, storage=STORE)
         for d in depths:
             auto = fast.choose_split_tokens(c.batch, c.heads, c.kv_heads, c.ctx, nsm)  # the plain rule
             row = {"shape": list(shape), "stages": d, "auto_tokens": auto}
@@ -346,7 +349,7 @@ def stages(args, copy_gbs, results):
     results["ctas_per_sm"] = {"prefetch": occ_prefetch, **{str(d): occ[d] for d in depths}}
     for d in depths:
         name = "register loads (stages=0, prefetch by choose_prefetch)" if d == 0 else f"cp.async ring, {d} stages"
-        print(f"\n## Load path: {name}, HND storage, block size 16: % of copy bandwidth (auto: ms)\n")
+        print(f"\n## Load path: {name}, {STORE} storage, block size 16: % of copy bandwidth (auto: ms)\n")
         print("| batch, heads, kv heads, context | auto (tokens) | auto ms | " + " | ".join(f"{s} tokens" for s in SPLITS)
               + " | whole context |")
         print("|---|---:|---:|" + "---:|" * (len(SPLITS) + 1))
@@ -366,14 +369,14 @@ OCCUPANCY_CONFIGS = ((1, 4, None), (1, 3, 1), (1, 2, 1), (2, 2, 2), (2, 3, None)
 
 def occupancy(args, copy_gbs, results):
     """Resident blocks per SM x ring depth, each with the split of one wave at that occupancy, as
-    time relative to SDPA on contiguous K/V (HND storage): the measurements behind choose_launch."""
+    time relative to SDPA on contiguous K/V (default storage): the measurements behind choose_launch."""
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     labels = [f"{n}/SM, {st} stages" + (f", cap {cap}" if cap else "") for n, st, cap in OCCUPANCY_CONFIGS]
     print("\n## Occupancy and ring depth (one wave of blocks at that occupancy): fast / SDPA time\n")
     print("| batch, heads, kv heads, context | SDPA ms | auto (split, path) | " + " | ".join(labels) + " |")
     print("|---|---:|---|" + "---:|" * len(labels))
     for shape in OCCUPANCY_SHAPES:
-        c = Case(*shape, sets=args.sets, storage="HND")
+        c = Case(*shape, sets=args.sets, storage=STORE)
         k, v = c.contiguous()
         _, _, sdpa_ms = best_sdpa([s[0].unsqueeze(2) for s in c.sets], k, v, args.warmup, args.iters)
         del k, v
@@ -402,7 +405,7 @@ def block_sizes(args, copy_gbs, results):
     for shape in ((8, 32, 8, 16384), (128, 32, 8, 2048), (1, 32, 8, 32768), (64, 32, 32, 1024)):
         row = {"shape": list(shape)}
         for b in BLOCK_SIZES:
-            c = Case(*shape, sets=args.sets, block_size=b)
+            c = Case(*shape, sets=args.sets, block_size=b, storage=STORE)
             row[str(b)] = c.fast_ms(args.warmup, args.iters)
             kv = c.kv_bytes
             del c
@@ -420,7 +423,7 @@ def fp8(args, copy_gbs, results):
           "fp16 rel. error | fp8 rel. error | fp8 max abs error |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for shape in SHAPES:
-        c = Case(*shape, sets=args.sets)
+        c = Case(*shape, sets=args.sets, storage=STORE)
         ks, vs = fast.fp8_scale(c.kc), fast.fp8_scale(c.vc)
         k8, v8 = fast.allocate_fast_kv_cache(c.num_blocks, BLOCK_SIZE, c.kv_heads, HEAD_SIZE, FP8, "cuda", storage="NHD")
         fast.reshape_and_cache_fast(c.kc.flatten(0, 1), c.vc.flatten(0, 1), k8, v8,
@@ -451,7 +454,7 @@ def fp8(args, copy_gbs, results):
 
 
 def sweep(args, copy_gbs, results):
-    print(f"\n## Sweep: 32 heads on 8 KV heads, block size 16 (fast: HND storage), KV <= {args.max_kv_gb} GB: "
+    print(f"\n## Sweep: 32 heads on 8 KV heads, block size 16 (fast: {STORE} storage), KV <= {args.max_kv_gb} GB: "
           "effective GB/s\n")
     print("| batch | context | KV MB | fast | v1/v2 (auto) | SDPA contiguous | gather+SDPA | fast % of copy | "
           "fast / SDPA time |")
@@ -461,7 +464,7 @@ def sweep(args, copy_gbs, results):
             kv = 2 * b * ctx * 8 * HEAD_SIZE * 2
             if kv > args.max_kv_gb * 1e9:
                 continue
-            r = run_shape((b, 32, 8, ctx), args, copy_gbs, gather=kv <= args.max_kv_gb * 1e9 / 2, storage="HND")
+            r = run_shape((b, 32, 8, ctx), args, copy_gbs, gather=kv <= args.max_kv_gb * 1e9 / 2, storage=STORE)
             auto = r["v1"] if r["auto"] == "v1" else r["v2"]
             results["sweep"].append(r)
             print(f"| {b} | {ctx} | {kv / 1e6:.0f} | {gbs(kv, r['fast']):.0f} | {gbs(kv, auto):.0f} ({r['auto']}) | "
@@ -515,12 +518,12 @@ def write_profile(results, path) -> dict | None:
     if not rows or gpu is None:
         return None
     total_bytes = sum(r["kv_bytes"] for r in rows)
-    total_ms = sum(r["fast_hnd"] for r in rows)
+    total_ms = sum(r["fast_default"] for r in rows)
     measured = total_bytes / (total_ms * 1e-3) / 1e9
     predicted = gpu[1] * COST_BW_EFFICIENCY
     profile = {"params": {"scale_attn_decode": round(predicted / measured, 4)},
                "source": (f"python -m kernels.bench --profile (kernels/bench.py) on {results['device']}, torch "
-                          f"{results['torch']}: fast decode kernel (impl='fast', float16, head 128, block 16, HND storage) over "
+                          f"{results['torch']}: fast decode kernel (impl='fast', float16, head 128, block 16, {STORE} storage) over "
                           f"the {len(rows)} headline shapes, {total_bytes / 1e9:.2f} GB of KV in {total_ms:.3f} ms = "
                           f"{measured:.0f} GB/s effective; the cost model assumes {gpu[0]} hbm_bw {gpu[1]:.0f} GB/s x "
                           f"bw_efficiency {COST_BW_EFFICIENCY} = {predicted:.0f} GB/s; scale = predicted / measured "
@@ -538,7 +541,8 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--sets", type=int, default=4, help="input sets cycled through (queries, block tables)")
     ap.add_argument("--repeats", type=int, default=5,
-                    help="headline: alternating measurements of the fast kernel (HND) and SDPA, medians compared")
+                    help="headline: alternating measurements of the fast kernel (default storage) and SDPA, "
+                         "medians compared")
     ap.add_argument("--sections", default="headline,splits,stages,occupancy,blocks,fp8,sweep",
                     help="comma-separated: headline, splits, stages, occupancy, blocks, fp8, sweep")
     ap.add_argument("--depths", default="0,2,3,4", help="stages section: load paths (0 = registers, 2-4 = ring)")

@@ -10,7 +10,7 @@ from kernels import bench
 
 
 def results(**over):
-    row = {"shape": [8, 32, 8, 16384], "kv_bytes": 537_000_000, "fast": 0.130, "fast_hnd": 0.125,
+    row = {"shape": [8, 32, 8, 16384], "kv_bytes": 537_000_000, "fast": 0.130, "fast_default": 0.125,
            "copy_gbs": 4250.0}
     res = {"device": "NVIDIA H200 (132 SMs)", "torch": "2.11.0", "copy_gbs": 4250.0, "headline": [row, dict(row)]}
     res.update(over)
@@ -20,10 +20,10 @@ def results(**over):
 def test_profile_scale_is_predicted_over_measured_bandwidth(tmp_path):
     path = tmp_path / "profile.json"
     prof = bench.write_profile(results(), path)
-    measured = 2 * 537_000_000 / (2 * 0.125e-3) / 1e9        # the HND (default storage) times
+    measured = 2 * 537_000_000 / (2 * 0.125e-3) / 1e9        # the default-storage times
     assert prof["params"]["scale_attn_decode"] == pytest.approx(4800 * 0.8 / measured, abs=1e-4)
     assert json.loads(path.read_text()) == prof
-    assert "HND storage" in prof["source"]
+    assert "H2ND storage" in prof["source"]
 
 
 def test_profile_needs_a_known_gpu_and_headline_rows(tmp_path):

@@ -4,7 +4,7 @@
 The grid of the vLLM-layout kernel's tests (7 sequences, heads / KV heads 40/40 and 64/8, every
 supported head size, block sizes 16 and 32, random contexts up to 8192 with one at the maximum,
 random block tables over a 4321-block cache), for float16 and bfloat16, plus block sizes 8 and
-64-256, both storage orders, forced splits, contexts up to 128k, GQA groups wider than a thread
+64-256, every storage order, forced splits, contexts up to 128k, GQA groups wider than a thread
 block, ALiBi, poisoned block ids, fp8 caches.
 
 Tolerances (|out| <= 1): float16 as for the vLLM kernel (atol 1e-3, relative error norm < 1e-3):
@@ -100,7 +100,7 @@ def test_fast_matches_reference(num_heads, num_kv_heads, head_size, block_size, 
     assert_matches(out, want, dtype)
 
 
-@pytest.mark.parametrize("storage", ["NHD", "HND"])
+@pytest.mark.parametrize("storage", ["NHD", "HND", "H2ND"])
 @pytest.mark.parametrize("block_size", [8, 64, 128, 256])
 @pytest.mark.parametrize("head_size", [64, 128, 256])
 def test_fast_block_sizes_and_storage(head_size, block_size, storage):
@@ -141,7 +141,7 @@ def test_fast_load_paths(dtype, head_size, stages, split_tokens):
 @pytest.mark.parametrize("block_size", [8, 256])
 def test_fast_load_paths_block_sizes(block_size, stages):
     out, want = run_case(num_heads=32, num_kv_heads=8, head_size=128, block_size=block_size, dtype=torch.float16,
-                         storage="HND", num_blocks=NUM_BLOCKS * 16 // block_size + 8, max_context=4000,
+                         storage="H2ND", num_blocks=NUM_BLOCKS * 16 // block_size + 8, max_context=4000,
                          seed=block_size + stages, stages=stages)
     assert_matches(out, want, torch.float16)
 

@@ -45,7 +45,7 @@ def fast_inputs(gen, *, num_heads, num_kv_heads, head_size, block_size, dtype, n
     return query, kc, vc, bt, torch.tensor(lens, dtype=torch.int32)
 
 
-@pytest.mark.parametrize("storage", ["NHD", "HND"])
+@pytest.mark.parametrize("storage", ["NHD", "HND", "H2ND"])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2), (6, 1)])
 @pytest.mark.parametrize("block_size", [8, 16, 64, 256])
 @pytest.mark.parametrize("alibi", [False, True])
@@ -76,7 +76,7 @@ def test_fast_layout_agrees_with_the_vllm_layout_on_the_same_tokens():
     torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("storage", ["NHD", "HND"])
+@pytest.mark.parametrize("storage", ["NHD", "HND", "H2ND"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_reshape_and_cache_fast_round_trips_and_skips_padding(storage, dtype):
     gen = torch.Generator().manual_seed(2)
@@ -267,3 +267,17 @@ def test_bad_occupancy_cap_is_refused(bad):
     with pytest.raises(ValueError, match="max_ctas_per_sm must be None or an integer from 1 to 32"):
         fast.paged_attention(None, q, kc, vc, 2, 0.1, torch.zeros(1, 1, dtype=torch.int32),
                              torch.ones(1, dtype=torch.int32), 16, 1, max_ctas_per_sm=bad)
+
+
+def test_h2nd_storage_puts_both_caches_in_one_allocation():
+    """The default storage: views of one [num_blocks, kv_heads, 2, block_size, head_size] tensor, the
+    keys and values of one block of one KV head side by side; writes go where the layout says."""
+    kc, vc = fast.allocate_fast_kv_cache(5, 16, 3, 64, torch.float16, "cpu")
+    assert fast.DEFAULT_STORAGE == "H2ND"
+    assert kc.shape == vc.shape == (5, 16, 3, 64)
+    assert kc.untyped_storage().data_ptr() == vc.untyped_storage().data_ptr()
+    assert kc.stride() == (3 * 2 * 16 * 64, 64, 2 * 16 * 64, 1) == vc.stride()
+    assert vc.data_ptr() - kc.data_ptr() == 16 * 64 * 2   # one block-head of keys (bytes) before its values
+    kc.zero_()
+    vc.fill_(1.0)
+    assert kc.abs().sum() == 0 and bool((vc == 1).all())
