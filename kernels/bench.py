@@ -200,10 +200,13 @@ class Case:
         return k.contiguous(), v.contiguous()
 
     def gather_sdpa_ms(self, backend, warmup, iters):
+        """Gather (torch indexing) then SDPA, always from NHD caches (contiguous copies of other
+        storages): one contiguous row per token, the layout torch's gather handles best."""
         tables = [s[1].long() for s in self.sets]
+        kc, vc = self.kc.contiguous(), self.vc.contiguous()
 
         def run(q, table):
-            k, v = gather_contiguous(self.kc, self.vc, table, self.ctx)
+            k, v = gather_contiguous(kc, vc, table, self.ctx)
             return _sdpa(q.unsqueeze(2), k, v, backend)
         return median_ms([lambda q=s[0], t=t: run(q, t) for s, t in zip(self.sets, tables)], min(warmup, 3), iters)
 
