@@ -673,6 +673,11 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_reduce_kernel(con
 }
 
 constexpr size_t kSmemPerSm = 228 * 1024;  // an sm_90 SM's shared memory (1 KB of it reserved per block)
+// The dynamic shared memory every attention kernel is allowed, one value whatever the launch asks
+// for (so that threads launching with different caps do not race on the attribute): more than any
+// launch uses (the deepest ring, 135 KB; a cap of one block per SM, 114 KB), and room left for the
+// largest static shared memory (33 KB, register loads at head 256).
+constexpr size_t kDynSmemLimit = 192 * 1024;
 
 // Launches the attention kernel with `smem` bytes of dynamic shared memory (more with
 // p.max_ctas_per_sm: enough that no more blocks fit an SM), or with p.ctas_per_sm only reports
@@ -682,10 +687,11 @@ cudaError_t launch_or_query(Kernel* kernel, const FastDecodeParams& p, dim3 grid
   if (p.max_ctas_per_sm > 0) {
     const size_t cap = kSmemPerSm / (p.max_ctas_per_sm + 1);
     smem = smem > cap ? smem : cap;
-    smem = smem < kMaxSmem ? smem : kMaxSmem;
   }
+  if (smem > kDynSmemLimit) return cudaErrorInvalidValue;
   if (smem > 0) {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kDynSmemLimit));
     // all of the SM's unified L1 / shared memory as shared memory, so that as many thread blocks
     // as the shared memory allows are resident (the driver may otherwise pick a smaller carveout)
     if (err == cudaSuccess) {
@@ -706,6 +712,7 @@ cudaError_t launch_ring(const FastDecodeParams& p, dim3 grid, cudaStream_t strea
   if constexpr (bytes > kMaxSmem) {
     return cudaErrorInvalidValue;  // does not fit: fast_decode_smem_bytes says 0
   } else {
+    static_assert(bytes <= kDynSmemLimit, "a ring that fits an SM must fit kDynSmemLimit");
     return launch_or_query(fast_decode_kernel<T, KV, HEAD, false, STAGES>, p, grid, bytes, stream);
   }
 }
