@@ -428,7 +428,7 @@ def fp8(args, copy_gbs, results):
     for shape in SHAPES:
         c = Case(*shape, sets=args.sets, storage=STORE)
         ks, vs = fast.fp8_scale(c.kc), fast.fp8_scale(c.vc)
-        k8, v8 = fast.allocate_fast_kv_cache(c.num_blocks, BLOCK_SIZE, c.kv_heads, HEAD_SIZE, FP8, "cuda", storage="NHD")
+        k8, v8 = fast.allocate_fast_kv_cache(c.num_blocks, BLOCK_SIZE, c.kv_heads, HEAD_SIZE, FP8, "cuda", storage=STORE)
         fast.reshape_and_cache_fast(c.kc.flatten(0, 1), c.vc.flatten(0, 1), k8, v8,
                                     torch.arange(c.num_blocks * BLOCK_SIZE, device="cuda"), k_scale=ks, v_scale=vs,
                                     validate=False)
