@@ -173,6 +173,17 @@ class Case:
                                                                      validate=False, **kw)
                          for q, t, o in self.sets], warmup, iters)
 
+    def fast_ms_in_order(self, warmup, iters, **kw):
+        """``fast_ms`` with every sequence's blocks consecutive in the cache (block tables in order)
+        instead of random: what paging costs in DRAM and TLB locality."""
+        random_sets = self.sets
+        in_order = torch.arange(self.num_blocks, dtype=torch.int32, device="cuda").view(self.batch, self.nblk)
+        self.sets = [(q, in_order, o) for q, _, o in random_sets]
+        try:
+            return self.fast_ms(warmup, iters, **kw)
+        finally:
+            self.sets = random_sets
+
     def fast_out(self, kc=None, vc=None, **kw):
         q, t, _ = self.sets[0]
         return fast.paged_attention(None, q, self.kc if kc is None else kc, self.vc if vc is None else vc,
@@ -250,9 +261,9 @@ def headline(args, copy_gbs, results):
           f"{args.repeats} alternating measurements\n")
     print(f"| batch, heads, kv heads, context | KV MB | fast ms | fast GB/s | fast % of copy | fast {STORE} ms | "
           f"fast {STORE} % of copy | "
-          "fast, no PDL ms | load path | fast, prefetch ms | v1 ms | v2 ms | auto | SDPA contiguous ms (backend) | SDPA % of copy | "
+          f"fast {STORE}, blocks in order ms | fast, no PDL ms | load path | fast, prefetch ms | v1 ms | v2 ms | auto | SDPA contiguous ms (backend) | SDPA % of copy | "
           f"fast {STORE} / SDPA time | gather+SDPA ms | max abs diff fast vs SDPA |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     for shape in SHAPES:
         r = run_shape(shape, args, copy_gbs)
         c = Case(*shape, sets=args.sets, storage=STORE)
@@ -273,6 +284,7 @@ def headline(args, copy_gbs, results):
             r["sdpa"] = statistics.median(r["sdpa_runs"])
         r["fast_default_no_pdl"] = (c.fast_ms(args.warmup, args.iters, pdl=False) if r["split_tokens"] < c.ctx
                                 else float("nan"))
+        r["fast_default_in_order"] = c.fast_ms_in_order(args.warmup, args.iters)
         del c
         c = Case(*shape, sets=args.sets)
         r["fast_prefetch"] = c.fast_ms(args.warmup, args.iters, prefetch=True, stages=0)
@@ -283,6 +295,7 @@ def headline(args, copy_gbs, results):
         fg = gbs(r["kv_bytes"], r["fast"])
         print(f"| {', '.join(map(str, shape))} | {r['kv_bytes'] / 1e6:.0f} | {r['fast']:.4f} | {fg:.0f} | "
               f"{100 * fg / copy_gbs:.0f}% | {r['fast_default']:.4f} | {100 * gbs(r['kv_bytes'], r['fast_default']) / copy_gbs:.1f}% | "
+              f"{r['fast_default_in_order']:.4f} | "
               f"{'-' if r['fast_default_no_pdl'] != r['fast_default_no_pdl'] else format(r['fast_default_no_pdl'], '.4f')} | "
               f"{load_path_label(r['load_path'], r['max_ctas_per_sm'])} | "
               f"{r['fast_prefetch']:.4f} | {r['v1']:.4f} | {r['v2']:.4f} | {r['auto']} | "
