@@ -234,7 +234,7 @@ def run_shape(shape, args, copy_gbs, *, gather=True, storage="NHD"):
     r = {"shape": list(shape), "kv_bytes": c.kv_bytes, "copy_gbs": copy_gbs}
     r["fast"] = c.fast_ms(w, n)
     launch = fast.choose_launch(c.batch, c.heads, c.kv_heads, HEAD_SIZE, DTYPE, c.ctx,
-                                torch.cuda.get_device_properties(0).multi_processor_count)
+                                torch.cuda.get_device_properties(0).multi_processor_count, tuning=fast.device_tuning(0))
     r["split_tokens"], r["load_path"], r["max_ctas_per_sm"] = launch
     out_fast = c.fast_out().float()
     vk, vv = c.vllm_caches()
@@ -317,7 +317,8 @@ def splits(args, copy_gbs, results):
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     for shape in SHAPES:
         c = Case(*shape, sets=args.sets, storage=STORE)
-        auto, st, cap = fast.choose_launch(c.batch, c.heads, c.kv_heads, HEAD_SIZE, DTYPE, c.ctx, nsm)
+        auto, st, cap = fast.choose_launch(c.batch, c.heads, c.kv_heads, HEAD_SIZE, DTYPE, c.ctx, nsm,
+                                           tuning=fast.device_tuning(0))
         kw = {"stages": st, "max_ctas_per_sm": cap}
         row = {"shape": list(shape), "auto_tokens": auto, "auto": c.fast_ms(args.warmup, args.iters),
                "whole": c.fast_ms(args.warmup, args.iters, split_tokens=-(-c.ctx // 16) * 16, **kw)}
@@ -397,7 +398,8 @@ def occupancy(args, copy_gbs, results):
         _, _, sdpa_ms = best_sdpa([s[0].unsqueeze(2) for s in c.sets], k, v, args.warmup, args.iters)
         del k, v
         torch.cuda.empty_cache()
-        launch = fast.choose_launch(c.batch, c.heads, c.kv_heads, HEAD_SIZE, DTYPE, c.ctx, nsm)
+        launch = fast.choose_launch(c.batch, c.heads, c.kv_heads, HEAD_SIZE, DTYPE, c.ctx, nsm,
+                                    tuning=fast.device_tuning(0))
         items = fast.work_items(c.batch, c.heads, c.kv_heads)
         row = {"shape": list(shape), "sdpa": sdpa_ms, "auto": c.fast_ms(args.warmup, args.iters),
                "auto_launch": list(launch)}

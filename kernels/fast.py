@@ -97,6 +97,30 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+class Tuning(NamedTuple):
+    """Device-dependent launch choices of ``choose_launch`` where the H200 and the H100 measured
+    differently (kernels/BENCHMARKS.md, the H100 run): resident blocks per SM that split launches
+    aim at (one wave), and the ring depth of whole contexts at one block per SM."""
+
+    split_ctas_per_sm: int = 2
+    one_per_sm_stages: int = 3
+
+
+# Measured: the H100 (a third less bandwidth than the H200) streamed best with fewer blocks in
+# flight. Devices not listed get the H200's choices.
+TUNING = {"H100": Tuning(split_ctas_per_sm=1, one_per_sm_stages=2)}
+
+
+def tuning_for(device_name: str) -> Tuning:
+    """The ``TUNING`` entry whose key is part of ``device_name``, else the defaults."""
+    return next((t for key, t in TUNING.items() if key in device_name), Tuning())
+
+
+@functools.lru_cache(maxsize=8)
+def device_tuning(index: int) -> Tuning:
+    return tuning_for(torch.cuda.get_device_properties(index).name)
+
+
 def choose_split_tokens(num_seqs: int, num_heads: int, num_kv_heads: int, max_context_len: int,
                         num_sms: int = 132) -> int:
     """Context tokens per thread block, the rule for the register loads (3 blocks per SM). One
@@ -132,7 +156,8 @@ class Launch(NamedTuple):
 
 
 def choose_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: int, dtype: torch.dtype,
-                  max_context_len: int, num_sms: int = 132, stages: int | None = None) -> Launch:
+                  max_context_len: int, num_sms: int = 132, stages: int | None = None,
+                  tuning: Tuning = Tuning()) -> Launch:
     """Split, load path and occupancy as ``paged_attention`` chooses them (kernels/NOTES.md,
     eleventh version, has the measurements behind each branch).
 
@@ -143,9 +168,10 @@ def choose_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: i
     * more blocks than SMs without splitting: the whole context, capped at 2 per SM from
       ``CAPPED_CONTEXT`` tokens (3 per SM below, where each block's start-up weighs more);
     * close to one block per SM (``ONE_PER_SM_FILL`` of the SMs or more): the whole context, one
-      block per SM with a 3-stage ring (no split to combine);
+      block per SM with a 3-stage ring (``tuning.one_per_sm_stages``; no split to combine);
     * fewer: the splits (multiples of 64 tokens, one tile per warp) that make one wave of 2
-      blocks per SM, capped at 2 per SM; short contexts thus get short splits, where latency rules.
+      blocks per SM (``tuning.split_ctas_per_sm``), capped at that; short contexts thus get short
+      splits, where latency rules.
 
     Otherwise (float8 caches, heads over 128, or ``stages`` given): ``choose_split_tokens`` and
     ``choose_stages`` (or the given ``stages``), no cap."""
@@ -157,9 +183,10 @@ def choose_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: i
     whole = max(TILE, -(-max_context_len // TILE) * TILE)
     if items > num_sms:
         return Launch(whole, 2, 2 if whole >= CAPPED_CONTEXT else None)
-    if items >= ONE_PER_SM_FILL * num_sms and max_stages(head_size, dtype) >= 3:
-        return Launch(whole, 3, 1)
-    return Launch(one_wave_split(items, max_context_len, 2, num_sms), 2, 2)
+    if items >= ONE_PER_SM_FILL * num_sms and max_stages(head_size, dtype) >= tuning.one_per_sm_stages:
+        return Launch(whole, tuning.one_per_sm_stages, 1)
+    per_sm = tuning.split_ctas_per_sm
+    return Launch(one_wave_split(items, max_context_len, per_sm, num_sms), 2, per_sm)
 
 
 def one_wave_split(items: int, max_context_len: int, per_sm: int, num_sms: int = 132) -> int:
@@ -329,7 +356,7 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
         return out
     if split_tokens is None:
         launch = choose_launch(num_seqs, num_heads, int(num_kv_heads), head_size, key_cache.dtype, max_context_len,
-                               _num_sms(query.device.index or 0), stages)
+                               _num_sms(query.device.index or 0), stages, device_tuning(query.device.index or 0))
         split_tokens, stages = launch.split_tokens, launch.stages
         if max_ctas_per_sm is None:
             max_ctas_per_sm = launch.max_ctas_per_sm

@@ -281,3 +281,18 @@ def test_h2nd_storage_puts_both_caches_in_one_allocation():
     kc.zero_()
     vc.fill_(1.0)
     assert kc.abs().sum() == 0 and bool((vc == 1).all())
+
+
+@pytest.mark.parametrize("shape,want", [
+    ((8, 32, 8, 16384), (8192, 2, 1)),     # one wave of 1 block per SM
+    ((1, 32, 8, 32768), (2048, 2, 1)),     # 16 splits
+    ((16, 32, 8, 8192), (8192, 2, 1)),     # about one block per SM: whole contexts, 2 stages
+    ((32, 32, 32, 4096), (4096, 2, 2)),    # more blocks than SMs: as on the H200
+])
+def test_choose_launch_on_an_h100(shape, want):
+    """The H100 measured best with fewer blocks in flight than the H200 (kernels/BENCHMARKS.md)."""
+    b, h, kvh, ctx = shape
+    tuning = fast.tuning_for("NVIDIA H100 80GB HBM3")
+    assert tuning == fast.Tuning(split_ctas_per_sm=1, one_per_sm_stages=2)
+    assert fast.choose_launch(b, h, kvh, 128, torch.float16, ctx, 132, tuning=tuning) == want
+    assert fast.tuning_for("NVIDIA H200") == fast.Tuning() == fast.tuning_for("some other GPU")
