@@ -286,7 +286,8 @@ def test_h2nd_storage_puts_both_caches_in_one_allocation():
 @pytest.mark.parametrize("shape,want", [
     ((8, 32, 8, 16384), (8192, 2, 1)),     # one wave of 1 block per SM
     ((1, 32, 8, 32768), (2048, 2, 1)),     # 16 splits
-    ((16, 32, 8, 8192), (8192, 2, 1)),     # about one block per SM: whole contexts, 2 stages
+    ((16, 32, 8, 8192), (8192, 2, 1)),     # about one block per SM: whole contexts, 2 stages ...
+    ((16, 32, 8, 512), (512, 3, 1)),       # ... 3 for short ones
     ((32, 32, 32, 4096), (4096, 2, 2)),    # more blocks than SMs: as on the H200
 ])
 def test_choose_launch_on_an_h100(shape, want):
