@@ -23,7 +23,8 @@ _EXPORTS = {
     "copy_blocks": "kernels.ops", "paged_attention": "kernels.ops", "reshape_and_cache": "kernels.ops",
     "swap_blocks": "kernels.ops",
     "FAST_BLOCK_SIZES": "kernels.fast", "allocate_fast_kv_cache": "kernels.fast",
-    "choose_split_tokens": "kernels.fast", "fast_cache_shape": "kernels.fast", "fp8_scale": "kernels.fast",
+    "choose_launch": "kernels.fast", "choose_split_tokens": "kernels.fast", "fast_cache_shape": "kernels.fast",
+    "fp8_scale": "kernels.fast",
     "reshape_and_cache_fast": "kernels.fast",
 }
 __all__ = sorted(_EXPORTS)
