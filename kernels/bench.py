@@ -4,11 +4,14 @@ Head size 128, float16, 32 query heads; in one run:
 
 1. the copy floor: a 2 GiB device-to-device copy, bandwidth = bytes read + written / time;
 2. the headline shapes (batch, heads, kv heads, context), block size 16: the fast kernel
-   (``impl="fast"``, NHD and the default H2ND storage), the vLLM-layout kernels v1 and v2 (and the one the
-   automatic rule picks), torch SDPA on contiguous ``[batch, kv_heads, context, head]`` K/V (the
-   best fused backend), and gather-then-SDPA (copy the blocks to contiguous K/V, then SDPA);
+   (``impl="fast"``, NHD and the default H2ND storage; H2ND also with block tables in order),
+   the vLLM-layout kernels v1 and v2 (and the one the automatic rule picks), torch SDPA on
+   contiguous ``[batch, kv_heads, context, head]`` K/V (the best fused backend; compared with the
+   fast kernel by medians of ``--repeats`` alternating measurements), and gather-then-SDPA (copy
+   the blocks to contiguous K/V, then SDPA);
 3. the fast kernel's split length on the headline shapes (the automatic rule and fixed lengths),
-   and per load path (register loads, cp.async rings of 2-4 shared-memory stages);
+   per load path (register loads, cp.async rings of 2-4 shared-memory stages), and per occupancy
+   (resident blocks per SM x ring depth, against SDPA: the measurements behind ``choose_launch``);
 4. the fast kernel at block sizes 8 to 256;
 5. fp8 (e4m3) caches with per-tensor scales: time, and accuracy against float16;
 6. a sweep of batch 1-256 x context 512-131072 (32 heads on 8 KV heads; points whose KV exceeds
@@ -257,8 +260,8 @@ def run_shape(shape, args, copy_gbs, *, gather=True, storage="NHD"):
 
 def headline(args, copy_gbs, results):
     print("\n## Headline shapes (block size 16)\n")
-    print(f"fast ms, GB/s, % of copy: NHD storage; fast {STORE}: the default storage. fast {STORE} and SDPA: medians of "
-          f"{args.repeats} alternating measurements\n")
+    print(f"fast ms, GB/s, % of copy and fast, prefetch: NHD storage; fast {STORE} and fast, no PDL: the default "
+          f"storage. fast {STORE} and SDPA: medians of {args.repeats} alternating measurements\n")
     print(f"| batch, heads, kv heads, context | KV MB | fast ms | fast GB/s | fast % of copy | fast {STORE} ms | "
           f"fast {STORE} % of copy | "
           f"fast {STORE}, blocks in order ms | fast, no PDL ms | load path | fast, prefetch ms | v1 ms | v2 ms | auto | SDPA contiguous ms (backend) | SDPA % of copy | "

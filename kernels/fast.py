@@ -14,7 +14,7 @@ handed over as a transposed view, so one block of one KV head is contiguous) and
 (``[num_blocks, num_kv_heads, 2, block_size, head_size]``: one storage for both caches, the keys
 and values of one block of one KV head side by side). H2ND is the default of
 ``allocate_fast_kv_cache``: HND measured 1-5% faster than NHD on every headline shape, and H2ND
-0.2-0.8% faster than HND (kernels/NOTES.md).
+0.0-0.8% faster than HND on nine shapes, never slower (kernels/NOTES.md).
 
 Element types: float16 or bfloat16 caches with a query of the same type, or float8_e4m3fn caches
 (per-tensor scales ``k_scale``, ``v_scale``: the cache holds ``key / k_scale``) with a float16
@@ -32,6 +32,7 @@ the load path and how many thread blocks may share an SM.
 from __future__ import annotations
 
 import functools
+import numbers
 from typing import NamedTuple
 
 import torch
@@ -50,9 +51,10 @@ MIN_SPLIT_TOKENS = 1024   # shortest split worth a thread block when there is pl
 MIN_SPLIT_TOKENS_SMALL = 256  # ... and when there is little (under 64 tiles per SM): see NOTES.md
 CAPPED_CONTEXT = 2048     # whole contexts from this long run at most 2 thread blocks per SM (choose_launch)
 ONE_PER_SM_FILL = 0.9     # this fraction of the SMs busy with one block each: no split (choose_launch)
+SMALL_TILES_PER_SM = 64   # fewer 16-token tiles per SM: a latency-bound problem (choose_launch)
 PREFETCH = None           # None: choose_prefetch; a second tile in flight per warp helps only latency-bound shapes
 PDL = True                # the split reduce as a programmatic dependent launch (Hopper and later)
-STAGES = None             # None: choose_stages; 0 = register loads, 2-4 = cp.async shared-memory ring depth
+STAGES = None             # None: choose_launch; 0 = register loads, 2-4 = cp.async shared-memory ring depth
 SMEM_LIMIT = 227 * 1024   # dynamic shared memory one thread block may have on sm_90
 WARPS = 4
 
@@ -107,8 +109,9 @@ class Tuning(NamedTuple):
     one_per_sm_stages: int = 3
 
 
-# Measured: the H100 (a third less bandwidth than the H200) streamed best with fewer blocks in
-# flight. Devices not listed get the H200's choices.
+# Measured on an H100 80GB HBM3 (SXM; about 30% less bandwidth than the H200): it streamed best
+# with fewer blocks in flight. The key also matches the other H100 variants, which have less
+# bandwidth still (not measured). Devices not listed get the H200's choices.
 TUNING = {"H100": Tuning(split_ctas_per_sm=1, one_per_sm_stages=2)}
 
 
@@ -136,7 +139,7 @@ def choose_split_tokens(num_seqs: int, num_heads: int, num_kv_heads: int, max_co
         return whole
     splits = -(-16 * num_sms // ctas)
     tiles_per_sm = ctas * (whole // TILE) / num_sms
-    shortest = MIN_SPLIT_TOKENS if tiles_per_sm >= 64 else MIN_SPLIT_TOKENS_SMALL
+    shortest = MIN_SPLIT_TOKENS if tiles_per_sm >= SMALL_TILES_PER_SM else MIN_SPLIT_TOKENS_SMALL
     split = max(shortest, -(-(-(-max_context_len // splits)) // 64) * 64)
     return min(split, whole)
 
@@ -172,7 +175,8 @@ def choose_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: i
       block per SM with a 3-stage ring (``tuning.one_per_sm_stages``; no split to combine);
     * fewer: the splits (multiples of 64 tokens, one tile per warp) that make one wave of 2
       blocks per SM (``tuning.split_ctas_per_sm``), capped at that; short contexts thus get short
-      splits, where latency rules.
+      splits, where latency rules. Small problems (under ``SMALL_TILES_PER_SM`` tiles per SM)
+      aim at one block per SM.
 
     Otherwise (float8 caches, heads over 128, or ``stages`` given): ``choose_split_tokens`` and
     ``choose_stages`` (or the given ``stages``), no cap."""
@@ -187,7 +191,8 @@ def choose_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: i
     if items >= ONE_PER_SM_FILL * num_sms and max_stages(head_size, dtype) >= 3:
         # short contexts keep 3 stages everywhere (16 x 512 on the H100: 3 stages 1.15x SDPA's time, 2 stages 1.21x)
         return Launch(whole, tuning.one_per_sm_stages if whole >= CAPPED_CONTEXT else 3, 1)
-    per_sm = tuning.split_ctas_per_sm
+    small = items * (whole // TILE) < SMALL_TILES_PER_SM * num_sms
+    per_sm = 1 if small else tuning.split_ctas_per_sm
     return Launch(one_wave_split(items, max_context_len, per_sm, num_sms), 2, per_sm)
 
 
@@ -199,7 +204,7 @@ def one_wave_split(items: int, max_context_len: int, per_sm: int, num_sms: int =
     if items >= per_sm * num_sms:
         return whole
     per_split = -(-max_context_len // (per_sm * num_sms // items))
-    return min(whole, -(-per_split // 64) * 64)
+    return max(TILE, min(whole, -(-per_split // 64) * 64))
 
 
 def ring_smem_bytes(head_size: int, stages: int) -> int:
@@ -223,7 +228,7 @@ def choose_stages(split_tokens: int, head_size: int, dtype: torch.dtype) -> int:
     """The load path for a given split: a 2-stage cp.async ring wherever the ring exists
     (float16 / bfloat16 caches, heads <= 128), register loads otherwise. The ring measured faster
     than the register loads on every headline shape (ninth version in kernels/NOTES.md), and 2
-    stages at least as fast as 3 at the same occupancy (eleventh version)."""
+    stages at least as fast as 3 at 2 or 3 blocks per SM (eleventh version)."""
     return 2 if max_stages(head_size, dtype) >= 2 else 0
 
 
@@ -315,16 +320,17 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
     Args:
         k_scale, v_scale: float8_e4m3fn caches hold ``key / k_scale`` and ``value / v_scale``.
         split_tokens: context tokens per thread block (a multiple of 16), or None for
-            ``choose_split_tokens``. Ignored on CPU.
+            ``choose_launch`` (with the device's ``device_tuning``). Ignored on CPU.
         stages: 2 to 4: each warp streams its tiles through a ring of that many shared-memory
             stages (cp.async, float16 / bfloat16 caches, heads <= 128), so ``stages - 1`` tiles
             are in flight while one is computed; 0: loads straight into registers; None chooses
-            with ``choose_stages``. The deepest ring that fits is ``max_stages(head_size, dtype)``.
+            with ``choose_launch`` (``choose_stages`` when ``split_tokens`` is given). The deepest
+            ring that fits is ``max_stages(head_size, dtype)``.
         prefetch: with ``stages=0``, keep two tiles in flight per warp in registers (head sizes
             <= 128; larger heads keep one); None chooses with ``choose_prefetch``.
         max_ctas_per_sm: at most this many thread blocks resident per SM (the launch asks for
             enough shared memory that no more fit); None: ``choose_launch``'s cap when
-            ``split_tokens`` is None, else as many as fit.
+            ``split_tokens`` is None, else as many as fit. Ignored on CPU.
         pdl: with splits, launch the kernel that combines them as a programmatic dependent launch
             (compute capability 9.0 and later; ignored before): it is scheduled while the attention
             kernel's last wave runs instead of after it, hiding its launch latency.
@@ -344,8 +350,8 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
         if not 2 <= stages <= deepest:
             raise ValueError(f"stages must be 0 or 2 to {deepest} for head_size {head_size} (shared memory), "
                              f"got {stages}")
-    if max_ctas_per_sm is not None and not (isinstance(max_ctas_per_sm, int) and not isinstance(max_ctas_per_sm, bool)
-                                            and 1 <= max_ctas_per_sm <= 32):
+    if max_ctas_per_sm is not None and not (isinstance(max_ctas_per_sm, numbers.Integral)
+                                            and not isinstance(max_ctas_per_sm, bool) and 1 <= max_ctas_per_sm <= 32):
         raise ValueError(f"max_ctas_per_sm must be None or an integer from 1 to 32, got {max_ctas_per_sm!r}")
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)

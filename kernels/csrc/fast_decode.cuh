@@ -136,6 +136,11 @@ struct Ring {
   }
 };
 constexpr size_t kMaxSmem = 227 * 1024;  // an sm_90 thread block's dynamic shared-memory limit
+// The attention kernel's static shared memory: the warps' maxima and sums, and with register loads
+// (STAGES == 0) their output buffer (ptxas: 256 B for the rings, 16640 B for head 128).
+template <int HEAD, int STAGES>
+constexpr size_t kStaticSmem =
+    2 * kFastWarps * kFastHeadsPerCta * 4 + (STAGES == 0 ? kFastWarps * kFastHeadsPerCta * HEAD * 4 : 0);
 
 extern __shared__ __align__(16) unsigned char fast_smem[];
 
@@ -672,26 +677,41 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_reduce_kernel(con
   }
 }
 
-constexpr size_t kSmemPerSm = 228 * 1024;  // an sm_90 SM's shared memory (1 KB of it reserved per block)
-// The dynamic shared memory every attention kernel is allowed, one value whatever the launch asks
-// for (so that threads launching with different caps do not race on the attribute): more than any
-// launch uses (the deepest ring, 135 KB; a cap of one block per SM, 114 KB), and room left for the
-// largest static shared memory (33 KB, register loads at head 256).
-constexpr size_t kDynSmemLimit = 192 * 1024;
+// The current device's shared memory per SM and per block (opt-in), read once per launch: they
+// differ between GPU generations (228 / 227 KiB on sm_90, 164 / 163 KiB on sm_80).
+struct DeviceSmem {
+  size_t per_sm = 0, per_block = 0;
+};
+inline cudaError_t device_smem(DeviceSmem& d) {
+  int dev = 0, sm = 0, block = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  d.per_sm = static_cast<size_t>(sm);
+  d.per_block = static_cast<size_t>(block);
+  return err;
+}
 
 // Launches the attention kernel with `smem` bytes of dynamic shared memory (more with
 // p.max_ctas_per_sm: enough that no more blocks fit an SM), or with p.ctas_per_sm only reports
-// its occupancy.
+// its occupancy. `static_smem` is the kernel's static shared memory. The kernel's dynamic
+// shared-memory attribute is always set to all that the device allows beside the static part, one
+// value whatever the launch asks for, so that threads launching with different caps do not race
+// on it.
 template <typename Kernel>
-cudaError_t launch_or_query(Kernel* kernel, const FastDecodeParams& p, dim3 grid, size_t smem, cudaStream_t stream) {
-  if (p.max_ctas_per_sm > 0) {
-    const size_t cap = kSmemPerSm / (p.max_ctas_per_sm + 1);
-    smem = smem > cap ? smem : cap;
-  }
-  if (smem > kDynSmemLimit) return cudaErrorInvalidValue;
-  if (smem > 0) {
-    cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kDynSmemLimit));
+cudaError_t launch_or_query(Kernel* kernel, const FastDecodeParams& p, dim3 grid, size_t smem, size_t static_smem,
+                            cudaStream_t stream) {
+  if (p.max_ctas_per_sm > 0 || smem > 0) {
+    DeviceSmem d;
+    cudaError_t err = device_smem(d);
+    if (err != cudaSuccess) return err;
+    if (p.max_ctas_per_sm > 0) {
+      const size_t cap = d.per_sm / (p.max_ctas_per_sm + 1);
+      smem = smem > cap ? smem : cap;
+    }
+    const size_t limit = d.per_block > static_smem ? d.per_block - static_smem : 0;
+    if (smem > limit) return cudaErrorInvalidValue;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(limit));
     // all of the SM's unified L1 / shared memory as shared memory, so that as many thread blocks
     // as the shared memory allows are resident (the driver may otherwise pick a smaller carveout)
     if (err == cudaSuccess) {
@@ -712,8 +732,8 @@ cudaError_t launch_ring(const FastDecodeParams& p, dim3 grid, cudaStream_t strea
   if constexpr (bytes > kMaxSmem) {
     return cudaErrorInvalidValue;  // does not fit: fast_decode_smem_bytes says 0
   } else {
-    static_assert(bytes <= kDynSmemLimit, "a ring that fits an SM must fit kDynSmemLimit");
-    return launch_or_query(fast_decode_kernel<T, KV, HEAD, false, STAGES>, p, grid, bytes, stream);
+    return launch_or_query(fast_decode_kernel<T, KV, HEAD, false, STAGES>, p, grid, bytes, kStaticSmem<HEAD, STAGES>,
+                           stream);
   }
 }
 
@@ -726,9 +746,9 @@ cudaError_t launch_head(const FastDecodeParams& p, cudaStream_t stream) {
   switch (p.stages) {
     case 0:
       if (HEAD <= 128 && p.prefetch) {
-        err = launch_or_query(fast_decode_kernel<T, KV, HEAD, HEAD <= 128, 0>, p, grid, 0, stream);
+        err = launch_or_query(fast_decode_kernel<T, KV, HEAD, HEAD <= 128, 0>, p, grid, 0, kStaticSmem<HEAD, 0>, stream);
       } else {
-        err = launch_or_query(fast_decode_kernel<T, KV, HEAD, false, 0>, p, grid, 0, stream);
+        err = launch_or_query(fast_decode_kernel<T, KV, HEAD, false, 0>, p, grid, 0, kStaticSmem<HEAD, 0>, stream);
       }
       break;
     case 2: err = launch_ring<T, KV, HEAD, 2>(p, grid, stream); break;
