@@ -229,9 +229,24 @@ def gbs(nbytes, ms):
     return nbytes / (ms * 1e-3) / 1e9
 
 
-def run_shape(shape, args, copy_gbs, *, gather=True, storage="NHD"):
+def alternating_medians(c, backend, args):
+    """The fast kernel on case ``c`` and SDPA (``backend``) on the same tokens, measured in turn
+    ``args.repeats`` times: lists of times (ms), so that medians compare the two under the same
+    drift of the device's speed."""
+    k, v = c.contiguous()
+    q4 = [s[0].unsqueeze(2) for s in c.sets]
+    fast_runs, sdpa_runs = [], []
+    for _ in range(args.repeats):
+        fast_runs.append(c.fast_ms(args.warmup, args.iters))
+        sdpa_runs.append(graph_ms([lambda q=q: _sdpa(q, k, v, backend) for q in q4], args.warmup, args.iters))
+    del k, v
+    return fast_runs, sdpa_runs
+
+
+def run_shape(shape, args, copy_gbs, *, gather=True, storage="NHD", alternate=False):
     """Every implementation on one shape; a dict of times (ms) and checks ("fast": the fast
-    kernel on caches stored ``storage``)."""
+    kernel on caches stored ``storage``; with ``alternate``, "fast" and "sdpa" are medians of
+    ``alternating_medians``)."""
     c = Case(*shape, sets=args.sets, storage=storage)
     w, n = args.warmup, args.iters
     r = {"shape": list(shape), "kv_bytes": c.kv_bytes, "copy_gbs": copy_gbs}
@@ -255,6 +270,9 @@ def run_shape(shape, args, copy_gbs, *, gather=True, storage="NHD"):
     del k, v
     torch.cuda.empty_cache()
     r["gather_sdpa"] = c.gather_sdpa_ms(backend, w, max(5, n // 5)) if gather and backend is not None else float("nan")
+    if alternate and backend is not None:
+        r["fast_runs"], r["sdpa_runs"] = alternating_medians(c, backend, args)
+        r["fast"], r["sdpa"] = statistics.median(r["fast_runs"]), statistics.median(r["sdpa_runs"])
     return r
 
 
@@ -272,19 +290,13 @@ def headline(args, copy_gbs, results):
         c = Case(*shape, sets=args.sets, storage=STORE)
         # the comparison with SDPA: medians of alternating measurements, so that a drift of the
         # device's speed during the run does not favour either side
-        k, v = c.contiguous()
         backend = dict((name.split("_")[0].lower(), b) for name, b in _sdpa_backends()).get(r["sdpa_backend"])
-        q4 = [s[0].unsqueeze(2) for s in c.sets]
-        r["fast_default_runs"], r["sdpa_runs"] = [], []
-        for _ in range(args.repeats):
-            r["fast_default_runs"].append(c.fast_ms(args.warmup, args.iters))
-            if backend is not None:
-                r["sdpa_runs"].append(graph_ms([lambda q=q: _sdpa(q, k, v, backend) for q in q4], args.warmup,
-                                               args.iters))
-        del k, v
-        r["fast_default"] = statistics.median(r["fast_default_runs"])
-        if r["sdpa_runs"]:
+        if backend is not None:
+            r["fast_default_runs"], r["sdpa_runs"] = alternating_medians(c, backend, args)
             r["sdpa"] = statistics.median(r["sdpa_runs"])
+        else:
+            r["fast_default_runs"] = [c.fast_ms(args.warmup, args.iters)]
+        r["fast_default"] = statistics.median(r["fast_default_runs"])
         r["fast_default_no_pdl"] = (c.fast_ms(args.warmup, args.iters, pdl=False) if r["split_tokens"] < c.ctx
                                 else float("nan"))
         r["fast_default_in_order"] = c.fast_ms_in_order(args.warmup, args.iters)
@@ -476,7 +488,7 @@ def fp8(args, copy_gbs, results):
 
 def sweep(args, copy_gbs, results):
     print(f"\n## Sweep: 32 heads on 8 KV heads, block size 16 (fast: {STORE} storage), KV <= {args.max_kv_gb} GB: "
-          "effective GB/s\n")
+          f"effective GB/s (fast and SDPA: medians of {args.repeats} alternating measurements)\n")
     print("| batch | context | KV MB | fast | v1/v2 (auto) | SDPA contiguous | gather+SDPA | fast % of copy | "
           "fast / SDPA time |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -485,7 +497,8 @@ def sweep(args, copy_gbs, results):
             kv = 2 * b * ctx * 8 * HEAD_SIZE * 2
             if kv > args.max_kv_gb * 1e9:
                 continue
-            r = run_shape((b, 32, 8, ctx), args, copy_gbs, gather=kv <= args.max_kv_gb * 1e9 / 2, storage=STORE)
+            r = run_shape((b, 32, 8, ctx), args, copy_gbs, gather=kv <= args.max_kv_gb * 1e9 / 2, storage=STORE,
+                          alternate=True)
             auto = r["v1"] if r["auto"] == "v1" else r["v2"]
             results["sweep"].append(r)
             print(f"| {b} | {ctx} | {kv / 1e6:.0f} | {gbs(kv, r['fast']):.0f} | {gbs(kv, auto):.0f} ({r['auto']}) | "
@@ -562,8 +575,8 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--sets", type=int, default=4, help="input sets cycled through (queries, block tables)")
     ap.add_argument("--repeats", type=int, default=5,
-                    help="headline: alternating measurements of the fast kernel (default storage) and SDPA, "
-                         "medians compared")
+                    help="headline and sweep: alternating measurements of the fast kernel (default storage) and "
+                         "SDPA, medians compared")
     ap.add_argument("--sections", default="headline,splits,stages,occupancy,blocks,fp8,sweep",
                     help="comma-separated: headline, splits, stages, occupancy, blocks, fp8, sweep")
     ap.add_argument("--depths", default="0,2,3,4", help="stages section: load paths (0 = registers, 2-4 = ring)")

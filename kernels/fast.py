@@ -51,7 +51,8 @@ MIN_SPLIT_TOKENS = 1024   # shortest split worth a thread block when there is pl
 MIN_SPLIT_TOKENS_SMALL = 256  # ... and when there is little (under 64 tiles per SM): see NOTES.md
 CAPPED_CONTEXT = 2048     # whole contexts from this long run at most 2 thread blocks per SM (choose_launch)
 ONE_PER_SM_FILL = 0.9     # this fraction of the SMs busy with one block each: no split (choose_launch)
-SMALL_TILES_PER_SM = 64   # fewer 16-token tiles per SM: a latency-bound problem (choose_launch)
+SMALL_TILES_PER_SM = 64   # fewer 16-token tiles per SM: a latency-bound problem (choose_split_tokens)
+ONE_PER_SM_TILES = 16     # fewer tiles per SM: split launches aim at one block per SM (choose_launch)
 PREFETCH = None           # None: choose_prefetch; a second tile in flight per warp helps only latency-bound shapes
 PDL = True                # the split reduce as a programmatic dependent launch (Hopper and later)
 STAGES = None             # None: choose_launch; 0 = register loads, 2-4 = cp.async shared-memory ring depth
@@ -175,8 +176,8 @@ def choose_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: i
       block per SM with a 3-stage ring (``tuning.one_per_sm_stages``; no split to combine);
     * fewer: the splits (multiples of 64 tokens, one tile per warp) that make one wave of 2
       blocks per SM (``tuning.split_ctas_per_sm``), capped at that; short contexts thus get short
-      splits, where latency rules. Small problems (under ``SMALL_TILES_PER_SM`` tiles per SM)
-      aim at one block per SM.
+      splits, where latency rules. The smallest problems (under ``ONE_PER_SM_TILES`` tiles per
+      SM) aim at one block per SM.
 
     Otherwise (float8 caches, heads over 128, or ``stages`` given): ``choose_split_tokens`` and
     ``choose_stages`` (or the given ``stages``), no cap."""
@@ -191,7 +192,7 @@ def choose_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: i
     if items >= ONE_PER_SM_FILL * num_sms and max_stages(head_size, dtype) >= 3:
         # short contexts keep 3 stages everywhere (16 x 512 on the H100: 3 stages 1.15x SDPA's time, 2 stages 1.21x)
         return Launch(whole, tuning.one_per_sm_stages if whole >= CAPPED_CONTEXT else 3, 1)
-    small = items * (whole // TILE) < SMALL_TILES_PER_SM * num_sms
+    small = items * (whole // TILE) < ONE_PER_SM_TILES * num_sms
     per_sm = 1 if small else tuning.split_ctas_per_sm
     return Launch(one_wave_split(items, max_context_len, per_sm, num_sms), 2, per_sm)
 

@@ -245,8 +245,8 @@ def test_bad_stage_count_is_refused_before_any_work():
     ((32, 32, 32, 4096), (4096, 2, 2)),
     ((64, 32, 32, 1024), (1024, 2, None)),  # short whole contexts: as many blocks as fit
     ((256, 32, 8, 512), (512, 2, None)),
-    ((1, 32, 8, 2048), (128, 2, 1)),       # little work (under 64 tiles per SM): one wave of 1 per SM
-    ((4, 32, 8, 2048), (512, 2, 1)),
+    ((1, 32, 8, 2048), (128, 2, 1)),       # little work (under 16 tiles per SM): one wave of 1 per SM
+    ((4, 32, 8, 2048), (256, 2, 2)),       # 31 tiles per SM: one wave of 2 per SM
     ((1, 32, 8, 100), (64, 2, 1)),         # two splits of one tile per warp
     ((1, 32, 8, 0), (16, 2, 1)),           # no tokens (validate=False): still a valid split
 ])
