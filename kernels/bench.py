@@ -229,7 +229,7 @@ def gbs(nbytes, ms):
     return nbytes / (ms * 1e-3) / 1e9
 
 
-def alternating_medians(c, backend, args):
+def alternating_runs(c, backend, args):
     """The fast kernel on case ``c`` and SDPA (``backend``) on the same tokens, measured in turn
     ``args.repeats`` times: lists of times (ms), so that medians compare the two under the same
     drift of the device's speed."""
@@ -246,7 +246,7 @@ def alternating_medians(c, backend, args):
 def run_shape(shape, args, copy_gbs, *, gather=True, storage="NHD", alternate=False):
     """Every implementation on one shape; a dict of times (ms) and checks ("fast": the fast
     kernel on caches stored ``storage``; with ``alternate``, "fast" and "sdpa" are medians of
-    ``alternating_medians``)."""
+    ``alternating_runs``)."""
     c = Case(*shape, sets=args.sets, storage=storage)
     w, n = args.warmup, args.iters
     r = {"shape": list(shape), "kv_bytes": c.kv_bytes, "copy_gbs": copy_gbs}
@@ -271,7 +271,7 @@ def run_shape(shape, args, copy_gbs, *, gather=True, storage="NHD", alternate=Fa
     torch.cuda.empty_cache()
     r["gather_sdpa"] = c.gather_sdpa_ms(backend, w, max(5, n // 5)) if gather and backend is not None else float("nan")
     if alternate and backend is not None:
-        r["fast_runs"], r["sdpa_runs"] = alternating_medians(c, backend, args)
+        r["fast_runs"], r["sdpa_runs"] = alternating_runs(c, backend, args)
         r["fast"], r["sdpa"] = statistics.median(r["fast_runs"]), statistics.median(r["sdpa_runs"])
     return r
 
@@ -292,7 +292,7 @@ def headline(args, copy_gbs, results):
         # device's speed during the run does not favour either side
         backend = dict((name.split("_")[0].lower(), b) for name, b in _sdpa_backends()).get(r["sdpa_backend"])
         if backend is not None:
-            r["fast_default_runs"], r["sdpa_runs"] = alternating_medians(c, backend, args)
+            r["fast_default_runs"], r["sdpa_runs"] = alternating_runs(c, backend, args)
             r["sdpa"] = statistics.median(r["sdpa_runs"])
         else:
             r["fast_default_runs"] = [c.fast_ms(args.warmup, args.iters)]
