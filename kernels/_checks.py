@@ -92,14 +92,7 @@ def check_attention(out, query, key_cache, value_cache, num_kv_heads, scale, blo
     nb, kvh, hs, bs = check_cache_pair(key_cache, value_cache)
     if key_cache.dtype != query.dtype:
         raise ValueError(f"key_cache dtype {key_cache.dtype} differs from query dtype {query.dtype}")
-    if hs != head_size:
-        raise ValueError(f"caches hold head_size {hs} but query has head_size {head_size}")
-    if int(block_size) != bs:
-        raise ValueError(f"block_size {block_size} does not match the caches' block size {bs}")
-    if bs not in SUPPORTED_BLOCK_SIZES:
-        raise ValueError(f"block_size {bs} not supported; use one of {SUPPORTED_BLOCK_SIZES}")
-    if int(num_kv_heads) != kvh:
-        raise ValueError(f"num_kv_heads {num_kv_heads} does not match the caches' {kvh} KV heads")
+    check_cache_geometry(hs, bs, kvh, head_size, block_size, num_kv_heads, SUPPORTED_BLOCK_SIZES)
     if kvh < 1 or num_heads % kvh:
         raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {kvh}")
     if not isinstance(scale, (int, float)):
@@ -109,6 +102,20 @@ def check_attention(out, query, key_cache, value_cache, num_kv_heads, scale, blo
         raise ValueError(f"{nb} blocks: block ids must fit in int32")
 
     return check_context(block_tables, context_lens, max_context_len, bs, nb, validate)
+
+
+def check_cache_geometry(hs: int, bs: int, kvh: int, head_size: int, block_size, num_kv_heads,
+                         supported_block_sizes, kernel: str = "") -> None:
+    """The caches' head size, block size and KV heads against the call's arguments, and the block
+    size against those the kernel supports (`kernel`, e.g. " by impl='fast'", names it in the error)."""
+    if hs != head_size:
+        raise ValueError(f"caches hold head_size {hs} but query has head_size {head_size}")
+    if int(block_size) != bs:
+        raise ValueError(f"block_size {block_size} does not match the caches' block size {bs}")
+    if bs not in supported_block_sizes:
+        raise ValueError(f"block_size {bs} not supported{kernel}; use one of {supported_block_sizes}")
+    if int(num_kv_heads) != kvh:
+        raise ValueError(f"num_kv_heads {num_kv_heads} does not match the caches' {kvh} KV heads")
 
 
 def check_sequences(out, query, key_cache, block_tables, context_lens, alibi_slopes) -> None:

@@ -263,14 +263,8 @@ def _check_caches(query, key_cache, value_cache, num_kv_heads, block_size) -> in
                              f"or float8_e4m3fn caches with a float16 query; got query {qd}, caches {cd}")
     elif not (cd == qd or cd == FP8):
         raise ValueError(f"caches dtype {cd} differs from query dtype {qd}")
-    if hs != query.shape[2]:
-        raise ValueError(f"caches hold head_size {hs} but query has head_size {query.shape[2]}")
-    if int(block_size) != bs:
-        raise ValueError(f"block_size {block_size} does not match the caches' block size {bs}")
-    if bs not in FAST_BLOCK_SIZES:
-        raise ValueError(f"block_size {bs} not supported by impl='fast'; use one of {FAST_BLOCK_SIZES}")
-    if int(num_kv_heads) != kvh:
-        raise ValueError(f"num_kv_heads {num_kv_heads} does not match the caches' {kvh} KV heads")
+    _checks.check_cache_geometry(hs, bs, kvh, query.shape[2], block_size, num_kv_heads, FAST_BLOCK_SIZES,
+                                 " by impl='fast'")
     align = 16 // key_cache.element_size() if key_cache.element_size() > 1 else 8
     for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
         if c.stride(3) != 1 or any(s % align for s in c.stride()[:3]) or c.data_ptr() % 16:
