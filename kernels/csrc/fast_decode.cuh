@@ -136,13 +136,9 @@ struct Ring {
   }
 };
 constexpr size_t kMaxSmem = 227 * 1024;  // an sm_90 thread block's dynamic shared-memory limit
-// The attention kernel's static shared memory: the warps' maxima and sums, and with register loads
-// (STAGES == 0) their output buffer (ptxas: 256 B for the rings, 16640 B for head 128).
-template <int HEAD, int STAGES>
-constexpr size_t kStaticSmem =
-    2 * kFastWarps * kFastHeadsPerCta * 4 + (STAGES == 0 ? kFastWarps * kFastHeadsPerCta * HEAD * 4 : 0);
-
-extern __shared__ __align__(16) unsigned char fast_smem[];
+// 128-byte aligned whatever the static shared memory before it: the ring's swizzle is conflict-free only
+// relative to 128-byte lines (an 80-byte offset once cost 19% on every shape).
+extern __shared__ __align__(128) unsigned char fast_smem[];
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int w) {
   return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
@@ -581,7 +577,9 @@ __global__ void __launch_bounds__(kFastWarps * 32, kFastMinBlocks<HEAD, PREFETCH
     }
   }
   __syncthreads();
-  const bool single = p.max_splits == 1;
+  // Splits holding context tokens; a sequence with one writes its output directly.
+  const int n_live = min(p.max_splits, (ctx + p.split_tokens - 1) / p.split_tokens);
+  const bool single = n_live == 1;
   for (int i = tid; i < nh * HEAD; i += kFastWarps * 32) {
     const int h = i / HEAD;
     const int d = i % HEAD;
@@ -628,8 +626,8 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_reduce_kernel(con
   // are visible (returns at once for an ordinary launch).
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  if (ctx <= 0) return;  // written by the attention kernel
   const int n = min(p.max_splits, (ctx + p.split_tokens - 1) / p.split_tokens);
+  if (n <= 1) return;  // written by the attention kernel (an empty context, or one split)
   const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head;
   const float* pm = p.part_max + row * p.max_splits;
   const float* ps = p.part_sum + row * p.max_splits;
@@ -694,17 +692,18 @@ inline cudaError_t device_smem(DeviceSmem& d) {
 
 // Launches the attention kernel with `smem` bytes of dynamic shared memory (more with
 // p.max_ctas_per_sm: enough that no more blocks fit an SM), or with p.ctas_per_sm only reports
-// its occupancy. `static_smem` is the kernel's static shared memory. The kernel's dynamic
-// shared-memory attribute is always set to all that the device allows beside the static part, one
-// value whatever the launch asks for, so that threads launching with different caps do not race
-// on it.
+// its occupancy. The kernel's dynamic shared-memory attribute is always set to all that the device
+// allows beside the kernel's static shared memory, one value whatever the launch asks for, so that
+// threads launching with different caps do not race on it.
 template <typename Kernel>
-cudaError_t launch_or_query(Kernel* kernel, const FastDecodeParams& p, dim3 grid, size_t smem, size_t static_smem,
-                            cudaStream_t stream) {
+cudaError_t launch_or_query(Kernel* kernel, const FastDecodeParams& p, dim3 grid, size_t smem, cudaStream_t stream) {
   if (p.max_ctas_per_sm > 0 || smem > 0) {
     DeviceSmem d;
     cudaError_t err = device_smem(d);
+    cudaFuncAttributes fa;  // the kernel's static shared memory counts against the block's limit
+    if (err == cudaSuccess) err = cudaFuncGetAttributes(&fa, kernel);
     if (err != cudaSuccess) return err;
+    const size_t static_smem = fa.sharedSizeBytes;
     if (p.max_ctas_per_sm > 0) {
       const size_t cap = d.per_sm / (p.max_ctas_per_sm + 1);
       smem = smem > cap ? smem : cap;
@@ -732,8 +731,7 @@ cudaError_t launch_ring(const FastDecodeParams& p, dim3 grid, cudaStream_t strea
   if constexpr (bytes > kMaxSmem) {
     return cudaErrorInvalidValue;  // does not fit: fast_decode_smem_bytes says 0
   } else {
-    return launch_or_query(fast_decode_kernel<T, KV, HEAD, false, STAGES>, p, grid, bytes, kStaticSmem<HEAD, STAGES>,
-                           stream);
+    return launch_or_query(fast_decode_kernel<T, KV, HEAD, false, STAGES>, p, grid, bytes, stream);
   }
 }
 
@@ -746,9 +744,9 @@ cudaError_t launch_head(const FastDecodeParams& p, cudaStream_t stream) {
   switch (p.stages) {
     case 0:
       if (HEAD <= 128 && p.prefetch) {
-        err = launch_or_query(fast_decode_kernel<T, KV, HEAD, HEAD <= 128, 0>, p, grid, 0, kStaticSmem<HEAD, 0>, stream);
+        err = launch_or_query(fast_decode_kernel<T, KV, HEAD, HEAD <= 128, 0>, p, grid, 0, stream);
       } else {
-        err = launch_or_query(fast_decode_kernel<T, KV, HEAD, false, 0>, p, grid, 0, kStaticSmem<HEAD, 0>, stream);
+        err = launch_or_query(fast_decode_kernel<T, KV, HEAD, false, 0>, p, grid, 0, stream);
       }
       break;
     case 2: err = launch_ring<T, KV, HEAD, 2>(p, grid, stream); break;

@@ -43,6 +43,19 @@ def test_cuda_sources_compile_for_sm90a(tmp_path):
     compile_all(CU_SOURCES, tmp_path, "-DBLOCKSIM_FEW_INSTANCES")
 
 
+def test_fast_ring_shared_memory_is_128_byte_aligned(tmp_path):
+    """The ring's swizzle is bank-conflict-free only relative to 128-byte lines, so the dynamic
+    shared memory must start on one whatever static shared memory precedes it (an 80-byte offset
+    made every shape 19% slower, kernels/NOTES.md)."""
+    ptx = tmp_path / "fast_decode_f16.ptx"
+    cmd = [NVCC, "-gencode=arch=compute_90a,code=compute_90a", "-std=c++17", "-DBLOCKSIM_FEW_INSTANCES", "-ptx",
+           str(_build.CSRC / "fast_decode_f16.cu"), "-o", str(ptx)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    decl = [line for line in ptx.read_text().splitlines() if "fast_smem" in line and ".extern" in line]
+    assert decl and all(".align 128" in line for line in decl), decl
+
+
 @pytest.mark.slow
 def test_every_kernel_instance_compiles(tmp_path):
     compile_all(CU_SOURCES, tmp_path)
