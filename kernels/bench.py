@@ -7,7 +7,8 @@ Head size 128, float16, 32 query heads; in one run:
    (``impl="fast"``, NHD and the default H2ND storage; H2ND also with block tables in order),
    the vLLM-layout kernels v1 and v2 (and the one the automatic rule picks), torch SDPA on
    contiguous ``[batch, kv_heads, context, head]`` K/V (the best fused backend; compared with the
-   fast kernel by medians of ``--repeats`` alternating measurements), and gather-then-SDPA (copy
+   fast kernel by medians of ``--repeats`` alternating measurements, and by the median of their
+   paired time ratios with a distribution-free confidence interval), and gather-then-SDPA (copy
    the blocks to contiguous K/V, then SDPA);
 3. the fast kernel's split length on the headline shapes (the automatic rule and fixed lengths),
    per load path (register loads, cp.async rings of 2-4 shared-memory stages), and per occupancy
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import warnings
@@ -243,6 +245,32 @@ def alternating_runs(c, backend, args):
     return fast_runs, sdpa_runs
 
 
+def ratio_interval(fast_runs, sdpa_runs, confidence: float = 0.95) -> dict:
+    """The fast / SDPA time ratios of paired alternating measurements: their median and a
+    distribution-free confidence interval for it (order statistics of the ratios: the widest pair
+    ``(k-th smallest, k-th largest)`` whose coverage, ``1 - 2 P(Binomial(n, 1/2) < k)``, is at
+    least ``confidence``; min and max with their lower coverage when there are too few pairs).
+    An interval below 1 says the kernel is faster, above 1 slower, across 1 that the run cannot
+    tell them apart."""
+    ratios = sorted(f / s for f, s in zip(fast_runs, sdpa_runs))
+    n = len(ratios)
+    if n == 0:
+        raise ValueError("ratio_interval needs at least one pair of measurements")
+
+    def coverage(k):  # of (k-th smallest, k-th largest), k >= 1
+        return 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2 ** n
+    k = 1
+    while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= confidence:
+        k += 1
+    return {"median": statistics.median(ratios), "low": ratios[k - 1], "high": ratios[n - k],
+            "coverage": coverage(k), "pairs": n}
+
+
+def interval_label(iv: dict) -> str:
+    verdict = "faster" if iv["high"] < 1 else "slower" if iv["low"] > 1 else "same"
+    return f"{iv['median']:.3f} [{iv['low']:.3f}, {iv['high']:.3f}] {verdict}"
+
+
 def run_shape(shape, args, copy_gbs, *, gather=True, storage="NHD", alternate=False):
     """Every implementation on one shape; a dict of times (ms) and checks ("fast": the fast
     kernel on caches stored ``storage``; with ``alternate``, "fast" and "sdpa" are medians of
@@ -273,18 +301,21 @@ def run_shape(shape, args, copy_gbs, *, gather=True, storage="NHD", alternate=Fa
     if alternate and backend is not None:
         r["fast_runs"], r["sdpa_runs"] = alternating_runs(c, backend, args)
         r["fast"], r["sdpa"] = statistics.median(r["fast_runs"]), statistics.median(r["sdpa_runs"])
+        r["ratio_interval"] = ratio_interval(r["fast_runs"], r["sdpa_runs"])
     return r
 
 
 def headline(args, copy_gbs, results):
     print("\n## Headline shapes (block size 16)\n")
     print(f"fast ms, GB/s, % of copy and fast, prefetch: NHD storage; fast {STORE} and fast, no PDL: the default "
-          f"storage. fast {STORE} and SDPA: medians of {args.repeats} alternating measurements\n")
+          f"storage. fast {STORE} and SDPA: medians of {args.repeats} alternating measurements; paired: the median "
+          f"of their {args.repeats} time ratios with a distribution-free interval of at least 95% coverage where "
+          f"there are 6 or more pairs (faster / slower: the interval lies below / above 1; same: it contains 1)\n")
     print(f"| batch, heads, kv heads, context | KV MB | fast ms | fast GB/s | fast % of copy | fast {STORE} ms | "
           f"fast {STORE} % of copy | "
           f"fast {STORE}, blocks in order ms | fast, no PDL ms | load path | fast, prefetch ms | v1 ms | v2 ms | auto | SDPA contiguous ms (backend) | SDPA % of copy | "
-          f"fast {STORE} / SDPA time | gather+SDPA ms | max abs diff fast vs SDPA |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+          f"fast {STORE} / SDPA time | paired fast / SDPA [interval] | gather+SDPA ms | max abs diff fast vs SDPA |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---|---:|---:|")
     for shape in SHAPES:
         r = run_shape(shape, args, copy_gbs)
         c = Case(*shape, sets=args.sets, storage=STORE)
@@ -294,6 +325,7 @@ def headline(args, copy_gbs, results):
         if backend is not None:
             r["fast_default_runs"], r["sdpa_runs"] = alternating_runs(c, backend, args)
             r["sdpa"] = statistics.median(r["sdpa_runs"])
+            r["ratio_interval"] = ratio_interval(r["fast_default_runs"], r["sdpa_runs"])
         else:
             r["fast_default_runs"] = [c.fast_ms(args.warmup, args.iters)]
         r["fast_default"] = statistics.median(r["fast_default_runs"])
@@ -315,7 +347,9 @@ def headline(args, copy_gbs, results):
               f"{load_path_label(r['load_path'], r['max_ctas_per_sm'])} | "
               f"{r['fast_prefetch']:.4f} | {r['v1']:.4f} | {r['v2']:.4f} | {r['auto']} | "
               f"{r['sdpa']:.4f} ({r['sdpa_backend']}) | {100 * gbs(r['kv_bytes'], r['sdpa']) / copy_gbs:.0f}% | "
-              f"{r['fast_default'] / r['sdpa']:.3f} | {r['gather_sdpa']:.3f} | {r.get('max_abs_diff', float('nan')):.1e} |",
+              f"{r['fast_default'] / r['sdpa']:.3f} | "
+              f"{interval_label(r['ratio_interval']) if 'ratio_interval' in r else '-'} | "
+              f"{r['gather_sdpa']:.3f} | {r.get('max_abs_diff', float('nan')):.1e} |",
               flush=True)
 
 
@@ -490,8 +524,8 @@ def sweep(args, copy_gbs, results):
     print(f"\n## Sweep: 32 heads on 8 KV heads, block size 16 (fast: {STORE} storage), KV <= {args.max_kv_gb} GB: "
           f"effective GB/s (fast and SDPA: medians of {args.repeats} alternating measurements)\n")
     print("| batch | context | KV MB | fast | v1/v2 (auto) | SDPA contiguous | gather+SDPA | fast % of copy | "
-          "fast / SDPA time |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "fast / SDPA time | paired fast / SDPA [interval] |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for b in SWEEP_BATCH:
         for ctx in SWEEP_CONTEXT:
             kv = 2 * b * ctx * 8 * HEAD_SIZE * 2
@@ -503,7 +537,8 @@ def sweep(args, copy_gbs, results):
             results["sweep"].append(r)
             print(f"| {b} | {ctx} | {kv / 1e6:.0f} | {gbs(kv, r['fast']):.0f} | {gbs(kv, auto):.0f} ({r['auto']}) | "
                   f"{gbs(kv, r['sdpa']):.0f} | {gbs(kv, r['gather_sdpa']):.0f} | "
-                  f"{100 * gbs(kv, r['fast']) / copy_gbs:.0f}% | {r['fast'] / r['sdpa']:.2f} |", flush=True)
+                  f"{100 * gbs(kv, r['fast']) / copy_gbs:.0f}% | {r['fast'] / r['sdpa']:.2f} | "
+                  f"{interval_label(r['ratio_interval']) if 'ratio_interval' in r else '-'} |", flush=True)
             torch.cuda.empty_cache()
 
 
@@ -574,9 +609,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--sets", type=int, default=4, help="input sets cycled through (queries, block tables)")
-    ap.add_argument("--repeats", type=int, default=5,
+    ap.add_argument("--repeats", type=int, default=9,
                     help="headline and sweep: alternating measurements of the fast kernel (default storage) and "
-                         "SDPA, medians compared")
+                         "SDPA, medians compared (9 pairs give a 96%% interval for the median time ratio)")
     ap.add_argument("--sections", default="headline,splits,stages,occupancy,blocks,fp8,sweep",
                     help="comma-separated: headline, splits, stages, occupancy, blocks, fp8, sweep")
     ap.add_argument("--depths", default="0,2,3,4", help="stages section: load paths (0 = registers, 2-4 = ring)")

@@ -45,3 +45,31 @@ def test_plot_from_a_saved_results_file(tmp_path):
     png = tmp_path / "sweep.png"
     assert bench.main(["--plot-from", str(saved), "--plot", str(png)]) == 0
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_ratio_interval_takes_order_statistics_of_the_paired_ratios():
+    sdpa = [1.0] * 9
+    fast = [1.04, 0.97, 1.01, 0.99, 1.00, 1.02, 0.98, 1.03, 0.96]
+    iv = bench.ratio_interval(fast, sdpa)
+    # 9 pairs: (2nd smallest, 2nd largest) covers the median with 1 - 2 * 10 / 512 = 96.1%
+    assert (iv["low"], iv["median"], iv["high"]) == pytest.approx((0.97, 1.00, 1.03))
+    assert iv["coverage"] == pytest.approx(1 - 20 / 512) and iv["pairs"] == 9
+    assert bench.interval_label(iv) == "1.000 [0.970, 1.030] same"
+
+
+def test_ratio_interval_pairs_the_runs_and_says_faster_or_slower():
+    # each fast run is paired with the SDPA run measured next to it: a drift of the device's
+    # speed moves both, and the ratios stay below 1
+    sdpa = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]
+    fast = [0.99 * s for s in sdpa]
+    iv = bench.ratio_interval(fast, sdpa)
+    assert iv["high"] == pytest.approx(0.99) and bench.interval_label(iv).endswith("faster")
+    assert bench.interval_label(bench.ratio_interval([1.02] * 7, [1.0] * 7)).endswith("slower")
+
+
+def test_ratio_interval_with_few_pairs_reports_its_lower_coverage():
+    iv = bench.ratio_interval([1.0, 1.1, 0.9, 1.05, 0.95], [1.0] * 5)
+    assert (iv["low"], iv["high"]) == pytest.approx((0.9, 1.1))
+    assert iv["coverage"] == pytest.approx(1 - 2 / 32)
+    with pytest.raises(ValueError, match="at least one pair"):
+        bench.ratio_interval([], [])
