@@ -607,64 +607,90 @@ __global__ void __launch_bounds__(kFastWarps * 32, kFastMinBlocks<HEAD, PREFETCH
   }
 }
 
-// One thread block (kFastWarps warps) per (head, sequence): combines the splits that hold
-// context tokens. Each thread owns output dimensions and reads every split's max and sum itself
-// (the same addresses across the block: broadcasts), issuing the loads of a whole batch of splits
-// before using any, so the kernel costs one memory round trip per kBatch splits; a running max
-// rescales the sums between batches.
+// One thread block (kFastWarps warps) per (head, sequence): combines the splits that hold context
+// tokens, kBatch splits at a time. The batch's partial outputs (contiguous: [split][HEAD]) are
+// copied into shared memory with cp.async and their maxima and sums loaded by the lanes (lane j:
+// splits j, j + 32, ...) before anything waits, so each batch costs one memory round trip after
+// the attention grid; the weights reach the other lanes by shuffles, and a running max rescales
+// the sums between batches. Each thread owns output dimensions.
+template <int HEAD>
+constexpr int kReduceBatch = 32768 / (HEAD * 4) < 64 ? 32768 / (HEAD * 4) : 64;  // 32 KB of partials
+
 template <typename T, int HEAD>
 __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_reduce_kernel(const FastDecodeParams p) {
   constexpr int kThreads = kFastWarps * 32;
   constexpr int kDims = (HEAD + kThreads - 1) / kThreads;  // output dimensions per thread
-  constexpr int kBatch = kDims == 1 ? 32 : 16;              // splits in flight per thread
+  constexpr int kBatch = kReduceBatch<HEAD>;
+  constexpr int kPerLane = (kBatch + 31) / 32;
+  static_assert(HEAD % 4 == 0 && kBatch >= 32, "16-byte copies; a lane per split of the first 32");
+  __shared__ __align__(16) float sm_o[kBatch * HEAD];
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
   const int tid = threadIdx.x;
+  const int lane = tid % 32;
+  // The context length is no output of the attention kernel: read before the wait.
   const int ctx = p.context_lens[seq];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // A programmatic dependent launch: wait until the attention grid has finished and its partials
-  // are visible (returns at once for an ordinary launch).
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
   const int n = min(p.max_splits, (ctx + p.split_tokens - 1) / p.split_tokens);
   if (n <= 1) return;  // written by the attention kernel (an empty context, or one split)
   const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head;
   const float* pm = p.part_max + row * p.max_splits;
   const float* ps = p.part_sum + row * p.max_splits;
   const float* po = p.part_out + row * p.max_splits * HEAD;
-
-  float m = -INFINITY;  // running max (log2 domain)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // A programmatic dependent launch: wait until the attention grid has finished and its partials
+  // are visible (returns at once for an ordinary launch).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  float m = -INFINITY;  // running max (log2 domain), the same in every lane
   float l = 0.f;        // running total weight, relative to m
   float acc[kDims];
 #pragma unroll
   for (int k = 0; k < kDims; ++k) acc[k] = 0.f;
   for (int i0 = 0; i0 < n; i0 += kBatch) {
-    float bm[kBatch], bs[kBatch], bo[kBatch][kDims];
+    const int cnt = min(kBatch, n - i0);
+    if (i0 > 0) __syncthreads();  // the last batch's partials are used
+    for (int q = tid; q < cnt * HEAD / 4; q += kThreads) {
+      cp_async16(sm_o + 4 * q, po + static_cast<int64_t>(i0) * HEAD + 4 * q, true);
+    }
+    cp_async_commit();
+    float bm[kPerLane], bs[kPerLane];
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int i = i0 + j;
-      const bool live = i < n;
-      bm[j] = live ? pm[i] : -INFINITY;
-      bs[j] = live ? ps[i] : 0.f;
-#pragma unroll
-      for (int k = 0; k < kDims; ++k) {
-        const int d = tid + k * kThreads;
-        bo[j][k] = live && d < HEAD ? po[static_cast<int64_t>(i) * HEAD + d] : 0.f;
-      }
+    for (int r = 0; r < kPerLane; ++r) {
+      const int i = lane + 32 * r;
+      bm[r] = i < cnt ? pm[i0 + i] : -INFINITY;
+      bs[r] = i < cnt ? ps[i0 + i] : 0.f;
     }
     float cm = m;
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) cm = fmaxf(cm, bm[j]);
-    const float r = exp2f(m - cm);  // 0 for the first batch
-    l *= r;
+    for (int r = 0; r < kPerLane; ++r) cm = fmaxf(cm, bm[r]);
 #pragma unroll
-    for (int k = 0; k < kDims; ++k) acc[k] *= r;
+    for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(kMask, cm, o));
+    const float rescale = exp2f(m - cm);  // 0 for the first batch
+    float w[kPerLane], wsum = 0.f;
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const float w = bs[j] * exp2f(bm[j] - cm);  // 0 past the live splits
-      l += w;
+    for (int r = 0; r < kPerLane; ++r) {
+      w[r] = bs[r] * exp2f(bm[r] - cm);  // 0 past the live splits; a NaN max poisons it
+      wsum += w[r];
+    }
 #pragma unroll
-      for (int k = 0; k < kDims; ++k) acc[k] += w * bo[j][k];
+    for (int o = 16; o > 0; o >>= 1) wsum += __shfl_xor_sync(kMask, wsum, o);
+    l = l * rescale + wsum;
+#pragma unroll
+    for (int k = 0; k < kDims; ++k) acc[k] *= rescale;
+    cp_async_wait<0>();
+    __syncthreads();  // every thread's copies have landed
+#pragma unroll
+    for (int r = 0; r < kPerLane; ++r) {
+      const int live = min(32, cnt - 32 * r);  // the same in every thread
+      for (int jj = 0; jj < live; ++jj) {
+        const float wj = __shfl_sync(kMask, w[r], jj);
+        const float* o = sm_o + (32 * r + jj) * HEAD;
+#pragma unroll
+        for (int k = 0; k < kDims; ++k) {
+          const int d = tid + k * kThreads;
+          if (d < HEAD) acc[k] += wj * o[d];
+        }
+      }
     }
     m = cm;
   }
