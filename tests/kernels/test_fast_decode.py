@@ -313,8 +313,8 @@ def test_fast_split_reduce_as_dependent_launch_matches_an_ordinary_one(split_tok
 
 
 def test_fast_reduce_over_more_splits_than_one_shared_memory_chunk():
-    """16-token splits of a 20000-token context: 1250 splits, more than the 1024 weights the
-    reduce kernel holds at once."""
+    """16-token splits of a 20000-token context: 1250 splits, 20 of the reduce kernel's batches of
+    64 (kReduceBatch), the last one partly filled."""
     out, want = run_case(num_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype=torch.float16,
                          split_tokens=16, max_context=20000, lens=[20000, 17000, 1024, 1025, 3],
                          num_blocks=20000 * 5 // 16 + 8, seed=23)
