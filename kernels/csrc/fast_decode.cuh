@@ -631,16 +631,17 @@ __global__ void __launch_bounds__(kFastWarps * 32) fast_decode_reduce_kernel(con
   // The context length is no output of the attention kernel: read before the wait.
   const int ctx = p.context_lens[seq];
   const int n = min(p.max_splits, (ctx + p.split_tokens - 1) / p.split_tokens);
-  if (n <= 1) return;  // written by the attention kernel (an empty context, or one split)
   const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head;
   const float* pm = p.part_max + row * p.max_splits;
   const float* ps = p.part_sum + row * p.max_splits;
   const float* po = p.part_out + row * p.max_splits * HEAD;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // A programmatic dependent launch: wait until the attention grid has finished and its partials
-  // are visible (returns at once for an ordinary launch).
+  // are visible (returns at once for an ordinary launch). Every block waits, even one with nothing
+  // to combine, so that the reduce grid never completes before the attention grid.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+  if (n <= 1) return;  // written by the attention kernel (an empty context, or one split)
   float m = -INFINITY;  // running max (log2 domain), the same in every lane
   float l = 0.f;        // running total weight, relative to m
   float acc[kDims];

@@ -186,6 +186,8 @@ void fast_decode(torch::Tensor out, torch::Tensor part_out, torch::Tensor part_m
     for (auto* t : {&part_out, &part_max, &part_sum}) {
       check_cuda(*t, "split scratch tensors");
       TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->is_contiguous(), "split scratch must be contiguous float32");
+      TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
+                  "split scratch must start on a 16-byte boundary (the reduce copies it with cp.async)");
       TORCH_CHECK(t->size(0) == p.num_seqs && t->size(1) == p.num_heads && t->size(2) == max_splits,
                   "split scratch must be [num_seqs, num_heads, max_splits(, head_size)]");
     }

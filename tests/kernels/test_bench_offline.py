@@ -71,5 +71,33 @@ def test_ratio_interval_with_few_pairs_reports_its_lower_coverage():
     iv = bench.ratio_interval([1.0, 1.1, 0.9, 1.05, 0.95], [1.0] * 5)
     assert (iv["low"], iv["high"]) == pytest.approx((0.9, 1.1))
     assert iv["coverage"] == pytest.approx(1 - 2 / 32)
+    assert bench.interval_label(iv) == "1.000 [0.900, 1.100] same (94% interval)"
     with pytest.raises(ValueError, match="at least one pair"):
         bench.ratio_interval([], [])
+    with pytest.raises(ValueError, match="pairs the runs"):
+        bench.ratio_interval([1.0, 1.0], [1.0])
+
+
+def test_alternating_runs_swap_the_order_within_each_pair(monkeypatch):
+    order = []
+
+    class FakeCase:
+        sets = [(None, None, None)]
+
+        def contiguous(self):
+            return None, None
+
+        def fast_ms(self, warmup, iters):
+            order.append("fast")
+            return 1.0
+
+    class FakeQuery:
+        def unsqueeze(self, dim):
+            return self
+
+    FakeCase.sets = [(FakeQuery(), None, None)]
+    monkeypatch.setattr(bench, "graph_ms", lambda fns, warmup, iters: order.append("sdpa") or 2.0)
+    args = type("Args", (), {"repeats": 3, "warmup": 1, "iters": 1})()
+    fast_runs, sdpa_runs = bench.alternating_runs(FakeCase(), None, args)
+    assert order == ["fast", "sdpa", "sdpa", "fast", "fast", "sdpa"]
+    assert fast_runs == [1.0] * 3 and sdpa_runs == [2.0] * 3
