@@ -249,6 +249,14 @@ def alternating_runs(c, backend, args):
     return fast_runs, sdpa_runs
 
 
+def alternate_with_sdpa(c, backend, args) -> dict:
+    """``alternating_runs`` on case ``c``: both lists of times, their medians ("fast", "sdpa") and
+    the paired ``ratio_interval``."""
+    fast_runs, sdpa_runs = alternating_runs(c, backend, args)
+    return {"fast_runs": fast_runs, "sdpa_runs": sdpa_runs, "fast": statistics.median(fast_runs),
+            "sdpa": statistics.median(sdpa_runs), "ratio_interval": ratio_interval(fast_runs, sdpa_runs)}
+
+
 def ratio_interval(fast_runs, sdpa_runs, confidence: float = 0.95) -> dict:
     """The fast / SDPA time ratios of paired alternating measurements: their median and a
     distribution-free confidence interval for it (order statistics of the ratios: the narrowest
@@ -280,9 +288,9 @@ def interval_label(iv: dict) -> str:
 
 
 def run_shape(shape, args, copy_gbs, *, gather=True, storage="NHD", alternate=False):
-    """Every implementation on one shape; a dict of times (ms) and checks ("fast": the fast
+    """Every implementation on one shape: a dict of times (ms) and checks ("fast": the fast
     kernel on caches stored ``storage``; with ``alternate``, "fast" and "sdpa" are medians of
-    ``alternating_runs``)."""
+    ``alternate_with_sdpa``), and the fastest SDPA backend (None if none runs the shape)."""
     c = Case(*shape, sets=args.sets, storage=storage)
     w, n = args.warmup, args.iters
     r = {"shape": list(shape), "kv_bytes": c.kv_bytes, "copy_gbs": copy_gbs}
@@ -307,10 +315,8 @@ def run_shape(shape, args, copy_gbs, *, gather=True, storage="NHD", alternate=Fa
     torch.cuda.empty_cache()
     r["gather_sdpa"] = c.gather_sdpa_ms(backend, w, max(5, n // 5)) if gather and backend is not None else float("nan")
     if alternate and backend is not None:
-        r["fast_runs"], r["sdpa_runs"] = alternating_runs(c, backend, args)
-        r["fast"], r["sdpa"] = statistics.median(r["fast_runs"]), statistics.median(r["sdpa_runs"])
-        r["ratio_interval"] = ratio_interval(r["fast_runs"], r["sdpa_runs"])
-    return r
+        r.update(alternate_with_sdpa(c, backend, args))
+    return r, backend
 
 
 def headline(args, copy_gbs, results):
@@ -325,15 +331,14 @@ def headline(args, copy_gbs, results):
           f"fast {STORE} / SDPA time | paired fast / SDPA [interval] | gather+SDPA ms | max abs diff fast vs SDPA |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---|---:|---:|")
     for shape in SHAPES:
-        r = run_shape(shape, args, copy_gbs)
+        r, backend = run_shape(shape, args, copy_gbs)
         c = Case(*shape, sets=args.sets, storage=STORE)
         # the comparison with SDPA: medians of alternating measurements, so that a drift of the
         # device's speed during the run does not favour either side
-        backend = dict((name.split("_")[0].lower(), b) for name, b in _sdpa_backends()).get(r["sdpa_backend"])
         if backend is not None:
-            r["fast_default_runs"], r["sdpa_runs"] = alternating_runs(c, backend, args)
-            r["sdpa"] = statistics.median(r["sdpa_runs"])
-            r["ratio_interval"] = ratio_interval(r["fast_default_runs"], r["sdpa_runs"])
+            paired = alternate_with_sdpa(c, backend, args)
+            r["fast_default_runs"] = paired["fast_runs"]
+            r["sdpa_runs"], r["sdpa"], r["ratio_interval"] = paired["sdpa_runs"], paired["sdpa"], paired["ratio_interval"]
         else:
             r["fast_default_runs"] = [c.fast_ms(args.warmup, args.iters)]
         r["fast_default"] = statistics.median(r["fast_default_runs"])
@@ -539,8 +544,8 @@ def sweep(args, copy_gbs, results):
             kv = 2 * b * ctx * 8 * HEAD_SIZE * 2
             if kv > args.max_kv_gb * 1e9:
                 continue
-            r = run_shape((b, 32, 8, ctx), args, copy_gbs, gather=kv <= args.max_kv_gb * 1e9 / 2, storage=STORE,
-                          alternate=True)
+            r, _ = run_shape((b, 32, 8, ctx), args, copy_gbs, gather=kv <= args.max_kv_gb * 1e9 / 2, storage=STORE,
+                             alternate=True)
             auto = r["v1"] if r["auto"] == "v1" else r["v2"]
             results["sweep"].append(r)
             print(f"| {b} | {ctx} | {kv / 1e6:.0f} | {gbs(kv, r['fast']):.0f} | {gbs(kv, auto):.0f} ({r['auto']}) | "

@@ -26,9 +26,11 @@ pytestmark = pytest.mark.skipif(not Path(NVCC).exists(), reason="nvcc not instal
 CU_SOURCES = [s for s in _build.SOURCES if s.endswith(".cu")]
 
 
-def nvcc(source: str, out_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+def nvcc(source: str, out_dir: Path, *extra: str, ptx: bool = False) -> subprocess.CompletedProcess:
+    """Compiles one source for sm_90a into out_dir (an object file, or PTX with ``ptx``)."""
+    mode, suffix = ("-ptx", ".ptx") if ptx else ("-c", ".o")
     cmd = [NVCC, "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-O1", *extra,
-           "-c", str(_build.CSRC / source), "-o", str(out_dir / (source + ".o"))]
+           mode, str(_build.CSRC / source), "-o", str(out_dir / (source + suffix))]
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
@@ -47,12 +49,10 @@ def test_fast_ring_shared_memory_is_128_byte_aligned(tmp_path):
     """The ring's swizzle is bank-conflict-free only relative to 128-byte lines, so the dynamic
     shared memory must start on one whatever static shared memory precedes it (an 80-byte offset
     made every shape 19% slower, kernels/NOTES.md)."""
-    ptx = tmp_path / "fast_decode_f16.ptx"
-    cmd = [NVCC, "-gencode=arch=compute_90a,code=compute_90a", "-std=c++17", "-DBLOCKSIM_FEW_INSTANCES", "-ptx",
-           str(_build.CSRC / "fast_decode_f16.cu"), "-o", str(ptx)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = nvcc("fast_decode_f16.cu", tmp_path, "-DBLOCKSIM_FEW_INSTANCES", ptx=True)
     assert r.returncode == 0, r.stderr[-4000:]
-    decl = [line for line in ptx.read_text().splitlines() if "fast_smem" in line and ".extern" in line]
+    ptx = (tmp_path / "fast_decode_f16.cu.ptx").read_text()
+    decl = [line for line in ptx.splitlines() if "fast_smem" in line and ".extern" in line]
     assert decl and all(".align 128" in line for line in decl), decl
 
 
