@@ -366,6 +366,66 @@ def headline(args, copy_gbs, results):
               flush=True)
 
 
+def default_sdpa_backend(q, k, v) -> str:
+    """The backend torch's SDPA dispatch picks for these inputs without an ``sdpa_kernel`` context,
+    named as ``best_sdpa`` names them ("flash", "cudnn", "efficient", "math"); "unknown" where this
+    torch does not say."""
+    from torch.nn.attention import SDPBackend
+
+    choice = getattr(torch, "_fused_sdp_choice", None)
+    if choice is None:
+        return "unknown"
+    try:
+        return SDPBackend(choice(q, k, v, enable_gqa=q.shape[1] != k.shape[1])).name.split("_")[0].lower()
+    except (RuntimeError, TypeError, ValueError):
+        return "unknown"
+
+
+def backends(args, copy_gbs, results):
+    """The headline shapes against every fused SDPA backend that runs them, each paired with the
+    fast kernel (default storage) in its own alternating measurements."""
+    names = [(name.split("_")[0].lower(), backend) for name, backend in _sdpa_backends()]
+    print("\n## Headline shapes against each SDPA backend (block size 16)\n")
+    print(f"fast: the default storage ({STORE}); each backend on contiguous K/V, paired with the fast kernel in "
+          f"{args.repeats} alternating measurements of its own (median ms; paired: the median time ratio with its "
+          f"interval, as in the headline); default: the backend torch's SDPA picks without an sdpa_kernel "
+          f"context; -: the backend does not run the shape\n")
+    print("| batch, heads, kv heads, context | default | "
+          + " | ".join(f"{n} ms | {n} % of copy | paired fast / {n} [interval]" for n, _ in names) + " |")
+    print("|---|---|" + "---:|---:|---|" * len(names))
+    for shape in SHAPES:
+        c = Case(*shape, sets=args.sets, storage=STORE)
+        k, v = c.contiguous()
+        q = c.sets[0][0].unsqueeze(2)
+        r = {"shape": list(shape), "kv_bytes": c.kv_bytes, "default_backend": default_sdpa_backend(q, k, v),
+             "backends": {}}
+        runs = {}
+        for name, backend in names:
+            try:
+                with warnings.catch_warnings():  # a backend that refuses the shape explains why at length
+                    warnings.simplefilter("ignore")
+                    _sdpa(q, k, v, backend)
+                torch.cuda.synchronize()
+                runs[name] = backend
+            except RuntimeError:
+                pass
+        del k, v, q
+        torch.cuda.empty_cache()
+        cells = []
+        for name, _ in names:
+            if name not in runs:
+                cells.append("- | - | -")
+                continue
+            paired = alternate_with_sdpa(c, runs[name], args)
+            r["backends"][name] = paired
+            cells.append(f"{paired['sdpa']:.4f} | {100 * gbs(c.kv_bytes, paired['sdpa']) / copy_gbs:.0f}% | "
+                         f"{interval_label(paired['ratio_interval'])}")
+        del c
+        torch.cuda.empty_cache()
+        results["backends"].append(r)
+        print(f"| {', '.join(map(str, shape))} | {r['default_backend']} | " + " | ".join(cells) + " |", flush=True)
+
+
 def load_path_label(stages: int, max_ctas_per_sm: int | None) -> str:
     path = f"ring {stages}" if stages else "registers"
     return path if max_ctas_per_sm is None else f"{path}, <= {max_ctas_per_sm}/SM"
@@ -625,8 +685,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=9,
                     help="headline and sweep: alternating measurements of the fast kernel (default storage) and "
                          "SDPA, medians compared (9 pairs give a 96%% interval for the median time ratio)")
-    ap.add_argument("--sections", default="headline,splits,stages,occupancy,blocks,fp8,sweep",
-                    help="comma-separated: headline, splits, stages, occupancy, blocks, fp8, sweep")
+    ap.add_argument("--sections", default="headline,backends,splits,stages,occupancy,blocks,fp8,sweep",
+                    help="comma-separated: headline, backends, splits, stages, occupancy, blocks, fp8, sweep")
     ap.add_argument("--depths", default="0,2,3,4", help="stages section: load paths (0 = registers, 2-4 = ring)")
     ap.add_argument("--max-kv-gb", type=float, default=4.3, help="largest KV (GB) of a sweep point")
     ap.add_argument("--json", default=None, help="write every number to this JSON file")
@@ -634,6 +694,11 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default=None, help="write the cost profile JSON (needs the headline section)")
     ap.add_argument("--plot-from", default=None, help="plot a saved --json file and exit (no GPU needed)")
     args = ap.parse_args(argv)
+    sections = {"headline": headline, "backends": backends, "splits": splits, "stages": stages,
+                "occupancy": occupancy, "blocks": block_sizes, "fp8": fp8, "sweep": sweep}
+    unknown = [name for name in args.sections.split(",") if name not in sections]
+    if unknown:
+        ap.error(f"--sections: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(sections)}")
     if args.plot_from:
         with open(args.plot_from) as f:
             plot(json.load(f), args.plot or "bench.png")
@@ -648,11 +713,9 @@ def main(argv=None) -> int:
     print(f"head_size {HEAD_SIZE}, {str(DTYPE).replace('torch.', '')}; median of {args.iters} graph replays after "
           f"{args.warmup}, {args.sets} input sets per replay")
     print(f"device copy bandwidth (read + write): {copy_gbs:.0f} GB/s")
-    results = {"device": device, "torch": torch.__version__, "copy_gbs": copy_gbs, "headline": [], "splits": [],
-               "stages": [], "occupancy": [], "block_sizes": [], "fp8": [], "sweep": []}
-    sections = {"headline": headline, "splits": splits, "stages": stages, "occupancy": occupancy,
-                "blocks": block_sizes, "fp8": fp8,
-                "sweep": sweep}
+    results = {"device": device, "torch": torch.__version__, "copy_gbs": copy_gbs,
+               **{name: [] for name in ("headline", "backends", "splits", "stages", "occupancy", "block_sizes", "fp8",
+                                        "sweep")}}
     for name in args.sections.split(","):
         sections[name](args, copy_gbs, results)
         if args.json:

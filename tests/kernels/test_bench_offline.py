@@ -101,3 +101,22 @@ def test_alternating_runs_swap_the_order_within_each_pair(monkeypatch):
     fast_runs, sdpa_runs = bench.alternating_runs(FakeCase(), None, args)
     assert order == ["fast", "sdpa", "sdpa", "fast", "fast", "sdpa"]
     assert fast_runs == [1.0] * 3 and sdpa_runs == [2.0] * 3
+
+
+def test_default_sdpa_backend_names_what_torch_dispatches_to():
+    torch = pytest.importorskip("torch")
+    q = torch.randn(2, 8, 1, 64)
+    k = torch.randn(2, 2, 100, 64)
+    name = bench.default_sdpa_backend(q, k, k)
+    assert name in {"flash", "cudnn", "efficient", "math", "unknown"}
+    from torch.nn.attention import SDPBackend
+    if hasattr(torch, "_fused_sdp_choice"):
+        want = SDPBackend(torch._fused_sdp_choice(q, k, k, enable_gqa=True)).name.split("_")[0].lower()
+        assert name == want
+
+
+def test_unknown_bench_section_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--sections", "headline,nope"])
+    err = capsys.readouterr().err
+    assert "unknown 'nope'" in err and "backends" in err
