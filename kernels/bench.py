@@ -297,7 +297,7 @@ def run_shape(shape, args, copy_gbs, *, gather=True, storage="NHD", alternate=Fa
     r["fast"] = c.fast_ms(w, n)
     launch = fast.choose_launch(c.batch, c.heads, c.kv_heads, HEAD_SIZE, DTYPE, c.ctx,
                                 torch.cuda.get_device_properties(0).multi_processor_count, tuning=fast.device_tuning(0))
-    r["split_tokens"], r["load_path"], r["max_ctas_per_sm"] = launch
+    r["split_tokens"], r["load_path"], r["max_ctas_per_sm"], r["warp_items"] = launch
     out_fast = c.fast_out().float()
     vk, vv = c.vllm_caches()
     r["auto"] = ops.choose_version(c.batch, c.heads, c.ctx)
@@ -357,7 +357,7 @@ def headline(args, copy_gbs, results):
               f"{100 * fg / copy_gbs:.0f}% | {r['fast_default']:.4f} | {100 * gbs(r['kv_bytes'], r['fast_default']) / copy_gbs:.1f}% | "
               f"{r['fast_default_in_order']:.4f} | "
               f"{'-' if r['fast_default_no_pdl'] != r['fast_default_no_pdl'] else format(r['fast_default_no_pdl'], '.4f')} | "
-              f"{load_path_label(r['load_path'], r['max_ctas_per_sm'])} | "
+              f"{load_path_label(r['load_path'], r['max_ctas_per_sm'], r['warp_items'])} | "
               f"{r['fast_prefetch']:.4f} | {r['v1']:.4f} | {r['v2']:.4f} | {r['auto']} | "
               f"{r['sdpa']:.4f} ({r['sdpa_backend']}) | {100 * gbs(r['kv_bytes'], r['sdpa']) / copy_gbs:.0f}% | "
               f"{r['fast_default'] / r['sdpa']:.3f} | "
@@ -426,9 +426,10 @@ def backends(args, copy_gbs, results):
         print(f"| {', '.join(map(str, shape))} | {r['default_backend']} | " + " | ".join(cells) + " |", flush=True)
 
 
-def load_path_label(stages: int, max_ctas_per_sm: int | None) -> str:
+def load_path_label(stages: int, max_ctas_per_sm: int | None, warp_items: bool = False) -> str:
     path = f"ring {stages}" if stages else "registers"
-    return path if max_ctas_per_sm is None else f"{path}, <= {max_ctas_per_sm}/SM"
+    path = path if max_ctas_per_sm is None else f"{path}, <= {max_ctas_per_sm}/SM"
+    return f"{path}, warp items" if warp_items else path
 
 
 def splits(args, copy_gbs, results):
@@ -439,8 +440,8 @@ def splits(args, copy_gbs, results):
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     for shape in SHAPES:
         c = Case(*shape, sets=args.sets, storage=STORE)
-        auto, st, cap = fast.choose_launch(c.batch, c.heads, c.kv_heads, HEAD_SIZE, DTYPE, c.ctx, nsm,
-                                           tuning=fast.device_tuning(0))
+        auto, st, cap, _ = fast.choose_launch(c.batch, c.heads, c.kv_heads, HEAD_SIZE, DTYPE, c.ctx, nsm,
+                                              tuning=fast.device_tuning(0))
         kw = {"stages": st, "max_ctas_per_sm": cap}
         row = {"shape": list(shape), "auto_tokens": auto, "auto": c.fast_ms(args.warmup, args.iters),
                "whole": c.fast_ms(args.warmup, args.iters, split_tokens=-(-c.ctx // 16) * 16, **kw)}
@@ -501,7 +502,10 @@ def stages(args, copy_gbs, results):
 
 
 OCCUPANCY_SHAPES = SHAPES + ((16, 32, 8, 8192), (4, 32, 8, 32768), (1, 32, 8, 131072), (64, 32, 8, 8192),
-                             (16, 32, 8, 32768), (1, 32, 8, 2048), (4, 32, 8, 512), (16, 32, 8, 512))
+                             (16, 32, 8, 32768), (1, 32, 8, 2048), (4, 32, 8, 512), (16, 32, 8, 512),
+                             # around the warp-items rule: 480, 768, 1536 and 2048 items; short contexts
+                             (60, 32, 8, 4096), (96, 32, 8, 2048), (48, 32, 32, 2048), (256, 32, 8, 2048),
+                             (32, 32, 32, 1024))
 # (thread blocks per SM the split aims at, ring stages, cap passed as max_ctas_per_sm)
 OCCUPANCY_CONFIGS = ((1, 4, None), (1, 3, 1), (1, 2, 1), (2, 2, 2), (2, 3, None), (3, 2, None))
 
@@ -512,8 +516,11 @@ def occupancy(args, copy_gbs, results):
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     labels = [f"{n}/SM, {st} stages" + (f", cap {cap}" if cap else "") for n, st, cap in OCCUPANCY_CONFIGS]
     print("\n## Occupancy and ring depth (one wave of blocks at that occupancy): fast / SDPA time\n")
-    print("| batch, heads, kv heads, context | SDPA ms | auto (split, path) | " + " | ".join(labels) + " |")
-    print("|---|---:|---|" + "---:|" * len(labels))
+    print("warp items: whole contexts, each warp a whole (sequence, KV head) item, 2 stages, at most 2 blocks per "
+          "SM\n")
+    print("| batch, heads, kv heads, context | SDPA ms | auto (split, path) | " + " | ".join(labels)
+          + " | warp items (blocks) |")
+    print("|---|---:|---|" + "---:|" * (len(labels) + 1))
     for shape in OCCUPANCY_SHAPES:
         c = Case(*shape, sets=args.sets, storage=STORE)
         k, v = c.contiguous()
@@ -529,10 +536,13 @@ def occupancy(args, copy_gbs, results):
             split = fast.one_wave_split(items, c.ctx, n, nsm)
             row[label] = c.fast_ms(args.warmup, args.iters, split_tokens=split, stages=st, max_ctas_per_sm=cap)
             row[label + " split"] = split
+        row["warp items"] = c.fast_ms(args.warmup, args.iters, split_tokens=-(-c.ctx // 16) * 16, stages=2,
+                                      max_ctas_per_sm=2, warp_items=True)
         results["occupancy"].append(row)
         print(f"| {', '.join(map(str, shape))} | {sdpa_ms:.4f} | {row['auto'] / sdpa_ms:.3f} ({launch.split_tokens}, "
-              f"{load_path_label(launch.stages, launch.max_ctas_per_sm)}) | "
-              + " | ".join(f"{row[lb] / sdpa_ms:.3f} ({row[lb + ' split']})" for lb in labels) + " |", flush=True)
+              f"{load_path_label(launch.stages, launch.max_ctas_per_sm, launch.warp_items)}) | "
+              + " | ".join(f"{row[lb] / sdpa_ms:.3f} ({row[lb + ' split']})" for lb in labels)
+              + f" | {row['warp items'] / sdpa_ms:.3f} ({-(-items // fast.WARPS)}) |", flush=True)
         del c
         torch.cuda.empty_cache()
 

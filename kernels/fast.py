@@ -152,12 +152,13 @@ def work_items(num_seqs: int, num_heads: int, num_kv_heads: int) -> int:
 
 class Launch(NamedTuple):
     """How ``paged_attention`` runs the fast kernel: context tokens per thread block, load path
-    (0 = register loads, 2-4 = cp.async ring depth) and the cap on resident thread blocks per SM
-    (None: as many as fit)."""
+    (0 = register loads, 2-4 = cp.async ring depth), the cap on resident thread blocks per SM
+    (None: as many as fit) and whether each warp takes a whole work item (``warp_items``)."""
 
     split_tokens: int
     stages: int
     max_ctas_per_sm: int | None
+    warp_items: bool = False
 
 
 def choose_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: int, dtype: torch.dtype,
@@ -171,7 +172,9 @@ def choose_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: i
     (8 warps per SM streaming, each with one tile in flight):
 
     * more blocks than SMs without splitting: the whole context, capped at 2 per SM from
-      ``CAPPED_CONTEXT`` tokens (3 per SM below, where each block's start-up weighs more);
+      ``CAPPED_CONTEXT`` tokens (3 per SM below, where each block's start-up weighs more); from
+      ``CAPPED_CONTEXT`` tokens, warp items (``warp_items_fit``) where a thread block per
+      ``WARPS`` items makes one even wave that fills the SMs;
     * close to one block per SM (``ONE_PER_SM_FILL`` of the SMs or more): the whole context, one
       block per SM with a 3-stage ring (``tuning.one_per_sm_stages``; no split to combine);
     * fewer: the splits (multiples of 64 tokens, one tile per warp) that make one wave of 2
@@ -188,13 +191,28 @@ def choose_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: i
     items = work_items(num_seqs, num_heads, num_kv_heads)
     whole = max(TILE, -(-max_context_len // TILE) * TILE)
     if items > num_sms:
-        return Launch(whole, 2, 2 if whole >= CAPPED_CONTEXT else None)
+        if whole >= CAPPED_CONTEXT:
+            return Launch(whole, 2, 2, warp_items_fit(items, 2, num_sms))
+        return Launch(whole, 2, None)
     if items >= ONE_PER_SM_FILL * num_sms and max_stages(head_size, dtype) >= 3:
         # short contexts keep 3 stages everywhere (16 x 512 on the H100: 3 stages 1.15x SDPA's time, 2 stages 1.21x)
         return Launch(whole, tuning.one_per_sm_stages if whole >= CAPPED_CONTEXT else 3, 1)
     small = items * (whole // TILE) < ONE_PER_SM_TILES * num_sms
     per_sm = 1 if small else tuning.split_ctas_per_sm
     return Launch(one_wave_split(items, max_context_len, per_sm, num_sms), 2, per_sm)
+
+
+def warp_items_fit(items: int, per_sm: int, num_sms: int = 132) -> bool:
+    """Whether whole contexts run as warp items: each warp one (sequence, KV head, head group) and
+    every tile of it, a thread block ``WARPS`` consecutive items. Measured faster on the H200 where
+    those blocks make one even wave: ``ONE_PER_SM_FILL`` of the SMs or more with n blocks each, for
+    n up to ``per_sm``, and no SM with more (128 x 2048 and 32 x 4096: 256 blocks, level with SDPA
+    instead of 0.6-0.8% slower; 64 x 8192 and 60 x 4096: 128 and 120 blocks). An uneven wave
+    loses, since each block holds four whole items (96 x 2048: 192 blocks, 6% slower), as do more
+    blocks than one wave (256 x 2048: 512 blocks, 1.7% slower); kernels/NOTES.md, thirteenth
+    version."""
+    blocks = -(-items // WARPS)
+    return any(ONE_PER_SM_FILL * n * num_sms <= blocks <= n * num_sms for n in range(1, per_sm + 1))
 
 
 def one_wave_split(items: int, max_context_len: int, per_sm: int, num_sms: int = 132) -> int:
@@ -306,7 +324,8 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
                     max_context_len: int | None, alibi_slopes: torch.Tensor | None = None, *,
                     k_scale: float = 1.0, v_scale: float = 1.0, split_tokens: int | None = None,
                     prefetch: bool | None = PREFETCH, pdl: bool = PDL, stages: int | None = STAGES,
-                    max_ctas_per_sm: int | None = None, validate: bool = True) -> torch.Tensor:
+                    max_ctas_per_sm: int | None = None, warp_items: bool | None = None,
+                    validate: bool = True) -> torch.Tensor:
     """Decode attention of one query token per sequence over caches in the fast layout.
 
     Arguments as ``kernels.paged_attention`` (``ops.py``), except that the caches are
@@ -326,6 +345,11 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
         max_ctas_per_sm: at most this many thread blocks resident per SM (the launch asks for
             enough shared memory that no more fit); None: ``choose_launch``'s cap when
             ``split_tokens`` is None, else as many as fit. Ignored on CPU.
+        warp_items: each warp takes a whole work item (sequence, KV head, head group, split), every
+            tile of it, and a thread block ``WARPS`` consecutive KV heads (or head groups) of one
+            sequence, so the block's warps read the parts of each cache block at about the same
+            time; needs the 2-stage ring. None: ``choose_launch``'s choice when ``split_tokens``
+            is None, else False. Ignored on CPU.
         pdl: with splits, launch the kernel that combines them as a programmatic dependent launch
             (compute capability 9.0 and later; ignored before): it is scheduled while the attention
             kernel's last wave runs instead of after it, hiding its launch latency.
@@ -348,6 +372,8 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
     if max_ctas_per_sm is not None and not (isinstance(max_ctas_per_sm, numbers.Integral)
                                             and not isinstance(max_ctas_per_sm, bool) and 1 <= max_ctas_per_sm <= 32):
         raise ValueError(f"max_ctas_per_sm must be None or an integer from 1 to 32, got {max_ctas_per_sm!r}")
+    if not (warp_items is None or isinstance(warp_items, bool)):
+        raise ValueError(f"warp_items must be None, True or False, got {warp_items!r}")
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
     if not query.is_cuda:
@@ -363,10 +389,16 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
         split_tokens, stages = launch.split_tokens, launch.stages
         if max_ctas_per_sm is None:
             max_ctas_per_sm = launch.max_ctas_per_sm
+        if warp_items is None:
+            warp_items = launch.warp_items
     elif stages is None:
         stages = choose_stages(int(split_tokens), head_size, key_cache.dtype)
     split_tokens = int(split_tokens)
     stages = int(stages)
+    warp_items = bool(warp_items)
+    if warp_items and stages != 2:
+        raise ValueError(f"warp_items runs on the 2-stage cp.async ring (float16 / bfloat16 caches, heads <= 128), "
+                         f"got stages={stages} for head_size {head_size} with {key_cache.dtype} caches")
     if prefetch is None:
         prefetch = choose_prefetch(num_seqs, num_heads, int(num_kv_heads), head_size, key_cache.dtype,
                                    _num_sms(query.device.index or 0))
@@ -390,7 +422,8 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
 
     extension().fast_decode(out, part_out, part_max, part_sum, query, key_cache, value_cache, int(num_kv_heads),
                             float(scale) * float(k_scale), float(v_scale), block_tables, context_lens, split_tokens,
-                            max_splits, bool(prefetch), bool(pdl), stages, int(max_ctas_per_sm or 0), alibi_slopes,
+                            max_splits, bool(prefetch), bool(pdl), stages, int(max_ctas_per_sm or 0), warp_items,
+                            alibi_slopes,
                             torch.cuda.current_stream(query.device).cuda_stream)
     return out
 

@@ -6,7 +6,11 @@
 // in turn; each warp keeps its own running max, sum and output (flash-decoding), and the warps
 // are combined through shared memory at the end. With one split the block writes the output;
 // with several, each writes its normalised partial output with its max and sum, and a reduce
-// kernel combines the splits.
+// kernel combines the splits. With warp items (the 2-stage ring) each warp instead takes a whole
+// item, every tile of it, and writes its output itself; a block then serves kFastWarps
+// consecutive KV heads of one sequence, whose parts of each cache block its warps read at about
+// the same time (these reads were 0.6-0.9% slower when the KV heads of a block were read by
+// different thread blocks, which drift apart; kernels/NOTES.md).
 //
 // Per tile, two mma.sync.m16n8k16 products with float accumulators:
 //   S  = Q K^T    M = query heads (8 used of 16), N = 8 tokens (two N-tiles), K = head dims
@@ -148,7 +152,10 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int w) {
 template <int HEAD, bool PREFETCH>
 constexpr int kFastMinBlocks = HEAD <= 128 && !PREFETCH ? 3 : 1;
 
-template <typename T, typename KV, int HEAD, bool PREFETCH, int STAGES>
+// WARP_ITEMS: each warp takes its own (sequence, KV head, head group, split) and every tile of it,
+// instead of the block's warps sharing one item's tiles; a block then serves kFastWarps consecutive
+// KV heads (or head groups) of one sequence (FastDecodeParams::warp_items).
+template <typename T, typename KV, int HEAD, bool PREFETCH, int STAGES, bool WARP_ITEMS = false>
 __global__ void __launch_bounds__(kFastWarps * 32, kFastMinBlocks<HEAD, PREFETCH>)
     fast_decode_kernel(const FastDecodeParams p) {
   static_assert(STAGES == 0 || (STAGES >= 2 && !PREFETCH), "cp.async ring: 2 or more stages, no prefetch");
@@ -169,8 +176,11 @@ __global__ void __launch_bounds__(kFastWarps * 32, kFastMinBlocks<HEAD, PREFETCH
   const int split = blockIdx.x;
   const int group = p.num_heads / p.num_kv_heads;
   const int head_groups = (group + kFastHeadsPerCta - 1) / kFastHeadsPerCta;
-  const int kvh = blockIdx.y / head_groups;
-  const int hg = blockIdx.y % head_groups;
+  // (KV head, head group) pair: the block's, or with WARP_ITEMS this warp's (of kFastWarps consecutive ones)
+  const int pair = WARP_ITEMS ? blockIdx.y * kFastWarps + static_cast<int>(threadIdx.x / 32) : blockIdx.y;
+  if (WARP_ITEMS && pair >= p.num_kv_heads * head_groups) return;  // no block-wide barriers below with WARP_ITEMS
+  const int kvh = pair / head_groups;
+  const int hg = pair % head_groups;
   const int seq = blockIdx.z;
   const int head0 = kvh * group + hg * kFastHeadsPerCta;
   const int nh = min(kFastHeadsPerCta, group - hg * kFastHeadsPerCta);  // real heads here
@@ -181,7 +191,7 @@ __global__ void __launch_bounds__(kFastWarps * 32, kFastMinBlocks<HEAD, PREFETCH
 
   if (ctx <= 0) {  // nothing to attend to: zeros (the host API rejects empty contexts)
     if (split == 0) {
-      for (int i = tid; i < nh * HEAD; i += kFastWarps * 32) {
+      for (int i = WARP_ITEMS ? tid % 32 : tid; i < nh * HEAD; i += WARP_ITEMS ? 32 : kFastWarps * 32) {
         Mma<T>::store(out + (static_cast<int64_t>(seq) * p.num_heads + head0 + i / HEAD) * HEAD + i % HEAD, 0.f);
       }
     }
@@ -225,6 +235,8 @@ __global__ void __launch_bounds__(kFastWarps * 32, kFastMinBlocks<HEAD, PREFETCH
   float l_run = 0.f;        // this lane's share of head g's exp-sum
 
   const int n_tiles = (end - start + kFastTile - 1) / kFastTile;
+  constexpr int kStride = WARP_ITEMS ? 1 : kFastWarps;  // tiles between this warp's consecutive tiles
+  const int first = WARP_ITEMS ? 0 : warp;              // this warp's first tile
   // Block ids of the two halves (tokens 0-7 and 8-15) of a tile; equal when blocks hold >= 16.
   auto block_ids = [&](int tile, int& lo, int& hi) {
     const int tok0 = start + tile * kFastTile;
@@ -472,14 +484,14 @@ __global__ void __launch_bounds__(kFastWarps * 32, kFastMinBlocks<HEAD, PREFETCH
 
   if constexpr (STAGES > 0) {
     // This warp's tiles are warp, warp + kFastWarps, ...: k-th one in stage k % STAGES.
-    const int my_n = warp < n_tiles ? (n_tiles - warp + kFastWarps - 1) / kFastWarps : 0;
+    const int my_n = first < n_tiles ? (n_tiles - first + kStride - 1) / kStride : 0;
     int id_lo = 0, id_hi = 0;  // block ids of the next tile to issue
-    if (my_n > 0) block_ids(warp, id_lo, id_hi);
+    if (my_n > 0) block_ids(first, id_lo, id_hi);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
       if (s < my_n) {
-        issue(warp + s * kFastWarps, id_lo, id_hi, s);
-        if (s + 1 < my_n) block_ids(warp + (s + 1) * kFastWarps, id_lo, id_hi);
+        issue(first + s * kStride, id_lo, id_hi, s);
+        if (s + 1 < my_n) block_ids(first + (s + 1) * kStride, id_lo, id_hi);
       }
       cp_async_commit();
     }
@@ -489,8 +501,8 @@ __global__ void __launch_bounds__(kFastWarps * 32, kFastMinBlocks<HEAD, PREFETCH
       __syncwarp();  // every lane has read the stage about to be refilled (tile k - 1's)
       const int ahead = k + STAGES - 1;
       if (ahead < my_n) {
-        issue(warp + ahead * kFastWarps, id_lo, id_hi, next);
-        if (ahead + 1 < my_n) block_ids(warp + (ahead + 1) * kFastWarps, id_lo, id_hi);
+        issue(first + ahead * kStride, id_lo, id_hi, next);
+        if (ahead + 1 < my_n) block_ids(first + (ahead + 1) * kStride, id_lo, id_hi);
       }
       cp_async_commit();
       cp_async_wait<STAGES - 1>();  // this lane's copies of tile k have landed ...
@@ -498,46 +510,46 @@ __global__ void __launch_bounds__(kFastWarps * 32, kFastMinBlocks<HEAD, PREFETCH
       Tile cur;
       read_keys(stage, cur);
       if constexpr (HEAD <= 128) read_values(stage, cur);
-      compute(warp + k * kFastWarps, cur, HEAD <= 128, stage);
+      compute(first + k * kStride, cur, HEAD <= 128, stage);
       stage = stage + 1 == STAGES ? 0 : stage + 1;
       next = next + 1 == STAGES ? 0 : next + 1;
     }
     cp_async_wait<0>();
-    __syncthreads();  // the combine below reuses the ring's shared memory
+    if constexpr (!WARP_ITEMS) __syncthreads();  // the combine below reuses the ring's shared memory
   } else if constexpr (PREFETCH) {
     // Two tiles in flight per warp: the next tile's loads are issued before this one's products.
     Tile cur;
     int id_lo = 0, id_hi = 0;  // block ids of the tile after the one being loaded
-    if (warp < n_tiles) {
-      block_ids(warp, cur.b_lo, cur.b_hi);
-      load_keys(warp, cur);
-      load_values(warp, cur);
-      if (warp + kFastWarps < n_tiles) block_ids(warp + kFastWarps, id_lo, id_hi);
+    if (first < n_tiles) {
+      block_ids(first, cur.b_lo, cur.b_hi);
+      load_keys(first, cur);
+      load_values(first, cur);
+      if (first + kStride < n_tiles) block_ids(first + kStride, id_lo, id_hi);
     }
-    for (int it = warp; it < n_tiles; it += kFastWarps) {
+    for (int it = first; it < n_tiles; it += kStride) {
       Tile nxt;
       nxt.b_lo = id_lo;
       nxt.b_hi = id_hi;
-      const bool more = it + kFastWarps < n_tiles;
+      const bool more = it + kStride < n_tiles;
       if (more) {
-        load_keys(it + kFastWarps, nxt);
-        load_values(it + kFastWarps, nxt);
-        if (it + 2 * kFastWarps < n_tiles) block_ids(it + 2 * kFastWarps, id_lo, id_hi);
+        load_keys(it + kStride, nxt);
+        load_values(it + kStride, nxt);
+        if (it + 2 * kStride < n_tiles) block_ids(it + 2 * kStride, id_lo, id_hi);
       }
       compute(it, cur, true, 0);
       if (more) cur = nxt;
     }
   } else {
     int id_lo = 0, id_hi = 0;
-    if (warp < n_tiles) block_ids(warp, id_lo, id_hi);
-    for (int it = warp; it < n_tiles; it += kFastWarps) {
+    if (first < n_tiles) block_ids(first, id_lo, id_hi);
+    for (int it = first; it < n_tiles; it += kStride) {
       Tile cur;
       cur.b_lo = id_lo;
       cur.b_hi = id_hi;
       load_keys(it, cur);
       if constexpr (HEAD <= 128) load_values(it, cur);
       // The next tile's block ids, while this tile's loads are in flight.
-      if (it + kFastWarps < n_tiles) block_ids(it + kFastWarps, id_lo, id_hi);
+      if (it + kStride < n_tiles) block_ids(it + kStride, id_lo, id_hi);
       compute(it, cur, HEAD <= 128, 0);
     }
   }
@@ -545,6 +557,38 @@ __global__ void __launch_bounds__(kFastWarps * 32, kFastMinBlocks<HEAD, PREFETCH
   // ---- combine the warps ----
   l_run += __shfl_xor_sync(kMask, l_run, 1);
   l_run += __shfl_xor_sync(kMask, l_run, 2);
+  if constexpr (WARP_ITEMS) {
+    // The warp is the whole item: its output columns are heads 2t, 2t + 1, whose max and sum live
+    // in lanes 8t and 8t + 4.
+    const float l_pair[2] = {__shfl_sync(kMask, l_run, 8 * t), __shfl_sync(kMask, l_run, 8 * t + 4)};
+    const float m_pair[2] = {__shfl_sync(kMask, m_run, 8 * t), __shfl_sync(kMask, m_run, 8 * t + 4)};
+    const int n_live1 = min(p.max_splits, (ctx + p.split_tokens - 1) / p.split_tokens);
+#pragma unroll
+    for (int cp = 0; cp < NCP; ++cp) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int h = 2 * t + (r & 1);
+          const int d = 8 * (g + 8 * (r >> 1) + 16 * cp) + e;
+          if (h >= nh || d >= HEAD) continue;
+          const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + h;
+          const float v = o[cp * 8 + e][r] / l_pair[r & 1];
+          if (n_live1 == 1) {
+            Mma<T>::store(out + row * HEAD + d, v * p.v_scale);
+          } else {
+            const int64_t idx = row * p.max_splits + split;
+            p.part_out[idx * HEAD + d] = v;
+            if (d == 0) {
+              p.part_max[idx] = m_pair[r & 1];
+              p.part_sum[idx] = l_pair[r & 1];
+            }
+          }
+        }
+      }
+    }
+    return;
+  }
   __shared__ float sm_m[kFastWarps][kFastHeadsPerCta];
   __shared__ float sm_l[kFastWarps][kFastHeadsPerCta];
   using Combine = float[kFastWarps][kFastHeadsPerCta][HEAD];
@@ -758,7 +802,12 @@ cudaError_t launch_ring(const FastDecodeParams& p, dim3 grid, cudaStream_t strea
   if constexpr (bytes > kMaxSmem) {
     return cudaErrorInvalidValue;  // does not fit: fast_decode_smem_bytes says 0
   } else {
-    return launch_or_query(fast_decode_kernel<T, KV, HEAD, false, STAGES>, p, grid, bytes, stream);
+    if (!p.warp_items) return launch_or_query(fast_decode_kernel<T, KV, HEAD, false, STAGES>, p, grid, bytes, stream);
+    if constexpr (STAGES == 2) {  // the only depth launch rules pick with warp items
+      return launch_or_query(fast_decode_kernel<T, KV, HEAD, false, STAGES, true>, p, grid, bytes, stream);
+    } else {
+      return cudaErrorInvalidValue;
+    }
   }
 }
 
@@ -766,7 +815,9 @@ template <typename T, typename KV, int HEAD>
 cudaError_t launch_head(const FastDecodeParams& p, cudaStream_t stream) {
   const int group = p.num_heads / p.num_kv_heads;
   const int head_groups = (group + kFastHeadsPerCta - 1) / kFastHeadsPerCta;
-  const dim3 grid(p.max_splits, p.num_kv_heads * head_groups, p.num_seqs);
+  const int pairs = p.num_kv_heads * head_groups;  // (KV head, head group) pairs of a sequence
+  const dim3 grid(p.max_splits, p.warp_items ? (pairs + kFastWarps - 1) / kFastWarps : pairs, p.num_seqs);
+  if (p.warp_items && p.stages != 2) return cudaErrorInvalidValue;
   cudaError_t err = cudaSuccess;
   switch (p.stages) {
     case 0:

@@ -55,6 +55,9 @@ struct FastDecodeParams {
                               // this launch would run fit on one SM (occupancy)
   int max_ctas_per_sm;        // > 0: pad the dynamic shared memory so that at most this many thread blocks
                               // are resident per SM (fewer warps streaming at once); 0: as many as fit
+  int warp_items;             // 1 (the 2-stage ring only): each warp takes a whole work item, every tile of one
+                              // (sequence, KV head, head group, split), so a thread block serves kFastWarps
+                              // KV heads of a sequence at once; 0: the block's warps share one item's tiles
   int pdl;                    // 1: the reduce kernel is a programmatic dependent launch (sm_90+):
                               // it is scheduled while the attention kernel's last wave runs
   int64_t q_stride;           // elements between sequences of query

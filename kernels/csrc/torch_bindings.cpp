@@ -148,7 +148,7 @@ void fast_decode(torch::Tensor out, torch::Tensor part_out, torch::Tensor part_m
                  torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache, int64_t num_kv_heads,
                  double scale, double v_scale, torch::Tensor block_tables, torch::Tensor context_lens,
                  int64_t split_tokens, int64_t max_splits, bool prefetch, bool pdl, int64_t stages,
-                 int64_t max_ctas_per_sm,
+                 int64_t max_ctas_per_sm, bool warp_items,
                  std::optional<torch::Tensor> alibi_slopes, int64_t stream) {
   TORCH_CHECK(out.scalar_type() == query.scalar_type(), "out must have the query's dtype");
   TORCH_CHECK(key_cache.dim() == 4 && value_cache.dim() == 4 && key_cache.sizes() == value_cache.sizes(),
@@ -176,6 +176,9 @@ void fast_decode(torch::Tensor out, torch::Tensor part_out, torch::Tensor part_m
   }
   p.stages = static_cast<int>(stages);
   p.max_ctas_per_sm = static_cast<int>(max_ctas_per_sm);
+  TORCH_CHECK(!warp_items || stages == 2, "fast_decode: warp items run on the 2-stage ring only, got ", stages,
+              " stages");
+  p.warp_items = warp_items ? 1 : 0;
   p.k_block_stride = key_cache.stride(0);
   p.k_token_stride = key_cache.stride(1);
   p.k_head_stride = key_cache.stride(2);

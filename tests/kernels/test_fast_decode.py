@@ -58,7 +58,7 @@ def caches(num_kv_heads, head_size, block_size, dtype, storage="NHD", num_blocks
 
 def run_case(*, num_heads, num_kv_heads, head_size, block_size, dtype, max_context=MAX_CONTEXT, lens=None,
              alibi=False, seed=0, num_seqs=NUM_SEQS, storage="NHD", split_tokens=None, num_blocks=NUM_BLOCKS,
-             prefetch=None, stages=None, max_ctas_per_sm=None):
+             prefetch=None, stages=None, max_ctas_per_sm=None, warp_items=None):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     kc, vc = caches(num_kv_heads, head_size, block_size, dtype, storage, num_blocks)
     if lens is None:
@@ -73,13 +73,13 @@ def run_case(*, num_heads, num_kv_heads, head_size, block_size, dtype, max_conte
     slopes = torch.rand(num_heads, generator=gen, device="cuda") * 0.1 if alibi else None
     scale = head_size ** -0.5
     out = torch.full_like(query, float("nan"))
-    if prefetch is None and stages is None and max_ctas_per_sm is None:
+    if prefetch is None and stages is None and max_ctas_per_sm is None and warp_items is None:
         kernels.paged_attention(out, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
                                 max_context, slopes, impl="fast", split_tokens=split_tokens)
     else:
         fast.paged_attention(out, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
                              max_context, slopes, split_tokens=split_tokens, prefetch=prefetch, stages=stages,
-                             max_ctas_per_sm=max_ctas_per_sm)
+                             max_ctas_per_sm=max_ctas_per_sm, warp_items=warp_items)
     want = torch.empty(query.shape, dtype=torch.float32, device="cuda")
     reference_fast.paged_attention(want, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
                                    max_context, slopes)
@@ -157,6 +157,52 @@ def test_fast_occupancy_cap(stages, cap):
     assert_matches(out, want, torch.float16)
     free = extension().fast_decode_ctas_per_sm(128, "float16", stages, False, 0)
     assert extension().fast_decode_ctas_per_sm(128, "float16", stages, False, cap) == min(cap, free)
+
+
+@pytest.mark.parametrize("split_tokens", [None, 256])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_size", [64, 120, 128])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(40, 40), (64, 8), (24, 2), (32, 1), (12, 4), (40, 5)])
+def test_fast_warp_items(num_heads, num_kv_heads, head_size, dtype, split_tokens):
+    """Each warp a whole item: KV-head counts that do and do not fill the blocks' four warps,
+    GQA groups wider than a block (32 heads on 1), forced splits (the partial outputs)."""
+    out, want = run_case(num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size, block_size=16,
+                         dtype=dtype, storage="H2ND", max_context=3000, seed=head_size + num_kv_heads,
+                         split_tokens=split_tokens, stages=2, warp_items=True)
+    assert_matches(out, want, dtype)
+
+
+@pytest.mark.parametrize("block_size", [8, 256])
+def test_fast_warp_items_edges(block_size):
+    """Contexts of 1 token and block / tile / split boundaries +- 1, ALiBi, block sizes 8 and 256."""
+    lens = [1, 15, 16, 17, 255, 256, 257, 1024, 1025]
+    for split, alibi in ((None, False), (256, True)):
+        out, want = run_case(num_heads=32, num_kv_heads=8, head_size=128, block_size=block_size,
+                             dtype=torch.float16, max_context=1025, lens=lens, split_tokens=split, alibi=alibi,
+                             storage="H2ND", num_blocks=NUM_BLOCKS * 16 // block_size + 8, stages=2, warp_items=True)
+        assert_matches(out, want, torch.float16)
+
+
+def test_fast_default_launch_with_warp_items():
+    """A batch the launch rule runs as warp items on this GPU (64 sequences x 8 KV heads, contexts
+    up to 2048: 512 items in 128 blocks on a 132-SM GPU)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    launch = fast.choose_launch(64, 32, 8, 128, torch.float16, 2048, sms, tuning=fast.device_tuning(0))
+    if not launch.warp_items:
+        pytest.skip(f"the rule picks no warp items for this batch on {sms} SMs")
+    out, want = run_case(num_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype=torch.float16,
+                         storage="H2ND", max_context=2048, num_seqs=64, seed=64)
+    assert_matches(out, want, torch.float16)
+
+
+def test_fast_warp_items_need_the_two_stage_ring():
+    kc, vc = caches(8, 128, 16, torch.float16)
+    q = torch.zeros(1, 32, 128, dtype=torch.float16, device="cuda")
+    bt = torch.zeros(1, 4, dtype=torch.int32, device="cuda")
+    lens = torch.full((1,), 64, dtype=torch.int32, device="cuda")
+    for stages in (0, 3):
+        with pytest.raises(ValueError, match="warp_items runs on the 2-stage cp.async ring"):
+            fast.paged_attention(None, q, kc, vc, 8, 0.1, bt, lens, 16, 64, stages=stages, warp_items=True)
 
 
 def test_fast_ring_shared_memory_matches_the_extension():

@@ -241,9 +241,14 @@ def test_bad_stage_count_is_refused_before_any_work():
     ((1, 32, 8, 131072), (4032, 2, 2)),    # 33 splits
     ((16, 32, 8, 8192), (8192, 3, 1)),     # 128 blocks, about one per SM: no split
     ((16, 32, 8, 512), (512, 3, 1)),
-    ((64, 32, 8, 8192), (8192, 2, 2)),     # 512 blocks: whole contexts, 2 per SM
-    ((32, 32, 32, 4096), (4096, 2, 2)),
-    ((64, 32, 32, 1024), (1024, 2, None)),  # short whole contexts: as many blocks as fit
+    ((64, 32, 8, 8192), (8192, 2, 2, True)),   # 512 items: whole contexts as warp items, 128 blocks
+    ((32, 32, 32, 4096), (4096, 2, 2, True)),  # 1024 items: 256 blocks of 4 warp items, one wave
+    ((128, 32, 8, 2048), (2048, 2, 2, True)),
+    ((256, 32, 8, 2048), (2048, 2, 2)),        # 512 blocks of warp items would be two waves: a block per item
+    ((25, 32, 8, 8192), (8192, 2, 2)),         # 200 items: 50 blocks of warp items would leave SMs idle
+    ((96, 32, 8, 2048), (2048, 2, 2)),         # 768 items: 192 blocks, an uneven wave
+    ((60, 32, 8, 4096), (4096, 2, 2, True)),   # 480 items: 120 blocks, one per SM
+    ((64, 32, 32, 1024), (1024, 2, None)),     # short whole contexts: as many blocks as fit
     ((256, 32, 8, 512), (512, 2, None)),
     ((1, 32, 8, 2048), (128, 2, 1)),       # little work (under 16 tiles per SM): one wave of 1 per SM
     ((4, 32, 8, 2048), (256, 2, 2)),       # 31 tiles per SM: one wave of 2 per SM
@@ -253,12 +258,12 @@ def test_bad_stage_count_is_refused_before_any_work():
 def test_choose_launch(shape, want):
     b, h, kvh, ctx = shape
     got = fast.choose_launch(b, h, kvh, 128, torch.float16, ctx, 132)
-    assert got == want and got.split_tokens % 16 == 0
+    assert got == fast.Launch(*want) and got.split_tokens % 16 == 0
     # float8 caches keep the register loads and the plain split rule, as does a given ring depth
-    assert fast.choose_launch(b, h, kvh, 128, fast.FP8, ctx, 132) == (fast.choose_split_tokens(b, h, kvh, ctx, 132), 0,
-                                                                      None)
+    assert fast.choose_launch(b, h, kvh, 128, fast.FP8, ctx, 132) == \
+        fast.Launch(fast.choose_split_tokens(b, h, kvh, ctx, 132), 0, None)
     assert fast.choose_launch(b, h, kvh, 128, torch.float16, ctx, 132, stages=3) == \
-        (fast.choose_split_tokens(b, h, kvh, ctx, 132), 3, None)
+        fast.Launch(fast.choose_split_tokens(b, h, kvh, ctx, 132), 3, None)
 
 
 @pytest.mark.parametrize("bad", [0, 33, 1.5, True, "2"])
@@ -268,6 +273,23 @@ def test_bad_occupancy_cap_is_refused(bad):
     with pytest.raises(ValueError, match="max_ctas_per_sm must be None or an integer from 1 to 32"):
         fast.paged_attention(None, q, kc, vc, 2, 0.1, torch.zeros(1, 1, dtype=torch.int32),
                              torch.ones(1, dtype=torch.int32), 16, 1, max_ctas_per_sm=bad)
+
+
+def test_warp_items_fit_one_even_wave_that_fills_the_gpu():
+    # blocks of 4 items: 90-100% of the SMs with one block each, or with two (per_sm 2)
+    fits = [b for b in range(1, 400) if fast.warp_items_fit(4 * b, 2, 132)]
+    assert fits == list(range(119, 133)) + list(range(238, 265))
+    assert [b for b in range(1, 400) if fast.warp_items_fit(4 * b, 1, 132)] == list(range(119, 133))
+    assert fast.warp_items_fit(4 * 119 - 3, 2, 132)  # 473 items: 119 blocks, the last with one warp item
+
+
+@pytest.mark.parametrize("bad", [1, "yes", 0.0])
+def test_bad_warp_items_is_refused(bad):
+    kc, vc = fast.allocate_fast_kv_cache(4, 16, 2, 128, torch.float16, "cpu", storage="NHD")
+    q = torch.zeros(1, 4, 128, dtype=torch.float16)
+    with pytest.raises(ValueError, match="warp_items must be None, True or False"):
+        fast.paged_attention(None, q, kc, vc, 2, 0.1, torch.zeros(1, 1, dtype=torch.int32),
+                             torch.ones(1, dtype=torch.int32), 16, 1, warp_items=bad)
 
 
 def test_h2nd_storage_puts_both_caches_in_one_allocation():
@@ -289,12 +311,12 @@ def test_h2nd_storage_puts_both_caches_in_one_allocation():
     ((1, 32, 8, 32768), (2048, 2, 1)),     # 16 splits
     ((16, 32, 8, 8192), (8192, 2, 1)),     # about one block per SM: whole contexts, 2 stages ...
     ((16, 32, 8, 512), (512, 3, 1)),       # ... 3 for short ones
-    ((32, 32, 32, 4096), (4096, 2, 2)),    # more blocks than SMs: as on the H200
+    ((32, 32, 32, 4096), (4096, 2, 2, True)),  # more blocks than SMs: as on the H200
 ])
 def test_choose_launch_on_an_h100(shape, want):
     """The H100 measured best with fewer blocks in flight than the H200 (kernels/BENCHMARKS.md)."""
     b, h, kvh, ctx = shape
     tuning = fast.tuning_for("NVIDIA H100 80GB HBM3")
     assert tuning == fast.Tuning(split_ctas_per_sm=1, one_per_sm_stages=2)
-    assert fast.choose_launch(b, h, kvh, 128, torch.float16, ctx, 132, tuning=tuning) == want
+    assert fast.choose_launch(b, h, kvh, 128, torch.float16, ctx, 132, tuning=tuning) == fast.Launch(*want)
     assert fast.tuning_for("NVIDIA H200") == fast.Tuning() == fast.tuning_for("some other GPU")
