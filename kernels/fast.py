@@ -24,9 +24,12 @@ Work split: one thread block per (sequence, KV head, group of up to 8 query head
 ``split_tokens`` context tokens): each KV head is read once for all the query heads of its GQA
 group. When the batch alone gives too few thread blocks to fill the GPU, the context is split and
 a second kernel combines the splits, launched as a programmatic dependent launch on Hopper
-(``pdl``). Load path: a ring of shared-memory stages per warp filled with whole-line ``cp.async``
-copies (float16 / bfloat16, heads <= 128), else register loads. ``choose_launch`` picks the split,
-the load path and how many thread blocks may share an SM.
+(``pdl``). With warp items (``warp_items``, on the 2-stage ring) each warp takes a whole item
+instead, and a thread block four consecutive KV heads of a sequence, whose parts of each cache
+block its warps then read together. Load path: a ring of shared-memory stages per warp filled
+with whole-line ``cp.async`` copies (float16 / bfloat16, heads <= 128), else register loads.
+``choose_launch`` picks the split, the load path, how many thread blocks may share an SM and
+whether warps take whole items.
 """
 
 from __future__ import annotations
