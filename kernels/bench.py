@@ -505,7 +505,7 @@ OCCUPANCY_SHAPES = SHAPES + ((16, 32, 8, 8192), (4, 32, 8, 32768), (1, 32, 8, 13
                              (16, 32, 8, 32768), (1, 32, 8, 2048), (4, 32, 8, 512), (16, 32, 8, 512),
                              # around the warp-items rule: 480, 768, 1536 and 2048 items; short contexts
                              (60, 32, 8, 4096), (96, 32, 8, 2048), (48, 32, 32, 2048), (256, 32, 8, 2048),
-                             (32, 32, 32, 1024))
+                             (32, 32, 32, 1024), (64, 32, 8, 1024), (64, 32, 8, 512))
 # (thread blocks per SM the split aims at, ring stages, cap passed as max_ctas_per_sm)
 OCCUPANCY_CONFIGS = ((1, 4, None), (1, 3, 1), (1, 2, 1), (2, 2, 2), (2, 3, None), (3, 2, None))
 

@@ -53,6 +53,7 @@ HEADS_PER_CTA = 8         # query heads one thread block serves
 MIN_SPLIT_TOKENS = 1024   # shortest split worth a thread block when there is plenty of work ...
 MIN_SPLIT_TOKENS_SMALL = 256  # ... and when there is little (under 64 tiles per SM): see NOTES.md
 CAPPED_CONTEXT = 2048     # whole contexts from this long run at most 2 thread blocks per SM (choose_launch)
+WARP_ITEMS_CONTEXT = 1024  # whole contexts from this long may run as warp items (choose_launch, warp_items_fit)
 ONE_PER_SM_FILL = 0.9     # this fraction of the SMs busy with one block each: no split (choose_launch)
 SMALL_TILES_PER_SM = 64   # fewer 16-token tiles per SM: a latency-bound problem (choose_split_tokens)
 ONE_PER_SM_TILES = 16     # fewer tiles per SM: split launches aim at one block per SM (choose_launch)
@@ -176,8 +177,8 @@ def choose_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: i
 
     * more blocks than SMs without splitting: the whole context, capped at 2 per SM from
       ``CAPPED_CONTEXT`` tokens (3 per SM below, where each block's start-up weighs more); from
-      ``CAPPED_CONTEXT`` tokens, warp items (``warp_items_fit``) where a thread block per
-      ``WARPS`` items makes one even wave that fills the SMs;
+      ``WARP_ITEMS_CONTEXT`` tokens, warp items at most 2 per SM where a thread block per
+      ``WARPS`` items makes one even wave that fills the SMs (``warp_items_fit``);
     * close to one block per SM (``ONE_PER_SM_FILL`` of the SMs or more): the whole context, one
       block per SM with a 3-stage ring (``tuning.one_per_sm_stages``; no split to combine);
     * fewer: the splits (multiples of 64 tokens, one tile per warp) that make one wave of 2
@@ -194,9 +195,9 @@ def choose_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: i
     items = work_items(num_seqs, num_heads, num_kv_heads)
     whole = max(TILE, -(-max_context_len // TILE) * TILE)
     if items > num_sms:
-        if whole >= CAPPED_CONTEXT:
-            return Launch(whole, 2, 2, warp_items_fit(items, 2, num_sms))
-        return Launch(whole, 2, None)
+        if whole >= WARP_ITEMS_CONTEXT and warp_items_fit(items, 2, num_sms):
+            return Launch(whole, 2, 2, True)
+        return Launch(whole, 2, 2 if whole >= CAPPED_CONTEXT else None)
     if items >= ONE_PER_SM_FILL * num_sms and max_stages(head_size, dtype) >= 3:
         # short contexts keep 3 stages everywhere (16 x 512 on the H100: 3 stages 1.15x SDPA's time, 2 stages 1.21x)
         return Launch(whole, tuning.one_per_sm_stages if whole >= CAPPED_CONTEXT else 3, 1)
@@ -210,10 +211,11 @@ def warp_items_fit(items: int, per_sm: int, num_sms: int = 132) -> bool:
     every tile of it, a thread block ``WARPS`` consecutive items. Measured faster on the H200 where
     those blocks make one even wave: ``ONE_PER_SM_FILL`` of the SMs or more with n blocks each, for
     n up to ``per_sm``, and no SM with more (128 x 2048 and 32 x 4096: 256 blocks, level with SDPA
-    instead of 0.6-0.8% slower; 64 x 8192 and 60 x 4096: 128 and 120 blocks). An uneven wave
-    loses, since each block holds four whole items (96 x 2048: 192 blocks, 6% slower), as do more
-    blocks than one wave (256 x 2048: 512 blocks, 1.7% slower); kernels/NOTES.md, thirteenth
-    version."""
+    instead of 0.6-0.8% slower; 64 x 8192 and 60 x 4096: 128 and 120 blocks; at 1024 tokens,
+    32 x 1024 with 32 KV heads and 64 x 1024 with 8: 3.6-5.8% faster). An uneven wave loses,
+    since each block holds four whole items (96 x 2048: 192 blocks, 6% slower), as do more blocks
+    than one wave (256 x 2048: 512 blocks, 1.7% slower) and splits (3-16% slower); kernels/NOTES.md,
+    thirteenth version."""
     blocks = -(-items // WARPS)
     return any(ONE_PER_SM_FILL * n * num_sms <= blocks <= n * num_sms for n in range(1, per_sm + 1))
 

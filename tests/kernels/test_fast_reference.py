@@ -249,6 +249,9 @@ def test_bad_stage_count_is_refused_before_any_work():
     ((96, 32, 8, 2048), (2048, 2, 2)),         # 768 items: 192 blocks, an uneven wave
     ((60, 32, 8, 4096), (4096, 2, 2, True)),   # 480 items: 120 blocks, one per SM
     ((64, 32, 32, 1024), (1024, 2, None)),     # short whole contexts: as many blocks as fit
+    ((32, 32, 32, 1024), (1024, 2, 2, True)),  # ... unless from 1024 tokens 4 items per block make a wave
+    ((64, 32, 8, 1024), (1024, 2, 2, True)),
+    ((64, 32, 8, 1008), (1008, 2, None)),      # under 1024 tokens: a block per item
     ((256, 32, 8, 512), (512, 2, None)),
     ((1, 32, 8, 2048), (128, 2, 1)),       # little work (under 16 tiles per SM): one wave of 1 per SM
     ((4, 32, 8, 2048), (256, 2, 2)),       # 31 tiles per SM: one wave of 2 per SM
