@@ -440,11 +440,11 @@ def splits(args, copy_gbs, results):
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     for shape in SHAPES:
         c = Case(*shape, sets=args.sets, storage=STORE)
-        auto, st, cap, _ = fast.choose_launch(c.batch, c.heads, c.kv_heads, HEAD_SIZE, DTYPE, c.ctx, nsm,
-                                              tuning=fast.device_tuning(0))
-        kw = {"stages": st, "max_ctas_per_sm": cap}
+        auto, st, cap, wi = fast.choose_launch(c.batch, c.heads, c.kv_heads, HEAD_SIZE, DTYPE, c.ctx, nsm,
+                                               tuning=fast.device_tuning(0))
+        kw = {"stages": st, "max_ctas_per_sm": cap}  # splits: a block per item (warp items lose with splits)
         row = {"shape": list(shape), "auto_tokens": auto, "auto": c.fast_ms(args.warmup, args.iters),
-               "whole": c.fast_ms(args.warmup, args.iters, split_tokens=-(-c.ctx // 16) * 16, **kw)}
+               "whole": c.fast_ms(args.warmup, args.iters, split_tokens=-(-c.ctx // 16) * 16, warp_items=wi, **kw)}
         for s in SPLITS:
             row[str(s)] = c.fast_ms(args.warmup, args.iters, split_tokens=s, **kw) if s < c.ctx else float("nan")
         results["splits"].append(row)
@@ -536,13 +536,14 @@ def occupancy(args, copy_gbs, results):
             split = fast.one_wave_split(items, c.ctx, n, nsm)
             row[label] = c.fast_ms(args.warmup, args.iters, split_tokens=split, stages=st, max_ctas_per_sm=cap)
             row[label + " split"] = split
+        blocks = c.batch * -(-fast.work_items(1, c.heads, c.kv_heads) // fast.WARPS)  # of warp items
         row["warp items"] = c.fast_ms(args.warmup, args.iters, split_tokens=-(-c.ctx // 16) * 16, stages=2,
                                       max_ctas_per_sm=2, warp_items=True)
         results["occupancy"].append(row)
         print(f"| {', '.join(map(str, shape))} | {sdpa_ms:.4f} | {row['auto'] / sdpa_ms:.3f} ({launch.split_tokens}, "
               f"{load_path_label(launch.stages, launch.max_ctas_per_sm, launch.warp_items)}) | "
               + " | ".join(f"{row[lb] / sdpa_ms:.3f} ({row[lb + ' split']})" for lb in labels)
-              + f" | {row['warp items'] / sdpa_ms:.3f} ({-(-items // fast.WARPS)}) |", flush=True)
+              + f" | {row['warp items'] / sdpa_ms:.3f} ({blocks}) |", flush=True)
         del c
         torch.cuda.empty_cache()
 

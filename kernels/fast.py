@@ -195,7 +195,8 @@ def choose_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: i
     items = work_items(num_seqs, num_heads, num_kv_heads)
     whole = max(TILE, -(-max_context_len // TILE) * TILE)
     if items > num_sms:
-        if whole >= WARP_ITEMS_CONTEXT and warp_items_fit(items, 2, num_sms):
+        if whole >= WARP_ITEMS_CONTEXT and warp_items_fit(num_seqs, work_items(1, num_heads, num_kv_heads), 2,
+                                                          num_sms):
             return Launch(whole, 2, 2, True)
         return Launch(whole, 2, 2 if whole >= CAPPED_CONTEXT else None)
     if items >= ONE_PER_SM_FILL * num_sms and max_stages(head_size, dtype) >= 3:
@@ -206,17 +207,21 @@ def choose_launch(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: i
     return Launch(one_wave_split(items, max_context_len, per_sm, num_sms), 2, per_sm)
 
 
-def warp_items_fit(items: int, per_sm: int, num_sms: int = 132) -> bool:
+def warp_items_fit(num_seqs: int, pairs: int, per_sm: int, num_sms: int = 132) -> bool:
     """Whether whole contexts run as warp items: each warp one (sequence, KV head, head group) and
-    every tile of it, a thread block ``WARPS`` consecutive items. Measured faster on the H200 where
-    those blocks make one even wave: ``ONE_PER_SM_FILL`` of the SMs or more with n blocks each, for
-    n up to ``per_sm``, and no SM with more (128 x 2048 and 32 x 4096: 256 blocks, level with SDPA
-    instead of 0.6-0.8% slower; 64 x 8192 and 60 x 4096: 128 and 120 blocks; at 1024 tokens,
-    32 x 1024 with 32 KV heads and 64 x 1024 with 8: 3.6-5.8% faster). An uneven wave loses,
-    since each block holds four whole items (96 x 2048: 192 blocks, 6% slower), as do more blocks
-    than one wave (256 x 2048: 512 blocks, 1.7% slower) and splits (3-16% slower); kernels/NOTES.md,
-    thirteenth version."""
-    blocks = -(-items // WARPS)
+    every tile of it, a thread block ``WARPS`` consecutive (KV head, head group) ``pairs`` of one
+    sequence. Only where every warp has an item (``pairs`` a multiple of ``WARPS``: with 1, 2 or 5
+    KV heads idle warps made it 1-40% slower) and the ``num_seqs * pairs / WARPS`` blocks make one
+    even wave: ``ONE_PER_SM_FILL`` of the SMs or more with n blocks each, for n up to ``per_sm``,
+    and no SM with more. Measured on the H200: 128 x 2048 and 32 x 4096 (256 blocks) level with
+    SDPA instead of 0.6-0.8% slower; 64 x 8192 and 60 x 4096 (128 and 120 blocks) faster; at 1024
+    tokens, 32 x 1024 with 32 KV heads and 64 x 1024 with 8 faster by 3.6-5.8%. An uneven wave
+    loses, since each block holds four whole items (96 x 2048: 192 blocks, 6% slower), as do more
+    blocks than one wave (256 x 2048: 512 blocks) and splits; kernels/NOTES.md, thirteenth
+    version."""
+    if pairs % WARPS:
+        return False
+    blocks = num_seqs * pairs // WARPS
     return any(ONE_PER_SM_FILL * n * num_sms <= blocks <= n * num_sms for n in range(1, per_sm + 1))
 
 
@@ -388,6 +393,7 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
     num_seqs, num_heads, head_size = query.shape
     if num_seqs == 0:
         return out
+    given_stages = stages
     if split_tokens is None:
         launch = choose_launch(num_seqs, num_heads, int(num_kv_heads), head_size, key_cache.dtype, max_context_len,
                                _num_sms(query.device.index or 0), stages, device_tuning(query.device.index or 0))
@@ -398,12 +404,15 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
             warp_items = launch.warp_items
     elif stages is None:
         stages = choose_stages(int(split_tokens), head_size, key_cache.dtype)
+    if warp_items and given_stages is None and max_stages(head_size, key_cache.dtype) >= 2:
+        stages = 2  # warp items asked for: the ring depth they run on, whatever the rule chose
     split_tokens = int(split_tokens)
     stages = int(stages)
     warp_items = bool(warp_items)
     if warp_items and stages != 2:
         raise ValueError(f"warp_items runs on the 2-stage cp.async ring (float16 / bfloat16 caches, heads <= 128), "
-                         f"got stages={stages} for head_size {head_size} with {key_cache.dtype} caches")
+                         f"got {'stages=' + str(stages) if given_stages is not None else 'no ring'} for head_size "
+                         f"{head_size} with {key_cache.dtype} caches")
     if prefetch is None:
         prefetch = choose_prefetch(num_seqs, num_heads, int(num_kv_heads), head_size, key_cache.dtype,
                                    _num_sms(query.device.index or 0))

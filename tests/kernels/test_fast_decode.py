@@ -195,6 +195,14 @@ def test_fast_default_launch_with_warp_items():
     assert_matches(out, want, torch.float16)
 
 
+def test_fast_warp_items_asked_for_run_on_the_two_stage_ring():
+    """warp_items=True with the rest left to the launch rule, on a batch where the rule picks a
+    3-stage ring (16 sequences x 8 KV heads of up to 512 tokens): it runs on 2 stages."""
+    out, want = run_case(num_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype=torch.float16,
+                         storage="H2ND", max_context=512, num_seqs=16, seed=16, warp_items=True)
+    assert_matches(out, want, torch.float16)
+
+
 def test_fast_warp_items_need_the_two_stage_ring():
     kc, vc = caches(8, 128, 16, torch.float16)
     q = torch.zeros(1, 32, 128, dtype=torch.float16, device="cuda")

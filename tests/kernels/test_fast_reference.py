@@ -252,6 +252,9 @@ def test_bad_stage_count_is_refused_before_any_work():
     ((32, 32, 32, 1024), (1024, 2, 2, True)),  # ... unless from 1024 tokens 4 items per block make a wave
     ((64, 32, 8, 1024), (1024, 2, 2, True)),
     ((64, 32, 8, 1008), (1008, 2, None)),      # under 1024 tokens: a block per item
+    ((500, 8, 1, 2048), (2048, 2, 2)),         # 1 KV head: three of a block's four warps would idle
+    ((100, 40, 5, 2048), (2048, 2, 2)),        # 5 KV heads: 2 blocks per sequence, 3 warps idle
+    ((256, 16, 2, 2048), (2048, 2, 2)),
     ((256, 32, 8, 512), (512, 2, None)),
     ((1, 32, 8, 2048), (128, 2, 1)),       # little work (under 16 tiles per SM): one wave of 1 per SM
     ((4, 32, 8, 2048), (256, 2, 2)),       # 31 tiles per SM: one wave of 2 per SM
@@ -279,11 +282,12 @@ def test_bad_occupancy_cap_is_refused(bad):
 
 
 def test_warp_items_fit_one_even_wave_that_fills_the_gpu():
-    # blocks of 4 items: 90-100% of the SMs with one block each, or with two (per_sm 2)
-    fits = [b for b in range(1, 400) if fast.warp_items_fit(4 * b, 2, 132)]
-    assert fits == list(range(119, 133)) + list(range(238, 265))
-    assert [b for b in range(1, 400) if fast.warp_items_fit(4 * b, 1, 132)] == list(range(119, 133))
-    assert fast.warp_items_fit(4 * 119 - 3, 2, 132)  # 473 items: 119 blocks, the last with one warp item
+    # 8 pairs per sequence: 2 blocks of 4 warp items; 90-100% of the SMs with one block each, or two
+    fits = [n for n in range(1, 200) if fast.warp_items_fit(n, 8, 2, 132)]
+    assert [2 * n for n in fits] == list(range(120, 133, 2)) + list(range(238, 265, 2))
+    assert [n for n in range(1, 200) if fast.warp_items_fit(n, 8, 1, 132)] == list(range(60, 67))
+    # idle warps: pairs not a multiple of 4, however many blocks
+    assert not any(fast.warp_items_fit(n, pairs, 2, 132) for n in range(1, 1100) for pairs in (1, 2, 5, 6))
 
 
 @pytest.mark.parametrize("bad", [1, "yes", 0.0])
