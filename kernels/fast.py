@@ -53,7 +53,7 @@ HEADS_PER_CTA = 8         # query heads one thread block serves
 MIN_SPLIT_TOKENS = 1024   # shortest split worth a thread block when there is plenty of work ...
 MIN_SPLIT_TOKENS_SMALL = 256  # ... and when there is little (under 64 tiles per SM): see NOTES.md
 CAPPED_CONTEXT = 2048     # whole contexts from this long run at most 2 thread blocks per SM (choose_launch)
-WARP_ITEMS_CONTEXT = 1024  # whole contexts from this long may run as warp items (choose_launch, warp_items_fit)
+WARP_ITEMS_CONTEXT = 256  # whole contexts from this long may run as warp items (choose_launch, warp_items_fit)
 ONE_PER_SM_FILL = 0.9     # this fraction of the SMs busy with one block each: no split (choose_launch)
 SMALL_TILES_PER_SM = 64   # fewer 16-token tiles per SM: a latency-bound problem (choose_split_tokens)
 ONE_PER_SM_TILES = 16     # fewer tiles per SM: split launches aim at one block per SM (choose_launch)
@@ -215,7 +215,8 @@ def warp_items_fit(num_seqs: int, pairs: int, per_sm: int, num_sms: int = 132) -
     even wave: ``ONE_PER_SM_FILL`` of the SMs or more with n blocks each, for n up to ``per_sm``,
     and no SM with more. Measured on the H200: 128 x 2048 and 32 x 4096 (256 blocks) level with
     SDPA instead of 0.6-0.8% slower; 64 x 8192 and 60 x 4096 (128 and 120 blocks) faster; at 1024
-    tokens, 32 x 1024 with 32 KV heads and 64 x 1024 with 8 faster by 3.6-5.8%. An uneven wave
+    tokens, 32 x 1024 with 32 KV heads and 64 x 1024 with 8 faster by 3.6-5.8%, and at 256 and 512
+    tokens by 0.4-3% (shorter contexts not measured). An uneven wave
     loses, since each block holds four whole items (96 x 2048: 192 blocks, 6% slower), as do more
     blocks than one wave (256 x 2048: 512 blocks) and splits; kernels/NOTES.md, thirteenth
     version."""

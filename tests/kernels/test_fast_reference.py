@@ -249,9 +249,10 @@ def test_bad_stage_count_is_refused_before_any_work():
     ((96, 32, 8, 2048), (2048, 2, 2)),         # 768 items: 192 blocks, an uneven wave
     ((60, 32, 8, 4096), (4096, 2, 2, True)),   # 480 items: 120 blocks, one per SM
     ((64, 32, 32, 1024), (1024, 2, None)),     # short whole contexts: as many blocks as fit
-    ((32, 32, 32, 1024), (1024, 2, 2, True)),  # ... unless from 1024 tokens 4 items per block make a wave
+    ((32, 32, 32, 1024), (1024, 2, 2, True)),  # ... unless from 256 tokens 4 items per block make a wave
     ((64, 32, 8, 1024), (1024, 2, 2, True)),
-    ((64, 32, 8, 1008), (1008, 2, None)),      # under 1024 tokens: a block per item
+    ((64, 32, 8, 512), (512, 2, 2, True)),
+    ((64, 32, 8, 240), (240, 2, None)),        # under 256 tokens: a block per item
     ((500, 8, 1, 2048), (2048, 2, 2)),         # 1 KV head: three of a block's four warps would idle
     ((100, 40, 5, 2048), (2048, 2, 2)),        # 5 KV heads: 2 blocks per sequence, 3 warps idle
     ((256, 16, 2, 2048), (2048, 2, 2)),
