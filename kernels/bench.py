@@ -118,20 +118,35 @@ def _sdpa(q, k, v, backend):
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=q.shape[1] != k.shape[1])
 
 
+def backend_label(name: str) -> str:
+    """"flash", "cudnn", "efficient", "math" for an ``SDPBackend`` member name."""
+    return name.split("_")[0].lower()
+
+
+def sdpa_runs(q, k, v, backend) -> bool:
+    """Whether the SDPA ``backend`` runs these inputs (a backend that refuses a shape raises)."""
+    try:
+        with warnings.catch_warnings():  # a backend that refuses the shape explains why at length
+            warnings.simplefilter("ignore")
+            _sdpa(q, k, v, backend)
+        torch.cuda.synchronize()
+    except RuntimeError:
+        return False
+    return True
+
+
 def best_sdpa(q_sets, k, v, warmup, iters):
     """(name, backend, ms) of the fastest fused SDPA backend that runs this shape."""
     best = ("none", None, float("nan"))
     for name, backend in _sdpa_backends():
+        if not sdpa_runs(q_sets[0], k, v, backend):
+            continue
         try:
-            with warnings.catch_warnings():  # a backend that refuses the shape explains why at length
-                warnings.simplefilter("ignore")
-                _sdpa(q_sets[0], k, v, backend)
-            torch.cuda.synchronize()
             ms = graph_ms([lambda q=q: _sdpa(q, k, v, backend) for q in q_sets], warmup, iters)
         except RuntimeError:
             continue
         if not ms >= best[2]:
-            best = (name.split("_")[0].lower(), backend, ms)
+            best = (backend_label(name), backend, ms)
     return best
 
 
@@ -376,7 +391,7 @@ def default_sdpa_backend(q, k, v) -> str:
     if choice is None:
         return "unknown"
     try:
-        return SDPBackend(choice(q, k, v, enable_gqa=q.shape[1] != k.shape[1])).name.split("_")[0].lower()
+        return backend_label(SDPBackend(choice(q, k, v, enable_gqa=q.shape[1] != k.shape[1])).name)
     except (RuntimeError, TypeError, ValueError):
         return "unknown"
 
@@ -384,7 +399,7 @@ def default_sdpa_backend(q, k, v) -> str:
 def backends(args, copy_gbs, results):
     """The headline shapes against every fused SDPA backend that runs them, each paired with the
     fast kernel (default storage) in its own alternating measurements."""
-    names = [(name.split("_")[0].lower(), backend) for name, backend in _sdpa_backends()]
+    names = [(backend_label(name), backend) for name, backend in _sdpa_backends()]
     print("\n## Headline shapes against each SDPA backend (block size 16)\n")
     print(f"fast: the default storage ({STORE}); each backend on contiguous K/V, paired with the fast kernel in "
           f"{args.repeats} alternating measurements of its own (median ms; paired: the median time ratio with its "
@@ -399,16 +414,7 @@ def backends(args, copy_gbs, results):
         q = c.sets[0][0].unsqueeze(2)
         r = {"shape": list(shape), "kv_bytes": c.kv_bytes, "default_backend": default_sdpa_backend(q, k, v),
              "backends": {}}
-        runs = {}
-        for name, backend in names:
-            try:
-                with warnings.catch_warnings():  # a backend that refuses the shape explains why at length
-                    warnings.simplefilter("ignore")
-                    _sdpa(q, k, v, backend)
-                torch.cuda.synchronize()
-                runs[name] = backend
-            except RuntimeError:
-                pass
+        runs = {name: backend for name, backend in names if sdpa_runs(q, k, v, backend)}
         del k, v, q
         torch.cuda.empty_cache()
         cells = []

@@ -557,12 +557,27 @@ __global__ void __launch_bounds__(kFastWarps * 32, kFastMinBlocks<HEAD, PREFETCH
   // ---- combine the warps ----
   l_run += __shfl_xor_sync(kMask, l_run, 1);
   l_run += __shfl_xor_sync(kMask, l_run, 2);
+  // Splits holding context tokens; a sequence with one writes its output directly.
+  const bool single = min(p.max_splits, (ctx + p.split_tokens - 1) / p.split_tokens) == 1;
+  // Dimension d of head h: the output (acc / l), or this split's partial with its max and sum.
+  auto write_result = [&](int h, int d, float acc, float m, float l) {
+    const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + h;
+    if (single) {
+      Mma<T>::store(out + row * HEAD + d, acc / l * p.v_scale);
+    } else {
+      const int64_t idx = row * p.max_splits + split;
+      p.part_out[idx * HEAD + d] = acc / l;
+      if (d == 0) {
+        p.part_max[idx] = m;
+        p.part_sum[idx] = l;
+      }
+    }
+  };
   if constexpr (WARP_ITEMS) {
     // The warp is the whole item: its output columns are heads 2t, 2t + 1, whose max and sum live
     // in lanes 8t and 8t + 4.
     const float l_pair[2] = {__shfl_sync(kMask, l_run, 8 * t), __shfl_sync(kMask, l_run, 8 * t + 4)};
     const float m_pair[2] = {__shfl_sync(kMask, m_run, 8 * t), __shfl_sync(kMask, m_run, 8 * t + 4)};
-    const int n_live1 = min(p.max_splits, (ctx + p.split_tokens - 1) / p.split_tokens);
 #pragma unroll
     for (int cp = 0; cp < NCP; ++cp) {
 #pragma unroll
@@ -571,19 +586,7 @@ __global__ void __launch_bounds__(kFastWarps * 32, kFastMinBlocks<HEAD, PREFETCH
         for (int r = 0; r < 4; ++r) {
           const int h = 2 * t + (r & 1);
           const int d = 8 * (g + 8 * (r >> 1) + 16 * cp) + e;
-          if (h >= nh || d >= HEAD) continue;
-          const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + h;
-          const float v = o[cp * 8 + e][r] / l_pair[r & 1];
-          if (n_live1 == 1) {
-            Mma<T>::store(out + row * HEAD + d, v * p.v_scale);
-          } else {
-            const int64_t idx = row * p.max_splits + split;
-            p.part_out[idx * HEAD + d] = v;
-            if (d == 0) {
-              p.part_max[idx] = m_pair[r & 1];
-              p.part_sum[idx] = l_pair[r & 1];
-            }
-          }
+          if (h < nh && d < HEAD) write_result(h, d, o[cp * 8 + e][r], m_pair[r & 1], l_pair[r & 1]);
         }
       }
     }
@@ -621,9 +624,6 @@ __global__ void __launch_bounds__(kFastWarps * 32, kFastMinBlocks<HEAD, PREFETCH
     }
   }
   __syncthreads();
-  // Splits holding context tokens; a sequence with one writes its output directly.
-  const int n_live = min(p.max_splits, (ctx + p.split_tokens - 1) / p.split_tokens);
-  const bool single = n_live == 1;
   for (int i = tid; i < nh * HEAD; i += kFastWarps * 32) {
     const int h = i / HEAD;
     const int d = i % HEAD;
@@ -637,17 +637,7 @@ __global__ void __launch_bounds__(kFastWarps * 32, kFastMinBlocks<HEAD, PREFETCH
       l += sm_l[w][h] * f;
       acc += sm_o[w][h][d] * f;
     }
-    const int64_t row = static_cast<int64_t>(seq) * p.num_heads + head0 + h;
-    if (single) {
-      Mma<T>::store(out + row * HEAD + d, acc / l * p.v_scale);
-    } else {
-      const int64_t idx = row * p.max_splits + split;
-      p.part_out[idx * HEAD + d] = acc / l;
-      if (d == 0) {
-        p.part_max[idx] = m;
-        p.part_sum[idx] = l;
-      }
-    }
+    write_result(h, d, acc, m, l);
   }
 }
 

@@ -273,13 +273,17 @@ def test_choose_launch(shape, want):
         fast.Launch(fast.choose_split_tokens(b, h, kvh, ctx, 132), 3, None)
 
 
-@pytest.mark.parametrize("bad", [0, 33, 1.5, True, "2"])
-def test_bad_occupancy_cap_is_refused(bad):
+@pytest.mark.parametrize("option,bad,message", [
+    *[("max_ctas_per_sm", bad, "max_ctas_per_sm must be None or an integer from 1 to 32")
+      for bad in (0, 33, 1.5, True, "2")],
+    *[("warp_items", bad, "warp_items must be None, True or False") for bad in (1, "yes", 0.0)],
+])
+def test_bad_launch_option_is_refused(option, bad, message):
     kc, vc = fast.allocate_fast_kv_cache(4, 16, 2, 128, torch.float16, "cpu", storage="NHD")
     q = torch.zeros(1, 4, 128, dtype=torch.float16)
-    with pytest.raises(ValueError, match="max_ctas_per_sm must be None or an integer from 1 to 32"):
+    with pytest.raises(ValueError, match=message):
         fast.paged_attention(None, q, kc, vc, 2, 0.1, torch.zeros(1, 1, dtype=torch.int32),
-                             torch.ones(1, dtype=torch.int32), 16, 1, max_ctas_per_sm=bad)
+                             torch.ones(1, dtype=torch.int32), 16, 1, **{option: bad})
 
 
 def test_warp_items_fit_one_even_wave_that_fills_the_gpu():
@@ -289,15 +293,6 @@ def test_warp_items_fit_one_even_wave_that_fills_the_gpu():
     assert [n for n in range(1, 200) if fast.warp_items_fit(n, 8, 1, 132)] == list(range(60, 67))
     # idle warps: pairs not a multiple of 4, however many blocks
     assert not any(fast.warp_items_fit(n, pairs, 2, 132) for n in range(1, 1100) for pairs in (1, 2, 5, 6))
-
-
-@pytest.mark.parametrize("bad", [1, "yes", 0.0])
-def test_bad_warp_items_is_refused(bad):
-    kc, vc = fast.allocate_fast_kv_cache(4, 16, 2, 128, torch.float16, "cpu", storage="NHD")
-    q = torch.zeros(1, 4, 128, dtype=torch.float16)
-    with pytest.raises(ValueError, match="warp_items must be None, True or False"):
-        fast.paged_attention(None, q, kc, vc, 2, 0.1, torch.zeros(1, 1, dtype=torch.int32),
-                             torch.ones(1, dtype=torch.int32), 16, 1, warp_items=bad)
 
 
 def test_h2nd_storage_puts_both_caches_in_one_allocation():
