@@ -24,7 +24,7 @@ _EXPORTS = {
     "write_report": "analysis.report",
     "fragmentation_report": "analysis.fragmentation",
     "FragmentationReport": "analysis.fragmentation",
-    "compare": "analysis.compare",
+    "compare": "blocksim.experiments.compare",
     "add_analysis_commands": "analysis.cli",
 }
 __all__ = list(_EXPORTS)

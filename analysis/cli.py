@@ -72,7 +72,7 @@ def cmd_fragmentation(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from analysis.compare import compare
+    from blocksim.experiments.compare import compare
 
     overrides = dict(args.set or [])
     for key in ("max_requests", "model", "gpu"):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import traces
 from blocksim.engine import Engine
-from blocksim.runner import build_config
+from blocksim.experiments.runner import build_config
 
 FULL = Path(__file__).resolve().parents[2] / "shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from blocksim.config import PREEMPTION_MODES, ConfigError
-from blocksim.runner import DEFAULT_GPU, DEFAULT_MODEL, build_config, replay
+from blocksim.experiments.runner import DEFAULT_GPU, DEFAULT_MODEL, build_config, replay
 
 SUMMARY_ROWS = [
     ("requests", "requests", "{:.0f}"), ("finished", "finished", "{:.0f}"), ("rejected", "rejected", "{:.0f}"),
@@ -227,9 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_traces_command(sub)
     from analysis.cli import add_analysis_commands
     add_analysis_commands(sub)
-    from blocksim.sweep import add_sweep_command
+    from blocksim.experiments.sweep import add_sweep_command
     add_sweep_command(sub)
-    from kernels.validate import add_validate_command  # imports torch only when a validation runs
+    from validation.validate import add_validate_command  # imports torch only when a validation runs
     add_validate_command(sub)
     return p
 

@@ -190,7 +190,7 @@ class PolicyConfig:
         plugins.check_name("victim", self.victim)
         plugins.check_name("cost_model", self.cost_model)
         _require(self.free_order in ("lifo", "fifo"), "policy.free_order", f"must be lifo or fifo, got {self.free_order!r}")
-        from blocksim.contiguous import CONTIGUOUS_ALLOCATORS, RESERVATION_MODES
+        from blocksim.memory.address_space import CONTIGUOUS_ALLOCATORS, RESERVATION_MODES
         _require(self.reservation in RESERVATION_MODES, "policy.reservation",
                  f"must be one of {', '.join(RESERVATION_MODES)}, got {self.reservation!r}")
         _require(self.address_space in CONTIGUOUS_ALLOCATORS, "policy.address_space",

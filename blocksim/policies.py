@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from blocksim import plugins, scheduler
-from blocksim.block_manager import BlockSpaceManager
+from blocksim import plugins
+from blocksim.scheduling import scheduler
+from blocksim.memory.paged import BlockSpaceManager
 from blocksim.config import ConfigError, PolicyConfig, SimConfig
-from blocksim.cost import CostParams, RooflineCostModel
+from blocksim.engine.cost import CostParams, RooflineCostModel
 
 PRESETS: dict[str, dict[str, Any]] = {
     "vllm": {},
@@ -46,7 +47,7 @@ def policy_config(preset: str, **knobs: Any) -> PolicyConfig:
 def make_paged(config: SimConfig):
     p, c = config.policy_config, config.cache
     if p.prefix_caching:
-        from blocksim.prefix_cache import PrefixCachingBlockManager
+        from blocksim.memory.prefix_cache import PrefixCachingBlockManager
         return PrefixCachingBlockManager(c.block_size, config.num_gpu_blocks, config.num_cpu_blocks, c.watermark,
                                          p.watermark_blocks, p.free_order)
     return BlockSpaceManager(c.block_size, config.num_gpu_blocks, config.num_cpu_blocks, c.watermark,
@@ -54,7 +55,7 @@ def make_paged(config: SimConfig):
 
 
 def make_contiguous(config: SimConfig):
-    from blocksim.reservation import ContiguousManager
+    from blocksim.memory.reservation import ContiguousManager
     p = config.policy_config
     return ContiguousManager(config.cache.block_size, config.num_gpu_blocks, p.reservation, p.address_space,
                              config.model.max_model_len)

@@ -5,7 +5,7 @@ import argparse
 import pytest
 from rundir_fixtures import write_run
 
-import analysis.compare
+import blocksim.experiments.compare
 from analysis.cli import add_analysis_commands
 from analysis.slo import parse_slo
 
@@ -67,7 +67,7 @@ def test_compare_command_passes_overrides(tmp_path, monkeypatch, capsys):
         write_run(tmp_path / out_dir)
         return {}
 
-    monkeypatch.setattr(analysis.compare, "replay_runner", runner)
+    monkeypatch.setattr(blocksim.experiments.compare, "replay_runner", runner)
     out = tmp_path / "cmp"
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,1,1\n")
@@ -83,7 +83,7 @@ def test_compare_command_passes_overrides(tmp_path, monkeypatch, capsys):
 
 def test_compare_refuses_an_unknown_policy_before_running(tmp_path, monkeypatch, capsys):
     ran = []
-    monkeypatch.setattr(analysis.compare, "replay_runner", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr(blocksim.experiments.compare, "replay_runner", lambda *a, **k: ran.append(a))
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,1,1\n")
     args = _parse(["compare", str(trace), "--policy", "vllm", "--policy", "vllm-turbo", "--out", str(tmp_path / "o"),

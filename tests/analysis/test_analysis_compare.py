@@ -1,4 +1,4 @@
-"""analysis/compare.py with fake simulators (the real one is ``blocksim.runner.replay``)."""
+"""blocksim/experiments/compare.py with fake simulators (the real one is ``blocksim.experiments.runner.replay``)."""
 
 from pathlib import Path
 
@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from rundir_fixtures import tiny_summary, write_run
 
-from analysis.compare import compare, run_dir_name
+from blocksim.experiments.compare import compare, run_dir_name
 from analysis.report import SECTION_IDS
 
 CALLS_LOG = "calls.txt"

@@ -1,6 +1,6 @@
 import pytest
 
-from blocksim.block_manager import BlockSpaceManager
+from blocksim.memory.paged import BlockSpaceManager
 from blocksim.sequence import SequenceGroup
 
 

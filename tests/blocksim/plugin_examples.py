@@ -1,6 +1,6 @@
 """A user's own policies, plugged in by 'tests.blocksim.plugin_examples:Name' strings."""
 
-from blocksim.scheduler import Scheduler
+from blocksim.scheduling.scheduler import Scheduler
 
 
 class LongestPromptFirst(Scheduler):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from blocksim.block_manager import BlockSpaceManager
-from blocksim.blocks import AllocStatus, BlockError
+from blocksim.memory.paged import BlockSpaceManager
+from blocksim.memory.blocks import AllocStatus, BlockError
 from blocksim.sequence import SeqStatus
 from tests.blocksim.conftest import make_group
 

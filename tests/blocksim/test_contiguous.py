@@ -1,11 +1,11 @@
-"""Specification of blocksim/contiguous.py: buddy and first-fit contiguous reservations."""
+"""Specification of blocksim/memory/address_space.py: buddy and first-fit contiguous reservations."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blocksim.contiguous import (
+from blocksim.memory.address_space import (
     CONTIGUOUS_ALLOCATORS,
     RESERVATION_MODES,
     BuddyAllocator,

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from blocksim.engine import Engine, EngineError
-from blocksim.runner import build_config
+from blocksim.experiments.runner import build_config
 
 
 def workload(draw_lists):
@@ -83,8 +83,8 @@ def test_bad_trace_rows_are_named():
 
 
 def test_run_directory_has_the_documented_files(tmp_path):
-    from blocksim.records import STEP_COLUMNS
-    from blocksim.runner import replay
+    from blocksim.records.steps import STEP_COLUMNS
+    from blocksim.experiments.runner import replay
     trace = pd.DataFrame({"arrival_s": [0.0, 0.1, 0.2], "prompt_tokens": [100, 200, 300],
                           "output_tokens": [5, 1, 20]})
     path = tmp_path / "t.csv"
@@ -99,7 +99,7 @@ def test_run_directory_has_the_documented_files(tmp_path):
 
 
 def test_clip_to_model_clips_instead_of_rejecting(tmp_path, capsys):
-    from blocksim.runner import replay
+    from blocksim.experiments.runner import replay
     trace = pd.DataFrame({"arrival_s": [0.0, 0.1], "prompt_tokens": [5000, 100], "output_tokens": [50, 10]})
     path = tmp_path / "long.csv"
     trace.to_csv(path, index=False)

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from blocksim.config import ConfigError
 from blocksim.engine import Engine
 from blocksim.policies import PRESETS
-from blocksim.prefix_cache import CachingBlockAllocator
-from blocksim.runner import build_config
+from blocksim.memory.prefix_cache import CachingBlockAllocator
+from blocksim.experiments.runner import build_config
 
 MEM = ["mem_token_states", "mem_reservation", "mem_internal_frag", "mem_external_frag", "mem_free"]
 

@@ -1,8 +1,8 @@
 """Scheduler: vLLM v0 step order, preemption victims, recompute to the front, swap-in before admission."""
 
-from blocksim.block_manager import BlockSpaceManager
+from blocksim.memory.paged import BlockSpaceManager
 from blocksim.config import SchedulerConfig
-from blocksim.scheduler import Scheduler
+from blocksim.scheduling.scheduler import Scheduler
 from blocksim.sequence import SeqStatus
 from tests.blocksim.conftest import make_group
 

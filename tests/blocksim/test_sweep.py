@@ -9,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from blocksim.sweep import add_sweep_command, run_sweep
-from blocksim.sweep_point import ERROR_FILE, replay_runner
-from blocksim.sweep_search import Search
-from blocksim.sweep_spec import Point, SpecError, load_spec, parse_spec
+from blocksim.experiments.sweep import add_sweep_command, run_sweep
+from blocksim.experiments.points import ERROR_FILE, replay_runner
+from blocksim.experiments.search import Search
+from blocksim.experiments.spec import Point, SpecError, load_spec, parse_spec
 
 SLO = "ttft=2s,tpot=100ms"
 

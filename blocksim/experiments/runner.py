@@ -1,6 +1,6 @@
 """Build a configuration from names and options, run one replay, write its run directory.
 
-`replay()` is the one entry point the CLI, `analysis.compare` and sweeps call.
+`replay()` is the one entry point the CLI, `blocksim.experiments.compare` and sweeps call.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 from blocksim.catalog import Catalog
 from blocksim.config import CacheConfig, ConfigError, SchedulerConfig, SimConfig
-from blocksim.cost import CostParams
+from blocksim.engine.cost import CostParams
 from blocksim.engine import Engine
-from blocksim.metrics import RunResult
+from blocksim.records.result import RunResult
 from blocksim.policies import POLICY_KEYS, make_cost_model, policy_config
 
 DEFAULT_MODEL = "llama-2-7b"

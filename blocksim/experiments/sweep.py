@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from blocksim.sweep_exec import GridSource, Job, LocalBackend, RayBackend, drive
-from blocksim.sweep_point import replay_runner
-from blocksim.sweep_spec import Point, SpecError, SweepSpec, load_spec, validate_points
+from blocksim.experiments.backends import GridSource, Job, LocalBackend, RayBackend, drive
+from blocksim.experiments.points import replay_runner
+from blocksim.experiments.spec import Point, SpecError, SweepSpec, load_spec, validate_points
 
 SWEEP_TABLE = "sweep.parquet"
 MAX_RATE_TABLE = "max_rate.parquet"
@@ -48,7 +48,7 @@ def _params(point: Point, columns: list[str]) -> dict:
 
 
 def _table(rows: list[dict]) -> pd.DataFrame:
-    from analysis.compare import parquet_safe
+    from blocksim.experiments.compare import parquet_safe
     return parquet_safe(pd.DataFrame(rows))
 
 
@@ -75,9 +75,9 @@ def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, backend: str
 
     ``slo`` (``"ttft=2s,tpot=100ms"``) overrides the spec's; it adds goodput columns and ranks the
     report's best configurations. ``find="max-rate"`` searches, per configuration, the highest
-    rate scale meeting the SLO (see `blocksim.sweep_search`); its results are
+    rate scale meeting the SLO (see `blocksim.experiments.search`); its results are
     ``out_dir/max_rate.parquet`` and ``df.attrs["max_rate"]``. ``runner`` replaces
-    ``blocksim.runner.replay`` (same signature; must pickle, e.g. a module-level function).
+    ``blocksim.experiments.runner.replay`` (same signature; must pickle, e.g. a module-level function).
     Raises `SpecError` before running anything if any point is invalid.
     """
     from analysis.slo import parse_slo
@@ -110,7 +110,7 @@ def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, backend: str
     setup = {**spec.to_dict(), "slo": slo_text, "backend": backend, "workers": workers, "address": address,
              "find": find, "points": len(points)}
     if find:
-        from blocksim.sweep_search import MaxRateSource
+        from blocksim.experiments.search import MaxRateSource
         setup.update(goodput_threshold=goodput_threshold, bisect_steps=bisect_steps)
         source = MaxRateSource(points, goodput_threshold, bisect_steps)
     else:
@@ -135,7 +135,7 @@ def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, backend: str
         df.attrs["max_rate"] = max_rate
     (out_dir / SETUP_FILE).write_text(json.dumps(setup, indent=2, default=str))
     if report:
-        from blocksim.sweep_report import write_sweep_report
+        from analysis.sweep_report import write_sweep_report
         write_sweep_report(out_dir, df, setup, max_rate)
     return df
 

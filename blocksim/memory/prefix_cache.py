@@ -19,8 +19,8 @@ from __future__ import annotations
 import heapq
 import itertools
 
-from blocksim.block_manager import BlockSpaceManager, cdiv
-from blocksim.blocks import BlockAllocator, BlockError, Device
+from blocksim.memory.paged import BlockSpaceManager, cdiv
+from blocksim.memory.blocks import BlockAllocator, BlockError, Device
 from blocksim.sequence import SequenceGroup, SeqStatus
 
 

@@ -12,13 +12,13 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("simpy")  # the simulator records the plans validated here
 
-from blocksim.block_manager import BlockSpaceManager
+from blocksim.memory.paged import BlockSpaceManager
 from blocksim.engine import Engine
-from blocksim.plan import read_plan
-from blocksim.runner import build_config
+from blocksim.records.plan import read_plan
+from blocksim.experiments.runner import build_config
 from blocksim.sequence import SeqStatus
-from kernels import calibrate
-from kernels.validate import ValidationSetupError, choose_subset, report, validate_run
+from validation import calibrate
+from validation.validate import ValidationSetupError, choose_subset, report, validate_run
 
 
 @pytest.fixture(autouse=True)
@@ -273,7 +273,7 @@ def test_subset_defaults_and_memory_limits():
 
 
 def test_timing_report_and_calibration_profile(tmp_path):
-    from blocksim.cost import CostParams
+    from blocksim.engine.cost import CostParams
     run_dir, _ = record(tmp_path, SWAP_TRACE, **SWAP_OPTS)
     fit_dir = tmp_path / "fit"
     for d in (fit_dir, tmp_path / "eval"):

@@ -22,15 +22,15 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from blocksim.block_manager import BlockSpaceManager
+from blocksim.memory.paged import BlockSpaceManager
 from blocksim.config import SimConfig
 from blocksim.policies import make_cost_model, make_memory_manager, make_scheduler
-from blocksim.records import StepRecorder
-from blocksim.scheduler import SchedulerOutputs
+from blocksim.records.steps import StepRecorder
+from blocksim.scheduling.scheduler import SchedulerOutputs
 from blocksim.sequence import SequenceGroup
 
 if TYPE_CHECKING:
-    from blocksim.metrics import RunResult
+    from blocksim.records.result import RunResult
 
 REQUIRED_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 MAX_SPAN_STEPS = 4096
@@ -80,7 +80,7 @@ class Engine:
         self.cost = cost_model or make_cost_model(config)
         self.plan = None
         if plan_dir is not None:
-            from blocksim.plan import PlanRecorder
+            from blocksim.records.plan import PlanRecorder
             self.plan = PlanRecorder(plan_dir, config)
             spans = False  # a plan records every step's block tables
         self.spans = spans
@@ -310,7 +310,7 @@ class Engine:
 
     # --- run -----------------------------------------------------------------------------------
     def run(self) -> "RunResult":
-        from blocksim.metrics import RunResult
+        from blocksim.records.result import RunResult
         t0 = time.perf_counter()
         self.env.process(self._arrivals_proc())
         self.env.process(self._engine_proc())

@@ -50,8 +50,8 @@ def _torch():
 def choose_subset(meta: dict, backend: str, *, layers=None, kv_heads=None, heads=None, head_size=None, dtype=None,
                   check_layers=None, free_bytes: int | None = None):
     """The executed subset for a plan, with notes on what was cut; raises ValidationSetupError."""
-    from .layout import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES
-    from .validate_exec import Subset
+    from kernels.layout import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES
+    from validation.executor import Subset
     notes = []
     L, KVH, H, D = meta["num_layers"], meta["num_kv_heads"], meta["num_heads"], meta["head_size"]
     group = max(1, H // max(1, KVH))
@@ -138,7 +138,7 @@ def validate_run(run_dir, backend: str = "reference", *, out_dir=None, max_steps
     import numpy as np
     import pandas as pd
 
-    from blocksim.plan import TIME_COLUMNS, read_plan
+    from blocksim.records.plan import TIME_COLUMNS, read_plan
     run_dir = Path(run_dir)
     out_dir = Path(out_dir) if out_dir else run_dir
     try:
@@ -155,7 +155,7 @@ def validate_run(run_dir, backend: str = "reference", *, out_dir=None, max_steps
                                        f"({torch.__version__}); use --backend reference for a CPU check")
         free = torch.cuda.mem_get_info()[0]
     subset = choose_subset(meta, backend, free_bytes=free, **subset_options)
-    from .validate_exec import COMPONENTS, PlanExecutor, ValidationError
+    from validation.executor import COMPONENTS, PlanExecutor, ValidationError
     timing = (backend == "cuda") if timing is None else timing
     ex = PlanExecutor(meta, reqs, subset, "cuda" if backend == "cuda" else "cpu", timing=timing)
     fraction = subset.fraction_of(meta, 4 if subset.dtype == "float32" else 2)
@@ -208,7 +208,7 @@ def report(run_dir, *, out_dir=None, calibrate_with=None) -> dict:
     run's saved validation files; returns the summary with the timing errors added."""
     import pandas as pd
 
-    from . import calibrate as cal
+    from validation import calibrate as cal
     out_dir = Path(out_dir or run_dir)
     vdir = out_dir / "validation"
     summary = json.loads((vdir / "summary.json").read_text())
@@ -245,7 +245,7 @@ def report(run_dir, *, out_dir=None, calibrate_with=None) -> dict:
                                              "device": summary["device"], "scales": scales,
                                              "mape_before_pct": {c: e["mape_pct"] for c, e in before.items()},
                                              "mape_after_pct": {c: e["mape_pct"] for c, e in after.items()}})
-            from blocksim.cost import CostParams
+            from blocksim.engine.cost import CostParams
             CostParams.from_json(prof)  # the profile must load as --cost-profile
             summary.update(errors_calibrated=after, scales=scales, cost_profile=str(prof))
             lines += [f"Calibration fitted on `{calibrate_with}` (fit-slice MAPE after fit: "
@@ -318,7 +318,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kernels.validate")
+    p = argparse.ArgumentParser(prog="python -m validation.validate")
     sub = p.add_subparsers(dest="command", required=True)
     add_validate_command(sub)
     args = p.parse_args(["validate", *(sys.argv[1:] if argv is None else argv)])

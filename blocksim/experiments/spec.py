@@ -1,7 +1,7 @@
 """Sweep specifications: the YAML file, its validation, and the grid of points it names.
 
 A spec names ``trace`` (a path, ``bundled:NAME``, or a list of them), ``base`` (options every
-point shares: ``policy``, ``max_requests``, ``rate_scale`` and any ``blocksim.runner`` option),
+point shares: ``policy``, ``max_requests``, ``rate_scale`` and any ``blocksim.experiments.runner`` option),
 ``axes`` (option -> list of values; the grid is their product, times the traces, times
 ``seeds``), and optionally ``slo`` and ``report``. See docs/sweeps.md.
 
@@ -75,7 +75,7 @@ class Point:
         return self.params.get("max_requests")
 
     def overrides(self) -> dict:
-        """The `blocksim.runner.replay` overrides (everything but the run options and the seed)."""
+        """The `blocksim.experiments.runner.replay` overrides (everything but the run options and the seed)."""
         return {k: v for k, v in self.params.items() if k not in (*RUN_OPTIONS, "seed")}
 
     def with_rate(self, rate_scale: float) -> Point:
@@ -238,7 +238,7 @@ def describe(point: Point) -> str:
 def validate_points(points: list[Point]) -> None:
     """Build every point's configuration; the first one the simulator refuses raises `SpecError`."""
     from blocksim.config import ConfigError
-    from blocksim.runner import build_config
+    from blocksim.experiments.runner import build_config
 
     for point in points:
         try:

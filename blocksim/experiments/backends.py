@@ -17,7 +17,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
-from blocksim.sweep_point import (
+from blocksim.experiments.points import (
     PARTIAL_DIR,
     RUNS_DIR,
     cached_row,
@@ -27,7 +27,7 @@ from blocksim.sweep_point import (
     simulate_point,
     write_error,
 )
-from blocksim.sweep_spec import Point
+from blocksim.experiments.spec import Point
 
 MAX_ATTEMPTS = 2  # a crashed worker's point runs at most twice
 

@@ -1,6 +1,6 @@
 """Execution plans: what each engine step asked of the KV cache, written as Parquet chunks.
 
-A plan lets `kernels.validate` replay a simulated run on real cache tensors. It lives in
+A plan lets `validation.validate` replay a simulated run on real cache tensors. It lives in
 `RUN_DIR/plan/`:
 
 * `meta.json`: `plan_version`, block size, GPU / CPU block counts, the model's KV dimensions,

@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from blocksim.sweep_spec import Point
+from blocksim.experiments.spec import Point
 
 RUNS_DIR = "runs"
 PARTIAL_DIR = ".partial"
@@ -25,7 +25,7 @@ ERROR_FILE = "error.txt"
 
 
 def replay_runner(trace, out_dir, **kwargs) -> dict:
-    from blocksim.runner import replay
+    from blocksim.experiments.runner import replay
     return replay(trace, out_dir, **kwargs)
 
 
@@ -45,7 +45,7 @@ def shape_trace(trace, point: Point):
 
 def point_metrics(run_dir: Path, slo: dict[str, float]) -> dict:
     """A run's flat summary plus offered rate, memory fractions and (with an SLO) goodput."""
-    from analysis.compare import run_row
+    from blocksim.experiments.compare import run_row
     from analysis.rundir import load_run
     return run_row(load_run(run_dir), slo)
 

@@ -17,7 +17,7 @@ where `kv_len = num_tokens - 1` (the newest sampled token's KV is written by the
 
 from __future__ import annotations
 
-from blocksim.blocks import AllocStatus, BlockAllocator, BlockError, Device
+from blocksim.memory.blocks import AllocStatus, BlockAllocator, BlockError, Device
 from blocksim.sequence import Sequence, SequenceGroup, SeqStatus
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from blocksim.sweep_exec import Job
-from blocksim.sweep_spec import Point
+from blocksim.experiments.backends import Job
+from blocksim.experiments.spec import Point
 
 BRACKET_LIMIT = 1024.0  # search rate scales within start / 1024 .. start * 1024
 

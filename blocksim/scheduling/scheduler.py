@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from blocksim.block_manager import BlockSpaceManager
-from blocksim.blocks import AllocStatus
+from blocksim.memory.paged import BlockSpaceManager
+from blocksim.memory.blocks import AllocStatus
 from blocksim.config import PolicyConfig, SchedulerConfig
 from blocksim.sequence import SequenceGroup, SeqStatus
 

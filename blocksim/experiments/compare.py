@@ -35,7 +35,7 @@ Runner = Callable[..., dict]
 
 def replay_runner(trace_path: str, out_dir: str, **kwargs) -> dict:
     """The real simulator (imported in the worker, so ``analysis`` does not need it to load)."""
-    from blocksim.runner import replay
+    from blocksim.experiments.runner import replay
 
     return replay(trace_path, out_dir, **kwargs)
 
@@ -124,7 +124,7 @@ def compare(
     ``common`` keyword arguments are simulator overrides for every run (merged into
     ``overrides``, e.g. ``model="llama-2-13b", max_requests=500``). ``workers`` defaults to the
     number of local cores (capped by the number of runs); ``workers=1`` runs in this process.
-    ``runner`` replaces the simulator (same signature as ``blocksim.runner.replay``).
+    ``runner`` replaces the simulator (same signature as ``blocksim.experiments.runner.replay``).
     Writes ``summary.parquet``, ``compare.json`` and (with ``report=True``) the report.
     """
     policies = list(dict.fromkeys(policies))
@@ -137,7 +137,7 @@ def compare(
         raise FileNotFoundError(f"trace {trace} not found")
     overrides = {**(overrides or {}), **common}
     if runner is None:  # the simulator: refuse a bad policy or option before any run starts
-        from blocksim.runner import check_options
+        from blocksim.experiments.runner import check_options
         for policy in policies:
             check_options(policy, overrides)
     out_dir = Path(out_dir)

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from blocksim.block_manager import cdiv
-from blocksim.blocks import AllocStatus, BlockError
-from blocksim.contiguous import CONTIGUOUS_ALLOCATORS, reservation_slots
+from blocksim.memory.paged import cdiv
+from blocksim.memory.blocks import AllocStatus, BlockError
+from blocksim.memory.address_space import CONTIGUOUS_ALLOCATORS, reservation_slots
 from blocksim.sequence import Sequence, SequenceGroup, SeqStatus
 
 

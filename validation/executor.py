@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .validate_kv import (
+from validation.kv import (
     WHICH_K,
     WHICH_Q,
     WHICH_V,

@@ -1,0 +1,2 @@
+"""Experiments over the engine: one replay (`runner`), sweeps over a grid of points on local cores
+or Ray (`spec`, `points`, `backends`, `search`, `sweep`), and policy comparisons (`compare`)."""
