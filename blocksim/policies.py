@@ -21,7 +21,7 @@ from blocksim import plugins
 from blocksim.scheduling import scheduler
 from blocksim.memory.paged import BlockSpaceManager
 from blocksim.config import ConfigError, PolicyConfig, SimConfig
-from blocksim.engine.cost import CostParams, RooflineCostModel
+from blocksim.cost import CostParams, RooflineCostModel
 
 PRESETS: dict[str, dict[str, Any]] = {
     "vllm": {},

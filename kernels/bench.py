@@ -663,7 +663,7 @@ def plot(results, path):
 
 
 # The simulator's GPU specs (blocksim/catalog.py) and its default bandwidth efficiency
-# (blocksim/engine/cost.py CostParams.bw_efficiency), copied so that this module needs no blocksim import.
+# (blocksim/cost.py CostParams.bw_efficiency), copied so that this module needs no blocksim import.
 CATALOG_HBM_GBS = {"H200": ("h200-141gb", 4800.0), "H100": ("h100-80gb", 3350.0)}
 COST_BW_EFFICIENCY = 0.8
 

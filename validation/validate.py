@@ -245,7 +245,7 @@ def report(run_dir, *, out_dir=None, calibrate_with=None) -> dict:
                                              "device": summary["device"], "scales": scales,
                                              "mape_before_pct": {c: e["mape_pct"] for c, e in before.items()},
                                              "mape_after_pct": {c: e["mape_pct"] for c, e in after.items()}})
-            from blocksim.engine.cost import CostParams
+            from blocksim.cost import CostParams
             CostParams.from_json(prof)  # the profile must load as --cost-profile
             summary.update(errors_calibrated=after, scales=scales, cost_profile=str(prof))
             lines += [f"Calibration fitted on `{calibrate_with}` (fit-slice MAPE after fit: "

@@ -1,4 +1,4 @@
-"""The SimPy engine (`engine`) and the cost model that prices its steps (`cost`)."""
+"""The SimPy engine: the arrival process and the step loop."""
 
 from blocksim.engine.engine import MAX_SPAN_STEPS, Engine, EngineError, requests_frame
 

@@ -41,7 +41,8 @@ class EngineError(RuntimeError):
 
 
 def requests_frame(trace) -> pd.DataFrame:
-    """Normalize a trace (a `traces.Trace` or a DataFrame) to the engine's columns, validated."""
+    """Normalize a trace (a `traces.Trace` or a DataFrame) to the engine's columns, validated, sorted by
+    arrival and rebased so the first request arrives at 0 s (as `traces.read_trace` reads files)."""
     df = getattr(trace, "df", trace)
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"expected a traces.Trace or a pandas DataFrame, got {type(trace).__name__}")
@@ -67,6 +68,8 @@ def requests_frame(trace) -> pd.DataFrame:
                               f"(lengths and n must be >= 1, arrivals finite and >= 0)")
     if (np.diff(out.arrival_s.to_numpy()) < 0).any():
         out = out.sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    if len(out) and out.arrival_s.iloc[0] != 0.0:  # rebased as traces.read_trace does: every path alike
+        out["arrival_s"] = out.arrival_s - out.arrival_s.iloc[0]
     return out
 
 

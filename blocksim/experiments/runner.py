@@ -10,7 +10,7 @@ from typing import Any
 
 from blocksim.catalog import Catalog
 from blocksim.config import CacheConfig, ConfigError, SchedulerConfig, SimConfig
-from blocksim.engine.cost import CostParams
+from blocksim.cost import CostParams
 from blocksim.engine import Engine
 from blocksim.records.result import RunResult
 from blocksim.policies import POLICY_KEYS, make_cost_model, policy_config

@@ -76,7 +76,7 @@ def test_frozen_dataclasses_validate_directly():
 
 
 def test_swap_cost_per_block_copies_or_batched(tmp_path):
-    from blocksim.engine.cost import CostParams, RooflineCostModel
+    from blocksim.cost import CostParams, RooflineCostModel
     cfg = build_config(model="llama-2-7b", gpu="h100-80gb")
     v0 = RooflineCostModel(cfg)
     batched = RooflineCostModel(cfg, CostParams(swap_batched=True))

@@ -273,7 +273,7 @@ def test_subset_defaults_and_memory_limits():
 
 
 def test_timing_report_and_calibration_profile(tmp_path):
-    from blocksim.engine.cost import CostParams
+    from blocksim.cost import CostParams
     run_dir, _ = record(tmp_path, SWAP_TRACE, **SWAP_OPTS)
     fit_dir = tmp_path / "fit"
     for d in (fit_dir, tmp_path / "eval"):
