@@ -5,16 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-# Every column of steps.parquet but `step`, in the order rows are given to `add`.
-ROW_COLUMNS = (
-    "start_s", "duration_s", "num_prefill_seqs", "prefill_tokens", "num_decode_seqs",
-    "decode_ctx_tokens", "running", "waiting", "swapped", "gpu_blocks_used", "cpu_blocks_used",
-    "blocks_swapped_in", "blocks_swapped_out", "blocks_copied", "preempted", "finished", "rejected",
-    "t_linear_s", "t_attn_prefill_s", "t_attn_decode_s", "t_swap_s", "t_copy_s", "t_overhead_s",
-    "mem_token_states", "mem_reservation", "mem_internal_frag", "mem_external_frag", "mem_free",
-)
-STEP_COLUMNS = ("step",) + ROW_COLUMNS
-FLOAT_COLUMNS = frozenset(c for c in ROW_COLUMNS if c.endswith("_s"))
+# ROW_COLUMNS: every column of steps.parquet but `step`, in the order rows are given to `add`.
+from blocksim.records.schema import FLOAT_COLUMNS, ROW_COLUMNS, STEP_COLUMNS  # noqa: F401 (re-exported)
 
 
 class StepRecorder:

@@ -1,0 +1,71 @@
+"""The run directory, declared once: file names, each table's columns in order with their dtypes,
+the memory categories, the format version and the summary keys readers rely on.
+
+The writer (`blocksim.records.result`, `blocksim.records.steps`) builds its frames from these
+declarations; readers (`analysis.rundir`, the sweep) check a directory against them. A table's
+``*_COLUMNS`` is everything written, in order; ``*_REQUIRED`` is the subset a reader needs (older
+run directories without the other columns still load).
+
+A run directory holds:
+
+- ``requests.parquet``: one row per request (`REQUEST_DTYPES`);
+- ``steps.parquet``: one row per engine step (`STEP_DTYPES`);
+- ``summary.json``: the run's configuration and its summary metrics (`SUMMARY_KEYS` at least);
+- ``free_extents.parquet``: free extents sampled over time, contiguous allocators only
+  (`FREE_EXTENT_DTYPES`).
+"""
+
+from __future__ import annotations
+
+#: Written to ``summary.json["version"]``.
+RUN_FORMAT_VERSION = 1
+#: Major versions of the run-directory format that readers accept.
+SUPPORTED_MAJOR_VERSIONS = (0, 1)
+
+REQUESTS_FILE = "requests.parquet"
+STEPS_FILE = "steps.parquet"
+SUMMARY_FILE = "summary.json"
+FREE_EXTENTS_FILE = "free_extents.parquet"
+
+#: The five memory categories, in token slots, in stacking order (bottom to top); they sum to the
+#: GPU capacity in token slots at every step.
+MEMORY_CATEGORIES = ("token_states", "reservation", "internal_frag", "external_frag", "free")
+MEMORY_COLUMNS = tuple(f"mem_{c}" for c in MEMORY_CATEGORIES)
+
+#: requests.parquet, column -> dtype, in written order.
+REQUEST_DTYPES = {
+    "request_id": "int64", "arrival_s": "float64", "prompt_tokens": "int64", "output_tokens": "int64",
+    "n": "int64", "priority": "int64", "status": "object", "reject_reason": "object",
+    "first_scheduled_s": "float64", "first_token_s": "float64", "finish_s": "float64",
+    "queue_s": "float64", "ttft_s": "float64", "tpot_s": "float64", "e2e_s": "float64",
+    "norm_latency_s": "float64", "preemptions": "int64", "swaps": "int64", "recomputed_tokens": "int64",
+}
+REQUEST_COLUMNS = tuple(REQUEST_DTYPES)
+#: The requests.parquet columns readers need.
+REQUEST_REQUIRED = tuple(c for c in REQUEST_COLUMNS if c not in ("priority", "reject_reason"))
+
+#: Every column of steps.parquet but `step`, in the order a step's row is recorded.
+ROW_COLUMNS = (
+    "start_s", "duration_s", "num_prefill_seqs", "prefill_tokens", "num_decode_seqs",
+    "decode_ctx_tokens", "running", "waiting", "swapped", "gpu_blocks_used", "cpu_blocks_used",
+    "blocks_swapped_in", "blocks_swapped_out", "blocks_copied", "preempted", "finished", "rejected",
+    "t_linear_s", "t_attn_prefill_s", "t_attn_decode_s", "t_swap_s", "t_copy_s", "t_overhead_s",
+    *MEMORY_COLUMNS,
+)
+#: steps.parquet's columns in written order: times (``*_s``) are float64, everything else int64.
+STEP_COLUMNS = ("step",) + ROW_COLUMNS
+FLOAT_COLUMNS = frozenset(c for c in ROW_COLUMNS if c.endswith("_s"))
+STEP_DTYPES = {c: "float64" if c in FLOAT_COLUMNS else "int64" for c in STEP_COLUMNS}
+#: The steps.parquet columns readers need.
+STEP_REQUIRED = (
+    "step", "start_s", "duration_s", "num_prefill_seqs", "num_decode_seqs",
+    "running", "waiting", "swapped", "blocks_swapped_in", "blocks_swapped_out",
+    "preempted", *MEMORY_COLUMNS,
+)
+
+#: free_extents.parquet, column -> dtype, in written order; all columns are required.
+FREE_EXTENT_DTYPES = {"step": "int64", "start_s": "float64", "extent_tokens": "int64"}
+FREE_EXTENT_COLUMNS = tuple(FREE_EXTENT_DTYPES)
+
+#: The summary.json keys readers need.
+SUMMARY_KEYS = ("version", "config", "capacity_tokens", "simulated_s")
