@@ -17,6 +17,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 from blocksim.config import GiB, ConfigError, GPUSpec, ModelSpec
 
 _M = ModelSpec
@@ -43,20 +50,15 @@ GPUS: dict[str, GPUSpec] = {g.name: g for g in [
 ]}
 
 
-def _read_file(path: Path, what: str = "catalog file") -> dict[str, Any]:
+def read_mapping(path: Path, what: str = "catalog file") -> dict[str, Any]:
     """A YAML or TOML mapping; errors name the file as `what`."""
     if not path.exists():
         raise ConfigError(f"{what} {path}: not found")
     text = path.read_text()
     try:
         if path.suffix in (".yaml", ".yml"):
-            import yaml
             data = yaml.safe_load(text) or {}
         elif path.suffix == ".toml":
-            try:
-                import tomllib
-            except ModuleNotFoundError:  # Python 3.10
-                import tomli as tomllib
             data = tomllib.loads(text)
         else:
             raise ConfigError(f"{what} {path}: unknown extension; use .yaml, .yml or .toml")
@@ -109,7 +111,7 @@ class Catalog:
             self.load(Path(f))
 
     def load(self, path: Path) -> None:
-        data = _read_file(path)
+        data = read_mapping(path)
         for name, fields in (data.get("models") or {}).items():
             self.models[name] = _build(ModelSpec, name, fields, f"{path}: models.{name}")
         for name, fields in (data.get("gpus") or {}).items():

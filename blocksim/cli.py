@@ -6,8 +6,18 @@ import argparse
 import sys
 from pathlib import Path
 
-from blocksim.config import PREEMPTION_MODES, ConfigError
-from blocksim.experiments.runner import DEFAULT_GPU, DEFAULT_MODEL, build_config, replay
+import traces
+from analysis.cli import add_analysis_commands
+from blocksim import options, plugins
+from blocksim.catalog import Catalog, read_mapping
+from blocksim.config import ConfigError
+from blocksim.engine import EngineError
+from blocksim.experiments.runner import build_config, replay
+from blocksim.experiments.sweep import add_sweep_command
+from blocksim.policies import PRESETS, policy_config
+from traces import TraceError
+from traces.cli import add_trace_read_options, add_traces_command, read_trace_from_args
+from validation.validate import add_validate_command
 
 SUMMARY_ROWS = [
     ("requests", "requests", "{:.0f}"), ("finished", "finished", "{:.0f}"), ("rejected", "rejected", "{:.0f}"),
@@ -36,53 +46,45 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
+def add_option(p, name: str, **changes) -> None:
+    """Add the flag of option `name` (from `blocksim.options.OPTIONS`) to a parser or group;
+    `changes` override argparse keywords (e.g. another help text). The flag's default is None
+    (or [] for a file list), so an unset flag never hides a config-file value."""
+    o = options.BY_NAME[name]
+    kw: dict = {"dest": o.name, "default": None, "help": o.help}
+    if o.type is bool:
+        kw["action"] = argparse.BooleanOptionalAction if o.negatable else "store_true"
+    elif o.type is tuple:
+        kw.update(action="append", default=[])
+    else:
+        kw["type"] = o.parse or o.type
+    if o.choices:
+        kw["choices"] = o.choices
+    if o.metavar:
+        kw["metavar"] = o.metavar
+    kw.update(changes)
+    p.add_argument(*o.cli_flags, **kw)
+
+
+def add_option_group(p: argparse.ArgumentParser, group: str) -> None:
+    """Every option of `group`, under its title."""
+    g = p.add_argument_group(options.GROUP_TITLES[group])
+    for name in options.names(group):
+        add_option(g, name)
+
+
 def add_config_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model, GPU and cache")
-    g.add_argument("--model", default=None, help=f"model name from the catalog (default {DEFAULT_MODEL})")
-    g.add_argument("--gpu", default=None, help=f"GPU name from the catalog (default {DEFAULT_GPU})")
-    g.add_argument("--catalog", action="append", default=[], metavar="FILE",
-                   help="YAML/TOML file adding models and GPUs; repeatable")
-    g.add_argument("--tensor-parallel", "--tp", dest="tensor_parallel", type=int, default=None)
-    g.add_argument("--block-size", type=int, default=None, help="tokens per KV block (default 16)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=None, help="default 0.9")
-    g.add_argument("--swap-space", dest="swap_space_gib", type=float, default=None, help="CPU swap GiB (default 4)")
-    g.add_argument("--watermark", type=float, default=None, help="fraction of GPU blocks kept free (default 0.01)")
-    g.add_argument("--num-gpu-blocks", type=int, default=None, help="fix the GPU block count")
-    s = p.add_argument_group("scheduler")
-    s.add_argument("--max-num-seqs", type=int, default=None, help="default 256")
-    s.add_argument("--max-num-batched-tokens", type=int, default=None, help="per-step token budget, decodes included; default max(max_model_len, 2048) + max_num_seqs "
-                        "(512 with chunked prefill)")
-    s.add_argument("--preemption", choices=PREEMPTION_MODES, default=None, help="default auto (vLLM's rule)")
-    s.add_argument("--cost-profile", default=None, metavar="JSON", help="calibrated cost-model parameters")
-    k = p.add_argument_group("policy knobs (override the --policy preset; names or 'package.module:Class')")
-    k.add_argument("--allocator", default=None, help="paged | contiguous")
-    k.add_argument("--free-order", choices=("lifo", "fifo"), default=None, help="paged free-list reuse order")
-    k.add_argument("--reservation", choices=("max", "pow2", "oracle"), default=None, help="contiguous reservation size")
-    k.add_argument("--address-space", choices=("buddy", "first-fit"), default=None, help="contiguous placement")
-    k.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None)
-    k.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
-    k.add_argument("--scheduler", default=None, help="fcfs | priority | sjf | orca | static")
-    k.add_argument("--victim", default=None, help="preemption victim: newest | largest | fewest-blocks")
-    k.add_argument("--watermark-blocks", type=int, default=None, help="absolute watermark (replaces --watermark)")
-    k.add_argument("--cost-model", default=None, help="roofline, or a plugin")
+    """The configuration flags (model, GPU and cache; scheduler; policy knobs) and --config."""
+    for group in ("model", "scheduler", "policy"):
+        add_option_group(p, group)
     p.add_argument("--config", default=None, metavar="FILE",
                    help="YAML/TOML file of the options above (policy, model, block_size, ...); flags override it")
 
 
-CONFIG_KEYS = ("model", "gpu", "tensor_parallel", "block_size", "gpu_memory_utilization", "swap_space_gib",
-               "watermark", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "preemption", "cost_profile",
-               "allocator", "free_order", "reservation", "address_space", "prefix_caching", "chunked_prefill",
-               "scheduler", "victim", "watermark_blocks", "cost_model")
-
-
-RUN_KEYS = ("max_requests", "rate_scale", "clip_to_model")
-
-
 def read_config_file(path: str) -> dict:
     """Options from a YAML or TOML file: the option names of `blocksim replay` with underscores."""
-    from blocksim.catalog import _read_file
-    data = _read_file(Path(path), "config file")
-    known = set(CONFIG_KEYS) | set(RUN_KEYS) | {"policy", "catalog"}
+    data = read_mapping(Path(path), "config file")
+    known = set(options.FILE_KEYS)
     unknown = set(data) - known
     if unknown:
         raise ConfigError(f"config file {path}: unknown option(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -94,28 +96,15 @@ def read_config_file(path: str) -> dict:
 def settings_from_args(args: argparse.Namespace) -> tuple[str, dict]:
     """(policy, options) from the --config file, then the command-line flags over it."""
     o = read_config_file(args.config) if getattr(args, "config", None) else {}
-    policy = getattr(args, "policy", None) or o.pop("policy", None) or "vllm"
+    policy = getattr(args, "policy", None) or o.pop("policy", None) or options.DEFAULT_POLICY
     o.pop("policy", None)
-    o.update({k: getattr(args, k) for k in CONFIG_KEYS + RUN_KEYS if getattr(args, k, None) is not None})
+    flags = (k for k in options.CONFIG_OPTIONS + options.RUN_OPTIONS if k != "catalog")
+    o.update({k: getattr(args, k) for k in flags if getattr(args, k, None) is not None})
     if getattr(args, "catalog", None):
         o["catalog"] = tuple(args.catalog)
     elif "catalog" in o:
         o["catalog"] = tuple(o["catalog"])
     return policy, o
-
-
-def positive_float(text: str) -> float:
-    v = float(text)
-    if not v > 0 or v != v or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return v
-
-
-def positive_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return v
 
 
 def _run_and_report(trace, args, out: Path, *, progress: bool) -> int:
@@ -129,7 +118,7 @@ def _run_and_report(trace, args, out: Path, *, progress: bool) -> int:
     for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1])[:3]:
         print(f"  rejected x{count}: {reason}")
     if not args.no_report:
-        from analysis import write_report
+        from analysis import write_report  # loads matplotlib: only when a report is drawn
         html, md = write_report(out)
         print(f"\nreport: {html}\n        {md}")
     print(f"run directory: {out}")
@@ -137,13 +126,11 @@ def _run_and_report(trace, args, out: Path, *, progress: bool) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from traces.cli import read_trace_from_args
     trace = read_trace_from_args(args.trace, args)
     return _run_and_report(trace, args, Path(args.out), progress=not args.quiet)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    import traces
     path = traces.bundled("azure-conv")
     print(f"blocksim demo: replaying {path.name} (Azure LLM inference 2023, conversation; CC BY 4.0)")
     trace = traces.read_trace(path)
@@ -152,7 +139,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
-    from blocksim.catalog import Catalog
     cat = Catalog(args.catalog)
     print("models:")
     for m in cat.models.values():
@@ -170,8 +156,6 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
-    from blocksim import plugins
-    from blocksim.policies import PRESETS, policy_config
     print("presets:")
     for name in PRESETS:
         p = policy_config(name)
@@ -189,24 +173,19 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("replay", help="replay a trace through the simulated engine")
     r.add_argument("trace", help="trace file (Azure, BurstGPT, Mooncake, generic CSV/JSONL/Parquet)")
     r.add_argument("--out", required=True, metavar="DIR")
-    r.add_argument("--policy", default=None, help="preset: vllm (default), vllm-prefix, vllm-chunked, orca-max, "
-                                                   "orca-pow2, orca-oracle, static (`blocksim policies`)")
-    r.add_argument("--max-requests", type=positive_int, default=None, help="replay only the first N requests")
-    r.add_argument("--rate-scale", type=positive_float, default=None, help="multiply the request rate (default 1)")
-    r.add_argument("--clip-to-model", action="store_true", default=None,
-                   help="clip requests longer than the model's max length (reports how many) instead of rejecting them")
+    add_option(r, "policy")
     r.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
     r.add_argument("--record-plan", action="store_true",
                    help="write the execution plan (plan/) for `blocksim validate`; steps one by one")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_option_group(r, "run")
     add_config_options(r)
-    from traces.cli import add_trace_read_options
     add_trace_read_options(r)
     r.set_defaults(func=cmd_replay)
 
     d = sub.add_parser("demo", help="replay the bundled Azure conversation trace slice and write a report")
     d.add_argument("--out", default="blocksim-demo", metavar="DIR", help="default ./blocksim-demo")
-    d.add_argument("--policy", default=None, help="preset (default vllm)")
+    add_option(d, "policy", help=f"preset (default {options.DEFAULT_POLICY})")
     d.add_argument("--no-report", action="store_true")
     d.add_argument("--no-clip", action="store_true",
                    help="reject requests longer than the model instead of clipping them")
@@ -217,20 +196,16 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("catalog", help="list built-in and user models and GPUs")
     c.add_argument("--catalog", action="append", default=[], metavar="FILE")
     c.add_argument("--model", default=None, help="also print this model's block counts")
-    c.add_argument("--gpu", default=DEFAULT_GPU)
+    c.add_argument("--gpu", default=options.DEFAULT_GPU)
     c.set_defaults(func=cmd_catalog)
 
     pol = sub.add_parser("policies", help="list policy presets and the registered plug-ins")
     pol.set_defaults(func=cmd_policies)
 
-    from traces.cli import add_traces_command
     add_traces_command(sub)
-    from analysis.cli import add_analysis_commands
     add_analysis_commands(sub)
-    from blocksim.experiments.sweep import add_sweep_command
     add_sweep_command(sub)
-    from validation.validate import add_validate_command  # imports torch only when a validation runs
-    add_validate_command(sub)
+    add_validate_command(sub)  # validation imports torch only when a validation runs
     return p
 
 
@@ -241,13 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"blocksim: configuration error: {e}", file=sys.stderr)
         return 2
-    except Exception as e:  # errors that carry a user-facing message
-        from blocksim.engine import EngineError
-        from traces import TraceError
-        if isinstance(e, (TraceError, FileNotFoundError, EngineError)):
-            print(f"blocksim: {e}", file=sys.stderr)
-            return 2
-        raise
+    except (TraceError, FileNotFoundError, EngineError) as e:  # errors that carry a user-facing message
+        print(f"blocksim: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

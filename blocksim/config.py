@@ -1,7 +1,11 @@
 """Configuration: model, GPU, cache and scheduler specs, validated at construction.
 
 Every dataclass here is frozen. A bad value raises :class:`ConfigError` naming the field and the fix,
-so an impossible configuration never reaches the engine.
+so an impossible configuration never reaches the engine. This module is a leaf: it imports nothing
+from blocksim. The fixed value sets (preemption modes, free orders, reservation modes, address
+spaces) are declared here and imported by the modules that implement them; names that resolve
+through the plug-in registries (allocator, scheduler, victim, cost model) are checked where a
+configuration is built from names (`blocksim.policies.policy_config`).
 """
 
 from __future__ import annotations
@@ -125,13 +129,16 @@ class CacheConfig:
                  f"must be in (0, 1], got {self.gpu_memory_utilization!r}")
         _require(self.swap_space_gib >= 0, "cache.swap_space_gib", f"must be >= 0, got {self.swap_space_gib!r}")
         _require(0 <= self.watermark < 1, "cache.watermark",
-                 f"must be a fraction in [0, 1) (e.g. 0.01), got {self.watermark!r}")
+                 f"must be a fraction in [0, 1) (e.g. {CacheConfig.watermark}), got {self.watermark!r}")
         if self.num_gpu_blocks_override is not None:
             _typed("cache.num_gpu_blocks", self.num_gpu_blocks_override, int)
             _require(self.num_gpu_blocks_override > 0, "cache.num_gpu_blocks", "must be positive")
 
 
 PREEMPTION_MODES = ("auto", "recompute", "swap")
+FREE_ORDERS = ("lifo", "fifo")
+RESERVATION_MODES = ("max", "pow2", "oracle")
+ADDRESS_SPACES = ("buddy", "first-fit")
 
 
 @dataclass(frozen=True)
@@ -164,8 +171,10 @@ class PolicyConfig:
     only); `chunked_prefill` splits prompts under the max_num_batched_tokens budget (Sarathi).
     `scheduler`: fcfs (vLLM v0), priority, sjf (oracle output length), orca (iteration-level, never
     preempts), static (a batch runs until its longest request ends). `victim`: newest (vLLM),
-    largest, fewest-blocks. `watermark_blocks`, when set, replaces the fractional watermark.
-    Names may also be plugins, `"package.module:Class"`.
+    largest, fewest-blocks. `watermark_blocks`, when set, replaces the fractional watermark
+    (`SimConfig.watermark_blocks` merges the two). Names may also be plugins,
+    `"package.module:Class"`; they are resolved, and unknown built-in names refused, by
+    `blocksim.policies`.
     """
 
     allocator: str = "paged"
@@ -180,21 +189,16 @@ class PolicyConfig:
     cost_model: str = "roofline"
 
     def __post_init__(self) -> None:
-        from blocksim import plugins
         for f in ("prefix_caching", "chunked_prefill"):
             _typed(f"policy.{f}", getattr(self, f), bool)
         for f in ("allocator", "free_order", "reservation", "address_space", "scheduler", "victim", "cost_model"):
             _require(isinstance(getattr(self, f), str), f"policy.{f}", f"expected a name, got {getattr(self, f)!r}")
-        plugins.check_name("allocator", self.allocator)
-        plugins.check_name("scheduler", self.scheduler)
-        plugins.check_name("victim", self.victim)
-        plugins.check_name("cost_model", self.cost_model)
-        _require(self.free_order in ("lifo", "fifo"), "policy.free_order", f"must be lifo or fifo, got {self.free_order!r}")
-        from blocksim.memory.address_space import CONTIGUOUS_ALLOCATORS, RESERVATION_MODES
+        _require(self.free_order in FREE_ORDERS, "policy.free_order",
+                 f"must be one of {', '.join(FREE_ORDERS)}, got {self.free_order!r}")
         _require(self.reservation in RESERVATION_MODES, "policy.reservation",
                  f"must be one of {', '.join(RESERVATION_MODES)}, got {self.reservation!r}")
-        _require(self.address_space in CONTIGUOUS_ALLOCATORS, "policy.address_space",
-                 f"must be one of {', '.join(CONTIGUOUS_ALLOCATORS)}, got {self.address_space!r}")
+        _require(self.address_space in ADDRESS_SPACES, "policy.address_space",
+                 f"must be one of {', '.join(ADDRESS_SPACES)}, got {self.address_space!r}")
         if self.watermark_blocks is not None:
             _typed("policy.watermark_blocks", self.watermark_blocks, int)
             _require(self.watermark_blocks >= 0, "policy.watermark_blocks", "must be >= 0")
@@ -234,7 +238,8 @@ class SimConfig:
         if wm is not None:
             _require(wm < self.num_gpu_blocks, "policy.watermark_blocks",
                      f"{wm} blocks leave nothing of the {self.num_gpu_blocks} GPU blocks to admit requests into; "
-                     f"use fewer (vLLM's 1% would be {int(0.01 * self.num_gpu_blocks)})")
+                     f"use fewer (vLLM's {CacheConfig.watermark:.0%} would be "
+                     f"{int(CacheConfig.watermark * self.num_gpu_blocks)})")
         if self.cache.num_gpu_blocks_override is None:
             free = self.kv_memory_bytes
             _require(free >= self.block_bytes, "gpu",
@@ -282,6 +287,13 @@ class SimConfig:
         if self.cache.num_gpu_blocks_override is not None:
             return self.cache.num_gpu_blocks_override
         return int(self.kv_memory_bytes // self.block_bytes)
+
+    @property
+    def watermark_blocks(self) -> int:
+        """GPU blocks kept free at admission and swap-in: `policy_config.watermark_blocks` when set,
+        else vLLM's `int(cache.watermark * num_gpu_blocks)`."""
+        wm = self.policy_config.watermark_blocks
+        return int(self.cache.watermark * self.num_gpu_blocks) if wm is None else wm
 
     @property
     def num_cpu_blocks(self) -> int:

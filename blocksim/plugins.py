@@ -10,6 +10,8 @@ Kinds and what a class must provide:
 * ``cost_model``: built as ``Class(config, params)`` with `RooflineCostModel`'s methods.
 
 Adding a policy is one class in one file plus one registry line (or none, with a plugin string).
+This module is the registry only: `blocksim.policies` registers the built-ins when it is imported,
+so code that resolves built-in names imports `blocksim.policies` (the engine does).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ def register(kind: str, name: str, obj: Any) -> Any:
 
 
 def names(kind: str) -> list[str]:
-    _load_builtins()
     return sorted(_REGISTRIES[kind])
 
 
@@ -54,26 +55,19 @@ def resolve(kind: str, name: str) -> Any:
         except AttributeError:
             raise ConfigError(f"{kind} {name!r}: module {module_name!r} has no attribute {attr!r}") from None
         return obj
-    _load_builtins()
+    registry = _REGISTRIES[kind]
+    if not registry:
+        raise ConfigError(f"{kind} {name!r}: no built-in {kind} is registered; import blocksim.policies, "
+                          f"which registers them, before resolving names")
     try:
-        return _REGISTRIES[kind][name]
+        return registry[name]
     except KeyError:
-        raise ConfigError(f"unknown {kind} {name!r}; known: {', '.join(sorted(_REGISTRIES[kind]))}, "
+        raise ConfigError(f"unknown {kind} {name!r}; known: {', '.join(sorted(registry))}, "
                           f"or a plugin 'package.module:Class'") from None
 
 
 def check_name(kind: str, name: str) -> None:
-    """Fail early (at config construction) for an unknown built-in name; plugins resolve at run time."""
+    """Refuse an unknown built-in name where a configuration is built; plugin strings resolve at run time."""
     if not is_plugin(name):
         resolve(kind, name)
 
-
-_loaded = False
-
-
-def _load_builtins() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    from blocksim import policies  # noqa: F401 - registers the built-ins

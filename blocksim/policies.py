@@ -15,13 +15,17 @@ static         FasterTransformer-like static batching over max-length reservatio
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from blocksim import plugins
-from blocksim.scheduling import scheduler
-from blocksim.memory.paged import BlockSpaceManager
 from blocksim.config import ConfigError, PolicyConfig, SimConfig
 from blocksim.cost import CostParams, RooflineCostModel
+from blocksim.memory.paged import BlockSpaceManager
+from blocksim.memory.prefix_cache import PrefixCachingBlockManager
+from blocksim.memory.reservation import ContiguousManager
+from blocksim.options import BY_NAME, CONTIGUOUS, PAGED, PREEMPTING
+from blocksim.scheduling import scheduler
 
 PRESETS: dict[str, dict[str, Any]] = {
     "vllm": {},
@@ -32,30 +36,72 @@ PRESETS: dict[str, dict[str, Any]] = {
     "orca-oracle": {"allocator": "contiguous", "reservation": "oracle", "scheduler": "orca"},
     "static": {"allocator": "contiguous", "reservation": "max", "scheduler": "static"},
 }
-POLICY_KEYS = ("allocator", "free_order", "reservation", "address_space", "prefix_caching", "chunked_prefill",
-               "scheduler", "victim", "watermark_blocks", "cost_model")
+PLUGGABLE = ("allocator", "scheduler", "victim", "cost_model")
 
 
 def policy_config(preset: str, **knobs: Any) -> PolicyConfig:
-    """A preset with knobs overridden; an unknown preset lists the known ones."""
+    """A preset with knobs overridden (None keeps the preset's value).
+
+    An unknown preset lists the known ones; an unknown built-in allocator, scheduler, victim or
+    cost-model name lists the registered ones (plugin strings resolve when the engine is built).
+    """
     if preset not in PRESETS:
         raise ConfigError(f"unknown policy {preset!r}; known presets: {', '.join(PRESETS)}")
-    return PolicyConfig(**{**PRESETS[preset], **{k: v for k, v in knobs.items() if v is not None}})
+    fields = {**PRESETS[preset], **{k: v for k, v in knobs.items() if v is not None}}
+    for kind in PLUGGABLE:
+        if isinstance(fields.get(kind), str):  # PolicyConfig refuses a name that is not a string
+            plugins.check_name(kind, fields[kind])
+    return PolicyConfig(**fields)
+
+
+def _presets_where(allocator: str) -> str:
+    return ", ".join(name for name, knobs in PRESETS.items() if knobs.get("allocator", "paged") == allocator)
+
+
+def _preempts(scheduler_name: str) -> bool:
+    return getattr(plugins.resolve("scheduler", scheduler_name), "preempts", True)
+
+
+def _why_ignored(applies_to: str, policy: str, config: PolicyConfig) -> tuple[str, str] | None:
+    """(reason, fix) when the chosen allocator or scheduler is not the part a knob `applies_to`, else None."""
+    if applies_to == PAGED and config.allocator == "contiguous":
+        return (f"policy {policy!r} uses the contiguous allocator, which reserves each request's memory up front "
+                f"and ignores it", f"choose a paged policy ({_presets_where('paged')})")
+    if applies_to == CONTIGUOUS and config.allocator == "paged":
+        return (f"policy {policy!r} uses the paged allocator, which ignores it",
+                f"choose a contiguous policy ({_presets_where('contiguous')})")
+    if applies_to == PREEMPTING and not plugins.is_plugin(config.scheduler):
+        if not _preempts(config.scheduler):
+            preempting = [n for n in plugins.names("scheduler") if _preempts(n)]
+            return (f"scheduler {config.scheduler!r} never preempts, so it ignores it",
+                    f"choose a preempting scheduler ({', '.join(preempting)})")
+    return None
+
+
+def refuse_ignored_knobs(policy: str, config: PolicyConfig, knobs: Iterable[str]) -> None:
+    """Refuse a knob in `knobs` (the options the user set) that the chosen allocator or scheduler ignores.
+
+    Pass only options the user set: a preset's own values and the defaults are never refused.
+    Plugin allocators and schedulers declare nothing, so nothing is refused for them.
+    """
+    for name in knobs:
+        option = BY_NAME.get(name)
+        if option is None or option.applies_to is None:
+            continue
+        why = _why_ignored(option.applies_to, policy, config)
+        if why:
+            reason, fix = why
+            raise ConfigError(f"{name} ({option.flag}): {reason}; drop {option.flag}, or {fix}")
 
 
 # --- factories -------------------------------------------------------------------------------
 def make_paged(config: SimConfig):
     p, c = config.policy_config, config.cache
-    if p.prefix_caching:
-        from blocksim.memory.prefix_cache import PrefixCachingBlockManager
-        return PrefixCachingBlockManager(c.block_size, config.num_gpu_blocks, config.num_cpu_blocks, c.watermark,
-                                         p.watermark_blocks, p.free_order)
-    return BlockSpaceManager(c.block_size, config.num_gpu_blocks, config.num_cpu_blocks, c.watermark,
-                             p.watermark_blocks, p.free_order)
+    cls = PrefixCachingBlockManager if p.prefix_caching else BlockSpaceManager
+    return cls(c.block_size, config.num_gpu_blocks, config.num_cpu_blocks, config.watermark_blocks, p.free_order)
 
 
 def make_contiguous(config: SimConfig):
-    from blocksim.memory.reservation import ContiguousManager
     p = config.policy_config
     return ContiguousManager(config.cache.block_size, config.num_gpu_blocks, p.reservation, p.address_space,
                              config.model.max_model_len)

@@ -8,55 +8,29 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import traces
 from blocksim.catalog import Catalog
 from blocksim.config import CacheConfig, ConfigError, SchedulerConfig, SimConfig
 from blocksim.cost import CostParams
 from blocksim.engine import Engine
+from blocksim.options import CHUNKED_BUDGET_TOKENS, DEFAULT_POLICY, DEFAULTS, POLICY_KEYS, RUN_DEFAULTS, RUN_OPTIONS
+from blocksim.policies import make_cost_model, policy_config, refuse_ignored_knobs
 from blocksim.records.result import RunResult
-from blocksim.policies import POLICY_KEYS, make_cost_model, policy_config
-
-DEFAULT_MODEL = "llama-2-7b"
-DEFAULT_GPU = "h100-80gb"
-
-# Option name -> where it goes. Every knob a replay accepts, with its default.
-DEFAULTS: dict[str, Any] = {
-    "model": DEFAULT_MODEL,
-    "gpu": DEFAULT_GPU,
-    "catalog": (),
-    "tensor_parallel": 1,
-    "block_size": 16,
-    "gpu_memory_utilization": 0.9,
-    "swap_space_gib": 4.0,
-    "watermark": 0.01,
-    "num_gpu_blocks": None,
-    "max_num_seqs": 256,
-    "max_num_batched_tokens": None,  # None: max(max_model_len, 2048) + max_num_seqs (512 with chunked prefill)
-    "preemption": "auto",
-    "cost_profile": None,
-    # policy knobs (see blocksim.config.PolicyConfig); None keeps the preset's value
-    "allocator": None,
-    "free_order": None,
-    "reservation": None,
-    "address_space": None,
-    "prefix_caching": None,
-    "chunked_prefill": None,
-    "scheduler": None,
-    "victim": None,
-    "watermark_blocks": None,
-    "cost_model": None,
-}
-CHUNKED_BUDGET_TOKENS = 512
 
 
-def build_config(policy: str = "vllm", **options: Any) -> SimConfig:
-    """A validated `SimConfig` from option names (see `DEFAULTS`); unknown names are refused."""
+def build_config(policy: str = DEFAULT_POLICY, **options: Any) -> SimConfig:
+    """A validated `SimConfig` from option names (`blocksim.options.CONFIG_OPTIONS`; a None value
+    keeps the default). Unknown names are refused, and so is a knob set here that the chosen
+    allocator or scheduler ignores."""
     unknown = set(options) - set(DEFAULTS)
     if unknown:
         raise ConfigError(f"unknown option(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
-    o = {**DEFAULTS, **{k: v for k, v in options.items() if v is not None}}
+    given = {k: v for k, v in options.items() if v is not None}
+    o = {**DEFAULTS, **given}
     catalog = Catalog(list(o["catalog"]))
     model = catalog.model(o["model"])
     policy_cfg = policy_config(policy, **{k: o[k] for k in POLICY_KEYS})
+    refuse_ignored_knobs(policy, policy_cfg, given)
     # Default step budget: a prompt of the model's full length must fit beside a full decode batch,
     # since prefills and decodes share a step here (vLLM 0.1's relation: 2560 >= 2048 + 256 + ...).
     seqs = o["max_num_seqs"] if isinstance(o["max_num_seqs"], int) else 0  # SchedulerConfig refuses a non-int
@@ -76,9 +50,6 @@ def build_config(policy: str = "vllm", **options: Any) -> SimConfig:
     )
 
 
-RUN_OPTIONS = ("max_requests", "clip_to_model", "rate_scale")  # shape the trace, not the configuration
-
-
 def check_options(policy: str, overrides: dict[str, Any]) -> SimConfig:
     """Validate a policy and replay options as `replay` would, without running anything."""
     return build_config(policy, **{k: v for k, v in overrides.items() if k not in RUN_OPTIONS})
@@ -91,7 +62,6 @@ def load_trace(trace, *, rate_scale: float = 1.0, max_requests: int | None = Non
     With `clip_max_len`, requests longer than that are clipped (prompt first kept, output cut), and
     how many changed is printed, never silent.
     """
-    import traces
     if isinstance(trace, (str, Path)):
         trace = traces.read_trace(trace)
     if max_requests is not None:
@@ -112,14 +82,23 @@ def simulate(trace, config: SimConfig, *, cost_profile: str | None = None, progr
                   check_invariants=check_invariants, plan_dir=plan_dir).run()
 
 
-def replay(trace, out_dir: str | Path, *, policy: str = "vllm", rate_scale: float = 1.0,
+def replay(trace, out_dir: str | Path, *, policy: str = DEFAULT_POLICY, rate_scale: float | None = None,
            overrides: dict[str, Any] | None = None, progress: bool = False, write_report: bool = False,
-           max_requests: int | None = None, record_plan: bool = False, clip_to_model: bool = False) -> dict:
-    """Run one replay into `out_dir` and return its summary (the content of summary.json)."""
+           max_requests: int | None = None, record_plan: bool = False, clip_to_model: bool | None = None) -> dict:
+    """Run one replay into `out_dir` and return its summary (the content of summary.json).
+
+    The run options (`blocksim.options.RUN_OPTIONS`) come from `overrides` when present there, else
+    from the keywords, else from their defaults (all requests, rate x1, no clipping).
+    """
     options = dict(overrides or {})
-    max_requests = options.pop("max_requests", max_requests)
-    clip_to_model = options.pop("clip_to_model", clip_to_model)
-    rate_scale = options.pop("rate_scale", rate_scale)
+    given = {"max_requests": max_requests, "rate_scale": rate_scale, "clip_to_model": clip_to_model}
+    run = dict(RUN_DEFAULTS)
+    for k in RUN_OPTIONS:
+        value = options.pop(k, None)
+        value = given[k] if value is None else value
+        if value is not None:
+            run[k] = value
+    max_requests, rate_scale, clip_to_model = run["max_requests"], run["rate_scale"], run["clip_to_model"]
     cost_profile = options.get("cost_profile")
     config = build_config(policy, **options)
     tr = load_trace(trace, rate_scale=rate_scale, max_requests=max_requests,
@@ -130,6 +109,6 @@ def replay(trace, out_dir: str | Path, *, policy: str = "vllm", rate_scale: floa
     result.summary["trace"] = str(trace) if isinstance(trace, (str, Path)) else getattr(trace, "name", "")
     result.save(out_dir)
     if write_report:
-        from analysis import write_report as _write
+        from analysis import write_report as _write  # loads matplotlib: only when a report is drawn
         _write(out_dir)
     return result.summary

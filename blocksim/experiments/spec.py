@@ -21,14 +21,14 @@ from typing import Any
 
 import yaml
 
-#: Options a point carries that are not `build_config` options.
-RUN_OPTIONS = ("policy", "rate_scale", "max_requests")
+from blocksim import options
+
+#: Options a point carries that are not `build_config` options: the preset and the run options.
+RUN_OPTIONS = ("policy", *options.RUN_OPTIONS)
 SPEC_KEYS = ("name", "trace", "base", "axes", "seeds", "slo", "report")
 REPORT_KEYS = ("x", "y")
-#: Short names in run directory names (anything else is written in full).
-_SHORT = {"block_size": "bs", "watermark": "wm", "max_num_seqs": "seqs", "max_num_batched_tokens": "mbt",
-          "rate_scale": "x", "seed": "s", "num_gpu_blocks": "gpub", "gpu_memory_utilization": "util",
-          "swap_space_gib": "swap", "tensor_parallel": "tp", "preemption": "pre", "max_requests": "n"}
+#: Short names in run directory names (anything else is written in full): the options' own, and the seed's.
+_SHORT = {**options.SHORT_NAMES, "seed": "s"}
 
 
 class SpecError(ValueError):

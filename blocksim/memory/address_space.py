@@ -45,6 +45,8 @@ from collections.abc import Hashable
 
 import numpy as np
 
+from blocksim.config import RESERVATION_MODES
+
 __all__ = [
     "RESERVATION_MODES",
     "CONTIGUOUS_ALLOCATORS",
@@ -52,8 +54,6 @@ __all__ = [
     "BuddyAllocator",
     "FirstFitAllocator",
 ]
-
-RESERVATION_MODES = ("max", "pow2", "oracle")
 
 
 def _next_pow2(n: int) -> int:

@@ -26,13 +26,12 @@ def cdiv(a: int, b: int) -> int:
 
 
 class BlockSpaceManager:
-    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
-                 watermark: float = 0.01, watermark_blocks: int | None = None, order: str = "lifo") -> None:
+    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark_blocks: int,
+                 order: str = "lifo") -> None:
         self.block_size = block_size
         self.num_total_gpu_blocks = num_gpu_blocks
         self.num_total_cpu_blocks = num_cpu_blocks
-        self.watermark_blocks = (int(watermark * num_gpu_blocks) if watermark_blocks is None
-                                 else int(watermark_blocks))
+        self.watermark_blocks = int(watermark_blocks)  # SimConfig.watermark_blocks
         self.gpu = BlockAllocator(Device.GPU, num_gpu_blocks, order)
         self.cpu = BlockAllocator(Device.CPU, num_cpu_blocks, order)
         self.gpu_filled_slots = 0

@@ -98,9 +98,9 @@ class CachingBlockAllocator(BlockAllocator):
 
 
 class PrefixCachingBlockManager(BlockSpaceManager):
-    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark: float = 0.01,
-                 watermark_blocks: int | None = None, order: str = "lifo") -> None:
-        super().__init__(block_size, num_gpu_blocks, num_cpu_blocks, watermark, watermark_blocks, order)
+    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark_blocks: int,
+                 order: str = "lifo") -> None:
+        super().__init__(block_size, num_gpu_blocks, num_cpu_blocks, watermark_blocks, order)
         self.gpu = CachingBlockAllocator(num_gpu_blocks, order)
         self.hash_block_tokens: int | None = None
         self.hits = 0

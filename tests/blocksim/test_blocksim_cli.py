@@ -5,7 +5,9 @@ import json
 import pandas as pd
 import pytest
 
-from blocksim.cli import main
+from blocksim.cli import build_parser, main, read_config_file
+from blocksim.options import BY_NAME, CONFIG_OPTIONS, FILE_KEYS, RUN_OPTIONS
+from tests.blocksim.test_policies import IGNORED_KNOBS
 
 
 @pytest.fixture
@@ -68,3 +70,48 @@ def test_bad_trace_rows_and_cost_profiles_get_one_line(tmp_path, capsys):
         code, _, err = run(["replay", good, "--out", tmp_path / "o", "--cost-profile", prof, "--quiet",
                             "--no-report"], capsys)
         assert code == 2 and "cost" in err and "Traceback" not in err
+
+
+def _flags(knobs: dict) -> list[str]:
+    out = []
+    for name, value in knobs.items():
+        flag = BY_NAME[name].flag
+        if isinstance(value, bool):
+            out.append(flag if value else flag.replace("--", "--no-", 1))
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+@pytest.mark.parametrize("preset, knobs, flag, why", IGNORED_KNOBS)
+def test_a_flag_the_chosen_allocator_or_scheduler_ignores_exits_2_with_one_line(tmp_path, trace, capsys, preset,
+                                                                                 knobs, flag, why):
+    code, _, err = run(["replay", trace, "--out", tmp_path / "o", "--policy", preset, *_flags(knobs), "--quiet",
+                        "--no-report"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert why in err and f"drop {flag}" in err
+    assert not (tmp_path / "o" / "summary.json").exists(), "nothing ran"
+
+
+def test_an_ignored_knob_from_a_config_file_is_refused_too(tmp_path, trace, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("policy: orca-max\nwatermark: 0.0\n")
+    code, _, err = run(["replay", trace, "--out", tmp_path / "o", "--config", cfg, "--quiet", "--no-report"], capsys)
+    assert code == 2 and "watermark (--watermark)" in err and "contiguous allocator" in err
+
+
+def test_every_option_of_the_table_is_a_flag_of_replay_and_a_config_file_key(tmp_path):
+    replay_parser = build_parser()._subparsers._group_actions[0].choices["replay"]
+    dests = {a.dest for a in replay_parser._actions}
+    assert set(FILE_KEYS) <= dests
+    flags = {s for a in replay_parser._actions for s in a.option_strings}
+    assert {"--swap-space", "--tp", "--tensor-parallel", "--no-prefix-caching", "--clip-to-model"} <= flags
+    cfg = tmp_path / "all.yaml"
+    cfg.write_text("".join(f"{k}: null\n" for k in FILE_KEYS))
+    assert set(read_config_file(str(cfg))) == set(FILE_KEYS)
+
+
+def test_demo_takes_the_configuration_flags_but_not_the_run_flags():
+    demo = build_parser()._subparsers._group_actions[0].choices["demo"]
+    dests = {a.dest for a in demo._actions}
+    assert set(CONFIG_OPTIONS) <= dests and not set(RUN_OPTIONS) & dests

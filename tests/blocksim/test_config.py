@@ -6,7 +6,9 @@ import pytest
 
 from blocksim.catalog import Catalog
 from blocksim.config import GiB, CacheConfig, ConfigError, SchedulerConfig, SimConfig
+from blocksim.cost import CostParams, RooflineCostModel
 from blocksim.experiments.runner import build_config
+from blocksim.policies import make_memory_manager
 
 
 def test_block_bytes_and_block_counts():
@@ -76,7 +78,6 @@ def test_frozen_dataclasses_validate_directly():
 
 
 def test_swap_cost_per_block_copies_or_batched(tmp_path):
-    from blocksim.cost import CostParams, RooflineCostModel
     cfg = build_config(model="llama-2-7b", gpu="h100-80gb")
     v0 = RooflineCostModel(cfg)
     batched = RooflineCostModel(cfg, CostParams(swap_batched=True))
@@ -87,3 +88,19 @@ def test_swap_cost_per_block_copies_or_batched(tmp_path):
     profile = tmp_path / "p.json"
     profile.write_text('{"params": {"swap_batched": true, "scale_swap": 0.5}, "source": "test"}')
     assert CostParams.from_json(profile).swap_batched is True
+
+
+def test_watermark_blocks_are_the_fraction_of_gpu_blocks_unless_set_explicitly():
+    assert build_config(num_gpu_blocks=1000).watermark_blocks == 10, "vLLM's default 1% of 1000 blocks"
+    assert build_config(num_gpu_blocks=1000, watermark=0.05).watermark_blocks == 50
+    assert build_config(num_gpu_blocks=999, watermark=0.05).watermark_blocks == 49, "rounded down, as vLLM does"
+    assert build_config(num_gpu_blocks=1000, watermark_blocks=7).watermark_blocks == 7
+    assert build_config(num_gpu_blocks=1000, watermark=0.3, watermark_blocks=0).watermark_blocks == 0, \
+        "an explicit block count replaces the fraction"
+
+
+def test_the_memory_manager_keeps_the_configured_watermark_free():
+    for options, blocks in (({}, 10), ({"watermark_blocks": 3}, 3), ({"watermark": 0.2}, 200)):
+        cfg = build_config(num_gpu_blocks=1000, **options)
+        assert make_memory_manager(cfg).watermark_blocks == cfg.watermark_blocks == blocks
+    assert make_memory_manager(build_config("vllm-prefix", num_gpu_blocks=1000)).watermark_blocks == 10

@@ -11,6 +11,8 @@ from blocksim.engine import Engine
 from blocksim.policies import PRESETS
 from blocksim.memory.prefix_cache import CachingBlockAllocator
 from blocksim.experiments.runner import build_config
+from traces.lengths import Fixed, LogNormal, Uniform
+from traces.synth import shared_prefix_trace, synth_trace
 
 MEM = ["mem_token_states", "mem_reservation", "mem_internal_frag", "mem_external_frag", "mem_free"]
 
@@ -34,8 +36,8 @@ def frame(lists):
        victim=st.sampled_from(["newest", "largest", "fewest-blocks"]),
        scheduler=st.sampled_from([None, "priority", "sjf"]), address=st.sampled_from(["buddy", "first-fit"]))
 def test_every_policy_conserves_memory_and_loses_no_request(lists, preset, blocks, victim, scheduler, address):
-    contiguous = PRESETS[preset].get("allocator") == "contiguous"
-    knobs = {"victim": victim, "address_space": address}
+    contiguous = PRESETS[preset].get("allocator") == "contiguous"  # orca-* and static: never preempt
+    knobs = {"address_space": address} if contiguous else {"victim": victim}
     if scheduler and not contiguous:
         knobs["scheduler"] = scheduler
     cfg = build_config(preset, num_gpu_blocks=blocks, block_size=4, max_num_seqs=6, swap_space_gib=1.0, **knobs)
@@ -76,9 +78,6 @@ def test_prefix_cache_evicts_least_recent_then_deepest():
 
 
 def test_prefix_caching_reuses_shared_prompts_and_skips_their_prefill():
-    import traces
-    from traces.synth import shared_prefix_trace
-    from traces.lengths import Fixed
     tr = shared_prefix_trace(30, rate_per_s=5.0, prefix_tokens=512, suffix=Fixed(64), output=Fixed(20),
                              hash_block_tokens=16, seed=3)
     plain = Engine(build_config("vllm", num_gpu_blocks=400), tr, check_invariants=True).run()
@@ -86,12 +85,13 @@ def test_prefix_caching_reuses_shared_prompts_and_skips_their_prefill():
     s = cached.summary
     assert s["prefix_cache_hits"] >= 29 * 512 // 16, "every request after the first hits the shared prefix"
     assert cached.steps.t_attn_prefill_s.sum() < plain.steps.t_attn_prefill_s.sum()
-    assert isinstance(traces.Trace, type)
+    assert plain.steps.prefill_tokens.sum() == 30 * (512 + 64)
+    assert cached.steps.prefill_tokens.sum() == (512 + 64) + 29 * 64, \
+        "the first request computes its whole prompt, every later one only its 64-token suffix"
+    assert (cached.requests.status == "finished").all() and len(cached.requests) == 30
 
 
 def test_paged_beats_every_reservation_baseline_on_a_sharegpt_like_workload():
-    from traces.lengths import LogNormal
-    from traces.synth import synth_trace
     tr = synth_trace(300, rate_per_s=2.0, prompt=LogNormal(161, 1.2, 1500), output=LogNormal(338, 1.0, 1500), seed=1)
     share = {}
     for preset in ("vllm", "orca-oracle", "orca-pow2", "orca-max"):
@@ -145,6 +145,47 @@ def test_unknown_names_and_incompatible_knobs_are_refused_with_reasons():
         build_config("vllm", scheduler="orca")
 
 
+#: (preset, knobs the user sets, the flag named, why): a knob the chosen allocator or scheduler ignores.
+IGNORED_KNOBS = [
+    ("orca-max", {"watermark": 0.02}, "--watermark", "contiguous allocator"),
+    ("orca-pow2", {"watermark_blocks": 5}, "--watermark-blocks", "contiguous allocator"),
+    ("static", {"free_order": "fifo"}, "--free-order", "contiguous allocator"),
+    ("orca-oracle", {"prefix_caching": False}, "--prefix-caching", "contiguous allocator"),
+    ("orca-max", {"victim": "largest"}, "--victim", "scheduler 'orca' never preempts"),
+    ("static", {"preemption": "swap"}, "--preemption", "scheduler 'static' never preempts"),
+    ("vllm", {"reservation": "pow2"}, "--reservation", "paged allocator"),
+    ("vllm-prefix", {"address_space": "first-fit"}, "--address-space", "paged allocator"),
+    ("vllm", {"allocator": "contiguous", "scheduler": "orca", "watermark": 0.0}, "--watermark",
+     "contiguous allocator"),
+]
+
+
+@pytest.mark.parametrize("preset, knobs, flag, why", IGNORED_KNOBS)
+def test_a_knob_the_chosen_allocator_or_scheduler_ignores_is_refused_with_the_reason(preset, knobs, flag, why):
+    with pytest.raises(ConfigError) as e:
+        build_config(preset, **knobs)
+    message = str(e.value)
+    assert why in message and f"drop {flag}, or choose a " in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_no_preset_and_no_knob_its_parts_read_is_refused(preset):
+    build_config(preset)  # a preset's own values and the defaults are never refused
+    if PRESETS[preset].get("allocator") == "contiguous":
+        cfg = build_config(preset, reservation="oracle", address_space="first-fit", swap_space_gib=1.0)
+        assert (cfg.policy_config.reservation, cfg.policy_config.address_space) == ("oracle", "first-fit")
+    else:
+        cfg = build_config(preset, watermark=0.0, watermark_blocks=2, free_order="fifo", victim="largest",
+                           preemption="swap")
+        assert cfg.watermark_blocks == 2 and cfg.policy_config.victim == "largest"
+
+
+def test_plugin_schedulers_declare_nothing_so_no_knob_is_refused_for_them():
+    cfg = build_config("vllm", scheduler="tests.blocksim.plugin_examples:LongestPromptFirst", victim="largest",
+                       preemption="recompute")
+    assert cfg.policy_config.victim == "largest" and cfg.scheduler.preemption_mode == "recompute"
+
+
 def test_plugins_load_by_module_path_and_failures_say_which_part():
     tr = pd.DataFrame({"arrival_s": [0.0, 0.0], "prompt_tokens": [10, 90], "output_tokens": [3, 3]})
     cfg = build_config("vllm", scheduler="tests.blocksim.plugin_examples:LongestPromptFirst",
@@ -163,8 +204,6 @@ def test_plugins_load_by_module_path_and_failures_say_which_part():
        seed=st.integers(0, 5))
 def test_prefix_caching_keeps_memory_exact_with_and_without_chunked_prefill(count, prefix, suffix, n_prefixes,
                                                                            chunked, blocks, n, seed):
-    from traces.lengths import Fixed, Uniform
-    from traces.synth import shared_prefix_trace
     tr = shared_prefix_trace(count, rate_per_s=20.0, prefix_tokens=prefix, suffix=Uniform(1, suffix + 1),
                              output=Fixed(12), n_prefixes=n_prefixes, n=n, hash_block_tokens=16, seed=seed)
     cfg = build_config("vllm-prefix", chunked_prefill=chunked, max_num_batched_tokens=48 if chunked else None,
