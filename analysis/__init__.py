@@ -1,4 +1,4 @@
-"""Metrics, reports, fragmentation analysis and policy comparisons over blocksim run directories.
+"""Metrics, tables, reports and fragmentation analysis over blocksim run directories.
 
 The public names below load lazily, so importing ``analysis`` (or ``analysis.cli``) does not
 import matplotlib until a report is drawn.
@@ -24,7 +24,8 @@ _EXPORTS = {
     "write_report": "analysis.report",
     "fragmentation_report": "analysis.fragmentation",
     "FragmentationReport": "analysis.fragmentation",
-    "compare": "blocksim.experiments.compare",
+    "run_row": "analysis.table",
+    "parquet_safe": "analysis.table",
     "add_analysis_commands": "analysis.cli",
 }
 __all__ = list(_EXPORTS)

@@ -1,8 +1,8 @@
-"""The ``report``, ``fragmentation`` and ``compare`` sub-commands of ``blocksim``.
+"""The ``report`` and ``fragmentation`` sub-commands of ``blocksim``, and the ``--slo`` argument type.
 
 ``blocksim``'s main parser calls ``add_analysis_commands(subparsers)`` and then
-``args.func(args)``; each handler returns an exit status. Heavy imports (matplotlib, the
-simulator) happen inside the handlers so ``blocksim --help`` stays fast.
+``args.func(args)``; each handler returns an exit status. The handlers import the report modules
+(and so matplotlib) when they run, so ``blocksim --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -10,33 +10,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-import yaml
-
+from analysis.rundir import RunDirError
 from analysis.slo import parse_slo
 
 
-def _slo(text: str) -> dict[str, float]:
+def slo_type(text: str) -> dict[str, float]:
+    """argparse type for ``--slo``: ``ttft=2s,tpot=100ms`` -> seconds per key."""
     try:
         return parse_slo(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def _rate_scales(text: str) -> list[float]:
-    try:
-        rates = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
-    if not rates or any(r <= 0 for r in rates):
-        raise argparse.ArgumentTypeError(f"rate scales must be positive numbers, got {text!r}")
-    return rates
-
-
-def _setting(text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
-    return key.strip(), yaml.safe_load(value)
 
 
 def _fail(command: str, exc: Exception) -> int:
@@ -45,8 +28,7 @@ def _fail(command: str, exc: Exception) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from analysis.report import write_report
-    from analysis.rundir import RunDirError
+    from analysis.report import write_report  # loads matplotlib: only when this command runs
 
     try:
         html, md = write_report(args.run_dir, slo=args.slo)
@@ -57,8 +39,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_fragmentation(args: argparse.Namespace) -> int:
-    from analysis.fragmentation import fragmentation_report
-    from analysis.rundir import RunDirError
+    from analysis.fragmentation import fragmentation_report  # loads matplotlib: only when this command runs
 
     try:
         rep = fragmentation_report(args.run_dir, top_k=args.top_k, window_s=args.window_s)
@@ -71,35 +52,13 @@ def cmd_fragmentation(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    from blocksim.experiments.compare import compare
-
-    overrides = dict(args.set or [])
-    for key in ("max_requests", "model", "gpu"):
-        if getattr(args, key) is not None:
-            overrides[key] = getattr(args, key)
-    try:
-        summary = compare(args.trace, args.policy, args.rate_scale, args.out, args.workers,
-                          slo=args.slo, overrides=overrides, progress=not args.no_progress)
-    except (ValueError, OSError) as exc:
-        return _fail("compare", exc)
-    cols = [c for c in ("policy", "rate_scale", "status", "requests_per_s", "norm_latency_mean_s",
-                        "goodput_requests_per_s", "token_states_frac", "error") if c in summary.columns]
-    print(summary[cols].to_string(index=False))
-    print(f"\nsummary: {args.out}/summary.parquet\nreport:  {args.out}/report.html\n         {args.out}/report.md")
-    failed = int((summary["status"] != "ok").sum())
-    if failed:
-        print(f"{failed} of {len(summary)} runs failed; see the error column and error.txt", file=sys.stderr)
-    return 1 if failed else 0
-
-
 def add_analysis_commands(subparsers) -> None:
-    """Register ``report``, ``fragmentation`` and ``compare`` on an argparse sub-parser set."""
+    """Register ``report`` and ``fragmentation`` on an argparse sub-parser set."""
     p = subparsers.add_parser("report", help="(re)write report.html and report.md for a run or compare directory",
                               description="Write report.html (self-contained) and report.md into RUN_DIR, "
                                           "a run directory or a `blocksim compare` output directory.")
     p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("--slo", type=_slo, default=None, metavar="SLO",
+    p.add_argument("--slo", type=slo_type, default=None, metavar="SLO",
                    help="add goodput under this SLO, e.g. ttft=2s,tpot=100ms,e2e=30s (units s or ms)")
     p.set_defaults(func=cmd_report)
 
@@ -112,24 +71,3 @@ def add_analysis_commands(subparsers) -> None:
     p.add_argument("--window-s", type=float, default=None,
                    help="window length in seconds (default: the run split into 50 windows)")
     p.set_defaults(func=cmd_fragmentation)
-
-    p = subparsers.add_parser("compare", help="run a trace under several policies and rates, then compare",
-                              description="One simulation per (policy, rate scale), in parallel on the local "
-                                          "cores, each into OUT/<policy>_x<rate>/; then OUT/summary.parquet "
-                                          "and OUT/report.html. Exit status 1 if any run failed.")
-    p.add_argument("trace", metavar="TRACE")
-    p.add_argument("--policy", action="append", required=True, metavar="P",
-                   help="policy preset or plugin (repeat for several)")
-    p.add_argument("--rate-scale", type=_rate_scales, default=[1.0], metavar="R[,R...]",
-                   help="arrival-rate multipliers, e.g. 0.5,1,2,4 (default 1)")
-    p.add_argument("--slo", type=_slo, default=None, metavar="SLO",
-                   help="goodput SLO, e.g. ttft=2s,tpot=100ms,e2e=30s (units s or ms)")
-    p.add_argument("--workers", type=int, default=None, help="parallel runs (default: local cores)")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    p.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
-    p.add_argument("--model", default=None, help="model name from the catalog")
-    p.add_argument("--gpu", default=None, help="GPU name from the catalog")
-    p.add_argument("--set", type=_setting, action="append", metavar="KEY=VALUE",
-                   help="any other simulator override for every run (repeatable; VALUE parsed as YAML)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_compare)

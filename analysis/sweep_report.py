@@ -10,6 +10,8 @@ import numbers
 
 import pandas as pd
 
+from analysis.document import Image, Section, Table, write_document
+
 #: (column, label, higher is better) of the heatmaps, in order; those absent from the table are skipped.
 HEATMAP_METRICS = (
     ("max_rate_scale", "max rate scale meeting the SLO", True),
@@ -48,6 +50,7 @@ def _sorted_values(values) -> list:
 def heatmap_png(panels: list[tuple[str, pd.DataFrame]], label: str, xlabel: str, ylabel: str,
                 higher_better: bool) -> bytes:
     """One heatmap per (title, table) panel, three to a row, each with its own colour scale."""
+    # matplotlib and seaborn load only when a heatmap is drawn, not when the CLI starts
     import matplotlib as mpl
     import seaborn as sns
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -80,8 +83,6 @@ def heatmap_images(df: pd.DataFrame, axes: list[str], chosen: dict, seeds: bool 
                    metrics: tuple = HEATMAP_METRICS) -> list:
     """Per metric, one image of it over the two heatmap axes, a panel per trace (unless the
     traces are an axis). Other varying axes are held at their first value."""
-    from analysis.document import Image
-
     xy = heatmap_axes(df, axes, chosen) if not df.empty else None
     if xy is None:
         return []
@@ -125,8 +126,7 @@ def best_per_trace(df: pd.DataFrame, axes: list[str], slo_text: str, top: int = 
 
 
 def sweep_sections(df: pd.DataFrame, setup: dict, max_rate: pd.DataFrame | None = None) -> list:
-    from analysis.document import Section, Table
-    from analysis.report import flatten
+    from analysis.report import flatten  # analysis.report loads matplotlib: only when a report is drawn
 
     axes = list(setup.get("axes") or [])
     seeds = setup.get("seeds")
@@ -176,8 +176,6 @@ def sweep_sections(df: pd.DataFrame, setup: dict, max_rate: pd.DataFrame | None 
 
 
 def write_sweep_report(out_dir, df: pd.DataFrame, setup: dict, max_rate: pd.DataFrame | None = None):
-    from analysis.document import write_document
-
     title = f"blocksim sweep: {setup.get('name', 'sweep')}"
     return write_document(out_dir, "sweep_report", title, sweep_sections(df, setup, max_rate))
 

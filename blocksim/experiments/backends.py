@@ -1,8 +1,10 @@
-"""Running sweep points: the local and Ray backends, and the driver loop that feeds them.
+"""Running points: the local and Ray backends, and the driver loop that feeds them.
 
-The driver hands jobs to a backend, at most ``backend.capacity`` at a time, reuses complete run
-directories from earlier sweeps (`sweep_point.cached_row`), and retries a point whose worker
-process died once; a point that raises is reported failed and does not stop the others.
+`run_jobs` is the one way points run, for sweeps (`blocksim.experiments.sweep`) and comparisons
+(`blocksim.experiments.compare`). The driver (`drive`) hands jobs to a backend, at most
+``backend.capacity`` at a time, reuses complete run directories from earlier runs
+(`points.cached_row`), and retries a point whose worker process died once; a point that raises is
+reported failed and does not stop the others.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
 from blocksim.experiments.points import (
-    PARTIAL_DIR,
-    RUNS_DIR,
+    RunLayout,
     cached_row,
     error_outcome,
     install_run_dir,
@@ -30,6 +33,7 @@ from blocksim.experiments.points import (
 from blocksim.experiments.spec import Point
 
 MAX_ATTEMPTS = 2  # a crashed worker's point runs at most twice
+BACKENDS = ("local", "ray")
 
 
 # ---------------------------------------------------------------- local backend
@@ -37,14 +41,14 @@ MAX_ATTEMPTS = 2  # a crashed worker's point runs at most twice
 _WORKER: dict = {}
 
 
-def _init_worker(out_dir: str, traces: dict, runner: Callable, slo_text: str) -> None:
+def _init_worker(layout: RunLayout, traces: dict, runner: Callable, slo_text: str) -> None:
     """Process-pool initializer: each worker receives the loaded traces once."""
-    _WORKER.update(out_dir=Path(out_dir), traces=traces, runner=runner, slo=slo_text)
+    _WORKER.update(layout=layout, traces=traces, runner=runner, slo=slo_text)
 
 
 def _local_task(name: str, point: Point) -> tuple:
     w = _WORKER
-    return run_point_into(w["out_dir"], name, point, w["traces"][point.trace], w["slo"], w["runner"])
+    return run_point_into(w["layout"], name, point, w["traces"][point.trace], w["slo"], w["runner"])
 
 
 @dataclass
@@ -61,8 +65,8 @@ class LocalBackend:
 
     crashes_are_shared = True  # a dying worker breaks the whole pool: every running point is suspect
 
-    def __init__(self, out_dir: Path, traces: dict, runner: Callable, slo_text: str, workers: int):
-        self.args = (str(out_dir), traces, runner, slo_text)
+    def __init__(self, layout: RunLayout, traces: dict, runner: Callable, slo_text: str, workers: int):
+        self.args = (layout, traces, runner, slo_text)
         self.capacity = max(1, workers)
         self.pool: ProcessPoolExecutor | None = None
         self.futures: dict = {}
@@ -125,13 +129,13 @@ class RayBackend:
 
     crashes_are_shared = False  # Ray isolates tasks: a crash is the crashing point's own
 
-    def __init__(self, out_dir: Path, traces: dict, runner: Callable, slo_text: str, workers: int | None,
+    def __init__(self, layout: RunLayout, traces: dict, runner: Callable, slo_text: str, workers: int | None,
                  address: str | None):
         try:
-            import ray
+            import ray  # optional dependency: imported only when this backend is chosen
         except ImportError:
             raise RuntimeError("--backend ray needs Ray: pip install 'blocksim[ray]'") from None
-        self.ray, self.out_dir, self.slo_text = ray, out_dir, slo_text
+        self.ray, self.layout, self.slo_text = ray, layout, slo_text
         self.args = (traces, runner, workers, address)
         self.started = False
         self._capacity: int | None = None
@@ -175,17 +179,17 @@ class RayBackend:
             if result[0] == "ok":
                 result = self._install(job, result)
             else:
-                write_error(self.out_dir / RUNS_DIR / job.name, result[2])
+                write_error(self.layout.run_dir(job.name), result[2])
             out.append((job, result))
         return out
 
     def _install(self, job: Job, result: tuple) -> tuple:
-        tmp = self.out_dir / PARTIAL_DIR / f"{job.name}.driver"
+        tmp = self.layout.partial / f"{job.name}.driver"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         for fname, data in result[2].items():
             (tmp / fname).write_bytes(data)
-        install_run_dir(tmp, self.out_dir / RUNS_DIR / job.name)
+        install_run_dir(tmp, self.layout.run_dir(job.name))
         return ("ok", result[1])
 
     def close(self) -> None:
@@ -211,25 +215,49 @@ class GridSource:
         return []
 
 
-def drive(source, backend, out_dir: Path, slo_text: str, *, progress: bool = False) -> list[dict]:
+def make_backend(name: str, layout: RunLayout, traces: dict, runner: Callable, slo_text: str,
+                 workers: int | None, address: str | None, n_jobs: int):
+    """The ``local`` backend (``workers`` processes, default the local cores, at most ``n_jobs``)
+    or the ``ray`` backend (``address``: a cluster to join; default a local Ray)."""
+    if name == "local":
+        return LocalBackend(layout, traces, runner, slo_text, min(workers or os.cpu_count() or 1, max(1, n_jobs)))
+    if name == "ray":
+        return RayBackend(layout, traces, runner, slo_text, workers, address)
+    raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def run_jobs(source, layout: RunLayout, traces: dict, runner: Callable, slo_text: str, *,
+             backend: str = "local", workers: int | None = None, address: str | None = None,
+             progress: bool = False, desc: str = "sweep") -> list[dict]:
+    """Run a job source's points on the named backend; one row per job, sorted by ``job.order``.
+
+    ``traces`` maps each point's ``trace`` label to its loaded trace; ``runner`` has the signature
+    of ``blocksim.experiments.runner.replay`` (and must pickle for a process pool or Ray).
+    """
+    be = make_backend(backend, layout, traces, runner, slo_text, workers, address, source.estimated_total())
+    rows = drive(source, be, layout, slo_text, progress=progress, desc=desc)
+    return sorted(rows, key=lambda r: r["_job"].order)
+
+
+def drive(source, backend, layout: RunLayout, slo_text: str, *, progress: bool = False,
+          desc: str = "sweep") -> list[dict]:
     """Run the source's jobs on the backend until none are left; return one row per job.
 
-    A row has ``status`` (``ok`` / ``failed``), ``error``, ``attempts`` (0: result reused from an
-    earlier sweep), ``run_dir`` and the metrics. Crashed points are retried once; with a local
-    pool the retry runs alone, so the point that kills its worker is the one reported.
+    A row has ``name``, ``status`` (``ok`` / ``failed``), ``error``, ``attempts`` (0: result
+    reused from an earlier run), ``run_dir`` (relative to ``layout.root``), the metrics, and
+    ``_job``. Crashed points are retried once; with a local pool the retry runs alone, so the
+    point that kills its worker is the one reported.
     """
-    from tqdm import tqdm
-
     pending = deque(source.initial())
     suspects: deque = deque()
     rows: list[dict] = []
     counts = {"ok": 0, "failed": 0, "cached": 0}
     running = 0
-    bar = tqdm(total=source.estimated_total(), desc="sweep", unit="run", disable=not progress, smoothing=0.05)
+    bar = tqdm(total=source.estimated_total(), desc=desc, unit="run", disable=not progress, smoothing=0.05)
 
     def finish(job: Job, outcome: tuple) -> None:
         row = {"name": job.name, "status": "ok" if outcome[0] == "ok" else "failed", "error": "",
-               "attempts": job.attempts, "run_dir": f"{RUNS_DIR}/{job.name}", "_job": job}
+               "attempts": job.attempts, "run_dir": layout.relative(job.name), "_job": job}
         if outcome[0] == "ok":
             row.update({k: v for k, v in outcome[1].items() if k not in row})
         else:
@@ -254,7 +282,7 @@ def drive(source, backend, out_dir: Path, slo_text: str, *, progress: bool = Fal
                 start(suspects.popleft())
             while pending and not suspects:
                 job = pending[0]
-                cached = cached_row(out_dir / RUNS_DIR / job.name, job.point, slo_text) if not job.attempts else None
+                cached = cached_row(layout.run_dir(job.name), job.point, slo_text) if not job.attempts else None
                 if cached is not None:  # complete from an earlier sweep: no backend needed
                     pending.popleft()
                     finish(job, ("ok", cached))
@@ -271,12 +299,12 @@ def drive(source, backend, out_dir: Path, slo_text: str, *, progress: bool = Fal
                     continue
                 if outcome[0] == "crash":
                     outcome = ("error", f"{outcome[1]}; failed again on retry", "")
-                    write_error(out_dir / RUNS_DIR / job.name, outcome[1] + "\n")
+                    write_error(layout.run_dir(job.name), outcome[1] + "\n")
                 finish(job, outcome)
             bar.set_postfix(done=counts["ok"], failed=counts["failed"], running=running,
                             reused=counts["cached"], refresh=False)
     finally:
         bar.close()
         backend.close()
-        shutil.rmtree(out_dir / PARTIAL_DIR, ignore_errors=True)
+        shutil.rmtree(layout.partial, ignore_errors=True)
     return rows

@@ -1,43 +1,40 @@
-"""Run one trace under several policies and request rates, in parallel, and compare them.
+"""Compare policies on one trace: the (policy x rate scale) grid, run by the sweep's driver.
 
-Each (policy, rate scale) pair is one call of the simulator's ``replay`` in its own process,
-writing ``OUT/<policy>_x<rate>/``. A run that raises is recorded as ``status="failed"`` with its
-error (and ``error.txt`` holding the traceback in its directory); the others still complete.
-``OUT/summary.parquet`` has one row per run; ``OUT/report.html`` / ``report.md`` compare them.
+``compare`` is a preset of the sweep machinery (`blocksim.experiments.backends.run_jobs`): each
+(policy, rate scale) pair is one point, run on the local cores or on Ray into
+``OUT/<policy>_x<rate>/``. As in a sweep, the trace is read once, a run directory appears only
+when complete, rerunning into the same ``OUT`` reuses complete runs, and a run that raises is
+recorded as ``status="failed"`` with its error (``error.txt`` in its directory holds the
+traceback) while the others complete. ``OUT/summary.parquet`` has one row per run,
+``OUT/compare.json`` the setup, and ``OUT/report.html`` / ``report.md`` compare the runs
+(`analysis.report.write_report`).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
-import os
 import re
-import traceback
+import sys
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import pandas as pd
-from tqdm import tqdm
+import yaml
 
-from analysis.metrics import (
-    goodput_metrics,
-    memory_fractions,
-    offered_rate,
-    prefix_hit_rate,
-)
-from analysis.report import COMPARE_SETUP, COMPARE_SUMMARY, write_report
-from analysis.rundir import load_run
+import traces
+from analysis.cli import slo_type
 from analysis.slo import format_slo
+from analysis.table import parquet_safe
+from blocksim.experiments.backends import BACKENDS, GridSource, Job, run_jobs
+from blocksim.experiments.points import RunLayout, replay_runner
+from blocksim.experiments.spec import Point, validate_points
 
 Runner = Callable[..., dict]
 
-
-def replay_runner(trace_path: str, out_dir: str, **kwargs) -> dict:
-    """The real simulator (imported in the worker, so ``analysis`` does not need it to load)."""
-    from blocksim.experiments.runner import replay
-
-    return replay(trace_path, out_dir, **kwargs)
+#: The grid's own columns, first in the table; the run's metrics follow.
+_KEY_COLUMNS = ("policy", "rate_scale", "status", "error", "attempts", "run_dir")
 
 
 def run_dir_name(policy: str, rate_scale: float) -> str:
@@ -45,68 +42,19 @@ def run_dir_name(policy: str, rate_scale: float) -> str:
     return f"{re.sub(r'[^A-Za-z0-9._-]', '-', policy)}_x{rate_scale:g}"
 
 
-def _run_one(runner: Runner, trace: str, run_dir: str, policy: str, rate_scale: float,
-             overrides: dict | None) -> tuple[dict | None, str, str]:
-    """(summary, error, traceback) of one run; never raises, so one failure cannot sink the pool."""
-    try:
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
-        (Path(run_dir) / "error.txt").unlink(missing_ok=True)  # from an earlier failed attempt
-        summary = runner(trace, run_dir, policy=policy, rate_scale=rate_scale,
-                         overrides=overrides or None, progress=False, write_report=False)
-        return (summary if isinstance(summary, dict) else {}), "", ""
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported in the summary, not re-raised
-        return None, " ".join(f"{type(exc).__name__}: {exc}".split()), traceback.format_exc()
+def slo_text(slo: dict[str, float]) -> str:
+    """An SLO in seconds as ``parse_slo`` text that reads back to the same floats."""
+    return ",".join(f"{k}={v!r}s" for k, v in slo.items())
 
 
-def _row(out_dir: Path, policy: str, rate_scale: float, result: tuple, slo: dict) -> dict:
-    summary, error, tb = result
-    name = run_dir_name(policy, rate_scale)
-    row = {"policy": policy, "rate_scale": rate_scale, "status": "failed", "error": error, "run_dir": name}
-    if summary is None:
-        if tb:
-            (out_dir / name).mkdir(parents=True, exist_ok=True)
-            (out_dir / name / "error.txt").write_text(tb)
-        return row
-    try:
-        run = load_run(out_dir / name)
-    except Exception as exc:  # noqa: BLE001 - an incomplete run directory is a failed run
-        row["error"] = f"run finished but its directory is unusable: {exc}"
-        return row
-    flat = run_row(run, slo)
-    flat.update({k: v for k, v in summary.items() if not isinstance(v, (dict, list))})
-    row.update({k: v for k, v in flat.items() if k not in row})
-    row["status"] = "ok"
-    return row
-
-
-def run_row(run, slo: dict | None = None) -> dict:
-    """One run as a flat row: its summary's scalars, offered rate, prefix hit rate, memory fractions,
-    and goodput under `slo` when given (shared by compare and sweep tables)."""
-    row = {k: v for k, v in run.summary.items() if not isinstance(v, (dict, list))}
-    row["offered_rate_req_s"] = offered_rate(run.requests)
-    hit_rate = prefix_hit_rate(run.summary)
-    if hit_rate is not None:
-        row["prefix_hit_rate"] = hit_rate
-    if slo:
-        row.update(goodput_metrics(run, slo))
-    row.update(memory_fractions(run))
-    return row
-
-
-def parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
-    """Columns mixing numbers and strings across runs become numbers where possible, else text."""
-    for col in df.columns[df.dtypes == object]:
-        values = df[col].dropna()
-        if values.map(lambda v: isinstance(v, str)).all():
-            continue
-        numeric = pd.to_numeric(df[col], errors="coerce")
-        ok = numeric.notna() | df[col].isna()
-        df[col] = numeric if ok.all() else df[col].map(lambda v: None if v is None else str(v))
-    return df
+def compare_points(label: str, policies: list[str], rate_scales: list[float], overrides: dict) -> list[Point]:
+    """The grid as sweep points, policy slowest: every override shared, policy and rate scale varying."""
+    return [Point(label, {**overrides, "policy": p, "rate_scale": r}, ("policy", "rate_scale"))
+            for p in policies for r in rate_scales]
 
 
 def compare(
-    trace: str | Path,
+    trace: str | Path | traces.Trace,
     policies: list[str],
     rate_scales: list[float] = (1.0,),
     out_dir: str | Path = "compare",
@@ -117,6 +65,8 @@ def compare(
     overrides: dict | None = None,
     progress: bool = False,
     report: bool = True,
+    backend: str = "local",
+    address: str | None = None,
     **common,
 ) -> pd.DataFrame:
     """Run every (policy, rate scale) on ``trace`` and return the combined summary.
@@ -124,8 +74,11 @@ def compare(
     ``common`` keyword arguments are simulator overrides for every run (merged into
     ``overrides``, e.g. ``model="llama-2-13b", max_requests=500``). ``workers`` defaults to the
     number of local cores (capped by the number of runs); ``workers=1`` runs in this process.
-    ``runner`` replaces the simulator (same signature as ``blocksim.experiments.runner.replay``).
-    Writes ``summary.parquet``, ``compare.json`` and (with ``report=True``) the report.
+    ``backend="ray"`` runs on Ray (``address``: a cluster to join). ``runner`` replaces the
+    simulator (same signature as ``blocksim.experiments.runner.replay``; it receives the trace
+    already read and cut to ``max_requests``); without one, every policy and option is checked
+    before any run starts. Writes ``summary.parquet``, ``compare.json`` and (with
+    ``report=True``) the report.
     """
     policies = list(dict.fromkeys(policies))
     rate_scales = list(dict.fromkeys(float(r) for r in rate_scales))
@@ -133,41 +86,116 @@ def compare(
         raise ValueError("compare needs at least one policy")
     if not rate_scales or any(not (r > 0 and math.isfinite(r)) for r in rate_scales):
         raise ValueError(f"rate scales must be positive numbers, got {rate_scales}")
-    if isinstance(trace, (str, Path)) and runner is None and not Path(trace).exists():
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    is_path = isinstance(trace, (str, Path))
+    if is_path and not Path(trace).exists():
         raise FileNotFoundError(f"trace {trace} not found")
     overrides = {**(overrides or {}), **common}
+    label = Path(trace).stem if is_path else (getattr(trace, "name", "") or "trace")
+    points = compare_points(label, policies, rate_scales, overrides)
     if runner is None:  # the simulator: refuse a bad policy or option before any run starts
-        from blocksim.experiments.runner import check_options
-        for policy in policies:
-            check_options(policy, overrides)
+        validate_points(points)
+    loaded = traces.read_trace(trace) if is_path else trace
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    runner = runner or replay_runner
     slo = slo or {}
-    jobs = [(p, r) for p in policies for r in rate_scales]
-    workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
-    args = {job: (runner, str(trace), str(out_dir / run_dir_name(*job)), *job, overrides) for job in jobs}
-    results: dict[tuple, tuple] = {}
-    bar = tqdm(total=len(jobs), desc="compare", unit="run", disable=not progress)
-    if workers == 1:
-        for job in jobs:
-            results[job] = _run_one(*args[job])
-            bar.update()
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = {pool.submit(_run_one, *args[job]): job for job in jobs}
-            for future in as_completed(futures):
-                try:
-                    results[futures[future]] = future.result()
-                except Exception as exc:  # noqa: BLE001 - e.g. a worker killed by the OS
-                    results[futures[future]] = (None, f"{type(exc).__name__}: {exc}", "")
-                bar.update()
-    bar.close()
-    summary = parquet_safe(pd.DataFrame([_row(out_dir, *job, results[job], slo) for job in jobs]))
+    jobs = [Job(run_dir_name(p.policy, p.rate_scale), p, order=(i,)) for i, p in enumerate(points)]
+    rows = run_jobs(GridSource(jobs), RunLayout(out_dir, runs=""), {label: loaded}, runner or replay_runner,
+                    slo_text(slo), backend=backend, workers=workers, address=address, progress=progress,
+                    desc="compare")
+    table = []
+    for r in rows:
+        point = r["_job"].point
+        row = {"policy": point.policy, "rate_scale": point.rate_scale,
+               **{k: r[k] for k in _KEY_COLUMNS[2:]}}
+        row.update({k: v for k, v in r.items() if k not in row and k not in ("name", "_job")})
+        table.append(row)
+    # analysis.report loads matplotlib: imported when a comparison is written, not when the CLI starts
+    from analysis.report import COMPARE_SETUP, COMPARE_SUMMARY, write_report
+
+    summary = parquet_safe(pd.DataFrame(table))
     summary.to_parquet(out_dir / COMPARE_SUMMARY, index=False)
-    setup = {"trace": str(trace), "policies": policies, "rate_scales": rate_scales,
-             "slo": format_slo(slo), "overrides": overrides, "workers": workers}
+    setup = {"trace": str(trace) if is_path else label, "policies": policies, "rate_scales": rate_scales,
+             "slo": format_slo(slo), "overrides": overrides, "backend": backend, "workers": workers,
+             "address": address}
     (out_dir / COMPARE_SETUP).write_text(json.dumps(setup, indent=2, default=str))
     if report:
         write_report(out_dir)
     return summary
+
+
+# ---------------------------------------------------------------- command line
+
+def _rate_scales(text: str) -> list[float]:
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+    if not rates or any(r <= 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"rate scales must be positive numbers, got {text!r}")
+    return rates
+
+
+def _setting(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key.strip(), yaml.safe_load(value)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    overrides = dict(args.set or [])
+    for key in ("max_requests", "model", "gpu"):
+        if getattr(args, key) is not None:
+            overrides[key] = getattr(args, key)
+    try:
+        summary = compare(args.trace, args.policy, args.rate_scale, args.out, args.workers, slo=args.slo,
+                          overrides=overrides, progress=not args.no_progress, backend=args.backend,
+                          address=args.address)
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"blocksim compare: {exc}", file=sys.stderr)
+        return 2
+    cols = [c for c in ("policy", "rate_scale", "status", "requests_per_s", "norm_latency_mean_s",
+                        "goodput_requests_per_s", "token_states_frac", "error") if c in summary.columns]
+    print(summary[cols].to_string(index=False))
+    reused = int((summary["attempts"] == 0).sum())
+    if reused:
+        print(f"{reused} of {len(summary)} runs reused from an earlier compare into {args.out}")
+    print(f"\nsummary: {args.out}/summary.parquet\nreport:  {args.out}/report.html\n         {args.out}/report.md")
+    failed = int((summary["status"] != "ok").sum())
+    if failed:
+        print(f"{failed} of {len(summary)} runs failed; see the error column and error.txt", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def add_compare_command(subparsers) -> None:
+    """Register ``blocksim compare`` on an argparse sub-parser set."""
+    p = subparsers.add_parser("compare", help="run a trace under several policies and rates, then compare",
+                              description="One simulation per (policy, rate scale), in parallel on the local "
+                                          "cores or on Ray, each into OUT/<policy>_x<rate>/; then "
+                                          "OUT/summary.parquet and OUT/report.html. Rerunning into the same "
+                                          "OUT reuses complete runs. Exit status 1 if any run failed.")
+    p.add_argument("trace", metavar="TRACE")
+    p.add_argument("--policy", action="append", required=True, metavar="P",
+                   help="policy preset or plugin (repeat for several)")
+    p.add_argument("--rate-scale", type=_rate_scales, default=[1.0], metavar="R[,R...]",
+                   help="arrival-rate multipliers, e.g. 0.5,1,2,4 (default 1)")
+    p.add_argument("--slo", type=slo_type, default=None, metavar="SLO",
+                   help="goodput SLO, e.g. ttft=2s,tpot=100ms,e2e=30s (units s or ms)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="parallel runs (default: local cores; with ray: the cluster's CPUs)")
+    p.add_argument("--backend", choices=BACKENDS, default="local",
+                   help="local: a process pool (default); ray: Ray tasks (pip install 'blocksim[ray]')")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster address (e.g. ray://host:10001 or auto); default: start a local Ray")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory (complete runs reused on rerun)")
+    p.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
+    p.add_argument("--model", default=None, help="model name from the catalog")
+    p.add_argument("--gpu", default=None, help="GPU name from the catalog")
+    p.add_argument("--set", type=_setting, action="append", metavar="KEY=VALUE",
+                   help="any other simulator override for every run (repeatable; VALUE parsed as YAML)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_compare)

@@ -1,10 +1,10 @@
-"""One sweep point: shape its trace, simulate it, write its run directory atomically, read its metrics.
+"""One point: shape its trace, simulate it, write its run directory atomically, read its metrics.
 
 A point's run directory appears only when it is complete: the worker writes it under
-``OUT/.partial/`` and renames it to ``OUT/runs/<name>/`` as its last act, after ``point.json``
-(its metrics row). A killed sweep therefore leaves either a complete directory or none, and a
-rerun skips complete ones (`cached_row`). A point that raises is reported with its error, and
-``runs/<name>/error.txt`` holds the traceback.
+``OUT/.partial/`` and renames it into place (`RunLayout.run_dir`) as its last act, after
+``point.json`` (its metrics row). A killed sweep or comparison therefore leaves either a complete
+directory or none, and a rerun skips complete ones (`cached_row`). A point that raises is reported
+with its error, and ``error.txt`` in its run directory holds the traceback.
 """
 
 from __future__ import annotations
@@ -14,8 +14,15 @@ import os
 import shutil
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+import traces
+from analysis.rundir import REQUESTS_FILE, STEPS_FILE, SUMMARY_FILE, SUMMARY_KEYS, load_run
+from analysis.slo import parse_slo
+from analysis.table import run_row
 from blocksim.experiments.spec import Point
 
 RUNS_DIR = "runs"
@@ -24,7 +31,29 @@ POINT_FILE = "point.json"
 ERROR_FILE = "error.txt"
 
 
+@dataclass(frozen=True)
+class RunLayout:
+    """Where a driver writes: run directory ``name`` goes to ``root/runs/name`` (a sweep) or, with
+    ``runs=""``, to ``root/name`` (a comparison); each is built under ``root/.partial/`` first."""
+
+    root: Path
+    runs: str = RUNS_DIR
+
+    def run_dir(self, name: str) -> Path:
+        return self.root / self.runs / name
+
+    def relative(self, name: str) -> str:
+        """``name``'s run directory relative to ``root`` (the table's ``run_dir`` column)."""
+        return (Path(self.runs) / name).as_posix()
+
+    @property
+    def partial(self) -> Path:
+        return self.root / PARTIAL_DIR
+
+
 def replay_runner(trace, out_dir, **kwargs) -> dict:
+    """``blocksim.experiments.runner.replay``, imported on the first run: the simulator loads in
+    the worker process, not when the CLI registers its commands."""
     from blocksim.experiments.runner import replay
     return replay(trace, out_dir, **kwargs)
 
@@ -32,7 +61,6 @@ def replay_runner(trace, out_dir, **kwargs) -> dict:
 def shape_trace(trace, point: Point):
     """The point's trace: its first ``max_requests``, re-timed as a seeded Poisson process at the
     slice's own mean rate when the point has a ``seed``. (``rate_scale`` is applied by replay.)"""
-    import traces
     if point.max_requests is not None:
         trace = traces.head(trace, point.max_requests)
     if point.seed is not None and len(trace) > 1:
@@ -45,14 +73,11 @@ def shape_trace(trace, point: Point):
 
 def point_metrics(run_dir: Path, slo: dict[str, float]) -> dict:
     """A run's flat summary plus offered rate, memory fractions and (with an SLO) goodput."""
-    from blocksim.experiments.compare import run_row
-    from analysis.rundir import load_run
     return run_row(load_run(run_dir), slo)
 
 
 def simulate_point(point: Point, trace, dest: Path, slo_text: str, runner: Callable) -> dict:
     """Run one point into ``dest`` and write its ``point.json``; returns the metrics row."""
-    from analysis.slo import parse_slo
     dest.mkdir(parents=True, exist_ok=True)
     runner(shape_trace(trace, point), dest, policy=point.policy, rate_scale=point.rate_scale,
            overrides=point.overrides() or None, progress=False, write_report=False)
@@ -63,7 +88,6 @@ def simulate_point(point: Point, trace, dest: Path, slo_text: str, runner: Calla
 
 
 def _json_default(o):
-    import numpy as np
     if isinstance(o, np.integer):
         return int(o)
     if isinstance(o, np.floating):
@@ -83,22 +107,22 @@ def install_run_dir(src: Path, final: Path) -> None:
     os.replace(src, final)
 
 
-def run_point_into(out_dir: Path, name: str, point: Point, trace, slo_text: str, runner: Callable) -> tuple:
-    """Run one point into ``out_dir/runs/name`` (atomically); never raises.
+def run_point_into(layout: RunLayout, name: str, point: Point, trace, slo_text: str, runner: Callable) -> tuple:
+    """Run one point into ``layout.run_dir(name)`` (atomically); never raises.
 
     Returns ``("ok", metrics)`` or ``("error", message, traceback)``.
     """
-    tmp = out_dir / PARTIAL_DIR / f"{name}.{os.getpid()}"
+    tmp = layout.partial / f"{name}.{os.getpid()}"
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         metrics = simulate_point(point, trace, tmp, slo_text, runner)
-        install_run_dir(tmp, out_dir / RUNS_DIR / name)
+        install_run_dir(tmp, layout.run_dir(name))
         return ("ok", metrics)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported in the sweep table
         outcome = error_outcome(exc)
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            write_error(out_dir / RUNS_DIR / name, outcome[2])
+            write_error(layout.run_dir(name), outcome[2])
         except OSError:
             pass
         return outcome
@@ -111,7 +135,6 @@ def write_error(run_dir: Path, text: str) -> None:
 
 def is_complete(run_dir: Path) -> bool:
     """A run directory with both tables and a summary.json that parses and has its keys."""
-    from analysis.rundir import REQUESTS_FILE, STEPS_FILE, SUMMARY_FILE, SUMMARY_KEYS
     try:
         summary = json.loads((run_dir / SUMMARY_FILE).read_text())
     except (OSError, ValueError):
@@ -130,7 +153,6 @@ def cached_row(run_dir: Path, point: Point, slo_text: str) -> dict | None:
             return saved["metrics"]
     except (OSError, ValueError, KeyError):
         pass
-    from analysis.slo import parse_slo
     try:
         metrics = point_metrics(run_dir, parse_slo(slo_text))
     except Exception:  # noqa: BLE001 - unreadable: run it again

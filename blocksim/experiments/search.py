@@ -91,7 +91,7 @@ class Search:
 
 
 class MaxRateSource:
-    """Job source for `sweep_exec.drive`: one search per configuration, one probe at a time each."""
+    """Job source for `backends.drive`: one search per configuration, one probe at a time each."""
 
     def __init__(self, configs: list[Point], threshold: float = 0.9, steps: int = 6):
         if not 0 < threshold <= 1:

@@ -21,7 +21,10 @@ from typing import Any
 
 import yaml
 
+import traces
+from analysis.slo import parse_slo
 from blocksim import options
+from blocksim.config import ConfigError
 
 #: Options a point carries that are not `build_config` options: the preset and the run options.
 RUN_OPTIONS = ("policy", *options.RUN_OPTIONS)
@@ -44,7 +47,6 @@ class TraceRef:
 
     def path(self) -> Path:
         if self.source.startswith("bundled:"):
-            import traces
             return traces.bundled(self.source.split(":", 1)[1])
         return Path(self.source)
 
@@ -141,7 +143,6 @@ def _trace_refs(value, base_dir: Path) -> list[TraceRef]:
     refs: list[TraceRef] = []
     for item in map(str, items):
         if item.startswith("bundled:"):
-            import traces
             name = item.split(":", 1)[1]
             if name not in traces.bundled_names():
                 raise SpecError(f"trace {item!r}: no bundled trace {name!r}; choose one of "
@@ -200,7 +201,6 @@ def parse_spec(data: Any, base_dir: str | Path = ".") -> SweepSpec:
         raise SpecError(f"'report' takes {', '.join(REPORT_KEYS)} (the heatmap's axes), got {report!r}")
     slo = data.get("slo")
     if slo is not None:
-        from analysis.slo import parse_slo
         try:
             parse_slo(str(slo))
         except ValueError as exc:
@@ -237,8 +237,8 @@ def describe(point: Point) -> str:
 
 def validate_points(points: list[Point]) -> None:
     """Build every point's configuration; the first one the simulator refuses raises `SpecError`."""
-    from blocksim.config import ConfigError
-    from blocksim.experiments.runner import build_config
+    # the runner imports the whole simulator: loaded when points are validated, not when the CLI starts
+    from blocksim.experiments.runner import check_options
 
     for point in points:
         try:
@@ -247,7 +247,7 @@ def validate_points(points: list[Point]) -> None:
             mr = point.max_requests
             if mr is not None and (not isinstance(mr, int) or isinstance(mr, bool) or mr < 1):
                 raise ValueError(f"max_requests must be a positive integer, got {mr!r}")
-            build_config(point.policy, **point.overrides())
+            check_options(point.policy, point.overrides())
         except (ConfigError, ValueError, TypeError, KeyError) as exc:
             msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
             raise SpecError(f"point [{describe(point)}]: {msg}") from None

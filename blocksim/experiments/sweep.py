@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -24,14 +23,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from blocksim.experiments.backends import GridSource, Job, LocalBackend, RayBackend, drive
-from blocksim.experiments.points import replay_runner
+import traces
+from analysis.slo import parse_slo
+from analysis.sweep_report import write_sweep_report
+from analysis.table import parquet_safe
+from blocksim.experiments.backends import BACKENDS, GridSource, Job, run_jobs
+from blocksim.experiments.points import RunLayout, replay_runner
+from blocksim.experiments.search import MaxRateSource
 from blocksim.experiments.spec import Point, SpecError, SweepSpec, load_spec, validate_points
 
 SWEEP_TABLE = "sweep.parquet"
 MAX_RATE_TABLE = "max_rate.parquet"
 SETUP_FILE = "sweep.json"
-BACKENDS = ("local", "ray")
 FIND_MODES = ("max-rate",)
 
 
@@ -48,23 +51,12 @@ def _params(point: Point, columns: list[str]) -> dict:
 
 
 def _table(rows: list[dict]) -> pd.DataFrame:
-    from blocksim.experiments.compare import parquet_safe
     return parquet_safe(pd.DataFrame(rows))
 
 
 def load_traces(spec: SweepSpec) -> dict:
     """Every trace of the spec, read once: label -> `traces.Trace`."""
-    import traces
     return {ref.label: traces.read_trace(ref.path()) for ref in spec.traces}
-
-
-def _backend(name: str, out_dir: Path, loaded: dict, runner: Callable, slo_text: str,
-             workers: int | None, address: str | None, n_jobs: int):
-    if name == "local":
-        return LocalBackend(out_dir, loaded, runner, slo_text, min(workers or os.cpu_count() or 1, max(1, n_jobs)))
-    if name == "ray":
-        return RayBackend(out_dir, loaded, runner, slo_text, workers, address)
-    raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
 
 
 def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, backend: str = "local",
@@ -80,8 +72,6 @@ def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, backend: str
     ``blocksim.experiments.runner.replay`` (same signature; must pickle, e.g. a module-level function).
     Raises `SpecError` before running anything if any point is invalid.
     """
-    from analysis.slo import parse_slo
-
     spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)
     if backend not in BACKENDS:
         raise SpecError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -110,7 +100,6 @@ def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, backend: str
     setup = {**spec.to_dict(), "slo": slo_text, "backend": backend, "workers": workers, "address": address,
              "find": find, "points": len(points)}
     if find:
-        from blocksim.experiments.search import MaxRateSource
         setup.update(goodput_threshold=goodput_threshold, bisect_steps=bisect_steps)
         source = MaxRateSource(points, goodput_threshold, bisect_steps)
     else:
@@ -118,9 +107,8 @@ def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, backend: str
     (out_dir / SETUP_FILE).write_text(json.dumps(setup, indent=2, default=str))
 
     started = time.perf_counter()
-    be = _backend(backend, out_dir, loaded, runner or replay_runner, slo_text, workers, address,
-                  source.estimated_total())
-    rows = sorted(drive(source, be, out_dir, slo_text, progress=progress), key=lambda r: r["_job"].order)
+    rows = run_jobs(source, RunLayout(out_dir), loaded, runner or replay_runner, slo_text, backend=backend,
+                    workers=workers, address=address, progress=progress)
     setup["wall_s"] = round(time.perf_counter() - started, 2)
 
     columns = _param_columns(spec)
@@ -135,7 +123,6 @@ def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, backend: str
         df.attrs["max_rate"] = max_rate
     (out_dir / SETUP_FILE).write_text(json.dumps(setup, indent=2, default=str))
     if report:
-        from analysis.sweep_report import write_sweep_report
         write_sweep_report(out_dir, df, setup, max_rate)
     return df
 
