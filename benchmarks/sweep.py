@@ -17,8 +17,9 @@ import os
 import tempfile
 import time
 
-from blocksim.experiments.sweep import run_sweep
+from analysis.sweep_report import write_sweep_report
 from blocksim.experiments.spec import parse_spec
+from blocksim.experiments.sweep import run_sweep
 
 GRID = {
     "block_size": [8, 16, 32, 64, 128],
@@ -48,7 +49,6 @@ def main() -> None:
         again = run_sweep(spec, out, backend=a.backend, workers=a.workers, report=False)
         rerun = time.perf_counter() - t
         if a.report:
-            from analysis.sweep_report import write_sweep_report
             t = time.perf_counter()
             write_sweep_report(out, df, {**spec.to_dict(), "axes": GRID})
             print(f"report: {time.perf_counter() - t:.1f} s")
