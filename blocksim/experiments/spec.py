@@ -32,6 +32,8 @@ SPEC_KEYS = ("name", "trace", "base", "axes", "seeds", "slo", "report")
 REPORT_KEYS = ("x", "y")
 #: Short names in run directory names (anything else is written in full): the options' own, and the seed's.
 _SHORT = {**options.SHORT_NAMES, "seed": "s"}
+#: Options a point applies itself rather than passing them to replay as overrides.
+_APPLIED_BY_POINT = ("policy", "rate_scale", "max_requests", "seed")
 
 
 class SpecError(ValueError):
@@ -77,8 +79,9 @@ class Point:
         return self.params.get("max_requests")
 
     def overrides(self) -> dict:
-        """The `blocksim.experiments.runner.replay` overrides (everything but the run options and the seed)."""
-        return {k: v for k, v in self.params.items() if k not in (*RUN_OPTIONS, "seed")}
+        """The `blocksim.experiments.runner.replay` overrides: every option but those the point applies
+        itself (policy and rate scale as keywords, ``max_requests`` and ``seed`` in `points.shape_trace`)."""
+        return {k: v for k, v in self.params.items() if k not in _APPLIED_BY_POINT}
 
     def with_rate(self, rate_scale: float) -> Point:
         varying = self.varying if "rate_scale" in self.varying else (*self.varying, "rate_scale")

@@ -228,3 +228,16 @@ def test_compare_command_with_a_missing_trace(tmp_path, capsys):
     args = _parse(["compare", str(tmp_path / "nope.csv"), "--policy", "vllm", "--out", str(tmp_path / "o")])
     assert args.func(args) == 2
     assert "nope.csv not found" in capsys.readouterr().err
+
+
+def test_a_run_option_the_point_does_not_apply_reaches_the_runner(tmp_path, trace_file):
+    seen = []
+
+    def runner(trace, out_dir, *, policy, rate_scale, overrides, progress, write_report):
+        seen.append(overrides)
+        write_run(Path(out_dir))
+        return {}
+
+    compare(trace_file, ["vllm"], [1.0], tmp_path / "cmp", workers=1, runner=runner, report=False,
+            clip_to_model=True, max_requests=10)
+    assert seen == [{"clip_to_model": True}], "clip_to_model goes to replay; max_requests cuts the trace"
