@@ -17,6 +17,18 @@ class SeqStatus(enum.Enum):
     FINISHED = "finished"
 
 
+class GroupStatus(enum.StrEnum):
+    """Where a request stands; requests.parquet's `status` column holds these strings."""
+
+    PENDING = "pending"      # not handed to the scheduler yet
+    WAITING = "waiting"      # in the waiting queue (new, or preempted by recompute)
+    RUNNING = "running"      # in the running queue (decoding, or mid-prompt under chunked prefill)
+    SWAPPED = "swapped"      # preempted by swap: its blocks are in CPU memory
+    FINISHED = "finished"
+    REJECTED = "rejected"    # can never run; `reject_reason` says why
+    HELD = "held"            # static batching: done, held until its batch ends
+
+
 class Sequence:
     __slots__ = ("seq_id", "group", "num_tokens", "status", "block_table")
 
@@ -60,7 +72,7 @@ class SequenceGroup:
         self.preemptions = 0
         self.swaps = 0
         self.recomputed_tokens = 0
-        self.status = "pending"
+        self.status = GroupStatus.PENDING
         self.reject_reason = ""
         self.sort_key = (arrival_s, index)
         self.prefix_hashes = prefix_hashes

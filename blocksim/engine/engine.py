@@ -6,34 +6,35 @@ issued them, as vLLM v0 waits for its swaps before running the model.
 
 Spans: after a plain decode step whose groups each decode one sequence, the next steps are the
 same batch with contexts one token longer until a request finishes, a request arrives or free
-blocks run low. `Scheduler.span_candidates` and the memory manager's `span_blocks` find that span and the engine advances it in one jump;
-the step records, block tables and times are exactly those of stepping one by one
-(`spans=False` steps one by one, for checking that claim).
+blocks run low; `spans` finds such a span and advances it in one jump, with the step records,
+block tables and times of stepping one by one (`spans=False` steps one by one).
+
+The memory manager is any `blocksim.interfaces.MemoryManager`; the engine reads its capability
+flags (clock, extents, prefix hashes, prefill reservation) and calls nothing else.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from itertools import accumulate
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import simpy
 
-from blocksim.memory.paged import BlockSpaceManager
 from blocksim.config import SimConfig
+from blocksim.engine.spans import find_span, run_span
+from blocksim.interfaces import MemoryManager
 from blocksim.policies import make_cost_model, make_memory_manager, make_scheduler
-from blocksim.records.steps import StepRecorder
-from blocksim.scheduling.scheduler import SchedulerOutputs
-from blocksim.sequence import SequenceGroup
+from blocksim.records.steps import StepRecorder, StepRow
+from blocksim.scheduling.outputs import SchedulerOutputs
+from blocksim.sequence import GroupStatus, SequenceGroup
 
 if TYPE_CHECKING:
     from blocksim.records.result import RunResult
 
 REQUIRED_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
-MAX_SPAN_STEPS = 4096
 
 
 class EngineError(RuntimeError):
@@ -91,13 +92,12 @@ class Engine:
         self.progress = progress
         # `block_manager`: a ready instance, or a factory taking the config (for plugged-in managers).
         if block_manager is None:
-            self.bm = make_memory_manager(config)
+            self.bm: MemoryManager = make_memory_manager(config)
         else:
             self.bm = block_manager(config) if callable(block_manager) else block_manager
         self.sched = make_scheduler(config, self.bm)
-        self._clocked = hasattr(self.bm, "set_clock")
         # Allocators with address-space extents (contiguous) get their free extents sampled.
-        self._extents: list[tuple[int, float, np.ndarray]] | None = [] if hasattr(self.bm, "free_extents") else None
+        self._extents: list[tuple[int, float, np.ndarray]] | None = [] if self.bm.has_extents else None
         self._next_extent_s = 0.0
         self.rec = StepRecorder()
         self.groups: list[SequenceGroup] = []
@@ -108,7 +108,7 @@ class Engine:
         self._cols = tuple(r[c].to_numpy() for c in ("request_id", "prompt_tokens", "output_tokens", "n", "priority"))
         df = getattr(trace, "df", trace)
         self._hashes = None
-        if "prefix_hashes" in df.columns and hasattr(self.bm, "hash_block_tokens"):
+        if "prefix_hashes" in df.columns and self.bm.hashes_prefixes:
             self.bm.hash_block_tokens = getattr(trace, "hash_block_tokens", None)
             if self.bm.hash_block_tokens:
                 order = self.reqs["_row"].to_numpy()
@@ -147,7 +147,8 @@ class Engine:
         return self._arrivals[i] if i < len(self._arrivals) else math.inf
 
     def _engine_proc(self):
-        env, sched = self.env, self.sched
+        env, sched, bm = self.env, self.sched, self.bm
+        clocked = bm.uses_clock
         bar = self._progress_bar()
         while True:
             self._drain_arrivals(env.now)
@@ -159,26 +160,19 @@ class Engine:
                 self._wake = None
                 continue
             now = env.now
-            if self._clocked:
-                self.bm.set_clock(now)
+            if clocked:
+                bm.set_clock(now)
             out = sched.schedule()
-            for g in out.prefill_groups:
+            for p in out.prefills:
+                g = p.group
                 if g.first_scheduled_s != g.first_scheduled_s:
                     g.first_scheduled_s = now
-            span = sched.span_candidates(out) if self.spans and out.is_plain_decode else None
+            span = find_span(sched, bm, self.cost, out, now, self._next_arrival_s()) if self.spans else None
             if span is not None:
-                seqs, lens, k = span
-                k = min(k, MAX_SPAN_STEPS)
-                durations, comps = self._decode_span_times(out, k)
-                starts = np.fromiter(accumulate(durations[:-1].tolist(), initial=now), np.float64, k)
-                k = min(k, int(np.searchsorted(starts, self._next_arrival_s(), side="left")))  # starts < arrival
-                if k > 1:
-                    k, crossing = self.bm.span_blocks(lens, k)
-                if k > 1:
-                    yield from self._run_span(out, k, seqs, crossing, starts, durations, comps)
-                    if bar:
-                        bar.update(int(env.now) - bar.n)
-                    continue
+                yield from run_span(self, out, span)
+                if bar:
+                    bar.update(int(env.now) - bar.n)
+                continue
             if not out.has_work and not (out.blocks_to_swap_out or out.blocks_to_swap_in):
                 if not (out.preempted or out.rejected):
                     raise EngineError(self._stall_message())
@@ -194,8 +188,8 @@ class Engine:
     def _step_times(self, out: SchedulerOutputs) -> dict[str, float]:
         cm = self.cost
         tokens = out.prefill_tokens + out.num_decode_seqs
-        if out.prefill_ranges:
-            r = np.asarray(out.prefill_ranges, dtype=np.int64)
+        if out.prefills:
+            r = np.asarray([(p.start, p.stop) for p in out.prefills], dtype=np.int64)
             attn_prefill = cm.attn_prefill(r[:, 1] - r[:, 0], r[:, 0])
         else:
             attn_prefill = 0.0
@@ -208,28 +202,20 @@ class Engine:
             "t_overhead_s": cm.overhead(out.has_work),
         }
 
-    def _decode_span_times(self, out: SchedulerOutputs, k: int):
-        cm, n = self.cost, out.num_decode_seqs
-        ctx = out.decode_ctx_tokens + n * np.arange(k, dtype=np.int64)
-        comps = {"t_linear_s": cm.linear(n), "t_attn_decode_s": cm.attn_decode(ctx),
-                 "t_overhead_s": cm.overhead(True)}
-        durations = comps["t_linear_s"] + comps["t_attn_decode_s"] + comps["t_overhead_s"]
-        return durations, comps
-
     def _run_step(self, out: SchedulerOutputs):
         env, sched = self.env, self.sched
         times = self._step_times(out)
         duration = sum(times.values())
         start = env.now
         head = sched.waiting[0] if sched.waiting else None
-        pending = self._pending_prefill(out) if sched.chunked else 0
-        mem = self.bm.memory_breakdown(head, pending) if pending else self.bm.memory_breakdown(head)
-        queues = (len(sched.running), len(sched.waiting), len(sched.swapped))
+        pending = self._pending_prefill(out) if sched.chunked and not self.bm.reserves_prefill else 0
+        mem = self.bm.memory_breakdown(head, pending)
+        running, waiting, swapped = len(sched.running), len(sched.waiting), len(sched.swapped)
         if self.plan is not None:
             self.plan.on_step(self.rec.num_steps, out, times)
         if self._extents is not None and start >= self._next_extent_s:
             self._sample_extents(start)
-        blocks = (self.bm.num_gpu_blocks_used, self.bm.num_cpu_blocks_used)
+        gpu_blocks_used, cpu_blocks_used = self.bm.num_gpu_blocks_used, self.bm.num_cpu_blocks_used
         if times["t_swap_s"] > 0:
             with self.link.request() as req:
                 yield req
@@ -240,50 +226,30 @@ class Engine:
         elif duration > 0:
             yield env.timeout(duration)
         finished = sched.complete_step(out, env.now)
-        self.rec.add((start, duration, len(out.prefill_groups), out.prefill_tokens, out.num_decode_seqs,
-                      out.decode_ctx_tokens, *queues, *blocks,
-                      len(out.blocks_to_swap_in), len(out.blocks_to_swap_out), len(out.blocks_to_copy),
-                      len(out.preempted), len(finished), len(out.rejected), times["t_linear_s"],
-                      times["t_attn_prefill_s"], times["t_attn_decode_s"], times["t_swap_s"], times["t_copy_s"],
-                      times["t_overhead_s"], *mem))
+        self.rec.add(StepRow(
+            start_s=start, duration_s=duration, num_prefill_seqs=len(out.prefills),
+            prefill_tokens=out.prefill_tokens, num_decode_seqs=out.num_decode_seqs,
+            decode_ctx_tokens=out.decode_ctx_tokens, running=running, waiting=waiting, swapped=swapped,
+            gpu_blocks_used=gpu_blocks_used, cpu_blocks_used=cpu_blocks_used,
+            blocks_swapped_in=len(out.blocks_to_swap_in), blocks_swapped_out=len(out.blocks_to_swap_out),
+            blocks_copied=len(out.blocks_to_copy), preempted=len(out.preempted), finished=len(finished),
+            rejected=len(out.rejected), **times, mem_token_states=mem.token_states,
+            mem_reservation=mem.reservation, mem_internal_frag=mem.internal_frag,
+            mem_external_frag=mem.external_frag, mem_free=mem.free))
         if self.check:
             self.bm.check_invariants(sched.live_seqs())
 
     def _pending_prefill(self, out: SchedulerOutputs) -> int:
         """Paged slots allocated to prompt positions a chunked prefill has not written yet (counted
-        once per group: its sequences share the prompt blocks). Contiguous managers count these as
-        reservation themselves."""
-        if not isinstance(self.bm, BlockSpaceManager):
-            return 0
-        stops = {id(g): stop for g, (_, stop) in zip(out.prefill_groups, out.prefill_ranges)}
+        once per group: its sequences share the prompt blocks); for managers that do not count
+        them as reservation themselves (`reserves_prefill`)."""
+        stops = {id(g): stop for g, _, stop in out.prefills}
         pending = 0
         for g in self.sched.running:
             if g.prefill_pos is not None:
                 done = stops.get(id(g), max(g.prefill_pos, g.hit_tokens))
                 pending += max(0, g.seqs[0].num_tokens - max(done, g.hit_tokens))
         return pending
-
-    def _run_span(self, out, k, seqs, crossing, starts, durations, comps):
-        env, sched, bm = self.env, self.sched, self.bm
-        n = out.num_decode_seqs
-        mem = bm.span_memory(k, n, crossing, sched.waiting[0] if sched.waiting else None)
-        bm.apply_span(seqs, crossing)
-        for d in durations[:k].tolist():  # the clock adds each step's time, exactly as stepping does
-            yield env.timeout(d)
-        finished = sched.complete_step(out, env.now)
-        fin = np.zeros(k, dtype=np.int64)
-        fin[-1] = len(finished)
-        self.rec.add_many(k, {
-            "start_s": starts[:k], "duration_s": durations[:k], "num_prefill_seqs": 0, "prefill_tokens": 0,
-            "num_decode_seqs": n, "decode_ctx_tokens": out.decode_ctx_tokens + n * np.arange(k, dtype=np.int64),
-            "running": len(out.decode_groups), "waiting": len(sched.waiting), "swapped": len(sched.swapped),
-            "cpu_blocks_used": bm.num_cpu_blocks_used, "blocks_swapped_in": 0,
-            "blocks_swapped_out": 0, "blocks_copied": 0, "preempted": 0, "finished": fin, "rejected": 0,
-            "t_linear_s": comps["t_linear_s"], "t_attn_prefill_s": 0.0, "t_attn_decode_s": comps["t_attn_decode_s"][:k],
-            "t_swap_s": 0.0, "t_copy_s": 0.0, "t_overhead_s": comps["t_overhead_s"], **mem,
-        })
-        if self.check:
-            bm.check_invariants(sched.live_seqs())
 
     EXTENT_SAMPLE_S = 1.0
 
@@ -302,7 +268,7 @@ class Engine:
     def _stall_message(self) -> str:
         s = self.sched
         return (f"scheduler made no progress at t={self.env.now:.3f}s: waiting={len(s.waiting)} "
-                f"running={len(s.running)} swapped={len(s.swapped)} free GPU blocks={self.bm.gpu.num_free}")
+                f"running={len(s.running)} swapped={len(s.swapped)} free GPU blocks={self.bm.num_free_gpu_blocks}")
 
     def _progress_bar(self):
         if not self.progress:
@@ -321,7 +287,7 @@ class Engine:
         if self.plan is not None:
             self.plan.close()
         wall = time.perf_counter() - t0
-        lost = [g for g in self.groups if g.status not in ("finished", "rejected")]
+        lost = [g for g in self.groups if g.status not in (GroupStatus.FINISHED, GroupStatus.REJECTED)]
         if lost or len(self.groups) != len(self.reqs):
             raise EngineError(f"{len(lost)} requests neither finished nor rejected; "
                               f"{len(self.groups)} of {len(self.reqs)} arrived")

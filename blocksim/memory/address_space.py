@@ -24,6 +24,7 @@ Both share one API, all sizes and offsets in token slots::
     used_slots, free_slots, usable_slots, unusable_slots, capacity_slots
     largest_free_extent() -> int                     # longest run of contiguous free slots
     free_extents() -> np.ndarray[int64]              # maximal free runs, in address order
+    free_pieces() -> np.ndarray[int64]               # free runs one chunk can lie in (buddy: free blocks)
     check_invariants()                               # raises AssertionError on corruption
 
 ``can_alloc`` / ``fits_ever`` are vLLM's ``AllocStatus`` OK / LATER / NEVER in two
@@ -239,6 +240,10 @@ class BuddyAllocator:
         """Sizes (slots) of the blocks on the buddy free lists, in address order."""
         return np.array([size for _, size in self._free_block_list()], dtype=np.int64)
 
+    def free_pieces(self) -> np.ndarray:
+        """Free runs one chunk can lie in: the free blocks (a chunk never spans two buddies)."""
+        return self.free_blocks()
+
     def largest_free_block(self) -> int:
         """Largest block on the free lists: the largest chunk ``alloc`` can hand out now."""
         for order in range(self._num_orders - 1, -1, -1):
@@ -396,6 +401,10 @@ class FirstFitAllocator:
     def free_extents(self) -> np.ndarray:
         """Sizes of the (coalesced) free extents, in address order."""
         return np.array(self._sizes, dtype=np.int64)
+
+    def free_pieces(self) -> np.ndarray:
+        """Free runs one chunk can lie in: the free extents."""
+        return self.free_extents()
 
     def largest_free_extent(self) -> int:
         return max(self._sizes, default=0)

@@ -13,11 +13,15 @@ Semantics follow vLLM 0.2-0.6 `core/block_manager` (v1):
 Between steps a running sequence's table covers exactly `ceil(kv_len / block_size)` blocks,
 where `kv_len = num_tokens - 1` (the newest sampled token's KV is written by the next step).
 `gpu_filled_slots` counts token slots holding KV across all GPU blocks, kept incrementally.
+
+It implements `blocksim.interfaces.MemoryManager`: swapping, appends that take a block at each
+block boundary; no clock, no address-space extents, no prefix hashing.
 """
 
 from __future__ import annotations
 
-from blocksim.memory.blocks import AllocStatus, BlockAllocator, BlockError, Device
+from blocksim.interfaces import AllocStatus, MemoryBreakdown
+from blocksim.memory.blocks import BlockAllocator, BlockError, Device
 from blocksim.sequence import Sequence, SequenceGroup, SeqStatus
 
 
@@ -26,6 +30,14 @@ def cdiv(a: int, b: int) -> int:
 
 
 class BlockSpaceManager:
+    supports_swap = True
+    uses_clock = False
+    has_extents = False
+    hashes_prefixes = False
+    reserves_prefill = False
+    allocates_on_append = True
+    hash_block_tokens: int | None = None
+
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark_blocks: int,
                  order: str = "lifo") -> None:
         self.block_size = block_size
@@ -90,6 +102,36 @@ class BlockSpaceManager:
         copied = seq.num_tokens - 1 - (len(table) - 1) * self.block_size
         self.gpu_filled_slots += copied + 1
         return last, new
+
+    def append_decode_slots(self, groups: list[SequenceGroup], start: int, end: int) -> tuple[int, int]:
+        """`append_slots` for groups[start:end] in order while a group decodes one sequence whose
+        last block is its own (no copy-on-write) and a free block remains (vLLM's conservative
+        `can_append_slots`); returns `(stop, context_tokens)` of the groups served.
+
+        The scheduler's per-step fast path: one call serves the whole running queue in the
+        common case, and the scheduler takes groups[stop] on its general path.
+        """
+        gpu, bs = self.gpu, self.block_size
+        refs, free = gpu.ref_counts, gpu.num_free
+        ctx = 0
+        i = start
+        while i < end and free:
+            group = groups[i]
+            seqs = group.seqs
+            if group.prefill_pos is not None or len(seqs) != 1:
+                break
+            seq = seqs[0]
+            table = seq.block_table
+            if not table or refs[table[-1]] != 1:
+                break
+            n = seq.num_tokens
+            if len(table) * bs < n:
+                table.append(gpu.allocate())
+                free -= 1
+            ctx += n
+            i += 1
+        self.gpu_filled_slots += i - start
+        return i, ctx
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         child.block_table = parent.block_table.copy()
@@ -163,23 +205,8 @@ class BlockSpaceManager:
         if seq.status is SeqStatus.SWAPPED:
             for c in table:
                 self.cpu.free(c)
-        elif type(self.gpu) is not BlockAllocator:  # e.g. a caching allocator: free through it
-            kv_len = seq.kv_len
-            for i, g in enumerate(table):
-                self._free_gpu_block(g, kv_len, i)
-        else:  # the plain free list, inlined: this runs for every finished request
-            kv_len, bs = seq.kv_len, self.block_size
-            refs, free_list = self.gpu.ref_counts, self.gpu._free
-            released = 0
-            for i, g in enumerate(table):
-                rc = refs[g] - 1
-                if rc < 0:
-                    raise BlockError(f"gpu block {g}: double free (reference count is already 0)")
-                refs[g] = rc
-                if rc == 0:
-                    free_list.append(g)
-                    released += max(0, min(bs, kv_len - i * bs))
-            self.gpu_filled_slots -= released
+        else:
+            self.gpu_filled_slots -= self.gpu.free_table(table, seq.kv_len, self.block_size)
         seq.block_table = []
 
     # --- accounting (the engine's view of any memory manager) ---------------------------------
@@ -191,58 +218,40 @@ class BlockSpaceManager:
     def num_cpu_blocks_used(self) -> int:
         return self.cpu.num_used
 
-    def memory_breakdown(self, next_group: SequenceGroup | None = None,
-                         pending_prefill: int = 0) -> tuple[int, int, int, int, int]:
-        """GPU token slots as (token states, reservation, internal, external fragmentation, free).
+    @property
+    def num_free_gpu_blocks(self) -> int:
+        return self.gpu.num_free
+
+    def memory_breakdown(self, next_group: SequenceGroup | None,
+                         pending_prefill_slots: int) -> MemoryBreakdown:
+        """GPU token slots by use.
 
         Any free block serves any request, so external fragmentation is 0. Reservation is only the
-        `pending_prefill` slots: prompt positions of chunked prefills whose blocks are allocated but
+        `pending_prefill_slots`: prompt positions of chunked prefills whose blocks are allocated but
         not written yet. Internal fragmentation is the rest of the unfilled part of used blocks.
         """
         used = self.gpu.num_used * self.block_size
         unfilled = used - self.gpu_filled_slots
-        return (self.gpu_filled_slots, pending_prefill, unfilled - pending_prefill, 0,
-                self.gpu.num_free * self.block_size)
+        return MemoryBreakdown(self.gpu_filled_slots, pending_prefill_slots, unfilled - pending_prefill_slots, 0,
+                               self.gpu.num_free * self.block_size)
 
-    # --- spans of identical decode steps (see Scheduler.span_candidates) -----------------------
-    def span_blocks(self, lens, k: int):
-        """Blocks each further step of a `k`-step decode span allocates; cut `k` where free blocks run low.
+    def set_clock(self, now_s: float) -> None:
+        """No clock: the plain free list has no notion of time (`uses_clock` is False)."""
 
-        Returns `(k, crossing)`: `crossing[j-1, i]` is true when sequence i takes a new block at
-        step j (step j writes the KV of position `lens[i] - 1 + j`).
-        """
-        import numpy as np
-        bs = self.block_size
-        steps = np.arange(1, k, dtype=np.int64)
-        crossing = ((lens[None, :] - 1 + steps[:, None]) % bs) == 0
-        cum = np.cumsum(crossing.sum(axis=1))
-        ok = cum <= self.gpu.num_free - 1  # keeps vLLM's one-free-block-per-sequence check true
-        if not ok[-1]:
-            k = int(np.argmin(ok)) + 1
-        return k, crossing[: k - 1]
+    def free_extents(self):
+        raise BlockError("paged blocks have no address-space extents (has_extents is False)")
 
-    def apply_span(self, seqs: list[Sequence], crossing) -> None:
-        """Apply steps 1..k-1 of a span: allocations in step order, then running order."""
-        import numpy as np
-        steps_more = crossing.shape[0]
-        if steps_more == 0:
-            return
-        for _, i in zip(*np.nonzero(crossing)):
-            seqs[i].block_table.append(self.gpu.allocate())
-        for s in seqs:
-            s.num_tokens += steps_more
-        self.gpu_filled_slots += steps_more * len(seqs)
+    def stats(self) -> dict[str, int]:
+        return {}
 
-    def span_memory(self, k: int, num_seqs: int, crossing, next_group: SequenceGroup | None = None) -> dict:
-        """Per-step block counts and memory columns over a span, from the state after its first step."""
-        import numpy as np
-        new_blocks = np.concatenate(([0], np.cumsum(crossing.sum(axis=1))))
-        used = self.gpu.num_used + new_blocks
-        filled = self.gpu_filled_slots + num_seqs * np.arange(k, dtype=np.int64)
-        bs = self.block_size
-        return {"gpu_blocks_used": used, "mem_token_states": filled, "mem_reservation": 0,
-                "mem_internal_frag": used * bs - filled, "mem_external_frag": 0,
-                "mem_free": (self.num_total_gpu_blocks - used) * bs}
+    # --- spans of identical decode steps (engine.spans) ----------------------------------------
+    def append_span_slots(self, seqs: list[Sequence], steps: int, takers: list[int]) -> None:
+        """`steps` further decode steps of `seqs`: new blocks for `takers` (indices into `seqs`, in
+        step order, then running order), one filled slot per sequence and step."""
+        allocate = self.gpu.allocate
+        for i in takers:
+            seqs[i].block_table.append(allocate())
+        self.gpu_filled_slots += steps * len(seqs)
 
     # --- checks ------------------------------------------------------------------------------
     def check_invariants(self, live_seqs: list[Sequence]) -> None:

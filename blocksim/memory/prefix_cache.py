@@ -98,11 +98,16 @@ class CachingBlockAllocator(BlockAllocator):
 
 
 class PrefixCachingBlockManager(BlockSpaceManager):
+    """`BlockSpaceManager` with automatic prefix caching: its evictor needs the clock
+    (`uses_clock`) and it reuses blocks by prefix hash (`hashes_prefixes`)."""
+
+    uses_clock = True
+    hashes_prefixes = True
+
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark_blocks: int,
                  order: str = "lifo") -> None:
         super().__init__(block_size, num_gpu_blocks, num_cpu_blocks, watermark_blocks, order)
         self.gpu = CachingBlockAllocator(num_gpu_blocks, order)
-        self.hash_block_tokens: int | None = None
         self.hits = 0
         self.queries = 0
 

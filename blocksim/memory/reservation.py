@@ -19,16 +19,24 @@ from __future__ import annotations
 
 import numpy as np
 
+from blocksim.interfaces import AllocStatus, MemoryBreakdown
 from blocksim.memory.paged import cdiv
-from blocksim.memory.blocks import AllocStatus, BlockError
+from blocksim.memory.blocks import BlockError
 from blocksim.memory.address_space import CONTIGUOUS_ALLOCATORS, reservation_slots
 from blocksim.sequence import Sequence, SequenceGroup, SeqStatus
 
 
 class ContiguousManager:
-    """Memory manager with the `BlockSpaceManager` interface over a contiguous address space."""
+    """A `MemoryManager` over a contiguous address space: never swaps, samples its free extents,
+    reserves every slot a request will write at admission (prompt chunks and outputs alike)."""
 
     supports_swap = False
+    uses_clock = False
+    has_extents = True
+    hashes_prefixes = False
+    reserves_prefill = True
+    allocates_on_append = False
+    hash_block_tokens = None
 
     def __init__(self, block_size: int, num_gpu_blocks: int, reservation: str, address_space: str,
                  max_model_len: int) -> None:
@@ -78,6 +86,21 @@ class ContiguousManager:
         self.gpu_filled_slots += 1
         return None
 
+    def append_decode_slots(self, groups: list[SequenceGroup], start: int, end: int) -> tuple[int, int]:
+        """`append_slots` for groups[start:end] in order while a group decodes one sequence (its
+        slot was reserved at admission); returns `(stop, context_tokens)` of the groups served."""
+        ctx = 0
+        i = start
+        while i < end:
+            group = groups[i]
+            seqs = group.seqs
+            if group.prefill_pos is not None or len(seqs) != 1:
+                break
+            ctx += seqs[0].num_tokens
+            i += 1
+        self.gpu_filled_slots += i - start
+        return i, ctx
+
     def add_filled(self, group: SequenceGroup, start: int, stop: int) -> None:
         """A prompt chunk writes positions [start, stop) for each running sequence (no sharing here)."""
         self.gpu_filled_slots += len(group.seqs_with(SeqStatus.RUNNING)) * (stop - start)
@@ -88,6 +111,12 @@ class ContiguousManager:
 
     def can_swap_in(self, group: SequenceGroup) -> AllocStatus:
         return AllocStatus.NEVER
+
+    def swap_out(self, group: SequenceGroup) -> dict[int, int]:
+        raise BlockError("a contiguous reservation is never swapped (supports_swap is False)")
+
+    def swap_in(self, group: SequenceGroup) -> dict[int, int]:
+        raise BlockError("a contiguous reservation is never swapped (supports_swap is False)")
 
     # --- freeing -----------------------------------------------------------------------------
     def free(self, seq: Sequence) -> None:
@@ -109,39 +138,39 @@ class ContiguousManager:
 
     num_cpu_blocks_used = 0
 
+    @property
+    def num_free_gpu_blocks(self) -> int:
+        return (self.capacity_slots - self.space.used_slots) // self.block_size
+
     def _external(self, next_group: SequenceGroup | None) -> int:
         if next_group is None:
             return 0
         size = self._size(next_group)
         if self.space.can_alloc(size) or not self.space.fits_ever(size):
             return 0
-        pieces = self.space.free_blocks() if hasattr(self.space, "free_blocks") else self.space.free_extents()
+        pieces = self.space.free_pieces()
         chunk = self.space.chunk_slots(size)
         return int(pieces[pieces < chunk].sum())
 
-    def memory_breakdown(self, next_group: SequenceGroup | None = None) -> tuple[int, int, int, int, int]:
+    def memory_breakdown(self, next_group: SequenceGroup | None,
+                         pending_prefill_slots: int) -> MemoryBreakdown:
+        """GPU token slots by use; unwritten prompt chunks are already reservation here
+        (`reserves_prefill`), so `pending_prefill_slots` is 0 and ignored."""
         external = self._external(next_group)
         free = self.capacity_slots - self.chunk_total - external
         filled = self.gpu_filled_slots
-        return filled, self.need_slots - filled, self.chunk_total - self.need_slots, external, free
+        return MemoryBreakdown(filled, self.need_slots - filled, self.chunk_total - self.need_slots, external, free)
 
-    # --- spans -------------------------------------------------------------------------------
-    def span_blocks(self, lens, k: int):
-        return k, np.zeros((k - 1, len(lens)), dtype=bool)
+    def set_clock(self, now_s: float) -> None:
+        """No clock (`uses_clock` is False)."""
 
-    def apply_span(self, seqs: list[Sequence], crossing) -> None:
-        steps_more = crossing.shape[0]
-        for s in seqs:
-            s.num_tokens += steps_more
-        self.gpu_filled_slots += steps_more * len(seqs)
+    def stats(self) -> dict[str, int]:
+        return {}
 
-    def span_memory(self, k: int, num_seqs: int, crossing, next_group: SequenceGroup | None = None) -> dict:
-        """Memory columns over a decode span: K/V grows into the reservation, the rest is constant."""
-        filled = self.gpu_filled_slots + num_seqs * np.arange(k, dtype=np.int64)
-        _, _, internal, external, free = self.memory_breakdown(next_group)
-        return {"gpu_blocks_used": self.num_gpu_blocks_used, "mem_token_states": filled,
-                "mem_reservation": self.need_slots - filled, "mem_internal_frag": internal,
-                "mem_external_frag": external, "mem_free": free}
+    # --- spans of identical decode steps (engine.spans) ----------------------------------------
+    def append_span_slots(self, seqs: list[Sequence], steps: int, takers: list[int]) -> None:
+        """`steps` further decode steps: each sequence fills `steps` reserved slots (`takers` is empty)."""
+        self.gpu_filled_slots += steps * len(seqs)
 
     def free_extents(self) -> np.ndarray:
         return self.space.free_extents()

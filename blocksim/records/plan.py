@@ -27,6 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from blocksim.sequence import SeqStatus
+
 PLAN_VERSION = 1
 TIME_COLUMNS = ("t_linear_s", "t_attn_prefill_s", "t_attn_decode_s", "t_swap_s", "t_copy_s", "t_overhead_s")
 
@@ -58,28 +60,32 @@ class PlanRecorder:
             row[f"{name}_src"] = [int(a) for a, _ in pairs]
             row[f"{name}_dst"] = [int(b) for _, b in pairs]
         self._steps.append(row)
-        s = self._seqs
-        decode_ranges = [None] * len(out.decode_groups)
-        for prefill, groups, ranges in ((True, out.prefill_groups, out.prefill_ranges),
-                                        (False, out.decode_groups, decode_ranges)):
-            for g, rng in zip(groups, ranges):
-                if g.request_id not in self._requests:
-                    self._requests[g.request_id] = (g.prompt_tokens, list(g.block_keys or []))
-                for seq in g.seqs:
-                    if seq.status.value != "running":
-                        continue
-                    start, n = rng if prefill else (seq.num_tokens - 1, seq.num_tokens)
-                    s["step"].append(step)
-                    s["request_id"].append(g.request_id)
-                    s["seq_id"].append(seq.seq_id)
-                    s["prompt_tokens"].append(g.prompt_tokens)
-                    s["is_prefill"].append(prefill)
-                    s["context_len"].append(n)
-                    s["new_start"].append(start)
-                    s["new_end"].append(n)
-                    s["block_table"].append(list(seq.block_table))
+        for g, start, stop in out.prefills:
+            self._add_group(step, g, (start, stop))
+        for g in out.decode_groups:
+            self._add_group(step, g, None)
         if len(self._steps) >= self.chunk_steps:
             self._flush()
+
+    def _add_group(self, step: int, g, prefill: tuple[int, int] | None) -> None:
+        """One row per running sequence of a scheduled group: a prompt (chunk) writes positions
+        `prefill` = [start, stop), a decode the K/V of its newest token."""
+        if g.request_id not in self._requests:
+            self._requests[g.request_id] = (g.prompt_tokens, list(g.block_keys or []))
+        s = self._seqs
+        for seq in g.seqs:
+            if seq.status is not SeqStatus.RUNNING:
+                continue
+            start, n = prefill if prefill is not None else (seq.num_tokens - 1, seq.num_tokens)
+            s["step"].append(step)
+            s["request_id"].append(g.request_id)
+            s["seq_id"].append(seq.seq_id)
+            s["prompt_tokens"].append(g.prompt_tokens)
+            s["is_prefill"].append(prefill is not None)
+            s["context_len"].append(n)
+            s["new_start"].append(start)
+            s["new_end"].append(n)
+            s["block_table"].append(list(seq.block_table))
 
     def _flush(self) -> None:
         if not self._steps:

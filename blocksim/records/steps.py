@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 import pandas as pd
 
@@ -9,13 +11,18 @@ import pandas as pd
 from blocksim.records.schema import FLOAT_COLUMNS, ROW_COLUMNS, STEP_COLUMNS  # noqa: F401 (re-exported)
 
 
+# One step's values by column name: `StepRow(start_s=..., duration_s=..., ...)`, every column of
+# steps.parquet but `step`.
+StepRow = namedtuple("StepRow", ROW_COLUMNS)
+
+
 class StepRecorder:
     def __init__(self) -> None:
         self.cols: list[list] = [[] for _ in ROW_COLUMNS]
         self.num_steps = 0
 
-    def add(self, row: tuple) -> None:
-        """One step: values in `ROW_COLUMNS` order."""
+    def add(self, row: StepRow) -> None:
+        """One step."""
         for lst, v in zip(self.cols, row):
             lst.append(v)
         self.num_steps += 1

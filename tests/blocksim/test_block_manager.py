@@ -30,7 +30,7 @@ def test_allocate_without_watermark_uses_every_block(bm):
 
 
 def test_watermark_turns_ok_into_later_and_never():
-    bm = BlockSpaceManager(block_size=4, num_gpu_blocks=10, num_cpu_blocks=0, watermark=0.2)  # 2 blocks
+    bm = BlockSpaceManager(block_size=4, num_gpu_blocks=10, num_cpu_blocks=0, watermark_blocks=2)
     assert bm.watermark_blocks == 2
     assert bm.can_allocate(make_group(prompt=32)) is AllocStatus.OK       # 8 blocks: 10 - 8 >= 2
     assert bm.can_allocate(make_group(prompt=33)) is AllocStatus.NEVER    # 9 blocks: 10 - 9 < 2

@@ -54,8 +54,10 @@ def test_spans_give_exactly_the_single_step_result(lists, blocks, block_size, pr
     trace = workload(lists)
     trace["priority"] = priorities[: len(trace)]
     knobs = {"scheduler": preset} if preset in ("priority", "sjf") else {}
-    cfg = build_config("vllm" if knobs else preset, num_gpu_blocks=blocks, block_size=block_size, max_num_seqs=8,
-                       watermark=0.0, **knobs)
+    if preset not in ("orca-pow2", "static"):  # contiguous reservations have no watermark
+        knobs["watermark"] = 0.0
+    cfg = build_config("vllm" if "scheduler" in knobs else preset, num_gpu_blocks=blocks, block_size=block_size,
+                       max_num_seqs=8, **knobs)
     a = Engine(cfg, trace, spans=True).run()
     b = Engine(cfg, trace, spans=False).run()
     pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=True)

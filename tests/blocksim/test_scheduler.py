@@ -8,7 +8,7 @@ from tests.blocksim.conftest import make_group
 
 
 def make_sched(gpu_blocks=10, cpu_blocks=10, mode="auto", max_num_seqs=256, block_size=4):
-    bm = BlockSpaceManager(block_size, gpu_blocks, cpu_blocks, watermark=0.0)
+    bm = BlockSpaceManager(block_size, gpu_blocks, cpu_blocks, watermark_blocks=0)
     return Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=4096,
                                      preemption_mode=mode), bm, max_model_len=4096)
 
@@ -25,7 +25,7 @@ def test_admits_in_order_and_prefills():
     for g in groups:
         s.add_request(g)
     out, _ = run_step(s)
-    assert out.prefill_groups == groups and out.prefill_tokens == 24
+    assert [p.group for p in out.prefills] == groups and out.prefill_tokens == 24
     assert s.running == groups and not s.waiting
 
 
@@ -42,7 +42,7 @@ def test_newest_running_group_is_preempted_and_recomputed_to_the_front():
     assert new.seqs[0].status is SeqStatus.WAITING and new.seqs[0].block_table == []
     assert s.waiting[0] is new and s.waiting[1] is late, "a recomputed group goes to the front of waiting"
     assert out.decode_groups == [old]
-    assert not out.prefill_groups, "the group preempted in this step is not re-admitted in the same step"
+    assert not out.prefills, "the group preempted in this step is not re-admitted in the same step"
 
 
 def test_last_running_group_preempts_itself():
@@ -72,9 +72,9 @@ def test_multi_sequence_group_is_swapped_and_swapped_in_before_admission():
     while s.running or s.swapped:
         out = s.schedule()
         if s.swapped:
-            assert not out.prefill_groups, "no admission while a group is swapped"
+            assert not out.prefills, "no admission while a group is swapped"
         swapped_in |= bool(out.blocks_to_swap_in)
-        if out.prefill_groups == [waiting]:
+        if [p.group for p in out.prefills] == [waiting]:
             assert swapped_in, "the swapped group came back before the waiting one was admitted"
             break
         s.complete_step(out, 0.0)
@@ -103,7 +103,7 @@ def test_max_num_seqs_limits_admission():
     for i in range(3):
         s.add_request(make_group(4, index=i))
     out, _ = run_step(s)
-    assert len(out.prefill_groups) == 2 and len(s.waiting) == 1
+    assert len(out.prefills) == 2 and len(s.waiting) == 1
 
 
 def test_finish_frees_blocks():

@@ -1,0 +1,170 @@
+"""Spans of identical decode steps, advanced in one jump.
+
+After a plain decode step (decodes only: no prefill, block move, preemption or rejection) in
+which every decoding group has one running sequence and no group is mid-prompt, each further
+step is the same batch with every context one token longer, until a sequence finishes, a
+request arrives or free blocks run low: waiting and swapped groups stay blocked (free blocks only
+shrink and the batch is constant) and no copy-on-write can occur. `find_span` finds how many
+steps such a span has, `run_span` advances the clock over them, applies their appends and
+records their steps. Step records, block tables and times are exactly those of stepping one by
+one (`Engine(spans=False)` steps one by one, for checking that claim).
+
+What the parts contribute: the scheduler whether its policy allows a span (`allows_span`); the
+cost model the steps' times; the memory manager whether a decoded token may take a new block
+(`allocates_on_append`: then a sequence takes one each time its K/V crosses a block boundary, and
+the span is cut while one free block per sequence remains, vLLM's `can_append_slots`), its state
+at the span's first step (`memory_breakdown`) and the appends of the further steps
+(`append_span_slots`).
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from blocksim.interfaces import MemoryManager
+from blocksim.scheduling.outputs import SchedulerOutputs
+from blocksim.sequence import Sequence, SeqStatus
+
+if TYPE_CHECKING:
+    from blocksim.engine.engine import Engine
+    from blocksim.scheduling.scheduler import Scheduler
+
+MAX_SPAN_STEPS = 4096
+
+
+class Span(NamedTuple):
+    steps: int                # steps in the span, the one just scheduled included
+    seqs: list[Sequence]      # the decoding sequences, in running order
+    crossing: np.ndarray      # crossing[j - 1, i]: sequence i takes a new block at step j
+    starts_s: np.ndarray      # start time of each step (at least `steps` of them)
+    durations_s: np.ndarray
+    times: dict               # the cost model's components: t_linear_s, t_attn_decode_s, t_overhead_s
+
+
+def decode_batch(sched: Scheduler, out: SchedulerOutputs):
+    """The sequences of a possible span after a plain decode step and its length bound.
+
+    Returns `(seqs, lens, k)`, `lens` their token counts and `k` the number of steps (this one
+    included) before the first sequence finishes; None when a group is mid-prompt, a group
+    decodes several sequences, or a sequence finishes within two steps.
+    """
+    if len(out.decode_groups) != len(sched.running):
+        return None  # a group is mid-prompt (chunked prefill) and would resume
+    seqs, lens = [], []
+    k = 1 << 62
+    for g in out.decode_groups:
+        run = g.seqs if len(g.seqs) == 1 else [s for s in g.seqs if s.status is SeqStatus.RUNNING]
+        if len(run) != 1:
+            return None
+        s = run[0]
+        seqs.append(s)
+        lens.append(s.num_tokens)
+        rem = g.output_tokens - (s.num_tokens - g.prompt_tokens)
+        if rem < k:
+            k = rem
+    if k < 2:
+        return None
+    return seqs, np.asarray(lens, dtype=np.int64), k
+
+
+def decode_times(cost, out: SchedulerOutputs, k: int):
+    """Durations of `k` decode steps of the batch, each context one token longer, and their components."""
+    n = out.num_decode_seqs
+    ctx = out.decode_ctx_tokens + n * np.arange(k, dtype=np.int64)
+    times = {"t_linear_s": cost.linear(n), "t_attn_decode_s": cost.attn_decode(ctx),
+             "t_overhead_s": cost.overhead(True)}
+    durations = times["t_linear_s"] + times["t_attn_decode_s"] + times["t_overhead_s"]
+    return durations, times
+
+
+def block_crossings(bm: MemoryManager, lens: np.ndarray, k: int):
+    """Blocks each further step of a `k`-step span takes; `k` cut where free blocks run low.
+
+    Returns `(k, crossing)`: `crossing[j - 1, i]` is true when sequence i takes a new block at step
+    j (step j writes the K/V of position `lens[i] - 1 + j`). A manager that reserved every slot at
+    admission takes none.
+    """
+    if not bm.allocates_on_append:
+        return k, np.zeros((k - 1, len(lens)), dtype=bool)
+    steps = np.arange(1, k, dtype=np.int64)
+    crossing = ((lens[None, :] - 1 + steps[:, None]) % bm.block_size) == 0
+    cum = np.cumsum(crossing.sum(axis=1))
+    ok = cum <= bm.num_free_gpu_blocks - 1  # keeps vLLM's one-free-block-per-sequence check true
+    if not ok[-1]:
+        k = int(np.argmin(ok)) + 1
+    return k, crossing[: k - 1]
+
+
+def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, now_s: float,
+              next_arrival_s: float) -> Span | None:
+    """The span that the step `out`, scheduled at `now_s`, starts; None when it starts none
+    (fewer than two steps before a finish, an arrival or a shortage of free blocks)."""
+    if not out.is_plain_decode or not sched.allows_span():
+        return None
+    batch = decode_batch(sched, out)
+    if batch is None:
+        return None
+    seqs, lens, k = batch
+    k = min(k, MAX_SPAN_STEPS)
+    durations, times = decode_times(cost, out, k)
+    starts = np.fromiter(accumulate(durations[:-1].tolist(), initial=now_s), np.float64, k)
+    k = min(k, int(np.searchsorted(starts, next_arrival_s, side="left")))  # steps starting before the arrival
+    if k <= 1:
+        return None
+    k, crossing = block_crossings(bm, lens, k)
+    if k <= 1:
+        return None
+    return Span(k, seqs, crossing, starts, durations, times)
+
+
+def span_memory(bm: MemoryManager, k: int, num_seqs: int, crossing: np.ndarray, next_group) -> dict:
+    """Per-step block counts and memory columns over a span, from the state after its first step.
+
+    Each step writes `num_seqs` slots: out of the reservation where every slot was reserved at
+    admission, else out of the unfilled part of the last blocks (internal fragmentation), each
+    new block moving `block_size` slots from free to that unfilled part.
+    """
+    mem = bm.memory_breakdown(next_group, 0)
+    written = num_seqs * np.arange(k, dtype=np.int64)
+    if not bm.allocates_on_append:
+        return {"gpu_blocks_used": bm.num_gpu_blocks_used, "mem_token_states": mem.token_states + written,
+                "mem_reservation": mem.reservation - written, "mem_internal_frag": mem.internal_frag,
+                "mem_external_frag": mem.external_frag, "mem_free": mem.free}
+    new_blocks = np.concatenate(([0], np.cumsum(crossing.sum(axis=1))))
+    new_slots = bm.block_size * new_blocks
+    return {"gpu_blocks_used": bm.num_gpu_blocks_used + new_blocks, "mem_token_states": mem.token_states + written,
+            "mem_reservation": mem.reservation, "mem_internal_frag": mem.internal_frag + new_slots - written,
+            "mem_external_frag": mem.external_frag, "mem_free": mem.free - new_slots}
+
+
+def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
+    """Advance the engine over a span (a SimPy process body): the appends of its further steps,
+    the clock step by step, the scheduler's outcome at its end, and its step records."""
+    env, sched, bm = engine.env, engine.sched, engine.bm
+    k, seqs = span.steps, span.seqs
+    n = out.num_decode_seqs
+    mem = span_memory(bm, k, n, span.crossing, sched.waiting[0] if sched.waiting else None)
+    bm.append_span_slots(seqs, k - 1, np.nonzero(span.crossing)[1].tolist())  # step order, then running order
+    for s in seqs:
+        s.num_tokens += k - 1
+    for d in span.durations_s[:k].tolist():  # the clock adds each step's time, exactly as stepping does
+        yield env.timeout(d)
+    finished = sched.complete_step(out, env.now)
+    fin = np.zeros(k, dtype=np.int64)
+    fin[-1] = len(finished)
+    times = span.times
+    engine.rec.add_many(k, {
+        "start_s": span.starts_s[:k], "duration_s": span.durations_s[:k], "num_prefill_seqs": 0,
+        "prefill_tokens": 0, "num_decode_seqs": n,
+        "decode_ctx_tokens": out.decode_ctx_tokens + n * np.arange(k, dtype=np.int64),
+        "running": len(out.decode_groups), "waiting": len(sched.waiting), "swapped": len(sched.swapped),
+        "cpu_blocks_used": bm.num_cpu_blocks_used, "blocks_swapped_in": 0,
+        "blocks_swapped_out": 0, "blocks_copied": 0, "preempted": 0, "finished": fin, "rejected": 0,
+        "t_linear_s": times["t_linear_s"], "t_attn_prefill_s": 0.0, "t_attn_decode_s": times["t_attn_decode_s"][:k],
+        "t_swap_s": 0.0, "t_copy_s": 0.0, "t_overhead_s": times["t_overhead_s"], **mem,
+    })
+    if engine.check:
+        bm.check_invariants(sched.live_seqs())
