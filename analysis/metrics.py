@@ -1,10 +1,10 @@
 """Metrics from one run: per request, per run, and where the KV memory went over time.
 
-Conventions:
-- Throughput divides by the run's simulated time (``summary["simulated_s"]``) and counts
-  finished requests only; a request of ``n`` sequences produced ``n * output_tokens`` tokens.
-- Percentiles are numpy's default (linear interpolation) over finished requests.
-- Memory means are time-weighted: a step's memory state holds for its ``duration_s``.
+The run metrics are `blocksim.records.metrics`, the same functions that write ``summary.json``,
+applied to a loaded run directory; its docstring states the conventions (throughput and goodput
+per second of the serving interval, from the first arrival to the end of the last step;
+percentiles over finished requests; time-weighted memory means). This module adds what only
+the analysis needs: per-request tables, prefix-cache hit rates and time-binned series.
 """
 
 from __future__ import annotations
@@ -14,11 +14,16 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis.rundir import MEMORY_CATEGORIES, MEMORY_COLUMNS, Run
-from analysis.slo import SLO_COLUMNS
+from analysis.rundir import Run
+from blocksim.records import metrics
+from blocksim.records.metrics import LATENCY_METRICS, PERCENTILES, offered_rate, slo_met, time_weights
+from blocksim.records.schema import MEMORY_CATEGORIES, MEMORY_COLUMNS
 
-LATENCY_METRICS = ("ttft", "tpot", "e2e", "queue")
-PERCENTILES = (50, 90, 99)
+__all__ = [
+    "LATENCY_METRICS", "PERCENTILES", "REQUEST_METRIC_COLUMNS", "goodput_metrics", "memory_fractions",
+    "memory_means", "memory_timeseries", "offered_rate", "prefix_hit_rate", "request_metrics", "run_metrics",
+    "slo_met", "time_binned", "time_weights",
+]
 
 REQUEST_METRIC_COLUMNS = (
     "request_id", "status", "arrival_s", "prompt_tokens", "output_tokens", "n",
@@ -32,51 +37,14 @@ def request_metrics(run: Run) -> pd.DataFrame:
     return run.requests.loc[:, list(REQUEST_METRIC_COLUMNS)].reset_index(drop=True)
 
 
-def slo_met(requests: pd.DataFrame, slo: dict[str, float]) -> pd.Series:
-    """True for finished requests within every bound of ``slo``.
-
-    A missing TPOT (single-token outputs have none) satisfies a TPOT bound.
-    """
-    ok = requests["status"].eq("finished")
-    for key, bound in slo.items():
-        values = requests[SLO_COLUMNS[key]]
-        within = values <= bound
-        if key == "tpot":
-            within |= values.isna()
-        ok &= within
-    return ok
-
-
-def _per_second(amount: float, duration_s: float) -> float:
-    return amount / duration_s if duration_s > 0 else math.nan
-
-
 def goodput_metrics(run: Run, slo: dict[str, float]) -> dict[str, float]:
-    """Requests within the SLO: count, per second of simulated time, and share of all requests."""
-    good = int(slo_met(run.requests, slo).sum())
-    total = len(run.requests)
-    return {
-        "goodput_requests": good,
-        "goodput_requests_per_s": _per_second(good, float(run.summary["simulated_s"])),
-        "slo_attainment": good / total if total else math.nan,
-    }
-
-
-def time_weights(steps: pd.DataFrame) -> np.ndarray:
-    """Step durations as weights; equal weights when the run took no simulated time."""
-    w = steps["duration_s"].to_numpy(dtype=float)
-    return w if w.sum() > 0 else np.ones_like(w)
+    """Requests within the SLO: count, per second of serving interval, and share of all requests."""
+    return metrics.goodput(run.requests, run.steps, slo)
 
 
 def memory_means(run: Run) -> dict[str, float]:
     """Time-weighted mean token slots in each memory category (keys: ``MEMORY_CATEGORIES``)."""
-    if run.steps.empty:
-        return {c: math.nan for c in MEMORY_CATEGORIES}
-    w = time_weights(run.steps)
-    return {
-        c: float(np.average(run.steps[col].to_numpy(dtype=float), weights=w))
-        for c, col in zip(MEMORY_CATEGORIES, MEMORY_COLUMNS)
-    }
+    return metrics.memory_means(run.steps)
 
 
 def memory_fractions(run: Run) -> dict[str, float]:
@@ -84,11 +52,7 @@ def memory_fractions(run: Run) -> dict[str, float]:
 
     The five sum to 1 when every step's categories sum to the capacity.
     """
-    capacity = run.capacity_tokens
-    return {
-        f"{c}_frac": (mean / capacity if capacity > 0 else math.nan)
-        for c, mean in memory_means(run).items()
-    }
+    return metrics.memory_fractions(run.steps, run.capacity_tokens)
 
 
 def prefix_hit_rate(summary: dict) -> float | None:
@@ -99,44 +63,26 @@ def prefix_hit_rate(summary: dict) -> float | None:
     return hits / queries if queries > 0 else math.nan
 
 
-def offered_rate(requests: pd.DataFrame) -> float:
-    """Arrival rate in requests/s: (count - 1) / span of arrivals; NaN with under two arrivals."""
-    arrivals = requests["arrival_s"]
-    span = arrivals.max() - arrivals.min() if len(arrivals) else 0.0
-    return (len(arrivals) - 1) / span if span > 0 else math.nan
-
-
 def run_metrics(run: Run, slo: dict[str, float] | None = None) -> dict[str, float]:
-    """One run's headline numbers as a flat dict (see the module docstring for conventions)."""
-    req = run.requests
-    done = req[req["status"].eq("finished")]
-    duration = float(run.summary["simulated_s"])
-    out_tokens = float((done["output_tokens"] * done["n"]).sum())
+    """One run's headline numbers as a flat dict, computed from its records (not read from its
+    summary): the same values ``summary.json`` holds under the same keys, plus queue latency,
+    offered rate, goodput under ``slo``, prefix hit rate and memory fractions."""
+    req, steps = run.requests, run.steps
+    counts = metrics.event_counts(req, steps)
     m: dict[str, float] = {
         "requests": len(req),
-        "finished": len(done),
+        "finished": len(metrics.finished(req)),
         "rejected": int(req["status"].eq("rejected").sum()),
-        "simulated_s": duration,
+        "simulated_s": metrics.simulated_s(steps),
         "offered_rate_req_s": offered_rate(req),
-        "requests_per_s": _per_second(len(done), duration),
-        "output_tokens_per_s": _per_second(out_tokens, duration),
-        "total_tokens_per_s": _per_second(out_tokens + float(done["prompt_tokens"].sum()), duration),
+        **metrics.throughput(req, steps),
+        **metrics.latency_stats(req, LATENCY_METRICS),
     }
-    for name in LATENCY_METRICS:
-        values = done[f"{name}_s"].dropna().to_numpy(dtype=float)
-        m[f"{name}_mean_s"] = float(values.mean()) if len(values) else math.nan
-        for p in PERCENTILES:
-            m[f"{name}_p{p}_s"] = float(np.percentile(values, p)) if len(values) else math.nan
-    m["norm_latency_mean_s"] = float(done["norm_latency_s"].mean()) if len(done) else math.nan
     if slo:
         m.update(goodput_metrics(run, slo))
-    steps = run.steps
-    m["preemptions"] = int(steps["preempted"].sum())
-    m["swap_outs"] = int(req["swaps"].sum())
-    m["blocks_swapped_in"] = int(steps["blocks_swapped_in"].sum())
-    m["blocks_swapped_out"] = int(steps["blocks_swapped_out"].sum())
+    m.update({k: counts[k] for k in ("preemptions", "swap_outs", "blocks_swapped_in", "blocks_swapped_out")})
     m["bytes_swapped"] = float(run.summary.get("bytes_swapped", math.nan))
-    m["recomputed_tokens"] = int(req["recomputed_tokens"].sum())
+    m["recomputed_tokens"] = counts["recomputed_tokens"]
     hit_rate = prefix_hit_rate(run.summary)
     if hit_rate is not None:
         m["prefix_hit_rate"] = hit_rate

@@ -109,8 +109,9 @@ def run_sections(run: Run, slo: dict[str, float] | None = None) -> list[Section]
         Section("configuration", "Configuration", [f"Run directory: {run.path}", _kv_table(facts),
                                                    _kv_table(flatten(run.config))]),
         Section("summary", "Summary", [
-            ("Computed from requests.parquet and steps.parquet; throughput over simulated time, "
-             f"latency percentiles over finished requests.{slo_note}"),
+            ("Computed from requests.parquet and steps.parquet (as summary.json is); throughput per "
+             "second from the first arrival to the end of the last step, latency percentiles over "
+             f"finished requests.{slo_note}"),
             Table(pd.DataFrame({"metric": list(metrics), "value": list(metrics.values())})),
         ]),
         Section("memory-breakdown", "Time-averaged memory breakdown", [

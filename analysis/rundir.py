@@ -1,10 +1,11 @@
 """Reading a run directory (the simulator's public output contract) into pandas.
 
 A run directory holds ``requests.parquet``, ``steps.parquet`` and ``summary.json``, and
-optionally ``free_extents.parquet`` (contiguous allocators only). ``load_run`` checks that
-every file and every column the analysis reads is there, and that the run's format version
-is one this package understands, so a bad directory fails with a message naming what is
-wrong rather than a KeyError deep inside a plot.
+optionally ``free_extents.parquet`` (contiguous allocators only); `blocksim.records.schema`
+declares its files, columns and dtypes. ``load_run`` checks that every file, every column the
+analysis reads (the schema's ``*_REQUIRED``) and every required summary key is there, and that
+the run's format version is one this package understands, so a bad directory fails with a
+message naming what is wrong rather than a KeyError deep inside a plot.
 """
 
 from __future__ import annotations
@@ -15,30 +16,25 @@ from pathlib import Path
 
 import pandas as pd
 
-REQUESTS_FILE = "requests.parquet"
-STEPS_FILE = "steps.parquet"
-SUMMARY_FILE = "summary.json"
-FREE_EXTENTS_FILE = "free_extents.parquet"
-
-#: Major versions of the run-directory format this package reads.
-SUPPORTED_MAJOR_VERSIONS = (0, 1)
-
-#: The five memory categories, in token slots, in stacking order (bottom to top).
-MEMORY_CATEGORIES = ("token_states", "reservation", "internal_frag", "external_frag", "free")
-MEMORY_COLUMNS = tuple(f"mem_{c}" for c in MEMORY_CATEGORIES)
-
-REQUEST_COLUMNS = (
-    "request_id", "arrival_s", "prompt_tokens", "output_tokens", "n", "status",
-    "first_scheduled_s", "first_token_s", "finish_s", "queue_s", "ttft_s", "tpot_s",
-    "e2e_s", "norm_latency_s", "preemptions", "swaps", "recomputed_tokens",
+from blocksim.records.schema import (
+    FREE_EXTENT_COLUMNS,
+    FREE_EXTENTS_FILE,
+    MEMORY_CATEGORIES,
+    MEMORY_COLUMNS,
+    REQUEST_REQUIRED,
+    REQUESTS_FILE,
+    STEP_REQUIRED,
+    STEPS_FILE,
+    SUMMARY_FILE,
+    SUMMARY_KEYS,
+    SUPPORTED_MAJOR_VERSIONS,
 )
-STEP_COLUMNS = (
-    "step", "start_s", "duration_s", "num_prefill_seqs", "num_decode_seqs",
-    "running", "waiting", "swapped", "blocks_swapped_in", "blocks_swapped_out",
-    "preempted", *MEMORY_COLUMNS,
-)
-SUMMARY_KEYS = ("version", "config", "capacity_tokens", "simulated_s")
-FREE_EXTENT_COLUMNS = ("step", "start_s", "extent_tokens")
+
+#: The schema's names that readers (the sweep, the reports) import from here.
+__all__ = [
+    "FREE_EXTENTS_FILE", "MEMORY_CATEGORIES", "MEMORY_COLUMNS", "REQUESTS_FILE", "STEPS_FILE", "SUMMARY_FILE",
+    "SUMMARY_KEYS", "SUPPORTED_MAJOR_VERSIONS", "Run", "RunDirError", "load_run", "read_summary",
+]
 
 
 class RunDirError(ValueError):
@@ -120,8 +116,8 @@ def load_run(run_dir: str | Path) -> Run:
     if missing:
         raise RunDirError(f"{run_dir}: missing {', '.join(missing)}")
     summary = read_summary(run_dir)
-    requests = _read_parquet(run_dir / REQUESTS_FILE, REQUEST_COLUMNS)
-    steps = _read_parquet(run_dir / STEPS_FILE, STEP_COLUMNS)
+    requests = _read_parquet(run_dir / REQUESTS_FILE, REQUEST_REQUIRED)
+    steps = _read_parquet(run_dir / STEPS_FILE, STEP_REQUIRED)
     extents_path = run_dir / FREE_EXTENTS_FILE
     extents = _read_parquet(extents_path, FREE_EXTENT_COLUMNS) if extents_path.is_file() else None
     return Run(run_dir, requests, steps, summary, extents)

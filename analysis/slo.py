@@ -1,20 +1,15 @@
 """Service-level objectives given on the command line: ``ttft=2s,tpot=100ms,e2e=30s``.
 
-Pure Python, so the CLI can validate ``--slo`` without loading pandas.
+Pure Python (the SLO keys come from `blocksim.records.schema`), so the CLI can validate ``--slo``
+without loading pandas.
 """
 
 from __future__ import annotations
 
 import re
 
-#: SLO keys and the per-request column (of ``requests.parquet``) each bounds.
-SLO_COLUMNS = {
-    "ttft": "ttft_s",
-    "tpot": "tpot_s",
-    "e2e": "e2e_s",
-    "queue": "queue_s",
-    "norm_latency": "norm_latency_s",
-}
+from blocksim.records.schema import SLO_COLUMNS  # SLO keys and the request column each bounds
+
 _UNIT_SECONDS = {"s": 1.0, "ms": 1e-3}
 _SLO_ITEM = re.compile(r"^\s*([a-z_0-9]+)\s*=\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(ms|s)\s*$")
 

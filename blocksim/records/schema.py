@@ -32,10 +32,10 @@ FREE_EXTENTS_FILE = "free_extents.parquet"
 MEMORY_CATEGORIES = ("token_states", "reservation", "internal_frag", "external_frag", "free")
 MEMORY_COLUMNS = tuple(f"mem_{c}" for c in MEMORY_CATEGORIES)
 
-#: requests.parquet, column -> dtype, in written order.
+#: requests.parquet, column -> dtype, in written order; "str" is text (a Parquet string column).
 REQUEST_DTYPES = {
     "request_id": "int64", "arrival_s": "float64", "prompt_tokens": "int64", "output_tokens": "int64",
-    "n": "int64", "priority": "int64", "status": "object", "reject_reason": "object",
+    "n": "int64", "priority": "int64", "status": "str", "reject_reason": "str",
     "first_scheduled_s": "float64", "first_token_s": "float64", "finish_s": "float64",
     "queue_s": "float64", "ttft_s": "float64", "tpot_s": "float64", "e2e_s": "float64",
     "norm_latency_s": "float64", "preemptions": "int64", "swaps": "int64", "recomputed_tokens": "int64",
@@ -43,6 +43,14 @@ REQUEST_DTYPES = {
 REQUEST_COLUMNS = tuple(REQUEST_DTYPES)
 #: The requests.parquet columns readers need.
 REQUEST_REQUIRED = tuple(c for c in REQUEST_COLUMNS if c not in ("priority", "reject_reason"))
+#: SLO keys and the requests.parquet column each bounds (`blocksim.records.metrics.slo_met`).
+SLO_COLUMNS = {
+    "ttft": "ttft_s",
+    "tpot": "tpot_s",
+    "e2e": "e2e_s",
+    "queue": "queue_s",
+    "norm_latency": "norm_latency_s",
+}
 
 #: Every column of steps.parquet but `step`, in the order a step's row is recorded.
 ROW_COLUMNS = (

@@ -132,6 +132,6 @@ def test_large_runs_are_downsampled(tmp_path):
 
 
 def test_metrics_come_from_the_records_not_the_summary(tmp_path):
-    """The summary supplies capacity and simulated time; its own throughput is not trusted."""
+    """The summary supplies capacity (and bytes swapped); its own throughput is not trusted."""
     path = write_run(tmp_path / "r", summary={**tiny_summary(), "requests_per_s": 99.0})
     assert run_metrics(load_run(path))["requests_per_s"] == 3 / 8

@@ -1,0 +1,145 @@
+"""blocksim/records: written run directories match the schema; summary.json and the analysis
+package compute the same metrics, on every path into the engine."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import traces
+from analysis.metrics import run_metrics
+from analysis.rundir import Run, load_run
+from blocksim.engine import Engine
+from blocksim.experiments.runner import build_config, replay
+from blocksim.records import metrics, schema
+
+# Summary keys that are not computed from the records (configuration, timing, allocator counters).
+NOT_METRICS = {"version", "config", "wall_s", "rate_scale", "trace", "num_gpu_blocks", "num_cpu_blocks",
+               "block_size", "capacity_tokens", "bytes_swapped", "reject_reasons"}
+
+OFFSET_TRACE = pd.DataFrame({
+    "arrival_s": [5.5, 5.6, 6.0, 6.1, 7.25, 9.0],
+    "prompt_tokens": [100, 200, 300, 40, 64, 500],
+    "output_tokens": [5, 1, 20, 30, 2, 12],
+})
+
+
+def assert_same(a, b, what: str) -> None:
+    both_nan = isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+    assert both_nan or a == b, f"{what}: {a!r} != {b!r}"
+
+
+def assert_metrics_agree(summary: dict, m: dict, where: str) -> None:
+    shared = [k for k in summary if k not in NOT_METRICS and k in m]
+    assert {"requests_per_s", "output_tokens_per_s", "total_tokens_per_s", "ttft_p99_s", "simulated_s",
+            "preemptions", "norm_latency_mean_s"} <= set(shared)
+    for k in shared:
+        assert_same(summary[k], m[k], f"{where}: summary.json vs analysis.run_metrics, {k}")
+
+
+def assert_matches_schema(df: pd.DataFrame, dtypes: dict[str, str], name: str) -> None:
+    assert list(df.columns) == list(dtypes), f"{name}: columns or their order differ from the schema"
+    for col, dtype in dtypes.items():
+        if dtype == "str":
+            assert pd.api.types.is_string_dtype(df[col]), f"{name}.{col}: {df[col].dtype}, schema says text"
+        else:
+            assert df[col].dtype == np.dtype(dtype), f"{name}.{col}: {df[col].dtype}, schema says {dtype}"
+
+
+@pytest.mark.parametrize("policy", ["vllm", "orca-pow2"])
+def test_written_run_directory_matches_the_schema(tmp_path, policy):
+    replay(OFFSET_TRACE, tmp_path, policy=policy, overrides={"num_gpu_blocks": 100})
+    assert_matches_schema(pd.read_parquet(tmp_path / schema.REQUESTS_FILE), schema.REQUEST_DTYPES, "requests")
+    assert_matches_schema(pd.read_parquet(tmp_path / schema.STEPS_FILE), schema.STEP_DTYPES, "steps")
+    extents = tmp_path / schema.FREE_EXTENTS_FILE
+    assert extents.is_file() == (policy == "orca-pow2"), "free extents only for contiguous allocators"
+    if extents.is_file():
+        assert_matches_schema(pd.read_parquet(extents), schema.FREE_EXTENT_DTYPES, "free_extents")
+    summary = json.loads((tmp_path / schema.SUMMARY_FILE).read_text())
+    assert set(schema.SUMMARY_KEYS) <= set(summary) and summary["version"] == schema.RUN_FORMAT_VERSION
+    assert load_run(tmp_path).summary == summary
+
+
+def test_what_readers_require_is_written():
+    assert set(schema.REQUEST_REQUIRED) <= set(schema.REQUEST_COLUMNS)
+    assert set(schema.STEP_REQUIRED) <= set(schema.STEP_COLUMNS)
+    assert set(schema.MEMORY_COLUMNS) <= set(schema.STEP_REQUIRED)
+    assert set(schema.SLO_COLUMNS.values()) <= set(schema.REQUEST_REQUIRED)
+
+
+def test_a_late_first_arrival_gives_the_same_run_and_metrics_on_every_path(tmp_path):
+    """The same trace as a DataFrame, as a CSV path and as a `traces.read_trace` Trace: arrivals are
+    rebased to start at 0 s on each, and summary.json and analysis.run_metrics agree everywhere."""
+    csv = tmp_path / "trace.csv"
+    OFFSET_TRACE.to_csv(csv, index=False)
+    paths = {"dataframe": OFFSET_TRACE, "csv path": str(csv), "read_trace": traces.read_trace(csv)}
+    runs = {}
+    for name, trace in paths.items():
+        replay(trace, tmp_path / name, overrides={"num_gpu_blocks": 100})
+        runs[name] = load_run(tmp_path / name)
+    expected_arrivals = (OFFSET_TRACE.arrival_s - 5.5).to_numpy()
+    ref = runs["dataframe"]
+    for name, run in runs.items():
+        np.testing.assert_allclose(run.requests.arrival_s, expected_arrivals, atol=1e-12,
+                                   err_msg=f"{name}: arrivals rebased to 0 s")
+        pd.testing.assert_frame_equal(run.requests, ref.requests, check_exact=True, obj=f"{name} requests")
+        pd.testing.assert_frame_equal(run.steps, ref.steps, check_exact=True, obj=f"{name} steps")
+        m = run_metrics(run)
+        assert_metrics_agree(run.summary, m, name)
+        for k in ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s", "simulated_s"):
+            assert_same(run.summary[k], ref.summary[k], f"{name} vs dataframe: {k}")
+        assert m["requests_per_s"] == pytest.approx(6 / run.summary["simulated_s"], rel=1e-12)
+
+
+def test_throughput_is_over_the_serving_interval_from_the_first_arrival():
+    """Records whose arrivals start at 5.5 s (a run directory not rebased): the 5.5 s before the first
+    arrival are not serving time."""
+    requests = pd.DataFrame({"arrival_s": [5.5, 6.0], "status": ["finished", "finished"],
+                             "output_tokens": [4, 2], "n": [1, 2], "prompt_tokens": [10, 20],
+                             "ttft_s": [1.0, 2.0]})
+    steps = pd.DataFrame({"start_s": [5.5, 7.0], "duration_s": [1.5, 3.0]})
+    assert metrics.simulated_s(steps) == 10.0
+    assert metrics.serving_interval_s(requests, steps) == 4.5
+    assert metrics.throughput(requests, steps) == {
+        "requests_per_s": 2 / 4.5, "output_tokens_per_s": 8 / 4.5, "total_tokens_per_s": 38 / 4.5}
+    assert metrics.goodput(requests, steps, {"ttft": 1.5})["goodput_requests_per_s"] == 1 / 4.5
+
+
+def test_no_finished_request_gives_nan_statistics():
+    requests = pd.DataFrame({"arrival_s": [0.0], "status": ["rejected"], "output_tokens": [4], "n": [1],
+                             "prompt_tokens": [10**6], "ttft_s": [np.nan], "norm_latency_s": [np.nan]})
+    steps = pd.DataFrame({"start_s": pd.Series([], dtype=float), "duration_s": pd.Series([], dtype=float)})
+    assert math.isnan(metrics.throughput(requests, steps)["requests_per_s"]), "no time passed"
+    stats = metrics.latency_stats(requests, ("ttft",))
+    assert all(math.isnan(v) for v in stats.values()) and set(stats) == {
+        "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "norm_latency_mean_s"}
+
+
+workloads = st.integers(1, 20).flatmap(lambda k: st.tuples(
+    st.floats(0, 100),
+    st.lists(st.floats(0, 0.2), min_size=k, max_size=k),
+    st.lists(st.integers(1, 200), min_size=k, max_size=k),
+    st.lists(st.integers(1, 60), min_size=k, max_size=k),
+    st.lists(st.sampled_from([1, 1, 2, 3]), min_size=k, max_size=k),
+))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workload=workloads, blocks=st.integers(6, 40), policy=st.sampled_from(["vllm", "vllm-chunked", "orca-pow2"]),
+       slo=st.sampled_from([None, {"ttft": 0.5}, {"e2e": 2.0, "tpot": 0.05}]))
+def test_summary_and_analysis_metrics_agree_on_random_runs(workload, blocks, policy, slo):
+    offset, gaps, prompts, outputs, ns = workload
+    trace = pd.DataFrame({"arrival_s": offset + np.cumsum(gaps), "prompt_tokens": prompts,
+                          "output_tokens": outputs, "n": ns})
+    res = Engine(build_config(policy, num_gpu_blocks=blocks, block_size=16, max_num_seqs=8), trace).run()
+    run = Run(path=None, requests=res.requests, steps=res.steps, summary=res.summary)
+    m = run_metrics(run, slo)
+    assert_metrics_agree(res.summary, m, policy)
+    assert m["requests"] == len(trace) and res.requests.arrival_s.min() == 0.0
+    if slo:
+        good = metrics.slo_met(res.requests, slo).sum()
+        assert_same(m["goodput_requests_per_s"], metrics.per_second(good, m["simulated_s"]), "goodput")
