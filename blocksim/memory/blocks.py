@@ -10,10 +10,6 @@ from __future__ import annotations
 import enum
 from collections import deque
 
-from blocksim.interfaces import AllocStatus
-
-__all__ = ["AllocStatus", "BlockAllocator", "BlockError", "Device"]
-
 
 class BlockError(RuntimeError):
     """A block-accounting bug: double free, allocation from an empty pool, bad block number."""
@@ -77,26 +73,26 @@ class BlockAllocator:
     def free_table(self, table: list[int], kv_len: int, block_size: int) -> int:
         """Drop one reference to each block of a block table; return the slots of K/V released.
 
-        Block i of the table holds `min(block_size, kv_len - i * block_size)` filled slots; those
-        of blocks whose last reference goes are released. One loop over the table: this runs for
-        every finished request.
+        Block i of the table holds `min(block_size, kv_len - i * block_size)` filled slots (at
+        least 0); those of blocks whose last reference goes are released. One loop over the
+        table: this runs for every finished request.
         """
-        refs, release = self.ref_counts, self._release
-        plain = type(self)._release is BlockAllocator._release
-        free_list = self._free
-        released = 0
-        for i, b in enumerate(table):
+        refs, free_list = self.ref_counts, self._free
+        release = free_list.append if type(self)._release is BlockAllocator._release else self._release
+        shared = False
+        for b in table:
             rc = refs[b] - 1
             if rc < 0:
                 raise BlockError(f"{self.device.value} block {b}: double free (reference count is already 0)")
             refs[b] = rc
-            if rc == 0:
-                if plain:
-                    free_list.append(b)
-                else:
-                    release(b)
-                released += max(0, min(block_size, kv_len - i * block_size))
-        return released
+            if rc:
+                shared = True
+            else:
+                release(b)
+        if not shared:  # every block released: the table's filled slots
+            return max(0, min(kv_len, len(table) * block_size))
+        return sum(max(0, min(block_size, kv_len - i * block_size))
+                   for i, b in enumerate(table) if refs[b] == 0)
 
     def _release(self, block: int) -> None:
         """A block whose last reference went: back on the free list (subclasses may keep it cached)."""

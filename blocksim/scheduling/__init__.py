@@ -1,1 +1,2 @@
-"""Continuous-batching schedulers (vLLM v0's queues and preemption) and their variants."""
+"""Continuous-batching schedulers (vLLM v0's queues and preemption) and their variants
+(`scheduler`), and what a step decides under which budget (`outputs`)."""

@@ -3,7 +3,8 @@
 import pytest
 
 from blocksim.memory.paged import BlockSpaceManager
-from blocksim.memory.blocks import AllocStatus, BlockError
+from blocksim.interfaces import AllocStatus
+from blocksim.memory.blocks import BlockError
 from blocksim.sequence import SeqStatus
 from tests.blocksim.conftest import make_group
 
