@@ -1,8 +1,16 @@
-"""Paged-attention and KV-cache kernels that execute blocksim's block-management decisions.
+"""Paged-attention and KV-cache kernels in two families, sharing the CUDA build (``_build.py``),
+the argument checks (``_checks.py``) and the sources (``csrc/``):
 
-CUDA tensors run the CUDA kernels (built just in time on first use, see ``_build.py``); CPU
-tensors run the PyTorch reference (``reference.py``). Importing this package needs neither torch nor a GPU and builds nothing: the names below load
-on first use (so `blocksim validate` can be registered without torch).
+* ``kernels.vllm``: vLLM's paged layout; v1 / v2 paged attention, ``reshape_and_cache``,
+  ``copy_blocks``, ``swap_blocks``;
+* ``kernels.fast``: the fast decode kernel over ``[num_blocks, block_size, num_kv_heads,
+  head_size]`` caches (``impl="fast"``), float16 / bfloat16 or float8.
+
+Each family has ``layout``, ``launch``, ``ops`` and ``reference`` modules. CUDA tensors run the
+CUDA kernels (built just in time on first use); CPU tensors run the PyTorch reference. Importing
+this package needs neither torch nor a GPU and builds nothing: the names below load on first use
+(so `blocksim validate` can be registered without torch). ``kernels/DESIGN.md`` describes the
+design; ``python -m kernels.bench`` measures it.
 
     key_cache, value_cache = kernels.allocate_kv_cache(num_blocks, num_kv_heads, head_size,
                                                        block_size, torch.float16, "cuda")
@@ -16,16 +24,18 @@ on first use (so `blocksim validate` can be registered without torch).
 import importlib
 
 _EXPORTS = {
-    "SUPPORTED_BLOCK_SIZES": "kernels.layout", "SUPPORTED_DTYPES": "kernels.layout",
-    "SUPPORTED_HEAD_SIZES": "kernels.layout", "allocate_kv_cache": "kernels.layout",
-    "key_cache_shape": "kernels.layout", "kv_x": "kernels.layout", "value_cache_shape": "kernels.layout",
-    "PARTITION_SIZE": "kernels.ops", "V1_MAX_CONTEXT": "kernels.ops", "choose_version": "kernels.ops",
-    "copy_blocks": "kernels.ops", "paged_attention": "kernels.ops", "reshape_and_cache": "kernels.ops",
-    "swap_blocks": "kernels.ops",
-    "FAST_BLOCK_SIZES": "kernels.fast", "allocate_fast_kv_cache": "kernels.fast",
-    "choose_launch": "kernels.fast", "choose_split_tokens": "kernels.fast", "fast_cache_shape": "kernels.fast",
-    "fp8_scale": "kernels.fast",
-    "reshape_and_cache_fast": "kernels.fast",
+    "SUPPORTED_BLOCK_SIZES": "kernels.vllm.layout", "SUPPORTED_DTYPES": "kernels.vllm.layout",
+    "SUPPORTED_HEAD_SIZES": "kernels.vllm.layout", "allocate_kv_cache": "kernels.vllm.layout",
+    "key_cache_shape": "kernels.vllm.layout", "kv_x": "kernels.vllm.layout",
+    "value_cache_shape": "kernels.vllm.layout",
+    "PARTITION_SIZE": "kernels.vllm.launch", "V1_MAX_CONTEXT": "kernels.vllm.launch",
+    "choose_version": "kernels.vllm.launch",
+    "copy_blocks": "kernels.vllm.ops", "reshape_and_cache": "kernels.vllm.ops", "swap_blocks": "kernels.vllm.ops",
+    "paged_attention": "kernels.attention",
+    "FAST_BLOCK_SIZES": "kernels.fast.layout", "allocate_fast_kv_cache": "kernels.fast.layout",
+    "fast_cache_shape": "kernels.fast.layout", "fp8_scale": "kernels.fast.layout",
+    "choose_launch": "kernels.fast.launch", "choose_split_tokens": "kernels.fast.launch",
+    "reshape_and_cache_fast": "kernels.fast.ops",
 }
 __all__ = sorted(_EXPORTS)
 

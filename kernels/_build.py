@@ -63,10 +63,11 @@ def _check_toolchain() -> None:
     if torch.version.cuda is None:
         raise RuntimeError(
             f"kernels: this torch ({torch.__version__}) is a CPU-only build; the CUDA kernels need a "
-            "CUDA build of torch. CPU tensors use the PyTorch reference (kernels.reference).")
+            "CUDA build of torch. CPU tensors use the PyTorch references (kernels.vllm.reference, "
+            "kernels.fast.reference).")
     if not torch.cuda.is_available():
         raise RuntimeError("kernels: no CUDA device is available; CPU tensors use the PyTorch "
-                           "reference (kernels.reference).")
+                           "references (kernels.vllm.reference, kernels.fast.reference).")
     from torch.utils.cpp_extension import CUDA_HOME
 
     nvcc = Path(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else None

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from .layout import SUPPORTED_BLOCK_SIZES, SUPPORTED_DTYPES, SUPPORTED_HEAD_SIZES, kv_x
+from .vllm.layout import SUPPORTED_BLOCK_SIZES, SUPPORTED_DTYPES, SUPPORTED_HEAD_SIZES, kv_x
 
 _INT_DTYPES = (torch.int32, torch.int64)
 
@@ -74,11 +74,9 @@ def _index_tensor(name: str, t, dims: int) -> torch.Tensor:
 
 
 def check_attention(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables,
-                    context_lens, block_size, max_context_len, alibi_slopes, version, impl,
+                    context_lens, block_size, max_context_len, alibi_slopes, version,
                     validate: bool) -> int:
-    """Checks ``paged_attention``'s arguments; returns the max context length to use."""
-    if impl != "vllm":
-        raise ValueError(f"impl must be 'vllm' (the vLLM-layout v1/v2 kernels), got {impl!r}")
+    """Checks the vLLM-layout ``paged_attention``'s arguments; returns the max context length to use."""
     if version not in (None, "v1", "v2"):
         raise ValueError(f"version must be None (automatic), 'v1' or 'v2', got {version!r}")
     _tensor("query", query)

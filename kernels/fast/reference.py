@@ -1,9 +1,9 @@
 """The fast kernel's layout in plain PyTorch: the CPU backend of ``impl="fast"`` and the
 yardstick of the fast kernel's tests.
 
-Caches are ``[num_blocks, block_size, num_kv_heads, head_size]`` (any strides, see ``fast.py``),
+Caches are ``[num_blocks, block_size, num_kv_heads, head_size]`` (any strides, see ``layout.py``),
 float16 / bfloat16 / float32, or float8_e4m3fn holding ``value / scale`` with one float scale per
-tensor (``k_scale``, ``v_scale``). No argument checking: call through ``kernels.fast`` for
+tensor (``k_scale``, ``v_scale``). No argument checking: call through ``kernels.fast.ops`` for
 validated input. Attention is computed in ``compute_dtype`` from the cache's stored values (times
 their scale).
 """
@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from .reference import attend_sequences
-
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
+from .._reference import attend_sequences
+from .layout import FP8, FP8_MAX
 
 
 def gather_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,

@@ -1,5 +1,5 @@
-"""Public operations: paged attention and the cache operations, dispatched to the CUDA kernels
-for CUDA tensors and to the PyTorch reference (``reference.py``) for CPU tensors.
+"""The vLLM-layout operations: paged attention (v1 / v2) and the cache operations, run by the
+CUDA kernels for CUDA tensors and by the PyTorch reference (``reference.py``) for CPU tensors.
 
 Every operation checks its arguments first (``_checks.py``) and raises ``ValueError`` on bad
 input; ``validate=False`` skips only the checks that read index tensors (one device sync), for
@@ -10,31 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from . import _checks, reference
-from ._build import extension
-
-PARTITION_SIZE = 512        # tokens per partition of the v2 kernel
-V1_MAX_CONTEXT = 8192       # longest context that the automatic choice sends to v1
-_THREADS = 128              # threads per attention thread block (for the shared-memory limit)
-
-
-def choose_version(num_seqs: int, num_heads: int, max_context_len: int) -> str:
-    """vLLM's rule: v1 (one thread block per head and sequence) when the longest context fits
-    v1 comfortably (<= 8192 tokens) and either it is a single partition or there are already more
-    than 512 (sequence, head) pairs to fill the GPU; otherwise v2 splits contexts into 512-token
-    partitions for more parallelism."""
-    partitions = -(-max_context_len // PARTITION_SIZE)
-    if max_context_len <= V1_MAX_CONTEXT and (partitions == 1 or num_seqs * num_heads > 512):
-        return "v1"
-    return "v2"
-
-
-def v1_max_context_len(device: torch.device | int | None = None, block_size: int = 16) -> int:
-    """Longest context v1 can take on ``device``: one float of shared memory per token."""
-    props = torch.cuda.get_device_properties(device)
-    limit = getattr(props, "shared_memory_per_block_optin", 0) or 48 * 1024
-    static = 2 * 1024  # the query and reduction scratch, at most ~1.1 KB
-    return (limit - static) // 4 // block_size * block_size
+from .. import _checks
+from .._build import extension
+from . import reference
+from .launch import PARTITION_SIZE, choose_version, v1_max_context_len
 
 
 def _stream(device: torch.device) -> int:
@@ -45,10 +24,8 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
                     value_cache: torch.Tensor, num_kv_heads: int, scale: float,
                     block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
                     max_context_len: int | None, alibi_slopes: torch.Tensor | None = None, *,
-                    version: str | None = None, impl: str = "vllm",
-                    validate: bool = True, k_scale: float = 1.0, v_scale: float = 1.0,
-                    split_tokens: int | None = None) -> torch.Tensor:
-    """Decode attention of one query token per sequence over its paged KV cache.
+                    version: str | None = None, validate: bool = True) -> torch.Tensor:
+    """Decode attention of one query token per sequence over its paged KV cache in the vLLM layout.
 
     Args:
         out: ``[num_seqs, num_heads, head_size]`` contiguous output of query's dtype, or None to
@@ -69,29 +46,14 @@ def paged_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: to
             partition count), or None to compute it (one device sync).
         alibi_slopes: optional ``[num_heads]`` slopes: logit += slope * (pos - context_len + 1).
         version: None picks v1 or v2 by ``choose_version``; "v1" / "v2" force one. Ignored on CPU.
-        impl: "vllm", the vLLM-layout kernels; "fast", the fast decode kernel (``fast.py``), whose
-            caches are ``[num_blocks, block_size, num_kv_heads, head_size]`` and which takes
-            ``k_scale`` / ``v_scale`` (float8 caches) and ``split_tokens``; ``version`` must be None.
         validate: False skips the checks that read block_tables / context_lens.
 
     Returns:
         ``out``.
     """
-    if impl not in ("vllm", "fast"):
-        raise ValueError(f"impl must be 'vllm' (the vLLM-layout v1/v2 kernels) or 'fast' (fast.py), got {impl!r}")
-    if impl == "fast":
-        if version is not None:
-            raise ValueError(f"version applies to impl='vllm' only, got version={version!r} with impl='fast'")
-        from . import fast
-
-        return fast.paged_attention(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables,
-                                    context_lens, block_size, max_context_len, alibi_slopes, k_scale=k_scale,
-                                    v_scale=v_scale, split_tokens=split_tokens, validate=validate)
-    if k_scale != 1.0 or v_scale != 1.0 or split_tokens is not None:
-        raise ValueError("k_scale, v_scale and split_tokens apply to impl='fast' only")
     max_context_len = _checks.check_attention(out, query, key_cache, value_cache, num_kv_heads, scale,
                                               block_tables, context_lens, block_size, max_context_len,
-                                              alibi_slopes, version, impl, validate)
+                                              alibi_slopes, version, validate)
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
     if not query.is_cuda:

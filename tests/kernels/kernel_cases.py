@@ -14,7 +14,7 @@ def fill_(t: "torch.Tensor", gen: "torch.Generator") -> "torch.Tensor":
 
 def naive_attention(query, key_cache, value_cache, block_tables, context_lens, scale, alibi_slopes=None):
     """Dense float64 attention that reads the cache token by token from the layout's index
-    formula (no shared code with kernels.reference)."""
+    formula (no shared code with kernels.vllm.reference)."""
     num_seqs, num_heads, head_size = query.shape
     num_kv_heads = key_cache.shape[1]
     x = key_cache.shape[-1]

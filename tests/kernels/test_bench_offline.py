@@ -1,12 +1,12 @@
-"""kernels.bench's offline parts (no GPU): the cost profile written from a results file, and the
-sweep plot redrawn from one."""
+"""kernels.bench's offline parts (no GPU): the sweep plot redrawn from a results file, the paired
+statistics, the alternating order of measurements, the SDPA backend names and the command line."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from kernels import bench
+from kernels.bench import cli, stats, timing
 
 
 def results(**over):
@@ -15,20 +15,6 @@ def results(**over):
     res = {"device": "NVIDIA H200 (132 SMs)", "torch": "2.11.0", "copy_gbs": 4250.0, "headline": [row, dict(row)]}
     res.update(over)
     return res
-
-
-def test_profile_scale_is_predicted_over_measured_bandwidth(tmp_path):
-    path = tmp_path / "profile.json"
-    prof = bench.write_profile(results(), path)
-    measured = 2 * 537_000_000 / (2 * 0.125e-3) / 1e9        # the default-storage times
-    assert prof["params"]["scale_attn_decode"] == pytest.approx(4800 * 0.8 / measured, abs=1e-4)
-    assert json.loads(path.read_text()) == prof
-    assert "H2ND storage" in prof["source"]
-
-
-def test_profile_needs_a_known_gpu_and_headline_rows(tmp_path):
-    assert bench.write_profile(results(device="Some GPU"), tmp_path / "p.json") is None
-    assert bench.write_profile(results(headline=[]), tmp_path / "p.json") is None
 
 
 def test_plot_from_a_saved_results_file(tmp_path):
@@ -43,18 +29,18 @@ def test_plot_from_a_saved_results_file(tmp_path):
     saved = tmp_path / "bench.json"
     saved.write_text(json.dumps(results(sweep=rows)))
     png = tmp_path / "sweep.png"
-    assert bench.main(["--plot-from", str(saved), "--plot", str(png)]) == 0
+    assert cli.main(["--plot-from", str(saved), "--plot", str(png)]) == 0
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_ratio_interval_takes_order_statistics_of_the_paired_ratios():
     sdpa = [1.0] * 9
     fast = [1.04, 0.97, 1.01, 0.99, 1.00, 1.02, 0.98, 1.03, 0.96]
-    iv = bench.ratio_interval(fast, sdpa)
+    iv = stats.ratio_interval(fast, sdpa)
     # 9 pairs: (2nd smallest, 2nd largest) covers the median with 1 - 2 * 10 / 512 = 96.1%
     assert (iv["low"], iv["median"], iv["high"]) == pytest.approx((0.97, 1.00, 1.03))
     assert iv["coverage"] == pytest.approx(1 - 20 / 512) and iv["pairs"] == 9
-    assert bench.interval_label(iv) == "1.000 [0.970, 1.030] same"
+    assert stats.interval_label(iv) == "1.000 [0.970, 1.030] same"
 
 
 def test_ratio_interval_pairs_the_runs_and_says_faster_or_slower():
@@ -62,20 +48,20 @@ def test_ratio_interval_pairs_the_runs_and_says_faster_or_slower():
     # speed moves both, and the ratios stay below 1
     sdpa = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]
     fast = [0.99 * s for s in sdpa]
-    iv = bench.ratio_interval(fast, sdpa)
-    assert iv["high"] == pytest.approx(0.99) and bench.interval_label(iv).endswith("faster")
-    assert bench.interval_label(bench.ratio_interval([1.02] * 7, [1.0] * 7)).endswith("slower")
+    iv = stats.ratio_interval(fast, sdpa)
+    assert iv["high"] == pytest.approx(0.99) and stats.interval_label(iv).endswith("faster")
+    assert stats.interval_label(stats.ratio_interval([1.02] * 7, [1.0] * 7)).endswith("slower")
 
 
 def test_ratio_interval_with_few_pairs_reports_its_lower_coverage():
-    iv = bench.ratio_interval([1.0, 1.1, 0.9, 1.05, 0.95], [1.0] * 5)
+    iv = stats.ratio_interval([1.0, 1.1, 0.9, 1.05, 0.95], [1.0] * 5)
     assert (iv["low"], iv["high"]) == pytest.approx((0.9, 1.1))
     assert iv["coverage"] == pytest.approx(1 - 2 / 32)
-    assert bench.interval_label(iv) == "1.000 [0.900, 1.100] same (94% interval)"
+    assert stats.interval_label(iv) == "1.000 [0.900, 1.100] same (94% interval)"
     with pytest.raises(ValueError, match="at least one pair"):
-        bench.ratio_interval([], [])
+        stats.ratio_interval([], [])
     with pytest.raises(ValueError, match="pairs the runs"):
-        bench.ratio_interval([1.0, 1.0], [1.0])
+        stats.ratio_interval([1.0, 1.0], [1.0])
 
 
 def test_alternating_runs_swap_the_order_within_each_pair(monkeypatch):
@@ -96,9 +82,9 @@ def test_alternating_runs_swap_the_order_within_each_pair(monkeypatch):
             return self
 
     FakeCase.sets = [(FakeQuery(), None, None)]
-    monkeypatch.setattr(bench, "graph_ms", lambda fns, warmup, iters: order.append("sdpa") or 2.0)
+    monkeypatch.setattr(stats, "graph_ms", lambda fns, warmup, iters: order.append("sdpa") or 2.0)
     args = type("Args", (), {"repeats": 3, "warmup": 1, "iters": 1})()
-    fast_runs, sdpa_runs = bench.alternating_runs(FakeCase(), None, args)
+    fast_runs, sdpa_runs = stats.alternating_runs(FakeCase(), None, args)
     assert order == ["fast", "sdpa", "sdpa", "fast", "fast", "sdpa"]
     assert fast_runs == [1.0] * 3 and sdpa_runs == [2.0] * 3
 
@@ -107,7 +93,7 @@ def test_default_sdpa_backend_names_what_torch_dispatches_to():
     torch = pytest.importorskip("torch")
     q = torch.randn(2, 8, 1, 64)
     k = torch.randn(2, 2, 100, 64)
-    name = bench.default_sdpa_backend(q, k, k)
+    name = timing.default_sdpa_backend(q, k, k)
     assert name in {"flash", "cudnn", "efficient", "math", "unknown"}
     from torch.nn.attention import SDPBackend
     if hasattr(torch, "_fused_sdp_choice"):
@@ -117,6 +103,6 @@ def test_default_sdpa_backend_names_what_torch_dispatches_to():
 
 def test_unknown_bench_section_is_refused_by_name(capsys):
     with pytest.raises(SystemExit):
-        bench.main(["--sections", "headline,nope"])
+        cli.main(["--sections", "headline,nope"])
     err = capsys.readouterr().err
     assert "unknown 'nope'" in err and "backends" in err

@@ -48,7 +48,7 @@ def test_cuda_sources_compile_for_sm90a(tmp_path):
 def test_fast_ring_shared_memory_is_128_byte_aligned(tmp_path):
     """The ring's swizzle is bank-conflict-free only relative to 128-byte lines, so the dynamic
     shared memory must start on one whatever static shared memory precedes it (an 80-byte offset
-    made every shape 19% slower, kernels/NOTES.md)."""
+    made every shape 19% slower)."""
     r = nvcc("fast_decode_f16.cu", tmp_path, "-DBLOCKSIM_FEW_INSTANCES", ptx=True)
     assert r.returncode == 0, r.stderr[-4000:]
     ptx = (tmp_path / "fast_decode_f16.cu.ptx").read_text()

@@ -23,7 +23,8 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
 import kernels  # noqa: E402
-from kernels import ops, reference  # noqa: E402
+from kernels.vllm import launch as vllm_launch  # noqa: E402
+from kernels.vllm import ops, reference  # noqa: E402
 from kernel_cases import assert_attention_close  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -140,7 +141,7 @@ def test_v1_beyond_the_default_shared_memory_limit():
 
 
 def test_v1_too_long_for_shared_memory_is_refused():
-    too_long = ops.v1_max_context_len(0, 16) + 16
+    too_long = vllm_launch.v1_max_context_len(0, 16) + 16
     kc, vc = caches(8, 128, 16, torch.float16)
     q = torch.zeros(1, 8, 128, dtype=torch.float16, device="cuda")
     bt = torch.zeros(1, too_long // 16, dtype=torch.int32, device="cuda")

@@ -25,7 +25,10 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
 import kernels  # noqa: E402
-from kernels import fast, reference_fast  # noqa: E402
+from kernels.fast import launch as fast_launch  # noqa: E402
+from kernels.fast import layout as fast_layout  # noqa: E402
+from kernels.fast import ops as fast_ops  # noqa: E402
+from kernels.fast import reference as fast_reference  # noqa: E402
 from kernel_cases import assert_attention_close  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -77,11 +80,11 @@ def run_case(*, num_heads, num_kv_heads, head_size, block_size, dtype, max_conte
         kernels.paged_attention(out, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
                                 max_context, slopes, impl="fast", split_tokens=split_tokens)
     else:
-        fast.paged_attention(out, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
+        fast_ops.paged_attention(out, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
                              max_context, slopes, split_tokens=split_tokens, prefetch=prefetch, stages=stages,
                              max_ctas_per_sm=max_ctas_per_sm, warp_items=warp_items)
     want = torch.empty(query.shape, dtype=torch.float32, device="cuda")
-    reference_fast.paged_attention(want, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
+    fast_reference.paged_attention(want, query, kc, vc, num_kv_heads, scale, block_tables, context_lens, block_size,
                                    max_context, slopes)
     return out, want
 
@@ -187,7 +190,7 @@ def test_fast_default_launch_with_warp_items():
     """A batch the launch rule runs as warp items on this GPU (64 sequences x 8 KV heads, contexts
     up to 2048: 512 items in 128 blocks on a 132-SM GPU)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    launch = fast.choose_launch(64, 32, 8, 128, torch.float16, 2048, sms, tuning=fast.device_tuning(0))
+    launch = fast_launch.choose_launch(64, 32, 8, 128, torch.float16, 2048, sms, tuning=fast_launch.device_tuning(0))
     if not launch.warp_items:
         pytest.skip(f"the rule picks no warp items for this batch on {sms} SMs")
     out, want = run_case(num_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype=torch.float16,
@@ -210,7 +213,7 @@ def test_fast_warp_items_need_the_two_stage_ring():
     lens = torch.full((1,), 64, dtype=torch.int32, device="cuda")
     for stages in (0, 3):
         with pytest.raises(ValueError, match="warp_items runs on the 2-stage cp.async ring"):
-            fast.paged_attention(None, q, kc, vc, 8, 0.1, bt, lens, 16, 64, stages=stages, warp_items=True)
+            fast_ops.paged_attention(None, q, kc, vc, 8, 0.1, bt, lens, 16, 64, stages=stages, warp_items=True)
 
 
 def test_fast_ring_shared_memory_matches_the_extension():
@@ -218,9 +221,9 @@ def test_fast_ring_shared_memory_matches_the_extension():
 
     for head_size in kernels.SUPPORTED_HEAD_SIZES:
         for stages in (2, 3, 4):
-            py = fast.ring_smem_bytes(head_size, stages)
+            py = fast_launch.ring_smem_bytes(head_size, stages)
             ext = extension().fast_decode_smem_bytes(head_size, False, stages)
-            assert ext == (py if py <= fast.SMEM_LIMIT and head_size <= 128 else 0), (head_size, stages)
+            assert ext == (py if py <= fast_launch.SMEM_LIMIT and head_size <= 128 else 0), (head_size, stages)
             assert extension().fast_decode_smem_bytes(head_size, True, stages) == 0  # fp8: register loads
 
 
@@ -258,7 +261,7 @@ def test_fast_strided_query_from_a_fused_qkv_tensor():
     lens = torch.randint(1, 3000, (NUM_SEQS,), generator=gen, device="cuda", dtype=torch.int32)
     bt = torch.randint(0, NUM_BLOCKS, (NUM_SEQS, 3000 // 16 + 1), generator=gen, device="cuda", dtype=torch.int32)
     out = kernels.paged_attention(None, query, kc, vc, 8, 128 ** -0.5, bt, lens, 16, 3000, impl="fast")
-    want = reference_fast.paged_attention(torch.empty(query.shape, device="cuda"), query, kc, vc, 8, 128 ** -0.5,
+    want = fast_reference.paged_attention(torch.empty(query.shape, device="cuda"), query, kc, vc, 8, 128 ** -0.5,
                                           bt, lens, 16, 3000)
     assert_matches(out, want, torch.float16)
 
@@ -272,11 +275,11 @@ def test_fast_unchecked_bad_block_id_poisons_only_its_sequence(split_tokens, sta
     bt = torch.randint(0, NUM_BLOCKS, (2, 44), generator=gen, device="cuda", dtype=torch.int32)
     bt[1, 40] = 1 << 30
     q = torch.empty(2, 32, 128, dtype=torch.float16, device="cuda").uniform_(-1, 1, generator=gen)
-    out = fast.paged_attention(None, q, kc, vc, 8, 0.1, bt, lens, 16, 700, validate=False,
+    out = fast_ops.paged_attention(None, q, kc, vc, 8, 0.1, bt, lens, 16, 700, validate=False,
                                split_tokens=split_tokens, stages=stages)
     torch.cuda.synchronize()
     assert torch.isnan(out[1]).all()
-    want = reference_fast.paged_attention(torch.empty(1, 32, 128, device="cuda"), q[:1], kc, vc, 8, 0.1, bt[:1],
+    want = fast_reference.paged_attention(torch.empty(1, 32, 128, device="cuda"), q[:1], kc, vc, 8, 0.1, bt[:1],
                                           lens[:1], 16, 700)
     assert_matches(out[:1], want, torch.float16)
 
@@ -289,7 +292,7 @@ def test_fast_fp8_cache(block_size):
     nb = 2048 * 16 // block_size
     kc16, vc16 = caches(8, 128, block_size, torch.float16, num_blocks=nb)
     ks, vs = kernels.fp8_scale(kc16), kernels.fp8_scale(vc16)
-    k8, v8 = kernels.allocate_fast_kv_cache(nb, block_size, 8, 128, reference_fast.FP8, "cuda", storage="NHD")
+    k8, v8 = kernels.allocate_fast_kv_cache(nb, block_size, 8, 128, fast_layout.FP8, "cuda", storage="NHD")
     slots = torch.arange(nb * block_size, device="cuda")
     kernels.reshape_and_cache_fast(kc16.flatten(0, 1), vc16.flatten(0, 1), k8, v8, slots, k_scale=ks, v_scale=vs)
     lens = torch.randint(1, 6000, (NUM_SEQS,), generator=gen, device="cuda", dtype=torch.int32)
@@ -298,10 +301,10 @@ def test_fast_fp8_cache(block_size):
     scale = 128 ** -0.5
     out = kernels.paged_attention(None, q, k8, v8, 8, scale, bt, lens, block_size, 6000, impl="fast",
                                   k_scale=ks, v_scale=vs)
-    want8 = reference_fast.paged_attention(torch.empty(q.shape, device="cuda"), q, k8, v8, 8, scale, bt, lens,
+    want8 = fast_reference.paged_attention(torch.empty(q.shape, device="cuda"), q, k8, v8, 8, scale, bt, lens,
                                            block_size, 6000, k_scale=ks, v_scale=vs)
     assert_matches(out, want8, torch.float16)
-    want16 = reference_fast.paged_attention(torch.empty(q.shape, device="cuda"), q, kc16, vc16, 8, scale, bt, lens,
+    want16 = fast_reference.paged_attention(torch.empty(q.shape, device="cuda"), q, kc16, vc16, 8, scale, bt, lens,
                                             block_size, 6000)
     rel = ((out.float() - want16).norm() / want16.norm()).item()
     assert rel < 0.05, f"fp8 vs float16 relative error norm {rel:.3f}"
@@ -346,10 +349,10 @@ def test_fast_split_reduce_as_dependent_launch_matches_an_ordinary_one(split_tok
     q = torch.empty(len(lens), 32, 128, dtype=torch.float16, device="cuda").uniform_(-4, 4, generator=gen)
 
     def run(pdl, out=None):
-        return fast.paged_attention(out, q, kc, vc, 8, 0.09, bt, lens, 16, 4096, split_tokens=split_tokens,
+        return fast_ops.paged_attention(out, q, kc, vc, 8, 0.09, bt, lens, 16, 4096, split_tokens=split_tokens,
                                     pdl=pdl, validate=False)
     plain = run(False)
-    want = reference_fast.paged_attention(torch.empty(q.shape, device="cuda"), q, kc, vc, 8, 0.09, bt, lens, 16, 4096)
+    want = fast_reference.paged_attention(torch.empty(q.shape, device="cuda"), q, kc, vc, 8, 0.09, bt, lens, 16, 4096)
     assert_matches(plain, want, torch.float16)
     for _ in range(3):
         assert torch.equal(run(True), plain)

@@ -1,4 +1,4 @@
-"""The fast layout on the CPU: its reference (kernels.reference_fast) against a naive dense
+"""The fast layout on the CPU: its reference (kernels.fast.reference) against a naive dense
 attention, against the vLLM-layout reference on the same data, the cache writes (float16 and
 float8), the split rule, and the argument checks of impl="fast". No GPU needed."""
 
@@ -12,7 +12,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import kernels  # noqa: E402
-from kernels import fast, reference, reference_fast  # noqa: E402
+from kernels.fast import launch as fast_launch  # noqa: E402
+from kernels.fast import layout as fast_layout  # noqa: E402
+from kernels.fast import ops as fast_ops  # noqa: E402
+from kernels.fast import reference as fast_reference  # noqa: E402
+from kernels.vllm import reference  # noqa: E402
 
 from kernel_cases import fill_, naive_heads  # noqa: E402
 
@@ -20,7 +24,7 @@ from kernel_cases import fill_, naive_heads  # noqa: E402
 def naive_fast_attention(query, key_cache, value_cache, block_tables, context_lens, scale, alibi_slopes=None,
                          k_scale=1.0, v_scale=1.0):
     """Dense float64 attention reading the fast layout token by token (no code shared with
-    kernels.reference_fast)."""
+    kernels.fast.reference)."""
     num_seqs, num_heads, head_size = query.shape
     block_size = key_cache.shape[1]
     out = torch.empty(num_seqs, num_heads, head_size, dtype=torch.float64)
@@ -72,7 +76,7 @@ def test_fast_layout_agrees_with_the_vllm_layout_on_the_same_tokens():
     slots = torch.arange(10 * 16)
     kernels.reshape_and_cache(kc.flatten(0, 1), vc.flatten(0, 1), vk, vv, slots)   # same tokens, vLLM layout
     want = reference.paged_attention(torch.empty(q.shape), q, vk, vv, 2, 0.1, bt, cl, 16, 40)
-    got = reference_fast.paged_attention(torch.empty(q.shape), q, kc, vc, 2, 0.1, bt, cl, 16, 40)
+    got = fast_reference.paged_attention(torch.empty(q.shape), q, kc, vc, 2, 0.1, bt, cl, 16, 40)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
@@ -91,14 +95,14 @@ def test_reshape_and_cache_fast_round_trips_and_skips_padding(storage, dtype):
     value = fill_(torch.empty(ctx + 1, 3, 64, dtype=dtype), gen)
     kernels.reshape_and_cache_fast(key, value, kc, vc, slots_padded)
     keep = slots_padded >= 0
-    k, v = reference_fast.gather_kv(kc, vc, table, ctx)
+    k, v = fast_reference.gather_kv(kc, vc, table, ctx)
     assert torch.equal(k, key[keep]) and torch.equal(v, value[keep])
     assert int((kc[1] != 0).sum()) == 0, "a block no slot points at was written"
 
 
 def test_fp8_cache_stores_scaled_values_within_e4m3_rounding():
     gen = torch.Generator().manual_seed(3)
-    kc, vc = kernels.allocate_fast_kv_cache(4, 16, 2, 64, reference_fast.FP8, "cpu")
+    kc, vc = kernels.allocate_fast_kv_cache(4, 16, 2, 64, fast_layout.FP8, "cpu")
     key = fill_(torch.empty(64, 2, 64), gen) * 3
     value = fill_(torch.empty(64, 2, 64), gen)
     ks, vs = kernels.fp8_scale(key), kernels.fp8_scale(value)
@@ -116,11 +120,11 @@ def test_fp8_reference_is_close_to_float16_attention():
     lens = [100, 257]
     q, kc, vc, bt, cl = fast_inputs(gen, num_heads=8, num_kv_heads=2, head_size=64, block_size=16,
                                     dtype=torch.float16, num_blocks=40, lens=lens)
-    ks, vs = fast.fp8_scale(kc), fast.fp8_scale(vc)
-    k8, v8 = kernels.allocate_fast_kv_cache(40, 16, 2, 64, reference_fast.FP8, "cpu")
+    ks, vs = fast_layout.fp8_scale(kc), fast_layout.fp8_scale(vc)
+    k8, v8 = kernels.allocate_fast_kv_cache(40, 16, 2, 64, fast_layout.FP8, "cpu")
     kernels.reshape_and_cache_fast(kc.flatten(0, 1), vc.flatten(0, 1), k8, v8, torch.arange(640), k_scale=ks,
                                    v_scale=vs)
-    want = reference_fast.paged_attention(torch.empty(q.shape), q, kc, vc, 2, 0.125, bt, cl, 16, 257)
+    want = fast_reference.paged_attention(torch.empty(q.shape), q, kc, vc, 2, 0.125, bt, cl, 16, 257)
     got = kernels.paged_attention(torch.empty_like(q), q, k8, v8, 2, 0.125, bt, cl, 16, 257, impl="fast",
                                   k_scale=ks, v_scale=vs)
     naive = naive_fast_attention(q, k8.float(), v8.float(), bt, cl, 0.125, k_scale=ks, v_scale=vs)
@@ -198,40 +202,34 @@ def test_importing_kernels_stays_lazy():
 
 
 def test_prefetch_is_chosen_only_for_latency_bound_half_precision_shapes():
-    import torch
-    from kernels.fast import choose_prefetch
-    assert choose_prefetch(1, 32, 8, 128, torch.float16)           # 8 thread-block groups on 132 SMs
-    assert not choose_prefetch(64, 32, 32, 128, torch.float16)     # the batch fills the GPU
-    assert not choose_prefetch(8, 32, 8, 128, torch.float16)       # 64 groups: measured slower with it
-    assert not choose_prefetch(1, 32, 8, 256, torch.float16)       # large heads keep one tile
-    assert not choose_prefetch(1, 32, 8, 128, torch.float8_e4m3fn)
+    assert fast_launch.choose_prefetch(1, 32, 8, 128, torch.float16)           # 8 thread-block groups on 132 SMs
+    assert not fast_launch.choose_prefetch(64, 32, 32, 128, torch.float16)     # the batch fills the GPU
+    assert not fast_launch.choose_prefetch(8, 32, 8, 128, torch.float16)       # 64 groups: measured slower with it
+    assert not fast_launch.choose_prefetch(1, 32, 8, 256, torch.float16)       # large heads keep one tile
+    assert not fast_launch.choose_prefetch(1, 32, 8, 128, torch.float8_e4m3fn)
 
 
 def test_load_path_rule_and_ring_limits():
     """The 2-stage ring is chosen wherever it exists, never for float8 caches or heads over 128;
     its shared memory decides the deepest ring."""
-    from kernels import fast
-
-    assert fast.choose_stages(512, 128, torch.float16) == 2
-    assert fast.choose_stages(32768, 64, torch.bfloat16) == 2
-    assert fast.choose_stages(256, 256, torch.float16) == 0
-    assert fast.choose_stages(256, 128, torch.float8_e4m3fn) == 0
-    assert fast.ring_smem_bytes(128, 2) == 4 * 2 * (2 * 16 * 128 * 2 + 256)
-    assert fast.max_stages(128, torch.float16) == 4          # 135 KB for 4 stages fits 227 KB
-    assert fast.max_stages(192, torch.float16) == 0 == fast.max_stages(128, torch.float8_e4m3fn)
+    assert fast_launch.choose_stages(512, 128, torch.float16) == 2
+    assert fast_launch.choose_stages(32768, 64, torch.bfloat16) == 2
+    assert fast_launch.choose_stages(256, 256, torch.float16) == 0
+    assert fast_launch.choose_stages(256, 128, torch.float8_e4m3fn) == 0
+    assert fast_launch.ring_smem_bytes(128, 2) == 4 * 2 * (2 * 16 * 128 * 2 + 256)
+    assert fast_launch.max_stages(128, torch.float16) == 4          # 135 KB for 4 stages fits 227 KB
+    assert fast_launch.max_stages(192, torch.float16) == 0 == fast_launch.max_stages(128, torch.float8_e4m3fn)
 
 
 def test_bad_stage_count_is_refused_before_any_work():
-    from kernels import fast
-
-    kc, vc = fast.allocate_fast_kv_cache(4, 16, 2, 128, torch.float16, "cpu", storage="NHD")
+    kc, vc = fast_layout.allocate_fast_kv_cache(4, 16, 2, 128, torch.float16, "cpu", storage="NHD")
     q = torch.zeros(1, 4, 128, dtype=torch.float16)
     bt = torch.zeros(1, 1, dtype=torch.int32)
     lens = torch.ones(1, dtype=torch.int32)
     with pytest.raises(ValueError, match="stages must be 0 or 2 to 4"):
-        fast.paged_attention(None, q, kc, vc, 2, 0.1, bt, lens, 16, 1, stages=5)
+        fast_ops.paged_attention(None, q, kc, vc, 2, 0.1, bt, lens, 16, 1, stages=5)
     with pytest.raises(ValueError, match="stages must be 0 for head_size 128"):
-        fast.paged_attention(None, q, kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn), 2, 0.1, bt, lens, 16,
+        fast_ops.paged_attention(None, q, kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn), 2, 0.1, bt, lens, 16,
                              1, stages=2)
 
 
@@ -264,13 +262,13 @@ def test_bad_stage_count_is_refused_before_any_work():
 ])
 def test_choose_launch(shape, want):
     b, h, kvh, ctx = shape
-    got = fast.choose_launch(b, h, kvh, 128, torch.float16, ctx, 132)
-    assert got == fast.Launch(*want) and got.split_tokens % 16 == 0
+    got = fast_launch.choose_launch(b, h, kvh, 128, torch.float16, ctx, 132)
+    assert got == fast_launch.Launch(*want) and got.split_tokens % 16 == 0
     # float8 caches keep the register loads and the plain split rule, as does a given ring depth
-    assert fast.choose_launch(b, h, kvh, 128, fast.FP8, ctx, 132) == \
-        fast.Launch(fast.choose_split_tokens(b, h, kvh, ctx, 132), 0, None)
-    assert fast.choose_launch(b, h, kvh, 128, torch.float16, ctx, 132, stages=3) == \
-        fast.Launch(fast.choose_split_tokens(b, h, kvh, ctx, 132), 3, None)
+    assert fast_launch.choose_launch(b, h, kvh, 128, fast_layout.FP8, ctx, 132) == \
+        fast_launch.Launch(fast_launch.choose_split_tokens(b, h, kvh, ctx, 132), 0, None)
+    assert fast_launch.choose_launch(b, h, kvh, 128, torch.float16, ctx, 132, stages=3) == \
+        fast_launch.Launch(fast_launch.choose_split_tokens(b, h, kvh, ctx, 132), 3, None)
 
 
 @pytest.mark.parametrize("option,bad,message", [
@@ -279,27 +277,27 @@ def test_choose_launch(shape, want):
     *[("warp_items", bad, "warp_items must be None, True or False") for bad in (1, "yes", 0.0)],
 ])
 def test_bad_launch_option_is_refused(option, bad, message):
-    kc, vc = fast.allocate_fast_kv_cache(4, 16, 2, 128, torch.float16, "cpu", storage="NHD")
+    kc, vc = fast_layout.allocate_fast_kv_cache(4, 16, 2, 128, torch.float16, "cpu", storage="NHD")
     q = torch.zeros(1, 4, 128, dtype=torch.float16)
     with pytest.raises(ValueError, match=message):
-        fast.paged_attention(None, q, kc, vc, 2, 0.1, torch.zeros(1, 1, dtype=torch.int32),
+        fast_ops.paged_attention(None, q, kc, vc, 2, 0.1, torch.zeros(1, 1, dtype=torch.int32),
                              torch.ones(1, dtype=torch.int32), 16, 1, **{option: bad})
 
 
 def test_warp_items_fit_one_even_wave_that_fills_the_gpu():
     # 8 pairs per sequence: 2 blocks of 4 warp items; 90-100% of the SMs with one block each, or two
-    fits = [n for n in range(1, 200) if fast.warp_items_fit(n, 8, 2, 132)]
+    fits = [n for n in range(1, 200) if fast_launch.warp_items_fit(n, 8, 2, 132)]
     assert [2 * n for n in fits] == list(range(120, 133, 2)) + list(range(238, 265, 2))
-    assert [n for n in range(1, 200) if fast.warp_items_fit(n, 8, 1, 132)] == list(range(60, 67))
+    assert [n for n in range(1, 200) if fast_launch.warp_items_fit(n, 8, 1, 132)] == list(range(60, 67))
     # idle warps: pairs not a multiple of 4, however many blocks
-    assert not any(fast.warp_items_fit(n, pairs, 2, 132) for n in range(1, 1100) for pairs in (1, 2, 5, 6))
+    assert not any(fast_launch.warp_items_fit(n, pairs, 2, 132) for n in range(1, 1100) for pairs in (1, 2, 5, 6))
 
 
 def test_h2nd_storage_puts_both_caches_in_one_allocation():
     """The default storage: views of one [num_blocks, kv_heads, 2, block_size, head_size] tensor, the
     keys and values of one block of one KV head side by side; writes go where the layout says."""
-    kc, vc = fast.allocate_fast_kv_cache(5, 16, 3, 64, torch.float16, "cpu")
-    assert fast.DEFAULT_STORAGE == "H2ND"
+    kc, vc = fast_layout.allocate_fast_kv_cache(5, 16, 3, 64, torch.float16, "cpu")
+    assert fast_layout.DEFAULT_STORAGE == "H2ND"
     assert kc.shape == vc.shape == (5, 16, 3, 64)
     assert kc.untyped_storage().data_ptr() == vc.untyped_storage().data_ptr()
     assert kc.stride() == (3 * 2 * 16 * 64, 64, 2 * 16 * 64, 1) == vc.stride()
@@ -319,7 +317,7 @@ def test_h2nd_storage_puts_both_caches_in_one_allocation():
 def test_choose_launch_on_an_h100(shape, want):
     """The H100 measured best with fewer blocks in flight than the H200 (kernels/BENCHMARKS.md)."""
     b, h, kvh, ctx = shape
-    tuning = fast.tuning_for("NVIDIA H100 80GB HBM3")
-    assert tuning == fast.Tuning(split_ctas_per_sm=1, one_per_sm_stages=2)
-    assert fast.choose_launch(b, h, kvh, 128, torch.float16, ctx, 132, tuning=tuning) == fast.Launch(*want)
-    assert fast.tuning_for("NVIDIA H200") == fast.Tuning() == fast.tuning_for("some other GPU")
+    tuning = fast_launch.tuning_for("NVIDIA H100 80GB HBM3")
+    assert tuning == fast_launch.Tuning(split_ctas_per_sm=1, one_per_sm_stages=2)
+    assert fast_launch.choose_launch(b, h, kvh, 128, torch.float16, ctx, 132, tuning=tuning) == fast_launch.Launch(*want)
+    assert fast_launch.tuning_for("NVIDIA H200") == fast_launch.Tuning() == fast_launch.tuning_for("some other GPU")

@@ -1,4 +1,4 @@
-"""The PyTorch reference (kernels.reference) against a naive dense attention, and the cache
+"""The PyTorch reference (kernels.vllm.reference) against a naive dense attention, and the cache
 operations' layout round trips. CPU only."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import kernels  # noqa: E402
-from kernels import reference  # noqa: E402
+from kernels.vllm import reference  # noqa: E402
 
 from kernel_cases import fill_, naive_attention  # noqa: E402
 
