@@ -1,6 +1,6 @@
 """The fast layout on the CPU: its reference (kernels.fast.reference) against a naive dense
 attention, against the vLLM-layout reference on the same data, the cache writes (float16 and
-float8), the split rule, and the argument checks of impl="fast". No GPU needed."""
+float8), the default storage, and the argument checks of impl="fast". No GPU needed."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import kernels  # noqa: E402
-from kernels.fast import launch as fast_launch  # noqa: E402
 from kernels.fast import layout as fast_layout  # noqa: E402
 from kernels.fast import ops as fast_ops  # noqa: E402
 from kernels.fast import reference as fast_reference  # noqa: E402
@@ -133,20 +132,6 @@ def test_fp8_reference_is_close_to_float16_attention():
     assert rel < 0.05, f"fp8 relative error norm {rel:.3f} vs float16"
 
 
-@pytest.mark.parametrize("shape,want", [
-    ((64, 32, 32, 1024), 1024),        # 2048 thread blocks: one split
-    ((256, 32, 8, 512), 512),
-    ((128, 32, 8, 2048), 2048),        # 1024 thread blocks >= 4 per SM: one split
-    ((8, 32, 8, 16384), 1024),         # 64 thread blocks: 16 splits of the minimum length
-    ((1, 32, 8, 32768), 1024),         # 8 thread blocks: 32 splits of the minimum length
-    ((1, 32, 8, 2048), 256),           # little work (8 tiles per SM): short splits
-    ((16, 32, 8, 512), 256),
-])
-def test_choose_split_tokens(shape, want):
-    got = kernels.choose_split_tokens(*shape, num_sms=132)
-    assert got == want and got % 16 == 0
-
-
 def attend_fast(**over):
     gen = torch.Generator().manual_seed(0)
     args = dict(zip(("query", "key_cache", "value_cache", "block_tables", "context_lens"),
@@ -201,26 +186,6 @@ def test_importing_kernels_stays_lazy():
     assert {"allocate_fast_kv_cache", "reshape_and_cache_fast", "choose_split_tokens", "fp8_scale"} <= set(kernels.__all__)
 
 
-def test_prefetch_is_chosen_only_for_latency_bound_half_precision_shapes():
-    assert fast_launch.choose_prefetch(1, 32, 8, 128, torch.float16)           # 8 thread-block groups on 132 SMs
-    assert not fast_launch.choose_prefetch(64, 32, 32, 128, torch.float16)     # the batch fills the GPU
-    assert not fast_launch.choose_prefetch(8, 32, 8, 128, torch.float16)       # 64 groups: measured slower with it
-    assert not fast_launch.choose_prefetch(1, 32, 8, 256, torch.float16)       # large heads keep one tile
-    assert not fast_launch.choose_prefetch(1, 32, 8, 128, torch.float8_e4m3fn)
-
-
-def test_load_path_rule_and_ring_limits():
-    """The 2-stage ring is chosen wherever it exists, never for float8 caches or heads over 128;
-    its shared memory decides the deepest ring."""
-    assert fast_launch.choose_stages(512, 128, torch.float16) == 2
-    assert fast_launch.choose_stages(32768, 64, torch.bfloat16) == 2
-    assert fast_launch.choose_stages(256, 256, torch.float16) == 0
-    assert fast_launch.choose_stages(256, 128, torch.float8_e4m3fn) == 0
-    assert fast_launch.ring_smem_bytes(128, 2) == 4 * 2 * (2 * 16 * 128 * 2 + 256)
-    assert fast_launch.max_stages(128, torch.float16) == 4          # 135 KB for 4 stages fits 227 KB
-    assert fast_launch.max_stages(192, torch.float16) == 0 == fast_launch.max_stages(128, torch.float8_e4m3fn)
-
-
 def test_bad_stage_count_is_refused_before_any_work():
     kc, vc = fast_layout.allocate_fast_kv_cache(4, 16, 2, 128, torch.float16, "cpu", storage="NHD")
     q = torch.zeros(1, 4, 128, dtype=torch.float16)
@@ -231,44 +196,6 @@ def test_bad_stage_count_is_refused_before_any_work():
     with pytest.raises(ValueError, match="stages must be 0 for head_size 128"):
         fast_ops.paged_attention(None, q, kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn), 2, 0.1, bt, lens, 16,
                              1, stages=2)
-
-
-@pytest.mark.parametrize("shape,want", [
-    ((8, 32, 8, 16384), (4096, 2, 2)),     # 64 blocks: 4 splits make one wave of 2 per SM
-    ((1, 32, 8, 32768), (1024, 2, 2)),     # 8 blocks: 33 splits of 993 tokens, rounded up to 64: 32
-    ((1, 32, 8, 131072), (4032, 2, 2)),    # 33 splits
-    ((16, 32, 8, 8192), (8192, 3, 1)),     # 128 blocks, about one per SM: no split
-    ((16, 32, 8, 512), (512, 3, 1)),
-    ((64, 32, 8, 8192), (8192, 2, 2, True)),   # 512 items: whole contexts as warp items, 128 blocks
-    ((32, 32, 32, 4096), (4096, 2, 2, True)),  # 1024 items: 256 blocks of 4 warp items, one wave
-    ((128, 32, 8, 2048), (2048, 2, 2, True)),
-    ((256, 32, 8, 2048), (2048, 2, 2)),        # 512 blocks of warp items would be two waves: a block per item
-    ((25, 32, 8, 8192), (8192, 2, 2)),         # 200 items: 50 blocks of warp items would leave SMs idle
-    ((96, 32, 8, 2048), (2048, 2, 2)),         # 768 items: 192 blocks, an uneven wave
-    ((60, 32, 8, 4096), (4096, 2, 2, True)),   # 480 items: 120 blocks, one per SM
-    ((64, 32, 32, 1024), (1024, 2, None)),     # short whole contexts: as many blocks as fit
-    ((32, 32, 32, 1024), (1024, 2, 2, True)),  # ... unless from 256 tokens 4 items per block make a wave
-    ((64, 32, 8, 1024), (1024, 2, 2, True)),
-    ((64, 32, 8, 512), (512, 2, 2, True)),
-    ((64, 32, 8, 240), (240, 2, None)),        # under 256 tokens: a block per item
-    ((500, 8, 1, 2048), (2048, 2, 2)),         # 1 KV head: three of a block's four warps would idle
-    ((100, 40, 5, 2048), (2048, 2, 2)),        # 5 KV heads: 2 blocks per sequence, 3 warps idle
-    ((256, 16, 2, 2048), (2048, 2, 2)),
-    ((256, 32, 8, 512), (512, 2, None)),
-    ((1, 32, 8, 2048), (128, 2, 1)),       # little work (under 16 tiles per SM): one wave of 1 per SM
-    ((4, 32, 8, 2048), (256, 2, 2)),       # 31 tiles per SM: one wave of 2 per SM
-    ((1, 32, 8, 100), (64, 2, 1)),         # two splits of one tile per warp
-    ((1, 32, 8, 0), (16, 2, 1)),           # no tokens (validate=False): still a valid split
-])
-def test_choose_launch(shape, want):
-    b, h, kvh, ctx = shape
-    got = fast_launch.choose_launch(b, h, kvh, 128, torch.float16, ctx, 132)
-    assert got == fast_launch.Launch(*want) and got.split_tokens % 16 == 0
-    # float8 caches keep the register loads and the plain split rule, as does a given ring depth
-    assert fast_launch.choose_launch(b, h, kvh, 128, fast_layout.FP8, ctx, 132) == \
-        fast_launch.Launch(fast_launch.choose_split_tokens(b, h, kvh, ctx, 132), 0, None)
-    assert fast_launch.choose_launch(b, h, kvh, 128, torch.float16, ctx, 132, stages=3) == \
-        fast_launch.Launch(fast_launch.choose_split_tokens(b, h, kvh, ctx, 132), 3, None)
 
 
 @pytest.mark.parametrize("option,bad,message", [
@@ -284,15 +211,6 @@ def test_bad_launch_option_is_refused(option, bad, message):
                              torch.ones(1, dtype=torch.int32), 16, 1, **{option: bad})
 
 
-def test_warp_items_fit_one_even_wave_that_fills_the_gpu():
-    # 8 pairs per sequence: 2 blocks of 4 warp items; 90-100% of the SMs with one block each, or two
-    fits = [n for n in range(1, 200) if fast_launch.warp_items_fit(n, 8, 2, 132)]
-    assert [2 * n for n in fits] == list(range(120, 133, 2)) + list(range(238, 265, 2))
-    assert [n for n in range(1, 200) if fast_launch.warp_items_fit(n, 8, 1, 132)] == list(range(60, 67))
-    # idle warps: pairs not a multiple of 4, however many blocks
-    assert not any(fast_launch.warp_items_fit(n, pairs, 2, 132) for n in range(1, 1100) for pairs in (1, 2, 5, 6))
-
-
 def test_h2nd_storage_puts_both_caches_in_one_allocation():
     """The default storage: views of one [num_blocks, kv_heads, 2, block_size, head_size] tensor, the
     keys and values of one block of one KV head side by side; writes go where the layout says."""
@@ -305,19 +223,3 @@ def test_h2nd_storage_puts_both_caches_in_one_allocation():
     kc.zero_()
     vc.fill_(1.0)
     assert kc.abs().sum() == 0 and bool((vc == 1).all())
-
-
-@pytest.mark.parametrize("shape,want", [
-    ((8, 32, 8, 16384), (8192, 2, 1)),     # one wave of 1 block per SM
-    ((1, 32, 8, 32768), (2048, 2, 1)),     # 16 splits
-    ((16, 32, 8, 8192), (8192, 2, 1)),     # about one block per SM: whole contexts, 2 stages ...
-    ((16, 32, 8, 512), (512, 3, 1)),       # ... 3 for short ones
-    ((32, 32, 32, 4096), (4096, 2, 2, True)),  # more blocks than SMs: as on the H200
-])
-def test_choose_launch_on_an_h100(shape, want):
-    """The H100 measured best with fewer blocks in flight than the H200 (kernels/BENCHMARKS.md)."""
-    b, h, kvh, ctx = shape
-    tuning = fast_launch.tuning_for("NVIDIA H100 80GB HBM3")
-    assert tuning == fast_launch.Tuning(split_ctas_per_sm=1, one_per_sm_stages=2)
-    assert fast_launch.choose_launch(b, h, kvh, 128, torch.float16, ctx, 132, tuning=tuning) == fast_launch.Launch(*want)
-    assert fast_launch.tuning_for("NVIDIA H200") == fast_launch.Tuning() == fast_launch.tuning_for("some other GPU")
