@@ -9,8 +9,8 @@
 // kernel combines the splits. With warp items (the 2-stage ring) each warp instead takes a whole
 // item, every tile of it, and writes its output itself; a block then serves kFastWarps
 // consecutive KV heads of one sequence, whose parts of each cache block its warps read at about
-// the same time (these reads were 0.6-0.9% slower when the KV heads of a block were read by
-// different thread blocks, which drift apart; kernels/NOTES.md).
+// the same time (read by different thread blocks, which drift apart, they were 0.6-0.9% slower;
+// kernels/DESIGN.md).
 //
 // Per tile, two mma.sync.m16n8k16 products with float accumulators:
 //   S  = Q K^T    M = query heads (8 used of 16), N = 8 tokens (two N-tiles), K = head dims
@@ -114,8 +114,8 @@ struct Load8<__half, __nv_fp8_e4m3> {  // fp8 cache: one 8-byte load, converted 
   }
 };
 
-// Asynchronous 16-byte copy into shared memory, with a 128-byte L2 prefetch hint (the measured best
-// of none, 128 and 256 bytes, NOTES.md); a dead chunk (live == false) is zero-filled without
+// Asynchronous 16-byte copy into shared memory, with a 128-byte L2 prefetch hint (faster than none
+// or 256 bytes); a dead chunk (live == false) is zero-filled without
 // reading global memory.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool live) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
@@ -141,7 +141,7 @@ struct Ring {
 };
 constexpr size_t kMaxSmem = 227 * 1024;  // an sm_90 thread block's dynamic shared-memory limit
 // 128-byte aligned whatever the static shared memory before it: the ring's swizzle is conflict-free only
-// relative to 128-byte lines (an 80-byte offset once cost 19% on every shape).
+// relative to 128-byte lines (an 80-byte offset makes every shape about 19% slower).
 extern __shared__ __align__(128) unsigned char fast_smem[];
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int w) {

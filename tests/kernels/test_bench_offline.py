@@ -106,3 +106,30 @@ def test_unknown_bench_section_is_refused_by_name(capsys):
         cli.main(["--sections", "headline,nope"])
     err = capsys.readouterr().err
     assert "unknown 'nope'" in err and "backends" in err
+
+
+def test_tables_reads_a_printed_run_back_into_numbers():
+    from kernels.bench import tables
+
+    printed = """device: NVIDIA H200 (132 SMs), torch 2.11.0+cu130, CUDA 13.0
+device copy bandwidth (read + write): 4279 GB/s
+
+## Headline shapes (block size 16)
+
+fast ms: NHD storage
+
+| batch, heads, kv heads, context | fast ms | load path | paired fast / SDPA [interval] |
+|---|---:|---|---|
+| 64, 32, 32, 1024 | 0.2417 | ring 2 | 0.999 [0.998, 1.000] faster |
+| 1, 32, 8, 32768 | 0.0428 | ring 2, <= 2/SM | 0.973 [0.972, 0.974] faster |
+
+device copy bandwidth after the run: 4270 GB/s
+"""
+    got = tables.parse(printed)
+    assert (got["device"], got["torch"], got["cuda"]) == ("NVIDIA H200 (132 SMs)", "2.11.0+cu130", "13.0")
+    assert (got["copy_gbs"], got["copy_gbs_after"]) == (4279.0, 4270.0)
+    section = got["sections"]["Headline shapes (block size 16)"]
+    assert section["notes"] == ["fast ms: NHD storage"]
+    assert [r["fast ms"] for r in section["rows"]] == [0.2417, 0.0428]
+    assert section["rows"][1]["load path"] == "ring 2, <= 2/SM"
+    assert section["rows"][0]["batch, heads, kv heads, context"] == "64, 32, 32, 1024"
