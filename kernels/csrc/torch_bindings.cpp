@@ -1,4 +1,4 @@
-// Torch entry points of the blocksim kernels. The Python layer (kernels/ops.py) validates shapes,
+// Torch entry points of the blocksim kernels. The Python layer (kernels/*/ops.py) validates shapes,
 // dtypes, devices and block ids before calling these; the checks here only guard the raw
 // pointers handed to the launchers. Each entry point takes the CUDA stream to launch on as an
 // integer handle (torch.cuda.current_stream().cuda_stream), so that this file needs only the
@@ -141,7 +141,7 @@ void paged_attention_v2(torch::Tensor out, torch::Tensor exp_sums, torch::Tensor
   check_launch(launch_typed(p, query.scalar_type(), 2, as_stream(stream)), "paged_attention_v2");
 }
 
-// The fast decode kernel (kernels/fast.py checks every argument first). Caches are
+// The fast decode kernel (kernels/fast/ops.py checks every argument first). Caches are
 // [num_blocks, block_size, num_kv_heads, head_size] with any strides over the first three
 // dimensions; part_* are the split scratch (empty when max_splits == 1).
 void fast_decode(torch::Tensor out, torch::Tensor part_out, torch::Tensor part_max, torch::Tensor part_sum,
