@@ -13,6 +13,7 @@ from blocksim.catalog import Catalog, read_mapping
 from blocksim.config import ConfigError
 from blocksim.engine import EngineError
 from blocksim.experiments.runner import build_config, replay
+from blocksim.experiments.compare import add_compare_command
 from blocksim.experiments.sweep import add_sweep_command
 from blocksim.policies import PRESETS, policy_config
 from traces import TraceError
@@ -204,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_traces_command(sub)
     add_analysis_commands(sub)
+    add_compare_command(sub)
     add_sweep_command(sub)
     add_validate_command(sub)  # validation imports torch only when a validation runs
     return p

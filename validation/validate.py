@@ -50,7 +50,7 @@ def _torch():
 def choose_subset(meta: dict, backend: str, *, layers=None, kv_heads=None, heads=None, head_size=None, dtype=None,
                   check_layers=None, free_bytes: int | None = None):
     """The executed subset for a plan, with notes on what was cut; raises ValidationSetupError."""
-    from kernels.layout import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES
+    from kernels import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES
     from validation.executor import Subset
     notes = []
     L, KVH, H, D = meta["num_layers"], meta["num_kv_heads"], meta["num_heads"], meta["head_size"]

@@ -27,6 +27,7 @@ from blocksim.config import SimConfig
 from blocksim.engine.spans import find_span, run_span
 from blocksim.interfaces import MemoryManager
 from blocksim.policies import make_cost_model, make_memory_manager, make_scheduler
+from blocksim.records.schema import FREE_EXTENT_COLUMNS, FREE_EXTENT_DTYPES
 from blocksim.records.steps import StepRecorder, StepRow
 from blocksim.scheduling.outputs import SchedulerOutputs
 from blocksim.sequence import GroupStatus, SequenceGroup
@@ -262,8 +263,7 @@ class Engine:
         if self._extents is None:
             return None
         rows = [(step, t, int(x)) for step, t, ext in self._extents for x in ext]
-        return pd.DataFrame(rows, columns=["step", "start_s", "extent_tokens"]).astype(
-            {"step": "int64", "start_s": "float64", "extent_tokens": "int64"})
+        return pd.DataFrame(rows, columns=list(FREE_EXTENT_COLUMNS)).astype(FREE_EXTENT_DTYPES)
 
     def _stall_message(self) -> str:
         s = self.sched

@@ -80,9 +80,7 @@ class RunResult:
         cfg = engine.config
         summary = summarize(reqs, steps, cfg.to_dict(), cfg.block_bytes, wall_s, engine.bm.num_total_gpu_blocks,
                             engine.bm.num_total_cpu_blocks, engine.bm.block_size)
-        stats = getattr(engine.bm, "stats", None)
-        if stats is not None:
-            summary.update(stats())
+        summary.update(engine.bm.stats())
         return cls(reqs, steps, summary, engine.extents_frame())
 
     def save(self, out_dir: str | Path) -> Path:

@@ -11,4 +11,4 @@ def make_group(prompt: int, output: int = 10, n: int = 1, index: int = 0, arriva
 
 @pytest.fixture
 def bm():
-    return BlockSpaceManager(block_size=4, num_gpu_blocks=10, num_cpu_blocks=10, watermark=0.0)
+    return BlockSpaceManager(block_size=4, num_gpu_blocks=10, num_cpu_blocks=10, watermark_blocks=0)

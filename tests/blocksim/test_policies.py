@@ -213,16 +213,3 @@ def test_prefix_caching_keeps_memory_exact_with_and_without_chunked_prefill(coun
     assert (res.steps[MEM].sum(axis=1) == blocks * 16).all()
     if chunked:
         assert (res.steps.prefill_tokens + res.steps.num_decode_seqs).max() <= 48
-
-
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(lists=requests, blocks=st.integers(8, 60), mode=st.sampled_from(["auto", "recompute", "swap"]))
-def test_the_inlined_fcfs_append_path_matches_the_general_one(lists, blocks, mode):
-    kw = dict(num_gpu_blocks=blocks, block_size=4, max_num_seqs=6, swap_space_gib=1.0, preemption=mode)
-    fast = Engine(build_config("vllm", **kw), frame(lists), spans=False)
-    slow = Engine(build_config("vllm", victim="tests.blocksim.plugin_examples:newest_again", **kw), frame(lists),
-                  spans=False)
-    assert fast.sched._fast and not slow.sched._fast
-    a, b = fast.run(), slow.run()
-    pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=True)
-    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
