@@ -25,7 +25,8 @@ from blocksim.memory.paged import BlockSpaceManager
 from blocksim.memory.prefix_cache import PrefixCachingBlockManager
 from blocksim.memory.reservation import ContiguousManager
 from blocksim.options import BY_NAME, CONTIGUOUS, PAGED, PREEMPTING
-from blocksim.scheduling import scheduler
+from blocksim.scheduling import variants, victims
+from blocksim.scheduling.scheduler import Scheduler
 
 PRESETS: dict[str, dict[str, Any]] = {
     "vllm": {},
@@ -122,11 +123,11 @@ def make_cost_model(config: SimConfig, params: CostParams | None = None):
 
 for _name, _obj in (("paged", make_paged), ("contiguous", make_contiguous)):
     plugins.register("allocator", _name, _obj)
-for _name, _obj in (("fcfs", scheduler.Scheduler), ("priority", scheduler.PriorityScheduler),
-                    ("sjf", scheduler.SJFScheduler), ("orca", scheduler.OrcaScheduler),
-                    ("static", scheduler.StaticScheduler)):
+for _name, _obj in (("fcfs", Scheduler), ("priority", variants.PriorityScheduler),
+                    ("sjf", variants.SJFScheduler), ("orca", variants.OrcaScheduler),
+                    ("static", variants.StaticScheduler)):
     plugins.register("scheduler", _name, _obj)
-for _name, _obj in (("newest", scheduler.newest), ("largest", scheduler.largest),
-                    ("fewest-blocks", scheduler.fewest_blocks)):
+for _name, _obj in (("newest", victims.newest), ("largest", victims.largest),
+                    ("fewest-blocks", victims.fewest_blocks)):
     plugins.register("victim", _name, _obj)
 plugins.register("cost_model", "roofline", RooflineCostModel)

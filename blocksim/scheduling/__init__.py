@@ -1,2 +1,3 @@
-"""Continuous-batching schedulers (vLLM v0's queues and preemption) and their variants
-(`scheduler`), and what a step decides under which budget (`outputs`)."""
+"""Continuous-batching schedulers: vLLM v0's queues and preemption (`scheduler`), the step's
+outputs and budget (`outputs`), preemption victims (`victims`) and the variants (`variants`:
+priority, SJF, Orca, static batching)."""
