@@ -25,7 +25,7 @@ from blocksim.memory.paged import BlockSpaceManager
 from blocksim.memory.prefix_cache import PrefixCachingBlockManager
 from blocksim.memory.reservation import ContiguousManager
 from blocksim.options import BY_NAME, CONTIGUOUS, PAGED, PREEMPTING
-from blocksim.scheduling import variants, victims
+from blocksim.scheduling import variants
 from blocksim.scheduling.scheduler import Scheduler
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -127,7 +127,4 @@ for _name, _obj in (("fcfs", Scheduler), ("priority", variants.PriorityScheduler
                     ("sjf", variants.SJFScheduler), ("orca", variants.OrcaScheduler),
                     ("static", variants.StaticScheduler)):
     plugins.register("scheduler", _name, _obj)
-for _name, _obj in (("newest", victims.newest), ("largest", victims.largest),
-                    ("fewest-blocks", victims.fewest_blocks)):
-    plugins.register("victim", _name, _obj)
 plugins.register("cost_model", "roofline", RooflineCostModel)

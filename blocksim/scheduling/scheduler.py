@@ -37,6 +37,7 @@ from collections import deque
 from blocksim import plugins
 from blocksim.config import PolicyConfig, SchedulerConfig
 from blocksim.interfaces import AllocStatus, MemoryManager
+from blocksim.scheduling import victims  # noqa: F401 - registers the built-in victims
 from blocksim.scheduling.outputs import ScheduledPrefill, SchedulerOutputs, SchedulingBudget
 from blocksim.sequence import GroupStatus, SequenceGroup, SeqStatus
 

@@ -7,6 +7,7 @@ function picks, among the groups not yet served this step, the one to preempt. R
 
 from __future__ import annotations
 
+from blocksim import plugins
 from blocksim.sequence import SequenceGroup
 
 
@@ -29,3 +30,8 @@ def fewest_blocks(candidates: list[SequenceGroup]) -> int:
     """The group holding the fewest blocks (the newest among equals): the cheapest to recompute."""
     sizes = [_blocks(g) for g in candidates]
     return min(range(len(sizes)), key=lambda i: (sizes[i], -i))
+
+
+# Registered here, beside their definitions, so a scheduler resolves them without the presets loaded.
+for _name, _fn in (("newest", newest), ("largest", largest), ("fewest-blocks", fewest_blocks)):
+    plugins.register("victim", _name, _fn)
