@@ -75,7 +75,6 @@ def requests_frame(trace) -> pd.DataFrame:
     return out
 
 
-
 class Engine:
     def __init__(self, config: SimConfig, trace, cost_model=None, *, spans: bool = True,
                  check_invariants: bool = False, progress: bool = False, plan_dir=None,

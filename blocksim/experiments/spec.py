@@ -26,8 +26,6 @@ from analysis.slo import parse_slo
 from blocksim import options
 from blocksim.config import ConfigError
 
-#: Options a point carries that are not `build_config` options: the preset and the run options.
-RUN_OPTIONS = ("policy", *options.RUN_OPTIONS)
 SPEC_KEYS = ("name", "trace", "base", "axes", "seeds", "slo", "report")
 REPORT_KEYS = ("x", "y")
 #: Short names in run directory names (anything else is written in full): the options' own, and the seed's.

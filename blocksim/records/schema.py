@@ -17,6 +17,8 @@ A run directory holds:
 
 from __future__ import annotations
 
+from blocksim.interfaces import MemoryBreakdown
+
 #: Written to ``summary.json["version"]``.
 RUN_FORMAT_VERSION = 1
 #: Major versions of the run-directory format that readers accept.
@@ -27,9 +29,9 @@ STEPS_FILE = "steps.parquet"
 SUMMARY_FILE = "summary.json"
 FREE_EXTENTS_FILE = "free_extents.parquet"
 
-#: The five memory categories, in token slots, in stacking order (bottom to top); they sum to the
-#: GPU capacity in token slots at every step.
-MEMORY_CATEGORIES = ("token_states", "reservation", "internal_frag", "external_frag", "free")
+#: The five memory categories, in token slots, in stacking order (bottom to top): the fields of the
+#: memory managers' `MemoryBreakdown`; they sum to the GPU capacity in token slots at every step.
+MEMORY_CATEGORIES: tuple[str, ...] = MemoryBreakdown._fields
 MEMORY_COLUMNS = tuple(f"mem_{c}" for c in MEMORY_CATEGORIES)
 
 #: requests.parquet, column -> dtype, in written order; "str" is text (a Parquet string column).
