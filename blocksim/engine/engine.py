@@ -24,6 +24,7 @@ import pandas as pd
 import simpy
 
 from blocksim.config import SimConfig
+from blocksim.cost import cost_record
 from blocksim.engine.spans import find_span, run_span
 from blocksim.interfaces import MemoryManager
 from blocksim.policies import make_cost_model, make_memory_manager, make_scheduler
@@ -193,13 +194,15 @@ class Engine:
             attn_prefill = cm.attn_prefill(r[:, 1] - r[:, 0], r[:, 0])
         else:
             attn_prefill = 0.0
+        decode_only = not out.prefills
+        n = out.num_decode_seqs
         return {
-            "t_linear_s": cm.linear(tokens),
+            "t_linear_s": cm.linear(tokens, len(out.prefills) + n, decode_only),
             "t_attn_prefill_s": attn_prefill,
-            "t_attn_decode_s": float(cm.attn_decode(out.decode_ctx_tokens)),
-            "t_swap_s": cm.swap(len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)),
+            "t_attn_decode_s": float(cm.attn_decode(out.decode_ctx_tokens, n, decode_only)),
+            "t_swap_s": cm.swap(len(out.blocks_to_swap_in), len(out.blocks_to_swap_out)),
             "t_copy_s": cm.copy(len(out.blocks_to_copy)),
-            "t_overhead_s": cm.overhead(out.has_work),
+            "t_overhead_s": cm.overhead(out.has_work, n if decode_only else 0),
         }
 
     def _run_step(self, out: SchedulerOutputs):
@@ -290,4 +293,6 @@ class Engine:
         if lost or len(self.groups) != len(self.reqs):
             raise EngineError(f"{len(lost)} requests neither finished nor rejected; "
                               f"{len(self.groups)} of {len(self.reqs)} arrived")
-        return RunResult.build(self, wall)
+        result = RunResult.build(self, wall)
+        result.summary["cost_model"] = cost_record(self.cost, result.steps)  # warns of extrapolated steps
+        return result

@@ -11,7 +11,6 @@ from typing import Any
 import traces
 from blocksim.catalog import Catalog
 from blocksim.config import CacheConfig, ConfigError, SchedulerConfig, SimConfig
-from blocksim.cost import CostParams
 from blocksim.engine import Engine
 from blocksim.options import CHUNKED_BUDGET_TOKENS, DEFAULT_POLICY, DEFAULTS, POLICY_KEYS, RUN_DEFAULTS, RUN_OPTIONS
 from blocksim.policies import make_cost_model, policy_config, refuse_ignored_knobs
@@ -77,8 +76,7 @@ def load_trace(trace, *, rate_scale: float = 1.0, max_requests: int | None = Non
 
 def simulate(trace, config: SimConfig, *, cost_profile: str | None = None, progress: bool = False,
              check_invariants: bool = False, plan_dir: str | Path | None = None) -> RunResult:
-    params = CostParams.from_json(cost_profile) if cost_profile else None
-    return Engine(config, trace, make_cost_model(config, params), progress=progress,
+    return Engine(config, trace, make_cost_model(config, cost_profile), progress=progress,
                   check_invariants=check_invariants, plan_dir=plan_dir).run()
 
 

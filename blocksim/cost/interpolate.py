@@ -1,0 +1,128 @@
+"""Interpolation of a measured table of seconds on a grid, and extrapolation beyond it.
+
+Rule: multilinear interpolation of ``log(seconds)`` in each axis' coordinate, where an axis'
+coordinate is ``log(x)`` when its grid starts above zero (token, batch, context and block counts
+span decades) and ``x`` itself when its grid starts at zero (cached tokens). So between two grid
+points of a log axis a time follows the power law through them: exact for times proportional to
+a power of the size (quadratic prefill attention, linear KV reads), within about 1% on a grid of
+doublings for a floor plus a slope. On grid points the table's values come back (up to one
+rounding of ``exp(log(t))``).
+
+Outside the grid an axis is extrapolated from its two nearest grid points with the same rule (a
+power law on log axes); a value at or below zero on a log axis takes the first grid point. Every
+evaluation also says which points fell outside the grid on each axis, so that callers count them.
+An axis with a single grid point is constant along it; any other value on it is outside.
+"""
+
+from __future__ import annotations
+
+from itertools import product
+
+import numpy as np
+
+from blocksim.cost.profile_file import Grid
+
+
+class Table:
+    """A `Grid` prepared for evaluation: coordinates and log-seconds computed once."""
+
+    def __init__(self, grid: Grid) -> None:
+        self.name, self.axes = grid.name, grid.axes
+        self.grids = grid.grids
+        self.log_axis = tuple(bool(g[0] > 0) for g in grid.grids)
+        self.coords = tuple(np.log(g) if lg else g for g, lg in zip(grid.grids, self.log_axis))
+        self.log_seconds = np.log(grid.seconds)
+
+    def _coord(self, i: int, x: np.ndarray) -> np.ndarray:
+        if not self.log_axis[i]:
+            return x
+        safe = np.maximum(x, self.grids[i][0] * 1e-300)
+        return np.where(x > 0, np.log(safe), self.coords[i][0])
+
+    def outside(self, i: int, x: np.ndarray) -> np.ndarray:
+        """Points of axis i beyond its grid."""
+        g = self.grids[i]
+        return (x < g[0]) | (x > g[-1])
+
+    def log_eval(self, *xs) -> np.ndarray:
+        """log(seconds) at the points ``xs`` (one array per axis, broadcast together)."""
+        xs = np.broadcast_arrays(*[np.asarray(x, dtype=np.float64) for x in xs])
+        js, ws = [], []
+        for i, x in enumerate(xs):
+            c, n = self.coords[i], len(self.coords[i])
+            if n == 1:
+                js.append(np.zeros(x.shape, dtype=np.intp))
+                ws.append(None)
+                continue
+            xc = self._coord(i, x)
+            j = np.clip(np.searchsorted(c, xc, side="right") - 1, 0, n - 2)
+            js.append(j)
+            ws.append((xc - c[j]) / (c[j + 1] - c[j]))
+        out = np.zeros(xs[0].shape if xs else (), dtype=np.float64)
+        for corner in product((0, 1), repeat=len(xs)):
+            if any(o and w is None for o, w in zip(corner, ws)):
+                continue
+            weight = None
+            for o, w in zip(corner, ws):
+                if w is None:
+                    continue
+                f = w if o else 1.0 - w
+                weight = f if weight is None else weight * f
+            v = self.log_seconds[tuple(j + o for j, o in zip(js, corner))]
+            out = out + (v if weight is None else weight * v)
+        return out
+
+    def eval(self, *xs) -> np.ndarray:
+        return np.exp(self.log_eval(*xs))
+
+    def line(self, free: str, **fixed: float) -> "Line":
+        """The 1-D table along axis `free` with every other axis fixed at the given value."""
+        i = self.axes.index(free)
+        g = self.grids[i]
+        points = [g if a == free else np.full(len(g), float(fixed[a])) for a in self.axes]
+        outside = {a: bool(self.outside(k, np.asarray([float(fixed[a])]))[0])
+                   for k, a in enumerate(self.axes) if a != free}
+        return Line(self.name, free, g, self.log_eval(*points), outside)
+
+
+class Line:
+    """A 1-D table (a grid and log-seconds along it), the hot path of the profiled model.
+
+    `fixed_outside` says, for each axis fixed when the line was cut from a larger table, whether
+    its value lay beyond that table's grid.
+    """
+
+    def __init__(self, name: str, axis: str, grid: np.ndarray, log_seconds: np.ndarray,
+                 fixed_outside: dict[str, bool] | None = None) -> None:
+        self.name, self.axis = name, axis
+        self.grid = grid
+        self.lo, self.hi = float(grid[0]), float(grid[-1])
+        self.log_axis = bool(grid[0] > 0)
+        self.coord = np.log(grid) if self.log_axis else grid
+        self.log_seconds = log_seconds
+        self.fixed_outside = fixed_outside or {}
+        n = len(grid)
+        if n > 1:
+            self.slopes = np.diff(log_seconds) / np.diff(self.coord)
+
+    @classmethod
+    def of(cls, grid: Grid) -> "Line":
+        return cls(grid.name, grid.axes[0], grid.grids[0], np.log(grid.seconds))
+
+    def eval(self, x: np.ndarray) -> np.ndarray:
+        """Seconds at the points `x` (a 1-D float64 array)."""
+        if len(self.grid) == 1:
+            return np.full(x.shape, float(np.exp(self.log_seconds[0])))
+        if self.log_axis:
+            xc = np.log(np.maximum(x, self.lo * 1e-300))
+            xc = np.where(x > 0, xc, self.coord[0])
+        else:
+            xc = x
+        c = self.coord
+        j = np.clip(np.searchsorted(c, xc, side="right") - 1, 0, len(c) - 2)
+        w = (xc - c[j]) / (c[j + 1] - c[j])
+        ls = self.log_seconds
+        return np.exp((1.0 - w) * ls[j] + w * ls[j + 1])
+
+    def outside(self, x: np.ndarray) -> np.ndarray:
+        return (x < self.lo) | (x > self.hi)
