@@ -9,7 +9,8 @@ doublings for a floor plus a slope. On grid points the table's values come back 
 rounding of ``exp(log(t))``).
 
 Outside the grid an axis is extrapolated from its two nearest grid points with the same rule (a
-power law on log axes); a value at or below zero on a log axis takes the first grid point. Every
+power law on log axes). Sizes on a log axis are positive (the profiled model prices a component of
+size zero at zero seconds without interpolating; `Table` evaluates a zero at the first grid point). Every
 evaluation also says which points fell outside the grid on each axis, so that callers count them.
 An axis with a single grid point is constant along it; any other value on it is outside.
 """
@@ -101,28 +102,22 @@ class Line:
         self.coord = np.log(grid) if self.log_axis else grid
         self.log_seconds = log_seconds
         self.fixed_outside = fixed_outside or {}
-        n = len(grid)
-        if n > 1:
-            self.slopes = np.diff(log_seconds) / np.diff(self.coord)
+        self._inner = self.coord[1:-1]  # searchsorted on the inner points gives the segment, 0 .. n - 2
+        if len(grid) > 1:  # per segment j: log-seconds = intercept[j] + slope[j] * coordinate
+            self._slope = np.diff(log_seconds) / np.diff(self.coord)
+            self._intercept = log_seconds[:-1] - self._slope * self.coord[:-1]
 
     @classmethod
     def of(cls, grid: Grid) -> "Line":
         return cls(grid.name, grid.axes[0], grid.grids[0], np.log(grid.seconds))
 
     def eval(self, x: np.ndarray) -> np.ndarray:
-        """Seconds at the points `x` (a 1-D float64 array)."""
+        """Seconds at the points `x` (a 1-D float64 array; > 0 on a log axis)."""
         if len(self.grid) == 1:
             return np.full(x.shape, float(np.exp(self.log_seconds[0])))
-        if self.log_axis:
-            xc = np.log(np.maximum(x, self.lo * 1e-300))
-            xc = np.where(x > 0, xc, self.coord[0])
-        else:
-            xc = x
-        c = self.coord
-        j = np.clip(np.searchsorted(c, xc, side="right") - 1, 0, len(c) - 2)
-        w = (xc - c[j]) / (c[j + 1] - c[j])
-        ls = self.log_seconds
-        return np.exp((1.0 - w) * ls[j] + w * ls[j + 1])
+        xc = np.log(x) if self.log_axis else x
+        j = np.searchsorted(self._inner, xc, side="right")
+        return np.exp(self._intercept[j] + self._slope[j] * xc)
 
     def outside(self, x: np.ndarray) -> np.ndarray:
         return (x < self.lo) | (x > self.hi)

@@ -81,7 +81,7 @@ class ProfiledCostModel:
 
     @staticmethod
     def _one(line: Line, x: float) -> float:
-        return float(line.eval(np.asarray([x], dtype=np.float64))[0])
+        return float(line.eval(np.array([x], dtype=np.float64))[0])
 
     def _decode_line(self, batch: int, decode_only: bool) -> tuple[Line, bool]:
         """(line along the context, whole_step) for a decode batch: the decode_step table at the padded
@@ -143,10 +143,10 @@ class ProfiledCostModel:
         """Decode attention of `batch` sequences holding `ctx_tokens` context tokens in all (an int,
         or an int array for a span of steps: then an array of seconds)."""
         if batch <= 0:
-            return 0.0 if np.ndim(ctx_tokens) == 0 else np.zeros(len(ctx_tokens))
+            return np.zeros(len(ctx_tokens)) if isinstance(ctx_tokens, np.ndarray) else 0.0
         line, whole = self._decode_line(batch, decode_only)
-        scalar = np.ndim(ctx_tokens) == 0
-        ctx = np.asarray([ctx_tokens] if scalar else ctx_tokens, dtype=np.int64)
+        scalar = not isinstance(ctx_tokens, np.ndarray)
+        ctx = np.array([ctx_tokens], dtype=np.int64) if scalar else ctx_tokens.astype(np.int64, copy=False)
         t = line.eval(ctx / batch)
         if whole:
             t = np.maximum(t - self.linear(batch, batch, True), 0.0)
