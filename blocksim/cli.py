@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 import traces
 from analysis.cli import add_analysis_commands
+from analysis.fidelity_report import add_fidelity_command
 from blocksim import options, plugins
 from blocksim.catalog import Catalog, read_mapping
 from blocksim.config import ConfigError
+from blocksim.cost import ProfileWarning
 from blocksim.engine import EngineError
 from blocksim.experiments.runner import build_config, replay
 from blocksim.experiments.compare import add_compare_command
+from blocksim.experiments.cost_fit import add_cost_fit_command
 from blocksim.experiments.sweep import add_sweep_command
 from blocksim.policies import PRESETS, policy_config
 from traces import TraceError
@@ -205,14 +209,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_traces_command(sub)
     add_analysis_commands(sub)
+    add_fidelity_command(sub)
+    add_cost_fit_command(sub)
     add_compare_command(sub)
     add_sweep_command(sub)
     add_validate_command(sub)  # validation imports torch only when a validation runs
     return p
 
 
+_SHOW_WARNING = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A cost profile's warnings (extrapolated steps, ignored components) as one line each."""
+    if issubclass(category, ProfileWarning):
+        print(f"blocksim: warning: {message}", file=sys.stderr)
+    else:
+        _SHOW_WARNING(message, category, filename, lineno, file, line)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    warnings.showwarning = _show_warning
     try:
         return args.func(args) or 0
     except ConfigError as e:

@@ -232,6 +232,6 @@ class ProfiledCostModel:
         rec["extrapolated_steps"] = dict(sorted(counts.items()))
         if counts:
             parts = ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
-            warnings.warn(f"{len(steps)} steps priced from cost profile {self.profile.path}; outside its grid "
-                          f"(extrapolated), steps per component.axis: {parts}", ProfileWarning, stacklevel=2)
+            warnings.warn(f"cost profile {self.profile.path}: steps extrapolated beyond its grid (of {len(steps)} "
+                          f"steps), per component.axis: {parts}", ProfileWarning, stacklevel=2)
         return rec
