@@ -46,8 +46,9 @@ class Table:
         return (x < g[0]) | (x > g[-1])
 
     def log_eval(self, *xs) -> np.ndarray:
-        """log(seconds) at the points ``xs`` (one array per axis, broadcast together)."""
-        xs = np.broadcast_arrays(*[np.asarray(x, dtype=np.float64) for x in xs])
+        """log(seconds) at the points ``xs`` (one array or number per axis, broadcast together; at
+        least one-dimensional)."""
+        xs = np.broadcast_arrays(*[np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in xs])
         js, ws = [], []
         for i, x in enumerate(xs):
             c, n = self.coords[i], len(self.coords[i])

@@ -103,14 +103,15 @@ def profile_name(model: str, gpu: str, dtype: str, tensor_parallel: int) -> str:
     return f"{model}__{gpu}__{dtype}__tp{tensor_parallel}.json"
 
 
-def shipped_profile(config: SimConfig, directory: Path = PROFILES_DIR) -> Path | None:
-    """The shipped profile of the run's (model, GPU, dtype, TP), or None."""
-    p = directory / profile_name(config.model.name, config.gpu.name, run_dtype(config), config.tensor_parallel)
+def shipped_profile(config: SimConfig, directory: Path | None = None) -> Path | None:
+    """The shipped profile of the run's (model, GPU, dtype, TP) in `directory` (default
+    `PROFILES_DIR`), or None."""
+    p = (directory or PROFILES_DIR) / profile_name(config.model.name, config.gpu.name, run_dtype(config), config.tensor_parallel)
     return p if p.is_file() else None
 
 
-def shipped_profiles(directory: Path = PROFILES_DIR) -> list[str]:
-    return sorted(p.name for p in directory.glob("*.json"))
+def shipped_profiles(directory: Path | None = None) -> list[str]:
+    return sorted(p.name for p in (directory or PROFILES_DIR).glob("*.json"))
 
 
 # --- reading ---------------------------------------------------------------------------------------
