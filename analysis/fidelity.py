@@ -217,7 +217,8 @@ def reprice_plan(run_dir, cost) -> tuple[np.ndarray, np.ndarray]:
         new = (pre.new_end - pre.new_start).to_numpy(np.int64) if P else np.zeros(0, np.int64)
         cached = pre.new_start.to_numpy(np.int64) if P else np.zeros(0, np.int64)
         ctx = int(dec.context_len.sum()) if n else 0
-        decode_only = P == 0
+        moves = len(row.swap_in_src) + len(row.swap_out_src) + len(row.copy_src)
+        decode_only = P == 0 and moves == 0
         t = cost.linear(int(new.sum()) + n, P + n, decode_only)
         t += cost.attn_prefill(new, cached) if P else 0.0
         t += float(cost.attn_decode(ctx, n, decode_only))

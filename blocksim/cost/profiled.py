@@ -9,8 +9,9 @@ engine's columns `t_<component>_s` hold:
   step's prompts plus decoding sequences (each samples at most one token). A decode-only step whose
   batch fits a captured CUDA graph runs the graph at the padded batch size (the smallest of
   ``cuda_graph_batch_sizes`` >= the batch): the linear part reads ``graph_seconds`` at that size
-  (eager seconds when the profile has no graph timings). Larger decode batches and steps with a
-  prompt run eager.
+  (eager seconds when the profile has no graph timings). Decode-only means no prompt and no block
+  move (swap or copy) in the step, as the executor replays graphs; larger decode batches, steps
+  with a prompt and steps that move blocks run eager.
 * ``t_attn_prefill_s``: each prompt (or chunk) of ``p`` new tokens after ``c`` cached ones is
   priced alone at batch 1, ``attn_prefill(1, p, c)``; a step of ``P > 1`` prompts multiplies the sum
   by the measured batch efficiency at the mean shape, ``attn_prefill(P, p̄, c̄) / (P *
@@ -189,10 +190,15 @@ class ProfiledCostModel:
         D = steps["num_decode_seqs"].to_numpy(np.int64)
         T = steps["prefill_tokens"].to_numpy(np.int64) + D
         C = steps["decode_ctx_tokens"].to_numpy(np.int64)
-        decode_only = (P == 0) & (D > 0)
+        moves = (steps["blocks_swapped_in"].to_numpy(np.int64) + steps["blocks_swapped_out"].to_numpy(np.int64)
+                 + steps["blocks_copied"].to_numpy(np.int64))
+        decode_only = (P == 0) & (D > 0) & (moves == 0)
         graph = decode_only & (D <= self.max_graph)
-        pad = np.where(graph, self.graph_sizes[np.minimum(np.searchsorted(self.graph_sizes, D),
-                                                          len(self.graph_sizes) - 1)], 0)
+        if len(self.graph_sizes):
+            pad = np.where(graph, self.graph_sizes[np.minimum(np.searchsorted(self.graph_sizes, D),
+                                                              len(self.graph_sizes) - 1)], 0)
+        else:
+            pad = np.zeros_like(D)
 
         def add(key: str, mask: np.ndarray) -> None:
             n = int(mask.sum())

@@ -194,7 +194,8 @@ class Engine:
             attn_prefill = cm.attn_prefill(r[:, 1] - r[:, 0], r[:, 0])
         else:
             attn_prefill = 0.0
-        decode_only = not out.prefills
+        # decode-only: no prompt and no block move, the steps a CUDA graph replays
+        decode_only = not (out.prefills or out.blocks_to_swap_in or out.blocks_to_swap_out or out.blocks_to_copy)
         n = out.num_decode_seqs
         return {
             "t_linear_s": cm.linear(tokens, len(out.prefills) + n, decode_only),
