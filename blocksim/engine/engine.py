@@ -4,6 +4,10 @@ The scheduler decides each step; the cost model prices it; SimPy only advances t
 transfers hold the host link (a `simpy.Resource`) for their duration, inside the step that
 issued them, as vLLM v0 waits for its swaps before running the model.
 
+Executor: with a `blocksim.engine.executor.StepExecutor`, every step is also executed (spans
+off) and lasts the executor's measured seconds; the step's `t_*_s` columns keep the cost model's
+prediction.
+
 Spans: after a plain decode step whose groups each decode one sequence, the next steps are the
 same batch with contexts one token longer until a request finishes, a request arrives or free
 blocks run low; `spans` finds such a span and advances it in one jump, with the step records,
@@ -25,6 +29,7 @@ import simpy
 
 from blocksim.config import SimConfig
 from blocksim.cost import cost_record
+from blocksim.engine.executor import StepExecutor
 from blocksim.engine.spans import find_span, run_span
 from blocksim.interfaces import MemoryManager
 from blocksim.policies import make_cost_model, make_memory_manager, make_scheduler
@@ -79,7 +84,7 @@ def requests_frame(trace) -> pd.DataFrame:
 class Engine:
     def __init__(self, config: SimConfig, trace, cost_model=None, *, spans: bool = True,
                  check_invariants: bool = False, progress: bool = False, plan_dir=None,
-                 block_manager=None) -> None:
+                 block_manager=None, executor: StepExecutor | None = None) -> None:
         self.config = config
         self.reqs = requests_frame(trace)
         self.cost = cost_model or make_cost_model(config)
@@ -88,6 +93,9 @@ class Engine:
             from blocksim.records.plan import PlanRecorder
             self.plan = PlanRecorder(plan_dir, config)
             spans = False  # a plan records every step's block tables
+        self.executor = executor
+        if executor is not None:
+            spans = False  # every step is executed
         self.spans = spans
         self.check = check_invariants
         self.progress = progress
@@ -217,10 +225,12 @@ class Engine:
         running, waiting, swapped = len(sched.running), len(sched.waiting), len(sched.swapped)
         if self.plan is not None:
             self.plan.on_step(self.rec.num_steps, out, times)
+        if self.executor is not None:
+            duration = float(self.executor.execute(self.rec.num_steps, out, times))
         if self._extents is not None and start >= self._next_extent_s:
             self._sample_extents(start)
         gpu_blocks_used, cpu_blocks_used = self.bm.num_gpu_blocks_used, self.bm.num_cpu_blocks_used
-        if times["t_swap_s"] > 0:
+        if times["t_swap_s"] > 0 and self.executor is None:
             with self.link.request() as req:
                 yield req
                 yield env.timeout(times["t_swap_s"])
