@@ -40,6 +40,7 @@ _EXPORTS = {
     "choose_launch": "kernels.fast.launch", "choose_split_tokens": "kernels.fast.launch",
     "reshape_and_cache_fast": "kernels.fast.ops",
     "PREFILL_HEAD_SIZES": "kernels.fast.prefill", "paged_prefill_attention": "kernels.fast.prefill",
+    "choose_prefill_config": "kernels.fast.prefill",
 }
 __all__ = sorted(_EXPORTS)
 

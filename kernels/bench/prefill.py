@@ -153,3 +153,30 @@ def prefill(args, copy_gbs, results):
                   flush=True)
             c = q = None  # free the shape's caches before the next one
             torch.cuda.empty_cache()
+
+
+def prefill_tiles(args, copy_gbs, results):
+    """Each tile configuration of the kernel (``PREFILL_CONFIGS``; float16, head 128) on the prefill
+    shapes, against the default (config 0): the measurements behind the default."""
+    configs = sorted(fast_prefill.PREFILL_CONFIGS)
+    nsm = torch.cuda.get_device_properties(0).multi_processor_count
+    print("\n## Paged prefill tile configurations (16-row tiles per warp, keys per tile, ring stages): ms\n")
+    print("default: the configuration choose_prefill_config picks\n")
+    print("| model heads | batch, cached c, new p | default (config) | "
+          + " | ".join(f"{k}: {fast_prefill.PREFILL_CONFIGS[k]}" for k in configs) + " | best |")
+    print("|---|---|---:|" + "---:|" * len(configs) + "---|")
+    for model, heads, kv_heads in PREFILL_HEADS:
+        for shape in PREFILL_SHAPES:
+            c = PrefillCase(*shape, heads, kv_heads)
+            row = {"model": model, "shape": list(shape), "default": graph_ms([c.paged], args.warmup, args.iters),
+                   "config": fast_prefill.choose_prefill_config(c.batch, c.new, heads, kv_heads, HEAD, nsm)}
+            for k in configs:
+                row[str(k)] = graph_ms([lambda k=k: fast_prefill.paged_prefill_attention(
+                    c.out, c.query, c.kc, c.vc, c.kv_heads, c.scale, c.tables, c.loc, c.lens, BLOCK,
+                    max_query_len=c.new, max_context_len=c.ctx, config=k, validate=False)], args.warmup, args.iters)
+            best = min(["default", *map(str, configs)], key=lambda n: row[n])
+            results["prefill_tiles"].append(row)
+            print(f"| {model} | {', '.join(map(str, shape))} | {row['default']:.4f} ({row['config']}) | "
+                  + " | ".join(f"{row[str(k)]:.4f}" for k in configs) + f" | {best} |", flush=True)
+            c = None
+            torch.cuda.empty_cache()

@@ -25,6 +25,8 @@
 // (whatever they hold, NaN included) never reach the arithmetic.
 #pragma once
 
+#include <type_traits>
+
 #include "fast_decode.cuh"
 #include "paged_prefill.h"
 
@@ -41,12 +43,24 @@ using fast::Mma;
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 
-// Tile shapes per head size: MT 16-row tiles per warp (rows per block BM = 64 MT), BN keys per tile.
-template <int HEAD>
+// Tile configurations (PagedPrefillParams::config): MT 16-row tiles per warp (rows per block
+// BM = 64 MT), BN keys per tile, STAGES ring stages. Every head size has config 0 (the large
+// blocks) and 1 (the small blocks, for few or badly filled row blocks; the same as 0 above head
+// 128); configs 2-5 exist for float16 at head 128, for measurements.
+struct Config {
+  int mt, bn, stages;
+};
+constexpr Config kConfigs[] = {{0, 0, 0}, {0, 0, 0}, {2, 32, 2}, {2, 32, 3}, {1, 32, 3}, {2, 64, 2}};
+constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
+template <int HEAD, int CONFIG>
+constexpr Config kHeadConfig = HEAD > 128 ? Config{1, 32, 2} : CONFIG == 0 ? Config{2, 32, 4} : Config{1, 64, 2};
+
+template <int HEAD, int CONFIG>
 struct Shape {
-  static constexpr int MT = HEAD <= 128 ? 2 : 1;
-  static constexpr int BN = 32;
-  static constexpr int STAGES = 2;
+  static constexpr Config C = CONFIG <= 1 ? kHeadConfig<HEAD, CONFIG> : kConfigs[CONFIG];
+  static constexpr int MT = C.mt;
+  static constexpr int BN = C.bn;
+  static constexpr int STAGES = C.stages;
   static constexpr int BM = kWarps * 16 * MT;
   static constexpr int DP = (HEAD + 15) / 16 * 16;   // head dims the products run over
   static constexpr int NCH = HEAD / 8;               // real 8-element chunks of a row
@@ -54,9 +68,9 @@ struct Shape {
   static constexpr int SCH = (NCP + 7) / 8 * 8;      // chunks per shared-memory row (swizzle span)
 };
 
-template <typename KV, int HEAD>
+template <typename KV, int HEAD, int CONFIG>
 struct Smem {
-  using S = Shape<HEAD>;
+  using S = Shape<HEAD, CONFIG>;
   static constexpr bool kFp8 = sizeof(KV) == 1;
   static constexpr int Q_BYTES = S::BM * S::SCH * 16;
   static constexpr int TILE16 = S::BN * S::SCH * 16;                 // one 16-bit K or V tile
@@ -92,13 +106,20 @@ __device__ __forceinline__ uint32_t fp8x2_to_half2(uint32_t two) {
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
-template <int HEAD>
-constexpr int kMinBlocks = HEAD <= 128 ? 2 : 1;
+// 2^x, flushing denormals (the probabilities' precision ends far above them)
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 
-template <typename T, typename KV, int HEAD>
-__global__ void __launch_bounds__(kThreads, kMinBlocks<HEAD>) paged_prefill_kernel(const PagedPrefillParams p) {
-  using S = Shape<HEAD>;
-  using M = Smem<KV, HEAD>;
+template <int HEAD, int CONFIG>
+constexpr int kMinBlocks = HEAD > 128 ? 1 : Shape<HEAD, CONFIG>::MT == 1 && Shape<HEAD, CONFIG>::BN == 32 ? 3 : 2;
+
+template <typename T, typename KV, int HEAD, int CONFIG>
+__global__ void __launch_bounds__(kThreads, (kMinBlocks<HEAD, CONFIG>)) paged_prefill_kernel(const PagedPrefillParams p) {
+  using S = Shape<HEAD, CONFIG>;
+  using M = Smem<KV, HEAD, CONFIG>;
   constexpr int MT = S::MT, BN = S::BN, BM = S::BM, STAGES = S::STAGES;
   constexpr int NCH = S::NCH, NCP = S::NCP, SCH = S::SCH;
   constexpr int KSTEPS = S::DP / 16;
@@ -147,13 +168,28 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<HEAD>) paged_prefill_kern
   const KV* kc = static_cast<const KV*>(p.key_cache) + kvh * p.k_head_stride;
   const KV* vc = static_cast<const KV*>(p.value_cache) + kvh * p.v_head_stride;
   const int bs_mask = (1 << p.block_size_log2) - 1;
+  // Each thread copies chunks i = tid + kThreads * k of a tile; the block ids of its rows are read
+  // one tile ahead of their copies, so the table's latency hides behind a tile's products.
+  constexpr int LOADS = (BN * NCP + kThreads - 1) / kThreads;
+  int bid[LOADS];
+  auto fetch_ids = [&](int tile) {
+#pragma unroll
+    for (int k = 0; k < LOADS; ++k) {
+      const int i = tid + kThreads * k;
+      const int key = tile * BN + i / NCP;
+      bid[k] = i < BN * NCP && key < kv_end ? __ldg(table + (key >> p.block_size_log2)) : -1;
+    }
+  };
   auto load_tile = [&](int tile, int stage) {
     const uint32_t kd = ring + stage * M::STAGE;
     const uint32_t vd = kd + M::RAW;
-    for (int i = tid; i < BN * NCP; i += kThreads) {
+#pragma unroll
+    for (int k = 0; k < LOADS; ++k) {
+      const int i = tid + kThreads * k;
+      if (i >= BN * NCP) break;
       const int r = i / NCP, c = i % NCP;
       const int key = tile * BN + r;
-      int b = key < kv_end ? table[key >> p.block_size_log2] : -1;
+      const int b = bid[k];
       const bool live = static_cast<unsigned>(b) < static_cast<unsigned>(p.num_blocks) && c < NCH;
       const int off = key & bs_mask;
       const KV* ks = kc;
@@ -174,9 +210,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<HEAD>) paged_prefill_kern
   };
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < n_tiles) load_tile(s, s);
+    if (s < n_tiles) {
+      fetch_ids(s);
+      load_tile(s, s);
+    }
     cp_async_commit();
   }
+  fetch_ids(STAGES - 1);
 
   // ---- per-row constants: position and ALiBi slope (log2 domain) of rows g and g + 8 of each tile ----
   const int warp_row0 = warp * 16 * MT;
@@ -212,7 +252,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<HEAD>) paged_prefill_kern
   for (int n = 0; n < n_tiles; ++n) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // tile n landed for every thread; every warp is done with tile n - 1's stage
-    if (n + STAGES - 1 < n_tiles) load_tile(n + STAGES - 1, (n + STAGES - 1) % STAGES);
+    if (n + STAGES - 1 < n_tiles) {
+      load_tile(n + STAGES - 1, (n + STAGES - 1) % STAGES);
+      fetch_ids(n + STAGES);
+    }
     cp_async_commit();
     uint32_t kt = ring + (n % STAGES) * M::STAGE;
     uint32_t vt = kt + M::RAW;
@@ -258,47 +301,62 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<HEAD>) paged_prefill_kern
       }
     }
 
-    // online softmax (log2 domain); the causal mask only where the tile crosses a row's position
+    // online softmax (log2 domain). Plain tiles: the max over the raw scores, then
+    // p = 2^(s * scale2 - m) in one FMA; tiles that cross a row's position (the causal mask) or
+    // carry ALiBi get their scaled, biased and masked scores first.
     const int key0 = n * BN;
     const bool masked = key0 + BN - 1 > first_pos;
+    float sc = scale2;
+    if (masked || has_alibi) {
+      sc = 1.f;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int key = key0 + j * 8 + 2 * t + e;
+              float v = s[mt][j][2 * h + e] * scale2;
+              if (has_alibi) v += slope2[mt][h] * static_cast<float>(key - qpos[mt][h]);
+              s[mt][j][2 * h + e] = key > qpos[mt][h] ? -INFINITY : v;
+            }
+    }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
+      float alpha[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float mx = -INFINITY;
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int key = key0 + j * 8 + 2 * t + e;
-            float v = s[mt][j][2 * h + e] * scale2;
-            if (has_alibi) v += slope2[mt][h] * static_cast<float>(key - qpos[mt][h]);
-            if (masked && key > qpos[mt][h]) v = -INFINITY;
-            s[mt][j][2 * h + e] = v;
-            mx = fmaxf(mx, v);
-          }
-        }
+        for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(kMask, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(kMask, mx, 2));
-        const float m_new = fmaxf(m_run[mt][h], mx);
+        const float m_new = fmaxf(m_run[mt][h], mx * sc);
         const float base = m_new == -INFINITY ? 0.f : m_new;
-        const float alpha = exp2f(m_run[mt][h] - base);
+        alpha[h] = ex2(m_run[mt][h] - base);
         m_run[mt][h] = m_new;
         float sum = 0.f;
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float pv = exp2f(s[mt][j][2 * h + e] - base);
+            const float pv = ex2(fmaf(s[mt][j][2 * h + e], sc, -base));
             s[mt][j][2 * h + e] = pv;
             sum += pv;
           }
         }
-        l_run[mt][h] = l_run[mt][h] * alpha + sum;
+        l_run[mt][h] = l_run[mt][h] * alpha[h] + sum;
+      }
+      // the output rescale only where a row's max moved (rarely, once the first tiles are in)
+      if (__any_sync(kMask, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
         for (int d = 0; d < DT; ++d) {
-          o[mt][d][2 * h] *= alpha;
-          o[mt][d][2 * h + 1] *= alpha;
+          o[mt][d][0] *= alpha[0];
+          o[mt][d][1] *= alpha[0];
+          o[mt][d][2] *= alpha[1];
+          o[mt][d][3] *= alpha[1];
         }
       }
     }
@@ -352,11 +410,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<HEAD>) paged_prefill_kern
   }
 }
 
-template <typename T, typename KV, int HEAD>
-cudaError_t launch_head(const PagedPrefillParams& p, cudaStream_t stream) {
-  using S = Shape<HEAD>;
-  constexpr int bytes = Smem<KV, HEAD>::BYTES;
-  auto* kernel = paged_prefill_kernel<T, KV, HEAD>;
+template <typename T, typename KV, int HEAD, int CONFIG>
+cudaError_t launch_config(const PagedPrefillParams& p, cudaStream_t stream) {
+  using S = Shape<HEAD, CONFIG>;
+  constexpr int bytes = Smem<KV, HEAD, CONFIG>::BYTES;
+  auto* kernel = paged_prefill_kernel<T, KV, HEAD, CONFIG>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
   const int group = p.num_heads / p.num_kv_heads;
@@ -366,6 +424,26 @@ cudaError_t launch_head(const PagedPrefillParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(m_blocks), p.num_kv_heads, p.num_seqs);
   kernel<<<grid, kThreads, bytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <typename T, typename KV, int HEAD>
+cudaError_t launch_head(const PagedPrefillParams& p, cudaStream_t stream) {
+  if (p.config == 0 || (p.config == 1 && HEAD > 128)) return launch_config<T, KV, HEAD, 0>(p, stream);
+  if constexpr (HEAD <= 128) {
+    if (p.config == 1) return launch_config<T, KV, HEAD, 1>(p, stream);
+  }
+#ifndef BLOCKSIM_FEW_INSTANCES
+  if constexpr (HEAD == 128 && std::is_same_v<T, __half> && std::is_same_v<KV, __half>) {
+    switch (p.config) {
+      case 2: return launch_config<T, KV, HEAD, 2>(p, stream);
+      case 3: return launch_config<T, KV, HEAD, 3>(p, stream);
+      case 4: return launch_config<T, KV, HEAD, 4>(p, stream);
+      case 5: return launch_config<T, KV, HEAD, 5>(p, stream);
+      default: break;
+    }
+  }
+#endif
+  return cudaErrorInvalidValue;
 }
 
 template <typename T, typename KV>

@@ -31,6 +31,8 @@ struct PagedPrefillParams {
   int max_blocks_per_seq;
   int num_blocks;               // block ids outside [0, num_blocks) are never read
   int max_query_len;            // the most new tokens of a sequence (sizes the grid)
+  int config;                   // tile configuration (paged_prefill.cuh, kConfigs): 0 = the default;
+                                // 1-6 exist for float16 at head 128 only
   int64_t q_token_stride;       // elements between query tokens
   int64_t out_token_stride;     // elements between output tokens
   int64_t k_block_stride, k_token_stride, k_head_stride;  // elements
@@ -41,7 +43,8 @@ struct PagedPrefillParams {
 // (fast_decode.h's FastDtype). One kernel launch.
 cudaError_t launch_paged_prefill(const PagedPrefillParams& p, int query_dtype, int kv_dtype, cudaStream_t stream);
 
-// Query rows (packed (token, head of the GQA group) rows) per thread block for this head size.
-int paged_prefill_block_rows(int head_size);
+// Query rows (packed (token, head of the GQA group) rows) per thread block for this head size and
+// tile configuration; 0 for an unknown configuration.
+int paged_prefill_block_rows(int head_size, int config);
 
 }  // namespace blocksim

@@ -7,8 +7,11 @@ cudaError_t launch_paged_prefill_bf16(const PagedPrefillParams& p, cudaStream_t 
   return prefill::launch_typed<__nv_bfloat16, __nv_bfloat16>(p, stream);
 }
 
-int paged_prefill_block_rows(int head_size) {
-  return head_size <= 128 ? prefill::Shape<128>::BM : prefill::Shape<256>::BM;
+int paged_prefill_block_rows(int head_size, int config) {
+  if (config < 0 || config >= prefill::kNumConfigs) return 0;
+  if (config > 1) return prefill::kWarps * 16 * prefill::kConfigs[config].mt;
+  if (head_size > 128) return prefill::Shape<256, 0>::BM;
+  return config == 0 ? prefill::Shape<128, 0>::BM : prefill::Shape<128, 1>::BM;
 }
 
 cudaError_t launch_paged_prefill(const PagedPrefillParams& p, int query_dtype, int kv_dtype, cudaStream_t stream) {

@@ -219,11 +219,13 @@ void fast_decode(torch::Tensor out, torch::Tensor part_out, torch::Tensor part_m
 }
 
 // The paged prefill kernel (kernels/fast/prefill.py checks every argument first): caches as
-// fast_decode's; query and out [total_new_tokens, num_heads, head_size].
+// fast_decode's; query and out [total_new_tokens, num_heads, head_size]; config picks the tile
+// configuration (0: the default).
 void paged_prefill(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
                    int64_t num_kv_heads, double scale, double v_scale, torch::Tensor block_tables,
                    torch::Tensor query_start_loc, torch::Tensor context_lens, int64_t max_query_len,
-                   int64_t max_context_len, std::optional<torch::Tensor> alibi_slopes, int64_t stream) {
+                   int64_t max_context_len, int64_t config, std::optional<torch::Tensor> alibi_slopes,
+                   int64_t stream) {
   for (auto* t : {&out, &query, &key_cache, &value_cache, &block_tables, &query_start_loc, &context_lens}) {
     check_cuda(*t, "every paged_prefill tensor");
   }
@@ -271,6 +273,7 @@ void paged_prefill(torch::Tensor out, torch::Tensor query, torch::Tensor key_cac
   p.max_blocks_per_seq = static_cast<int>(block_tables.size(1));
   p.num_blocks = static_cast<int>(key_cache.size(0));
   p.max_query_len = static_cast<int>(max_query_len);
+  p.config = static_cast<int>(config);
   (void)max_context_len;  // part of the call for a launch rule over keys; the grid needs the query length only
   p.q_token_stride = query.stride(0);
   p.out_token_stride = out.stride(0);

@@ -18,10 +18,35 @@ import torch
 from .. import _checks
 from .._build import extension
 from . import reference
+from .launch import device_sms
 from .layout import FP8
 from .ops import _check_caches
 
 PREFILL_HEAD_SIZES = (64, 80, 96, 112, 120, 128, 192, 256)
+# Tile configurations of the kernel (kernels/csrc/paged_prefill.cuh, kConfigs) at head sizes <= 128,
+# as (16-row tiles per warp, keys per tile, ring stages): 0 the large row blocks (128 rows), 1 the
+# small ones (64 rows); above head 128 both are (1, 32, 2). 2-5 run float16 at head 128 only, for
+# measurements (the bench's prefill_tiles section).
+PREFILL_CONFIGS = {0: (2, 32, 4), 1: (1, 64, 2), 2: (2, 32, 2), 3: (2, 32, 3), 4: (1, 32, 3), 5: (2, 64, 2)}
+LARGE_ROWS = 128          # packed query rows of a thread block in config 0
+PADDING_SHARE = 0.25      # config 1 where this share of config 0's rows would be padding
+
+
+def choose_prefill_config(num_seqs: int, max_query_len: int, num_heads: int, num_kv_heads: int, head_size: int,
+                          num_sms: int = 132) -> int:
+    """The tile configuration ``paged_prefill_attention`` runs: the small row blocks (1) where the
+    large ones (0) would make at most one wave at 2 per SM (few new tokens over long contexts: twice
+    the thread blocks fill the SMs) or where ``PADDING_SHARE`` of their rows would be padding
+    (short chunks, one new token); the large ones otherwise, which share each K/V fragment between
+    two row tiles per warp. ``max_query_len * num_heads / num_kv_heads`` is a sequence's packed
+    rows."""
+    if head_size > 128:
+        return 0
+    rows = max(1, max_query_len * (num_heads // num_kv_heads))
+    large = -(-rows // LARGE_ROWS)
+    if large * num_kv_heads * num_seqs <= 2 * num_sms:
+        return 1
+    return 1 if large * LARGE_ROWS - rows >= PADDING_SHARE * rows else 0
 
 
 def _int_or_none(name: str, v) -> int | None:
@@ -124,7 +149,8 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
                             context_lens: torch.Tensor, block_size: int,
                             alibi_slopes: torch.Tensor | None = None, *, k_scale: float = 1.0,
                             v_scale: float = 1.0, max_query_len: int | None = None,
-                            max_context_len: int | None = None, validate: bool = True) -> torch.Tensor:
+                            max_context_len: int | None = None, config: int | None = None,
+                            validate: bool = True) -> torch.Tensor:
     """Causal attention of a varlen batch of new tokens over their paged caches.
 
     Args:
@@ -148,6 +174,8 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
         max_query_len, max_context_len: the most new tokens of a sequence and the longest context;
             None reads them from the index tensors (one device synchronisation, as does
             ``validate``). Give both with ``validate=False`` to capture the call in a CUDA graph.
+        config: the kernel's tile configuration (a key of ``PREFILL_CONFIGS``; 2-5 for float16
+            query and caches at head size 128 only), None for ``choose_prefill_config``'s.
         validate: read the index tensors to check them (offsets, lengths, block ids).
 
     Returns:
@@ -156,6 +184,11 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
     max_query_len, max_context_len = check_prefill(
         out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, query_start_loc, context_lens,
         block_size, alibi_slopes, k_scale, v_scale, max_query_len, max_context_len, validate)
+    if config is not None and config not in (0, 1) and not (
+            config in PREFILL_CONFIGS and query.dtype == key_cache.dtype == torch.float16 and query.shape[2] == 128):
+        raise ValueError(f"config must be None, 0, 1, or one of {sorted(PREFILL_CONFIGS)[2:]} with float16 query and "
+                         f"caches at head size 128; got {config!r} for {query.dtype} / {key_cache.dtype} at head size "
+                         f"{query.shape[2]}")
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
     if not query.is_cuda:
@@ -169,6 +202,9 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
         max_context_len = longest if max_context_len is None else max_context_len
     if query.shape[0] == 0 or max_query_len == 0:
         return out
+    if config is None:
+        config = choose_prefill_config(context_lens.shape[0], max_query_len, query.shape[1], int(num_kv_heads),
+                                       query.shape[2], device_sms(query.device.index or 0))
     if query.stride(2) != 1 or query.stride(1) != query.shape[2] or query.stride(0) % 8 or query.data_ptr() % 16:
         query = query.contiguous()
     if alibi_slopes is not None:
@@ -176,6 +212,6 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
     extension().paged_prefill(out, query, key_cache, value_cache, int(num_kv_heads), float(scale) * float(k_scale),
                               float(v_scale), block_tables.to(torch.int32).contiguous(),
                               query_start_loc.to(torch.int32).contiguous(), context_lens.to(torch.int32).contiguous(),
-                              int(max_query_len), int(max_context_len), alibi_slopes,
+                              int(max_query_len), int(max_context_len), int(config), alibi_slopes,
                               torch.cuda.current_stream(query.device).cuda_stream)
     return out

@@ -23,6 +23,7 @@ if not torch.cuda.is_available():
 import kernels  # noqa: E402
 from kernels.fast import layout as fast_layout  # noqa: E402
 from kernels.fast import reference as fast_reference  # noqa: E402
+from kernels.fast.prefill import PREFILL_CONFIGS  # noqa: E402
 from kernel_cases import assert_attention_close  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -80,12 +81,12 @@ def build(*, cached, new, num_heads=8, num_kv_heads=2, head_size=128, block_size
                 block_size=block_size, alibi_slopes=slopes, k_scale=k_scale, v_scale=v_scale)
 
 
-def check(a, dtype=None):
+def check(a, dtype=None, config=None):
     dtype = a["key_cache"].dtype if dtype is None else dtype
     out = torch.full_like(a["query"], float("nan"))
     kernels.paged_prefill_attention(out, a["query"], a["key_cache"], a["value_cache"], a["num_kv_heads"], a["scale"],
                                     a["block_tables"], a["query_start_loc"], a["context_lens"], a["block_size"],
-                                    a["alibi_slopes"], k_scale=a["k_scale"], v_scale=a["v_scale"])
+                                    a["alibi_slopes"], k_scale=a["k_scale"], v_scale=a["v_scale"], config=config)
     want = fast_reference.paged_prefill_attention(None, a["query"].float(), a["key_cache"], a["value_cache"],
                                                   a["num_kv_heads"], a["scale"], a["block_tables"],
                                                   a["query_start_loc"], a["context_lens"], a["alibi_slopes"],
@@ -101,13 +102,21 @@ BATCHES = {  # (cached, new)
 }
 
 
+@pytest.mark.parametrize("config", [0, 1])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_size", kernels.PREFILL_HEAD_SIZES)
 @pytest.mark.parametrize("heads", [(8, 8), (8, 2), (4, 1)])
 @pytest.mark.parametrize("batch", sorted(BATCHES))
-def test_head_sizes_and_groups(dtype, head_size, heads, batch):
+def test_head_sizes_and_groups(config, dtype, head_size, heads, batch):
     cached, new = BATCHES[batch]
-    check(build(cached=cached, new=new, num_heads=heads[0], num_kv_heads=heads[1], head_size=head_size, dtype=dtype))
+    check(build(cached=cached, new=new, num_heads=heads[0], num_kv_heads=heads[1], head_size=head_size, dtype=dtype),
+          config=config)
+
+
+@pytest.mark.parametrize("config", sorted(PREFILL_CONFIGS))
+def test_every_tile_configuration(config):
+    check(build(cached=[0, 700, 33, 2000], new=[300, 64, 1, 129], num_heads=32, num_kv_heads=8, alibi=True),
+          config=config)
 
 
 @pytest.mark.parametrize("block_size", fast_layout.FAST_BLOCK_SIZES)
@@ -117,10 +126,12 @@ def test_block_sizes_and_storages(block_size, storage):
                 block_size=block_size, storage=storage, num_heads=32, num_kv_heads=8))
 
 
+@pytest.mark.parametrize("config", [0, 1])
 @pytest.mark.parametrize("head_size", [64, 120, 128, 256])
 @pytest.mark.parametrize("alibi", [False, True])
-def test_fp8_caches_with_scales(head_size, alibi):
-    check(build(cached=[0, 123, 700], new=[150, 40, 1], head_size=head_size, dtype=fast_layout.FP8, alibi=alibi))
+def test_fp8_caches_with_scales(config, head_size, alibi):
+    check(build(cached=[0, 123, 700], new=[150, 40, 1], head_size=head_size, dtype=fast_layout.FP8, alibi=alibi),
+          config=config)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -154,9 +165,10 @@ def test_one_new_token_equals_the_decode_kernel():
     torch.testing.assert_close(out.float(), dec.float(), atol=1e-3, rtol=0)
 
 
+@pytest.mark.parametrize("config", [0, 1])
 @pytest.mark.parametrize("cached,new", [([0], [16384]), ([131072], [512]), ([120000, 3000], [16384, 100])])
-def test_long_contexts(cached, new):
-    check(build(cached=cached, new=new, num_heads=8, num_kv_heads=2, block_size=64))
+def test_long_contexts(config, cached, new):
+    check(build(cached=cached, new=new, num_heads=8, num_kv_heads=2, block_size=64), config=config)
 
 
 def test_graph_capture_with_given_lengths():

@@ -150,7 +150,7 @@ def _args(**over):
 def call(**over):
     a = _args(**over)
     kw = {k: a.pop(k) for k in list(a) if k in ("alibi_slopes", "k_scale", "v_scale", "max_query_len",
-                                                 "max_context_len", "validate")}
+                                                 "max_context_len", "config", "validate")}
     return kernels.paged_prefill_attention(*a.values(), **kw)
 
 
@@ -173,6 +173,8 @@ def call(**over):
     (dict(alibi_slopes=torch.zeros(3)), "alibi_slopes"),
     (dict(max_query_len=4), "max_query_len 4"),
     (dict(max_context_len=-1), "max_context_len must be"),
+    (dict(config=2), "config must be"),
+    (dict(config=9), "config must be"),
 ])
 def test_bad_arguments_raise_one_clear_error(over, match):
     with pytest.raises(ValueError, match=match):
@@ -190,3 +192,18 @@ def test_empty_batch():
     out = call(query=torch.zeros(0, 4, 64), query_start_loc=torch.zeros(1, dtype=torch.int32),
                context_lens=torch.zeros(0, dtype=torch.int32), block_tables=torch.zeros(0, 1, dtype=torch.int32))
     assert out.shape == (0, 4, 64)
+
+
+@pytest.mark.parametrize("batch,new,heads,kv_heads,want", [
+    (1, 512, 32, 8, 1),      # 16 row blocks x 8 KV heads: under one wave of large blocks
+    (1, 2048, 32, 8, 0),     # 512 large blocks
+    (64, 64, 32, 32, 1),     # 64 rows: half of a large block would be padding
+    (64, 64, 32, 8, 0),      # 256 rows: two full large blocks
+    (256, 1, 32, 8, 1),      # decode-like: 4 rows
+])
+def test_prefill_config_rule(batch, new, heads, kv_heads, want):
+    assert kernels.choose_prefill_config(batch, new, heads, kv_heads, 128, 132) == want
+
+
+def test_prefill_config_rule_above_head_128_has_one_shape():
+    assert all(kernels.choose_prefill_config(b, 64, 32, 8, 256) == 0 for b in (1, 4, 64))
