@@ -16,12 +16,16 @@ measured time), the predictions taken from, in order:
 
 1. the simulated run's own steps, when EXEC executed exactly SIM's steps (same count and, step
    by step, the same prompts, tokens, decodes, context and block moves): SIM's ``duration_s``;
-2. SIM's cost model re-pricing each executed step, when EXEC recorded its plan (``--record-plan``:
-   every step's prompts with their new and cached tokens, decodes with their contexts, block moves);
-3. EXEC's own ``t_*_s`` columns, when EXEC was priced by the same cost model as SIM (same name
-   and profile).
+2. SIM's cost model pricing EXEC's steps: EXEC re-played at its measured step times
+   (`analysis.fidelity_replay`), checked to reproduce the executed steps;
+3. SIM's cost model re-pricing EXEC's recorded plan (``--record-plan``), when the replay is not
+   possible (a profile no longer readable, a replay that diverges);
+4. EXEC's own ``t_*_s`` columns, when EXEC was priced by the same cost model as SIM (same name,
+   profile file name and creation time).
 
-Otherwise the per-step error is left out (None) and `step_source` says why.
+Otherwise the per-step error is left out (None) and `step_source` says why. So one executed run
+serves every simulated twin (profiled, roofline, fitted roofline) with its own per-step error.
+This module runs the engine only through `analysis.fidelity_replay`, to price executed steps.
 """
 
 from __future__ import annotations
@@ -179,27 +183,6 @@ def same_steps(sim: pd.DataFrame, exe: pd.DataFrame) -> bool:
     return all((sim[c].to_numpy() == exe[c].to_numpy()).all() for c in COMPOSITION if c in sim and c in exe)
 
 
-def rebuild_config(summary: dict):
-    """The `SimConfig` a run's summary.json describes."""
-    from blocksim.config import CacheConfig, GPUSpec, ModelSpec, PolicyConfig, SchedulerConfig, SimConfig
-    c = summary["config"]
-    return SimConfig(model=ModelSpec(**c["model"]), gpu=GPUSpec(**c["gpu"]), cache=CacheConfig(**c["cache"]),
-                     scheduler=SchedulerConfig(**c["scheduler"]), tensor_parallel=c["tensor_parallel"],
-                     policy=c["policy"], policy_config=PolicyConfig(**c["policy_config"]))
-
-
-def rebuild_cost_model(summary: dict):
-    """The cost model a run's summary.json records (a profiled model's profile must still be readable)."""
-    from blocksim.cost import CostParams, ProfiledCostModel, RooflineCostModel, load_profile
-    rec = summary.get("cost_model") or {}
-    config = rebuild_config(summary)
-    if rec.get("name") == "profiled":
-        return ProfiledCostModel(config, load_profile(rec["profile"]))
-    if rec.get("name") == "roofline":
-        return RooflineCostModel(config, CostParams(**rec["params"]) if rec.get("params") else None)
-    raise ValueError(f"cost model {rec.get('name')!r} cannot be rebuilt from summary.json")
-
-
 def reprice_plan(run_dir, cost) -> tuple[np.ndarray, np.ndarray]:
     """(step numbers, predicted seconds) of every step of a recorded plan, priced by `cost` as the
     engine prices a step (`blocksim.engine.Engine._step_times`)."""
@@ -228,29 +211,57 @@ def reprice_plan(run_dir, cost) -> tuple[np.ndarray, np.ndarray]:
     return steps.step.to_numpy(np.int64), out
 
 
+def _same_model(a: dict, b: dict) -> bool:
+    if not a or not b or a.get("name") != b.get("name"):
+        return False
+    if a.get("name") == "roofline":
+        return a.get("params") == b.get("params")
+    pa, pb = a.get("profile"), b.get("profile")
+    return pa is not None and pb is not None and Path(pa).name == Path(pb).name \
+        and a.get("created_utc") == b.get("created_utc")
+
+
 def step_pairs(sim: Run, exe: Run) -> tuple[np.ndarray | None, np.ndarray | None, str]:
     """(predicted, measured, source) per executed step, by the rules of the module docstring."""
+    from analysis.fidelity_replay import ReplayDiverged, measured_replay, rebuild_cost_model
     measured = exe.steps.duration_s.to_numpy(np.float64)
     if same_steps(sim.steps, exe.steps):
         return sim.steps.duration_s.to_numpy(np.float64), measured, "the simulated run's steps, executed one for one"
     sim_cm, exe_cm = sim.summary.get("cost_model") or {}, exe.summary.get("cost_model") or {}
-    if (exe.path / "plan" / "meta.json").is_file() and sim_cm:
+    why = []
+    if sim_cm:
         try:
-            cost = rebuild_cost_model(sim.summary)
-        except Exception as e:  # a profile moved away, a plugin: say so rather than guess
-            return None, None, f"the executed plan could not be re-priced ({e})"
-        steps, pred = reprice_plan(exe.path, cost)
-        pos = exe.steps.set_index("step").index.get_indexer(steps)
-        keep = pos >= 0
-        return pred[keep], measured[pos[keep]], f"the executed run's plan re-priced by the simulated run's {cost.name} model"
-    if sim_cm and exe_cm and sim_cm.get("name") == exe_cm.get("name") and sim_cm.get("profile") == exe_cm.get("profile"):
+            pred = measured_replay(sim.summary, exe)
+            return pred, measured, (f"the simulated run's {sim_cm.get('name')} model pricing the executed steps "
+                                    f"(the executed run re-played at its measured step times)")
+        except (ReplayDiverged, ValueError, KeyError, TypeError, OSError) as e:
+            why.append(f"re-play: {e}")
+        if (exe.path / "plan" / "meta.json").is_file():
+            try:
+                steps, pred = reprice_plan(exe.path, rebuild_cost_model(sim.summary))
+            except (ValueError, KeyError, TypeError, OSError) as e:
+                why.append(f"plan: {e}")
+            else:
+                pos = exe.steps.set_index("step").index.get_indexer(steps)
+                keep = pos >= 0
+                return pred[keep], measured[pos[keep]], (f"the executed run's plan re-priced by the simulated "
+                                                         f"run's {sim_cm.get('name')} model")
+    if _same_model(sim_cm, exe_cm):
         pred = exe.steps[list(TIME_COLUMNS)].sum(axis=1).to_numpy(np.float64)
         return pred, measured, f"the executed run's own {exe_cm.get('name')} prediction of each step"
-    return None, None, ("no per-step comparison: EXEC_RUN holds other steps than SIM_RUN, no plan "
-                        "(--record-plan) and another cost model")
+    return None, None, "no per-step comparison (" + "; ".join(why or ["no cost model recorded"]) + ")"
+
+
+def compare_runs(sim_dir, exec_dir) -> dict:
+    """The errors of SIM against EXEC as a flat dict: step_mape and the ``*_err`` keys of `ROW_KEYS`,
+    the p90 errors, and how they were obtained (cost profile, counts, step source)."""
+    row = compare(sim_dir, exec_dir).row()
+    return {k: v for k, v in row.items() if k not in ("trace", "preset", "model", "gpu", "tensor_parallel",
+                                                      "cost_model")}
 
 
 def compare(sim_dir, exec_dir) -> Fidelity:
+    """SIM_RUN against EXEC_RUN (run directories of one trace); FidelityError for bad input."""
     sim, exe = load_pair(sim_dir, exec_dir)
     lat, matched = latency_errors(sim.requests, exe.requests)
     ts = throughput(sim.requests, sim.steps)["output_tokens_per_s"]

@@ -2,12 +2,14 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.fidelity import ROW_KEYS, FidelityError, append_rows, compare, reprice_plan, rebuild_cost_model
+from analysis.fidelity import ROW_KEYS, FidelityError, append_rows, compare, compare_runs, reprice_plan
+from analysis.fidelity_replay import measured_replay, rebuild_cost_model
 from blocksim.cli import main
 from blocksim.experiments.runner import replay
 
@@ -117,3 +119,30 @@ def test_command_writes_the_report_and_adds_the_row(sim, tmp_path, capsys):
     assert (tmp_path / "f" / "fidelity.html").is_file() and (tmp_path / "f" / "fidelity.md").is_file()
     append_rows(results, [{**rows[0], "cost_model": "profiled"}])
     assert len(json.loads(results.read_text())) == 2
+
+
+@pytest.mark.parametrize("policy, trace_file", [("vllm", "azure_conv_2023_sample.csv"),
+                                                ("vllm-prefix", "mooncake_sample.jsonl")])
+def test_executed_steps_are_priced_by_another_model_at_their_measured_times(tmp_path, policy, trace_file):
+    """EXEC stands in for an executed run: another cost model's step times play the measured ones."""
+    import sys
+
+    import traces
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "blocksim"))
+    from cost_profiles import write_profile  # the synthetic profile of tests/blocksim
+    src = traces.bundled("azure-conv").parent / trace_file
+    prof = write_profile(tmp_path / "p.json")
+    exe, sim = tmp_path / "exec", tmp_path / "sim"
+    common = {"max_requests": 60, "clip_to_model": True}
+    replay(str(src), exe, policy=policy, overrides={"cost_model": "profiled", "cost_profile": str(prof),
+                                                    "num_gpu_blocks": 400}, record_plan=True, **common)
+    replay(str(src), sim, policy=policy, overrides={"cost_model": "roofline", "num_gpu_blocks": 400}, **common)
+    f = compare(sim, exe)
+    assert "re-played at its measured step times" in f.step_source, f.step_source
+    _, by_plan = reprice_plan(exe, rebuild_cost_model(json.loads((sim / "summary.json").read_text())))
+    np.testing.assert_allclose(f.predicted_s, by_plan, rtol=1e-12,
+                               err_msg="re-playing and re-pricing the plan price the same executed steps")
+    own = measured_replay(json.loads((exe / "summary.json").read_text()), f.exec)
+    np.testing.assert_array_equal(own, pd.read_parquet(exe / "steps.parquet").duration_s.to_numpy(),
+                                  err_msg="EXEC's own model re-played prices its steps as it ran them")
+    assert compare_runs(sim, exe)["step_mape"] == pytest.approx(f.step_mape)
