@@ -7,6 +7,10 @@
 * `auto` (the default): the shipped profile of the run's (model, GPU, dtype, TP) in
   ``blocksim/profiles/`` when there is one, else the roofline.
 
+Without a file the roofline's constants are fitted on the shipped profiles (`blocksim.cost.fit.
+shipped_fit`): the run's own model's profile, else those of its GPU; the built-in defaults where
+its GPU has none.
+
 ``--cost-profile FILE`` is one flag for both kinds of file; its ``"format"`` key says which
 (`load_cost_file`). With ``--cost-model roofline`` a profile is not interpolated: the roofline's
 constants are fitted on its grids (`blocksim.cost.fit`) and used.
@@ -21,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from blocksim.config import ConfigError, SimConfig
-from blocksim.cost.fit import fit_roofline
+from blocksim.cost.fit import fit_roofline, shipped_fit
 from blocksim.cost.profile_file import (
     PROFILE_FORMAT,
     Profile,
@@ -65,7 +69,12 @@ def build_cost_model(config: SimConfig, name: str = "auto", source=None):
                 f"cost_model profiled: no shipped profile for {config.model.name} on {config.gpu.name} at "
                 f"tensor_parallel {config.tensor_parallel} (shipped: {', '.join(shipped_profiles()) or 'none'}); "
                 f"pass --cost-profile FILE (written by blocksim profile) or use --cost-model roofline")
-        return RooflineCostModel(config)
+    if given is None:
+        fitted = shipped_fit(config)
+        if fitted is None:
+            return RooflineCostModel(config)
+        params, paths = fitted
+        return RooflineCostModel(config, params, source="fitted on " + ", ".join(paths))
     if isinstance(given, Profile):
         if name == "roofline":
             return RooflineCostModel(config, fit_roofline(given, config), source=f"fitted on {given.path}")

@@ -19,6 +19,10 @@ over the table's grid points:
 * ``step_overhead_s``: the profile's graph overhead when it captures CUDA graphs (most steps are
   decode-only), else its eager overhead.
 
+`shipped_fit` gives the roofline its constants when a run names no file: fitted on the shipped
+profile of the run's model and GPU, else on the shipped profiles of its GPU (the median of each
+constant), else none (the built-in defaults).
+
 `grid_errors` reports the mean absolute percentage error and the signed median error of a roofline
 on each table's grid points: the numbers `blocksim cost-fit` prints for the default and the fitted
 constants.
@@ -147,6 +151,39 @@ def fit_roofline(profile: Profile, config: SimConfig) -> CostParams:
     return CostParams(flops_efficiency=fe, bw_efficiency=be, step_overhead_s=overhead,
                       transfer_latency_s=latency, launch_s=launch, swap_batched=True,
                       scale_linear=1.0, scale_swap=scale_swap, scale_copy=scale_copy, **scales)
+
+
+_FITTED: dict = {}
+
+
+def shipped_fit(config: SimConfig) -> tuple[CostParams, list[str]] | None:
+    """The roofline's constants for a run without a file: fitted on the shipped profile of the run's
+    model, GPU, dtype and TP when there is one, else on every shipped profile of its GPU, dtype and
+    TP (each fitted alone, the median of each constant taken: the GPU's efficiencies and scales carry
+    across models). None when the GPU has no shipped profile. Returns the constants and the
+    profiles they were fitted on; cached per set of files."""
+    from blocksim.catalog import MODELS
+    from blocksim.cost.profile_file import PROFILES_DIR, load_profile, run_dtype, shipped_profile
+    own = shipped_profile(config)
+    if own is not None:
+        paths = [own]
+    else:
+        tail = f"__{config.gpu.name}__{run_dtype(config)}__tp{config.tensor_parallel}.json"
+        paths = sorted(p for p in PROFILES_DIR.glob(f"*{tail}") if p.name[: -len(tail)] in MODELS)
+    if not paths:
+        return None
+    key = (config.gpu, config.tensor_parallel, tuple((str(p), p.stat().st_mtime_ns) for p in paths))
+    hit = _FITTED.get(key)
+    if hit is None:
+        fits = []
+        for p in paths:
+            prof = load_profile(p)
+            fits.append(fit_roofline(prof, config.replace(model=MODELS[prof.model])).to_dict())
+        merged = {k: (float(np.median([f[k] for f in fits])) if isinstance(fits[0][k], float) else fits[0][k])
+                  for k in fits[0]}
+        hit = (CostParams(**merged), [str(p) for p in paths])
+        _FITTED[key] = hit
+    return hit
 
 
 def write_params(params: CostParams, path: str | Path, source: str) -> Path:

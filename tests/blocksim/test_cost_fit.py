@@ -77,3 +77,22 @@ def test_cost_fit_command_writes_a_roofline_parameter_file(tmp_path, capsys):
     assert isinstance(params, CostParams) and params.swap_batched is True
     assert json.loads(out.read_text())["format"] == "blocksim-roofline/1"
     assert (tmp_path / "fit.errors.json").is_file()
+
+
+def test_the_roofline_without_a_file_takes_constants_fitted_on_shipped_profiles(tmp_path, monkeypatch):
+    from cost_profiles import write_profile
+
+    from blocksim.cost.profile_file import profile_name
+    from blocksim.policies import make_cost_model
+    monkeypatch.setattr("blocksim.cost.profile_file.PROFILES_DIR", tmp_path)
+    own = write_profile(tmp_path / profile_name("llama-2-7b", "h100-80gb", "float16", 1))
+    write_profile(tmp_path / profile_name("mistral-7b", "h100-80gb", "float16", 1), model="mistral-7b")
+    roof = make_cost_model(build_config(cost_model="roofline"))
+    assert roof.describe()["profile"] == f"fitted on {own}", "the run's own model's profile"
+    cfg = build_config(cost_model="roofline")
+    assert roof.params == fit_roofline(parse_profile(synthetic_profile(), "x"), cfg)
+    other = make_cost_model(build_config(model="llama-2-13b", cost_model="auto"))
+    assert isinstance(other, RooflineCostModel) and other.describe()["profile"].count("h100-80gb") == 2, \
+        "a model without a profile: the roofline fitted on its GPU's profiles"
+    bare = make_cost_model(build_config(gpu="h200-141gb", cost_model="roofline"))
+    assert bare.params == CostParams() and bare.describe()["profile"] is None, "no profile of the GPU: defaults"
