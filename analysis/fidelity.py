@@ -185,7 +185,9 @@ def same_steps(sim: pd.DataFrame, exe: pd.DataFrame) -> bool:
 
 def reprice_plan(run_dir, cost) -> tuple[np.ndarray, np.ndarray]:
     """(step numbers, predicted seconds) of every step of a recorded plan, priced by `cost` as the
-    engine prices a step (`blocksim.engine.Engine._step_times`)."""
+    engine prices a step (`blocksim.engine.Engine._step_times`). A prompt chunk samples when it
+    reaches the prompt's end (the plan does not hold the tokens a recomputed sequence had generated,
+    so a chunk ending inside them counts as sampling)."""
     from blocksim.records.plan import read_plan
     _, steps, seqs, _ = read_plan(run_dir)
     by_step = {s: g for s, g in seqs.groupby("step", sort=False)} if len(seqs) else {}
@@ -202,7 +204,8 @@ def reprice_plan(run_dir, cost) -> tuple[np.ndarray, np.ndarray]:
         ctx = int(dec.context_len.sum()) if n else 0
         moves = len(row.swap_in_src) + len(row.swap_out_src) + len(row.copy_src)
         decode_only = P == 0 and moves == 0
-        t = cost.linear(int(new.sum()) + n, P + n, decode_only)
+        sampled = n + (int((pre.new_end >= pre.prompt_tokens).sum()) if P else 0)  # prompts that end
+        t = cost.linear(int(new.sum()) + n, sampled, decode_only)
         t += cost.attn_prefill(new, cached) if P else 0.0
         t += float(cost.attn_decode(ctx, n, decode_only))
         t += cost.swap(len(row.swap_in_src), len(row.swap_out_src)) + cost.copy(len(row.copy_src))

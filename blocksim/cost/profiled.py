@@ -5,8 +5,8 @@ whole model at the run's tensor-parallel degree. A step is priced from the table
 engine's columns `t_<component>_s` hold:
 
 * ``t_linear_s``: everything but attention, swaps and copies: ``linear(tokens) + cache_write(tokens)
-  + sample(sequences)``, where tokens = prefill tokens + decoding sequences and sequences = the
-  step's prompts plus decoding sequences (each samples at most one token). A decode-only step whose
+  + sample(sequences)``, where tokens = prefill tokens + decoding sequences and sequences = those
+  that sample a token: every decoding sequence and each prompt (or chunk) reaching its end. A decode-only step whose
   batch fits a captured CUDA graph runs the graph at the padded batch size (the smallest of
   ``cuda_graph_batch_sizes`` >= the batch): the linear part reads ``graph_seconds`` at that size
   (eager seconds when the profile has no graph timings). Decode-only means no prompt and no block
@@ -71,7 +71,7 @@ class ProfiledCostModel:
         self.max_graph = int(self.graph_sizes[-1]) if len(self.graph_sizes) else 0
         self._memo: dict = {}
         self._lines: dict = {}
-        self.prefill_outside: Counter = Counter()  # counted as steps are priced (prefill is never in a span)
+        self.step_outside: Counter = Counter()  # counted as single steps are priced (never in a span)
 
     # --- helpers ---------------------------------------------------------------------------------
     def padded(self, batch: int) -> int | None:
@@ -100,9 +100,13 @@ class ProfiledCostModel:
 
     # --- components --------------------------------------------------------------------------------
     def linear(self, tokens: int, sequences: int = 0, decode_only: bool = False) -> float:
+        """Everything but attention, swaps and copies for `tokens` tokens of which `sequences` sample.
+
+        A step that is not decode-only is priced here once (never in a span), so its sampling
+        outside the grid is counted here; decode-only steps are counted from the records."""
         key = ("linear", tokens, sequences, decode_only)
-        t = self._memo.get(key)
-        if t is None:
+        hit = self._memo.get(key)
+        if hit is None:
             if tokens <= 0:
                 t = 0.0
             else:
@@ -114,8 +118,11 @@ class ProfiledCostModel:
                 t += self._one(self.cache_write, tokens)
                 if sequences > 0:
                     t += self._one(self.sample, sequences)
-            self._memo[key] = t
-        return t
+            hit = (t, sequences > 0 and bool(self.sample.outside(np.array([float(sequences)]))[0]))
+            self._memo[key] = hit
+        if hit[1] and not decode_only:
+            self.step_outside["sample.sequences"] += 1
+        return hit[0]
 
     def attn_prefill(self, new_tokens, cached_tokens=None) -> float:
         p = np.asarray(new_tokens, dtype=np.float64)
@@ -137,7 +144,7 @@ class ProfiledCostModel:
             hit = (base, out)
             self._memo[key] = hit
         for axis in hit[1]:
-            self.prefill_outside[f"attn_prefill.{axis}"] += 1
+            self.step_outside[f"attn_prefill.{axis}"] += 1
         return hit[0]
 
     def attn_decode(self, ctx_tokens, batch: int = 0, decode_only: bool = False):
@@ -182,8 +189,9 @@ class ProfiledCostModel:
     # --- end of run --------------------------------------------------------------------------------
     def extrapolated(self, steps: pd.DataFrame) -> Counter:
         """Steps priced outside a table's grid, per ``component.axis``, from a run's step records
-        (prefill attention counted as its steps were priced)."""
-        out = Counter(self.prefill_outside)
+        (prefill attention, and the sampling of steps that are not decode-only, counted as their
+        steps were priced)."""
+        out = Counter(self.step_outside)
         if steps.empty:
             return out
         P = steps["num_prefill_seqs"].to_numpy(np.int64)
@@ -210,8 +218,7 @@ class ProfiledCostModel:
         if self.linear_graph is not None:
             add("linear.graph_tokens", g_lin & self.linear_graph.outside(pad))
         add("cache_write.tokens", (T > 0) & self.cache_write.outside(T))
-        S = P + D
-        add("sample.sequences", (S > 0) & self.sample.outside(S))
+        add("sample.sequences", decode_only & self.sample.outside(D))
         mean_ctx = np.where(D > 0, C / np.maximum(D, 1), 0.0)
         whole = graph if self.decode_step is not None else np.zeros_like(graph)
         dec = (D > 0) & ~whole

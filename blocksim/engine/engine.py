@@ -205,8 +205,10 @@ class Engine:
         # decode-only: no prompt and no block move, the steps a CUDA graph replays
         decode_only = not (out.prefills or out.blocks_to_swap_in or out.blocks_to_swap_out or out.blocks_to_copy)
         n = out.num_decode_seqs
+        # sequences that sample a token: every decode, and each prompt (chunk) that reaches its end
+        sampled = n + sum(1 for g, _, stop in out.prefills if stop >= g.seqs[0].num_tokens)
         return {
-            "t_linear_s": cm.linear(tokens, len(out.prefills) + n, decode_only),
+            "t_linear_s": cm.linear(tokens, sampled, decode_only),
             "t_attn_prefill_s": attn_prefill,
             "t_attn_decode_s": float(cm.attn_decode(out.decode_ctx_tokens, n, decode_only)),
             "t_swap_s": cm.swap(len(out.blocks_to_swap_in), len(out.blocks_to_swap_out)),
