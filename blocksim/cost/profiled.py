@@ -65,10 +65,13 @@ class ProfiledCostModel:
         self.sample = Line.of(t["sample"])
         self.swap_in_line, self.swap_out_line, self.copy_line = (Line.of(t[k]) for k in ("swap_in", "swap_out", "copy"))
         self.prefill = Table(t["attn_prefill"])
+        self._prefill_range = [(float(g[0]), float(g[-1])) for g in self.prefill.grids]
         self.decode = Table(t["attn_decode"])
         self.decode_step = Table(t["decode_step"]) if "decode_step" in t else None
         self.graph_sizes = np.asarray(profile.cuda_graph_batch_sizes, dtype=np.int64)
         self.max_graph = int(self.graph_sizes[-1]) if len(self.graph_sizes) else 0
+        self._pad = [None] + [int(self.graph_sizes[np.searchsorted(self.graph_sizes, b)])
+                              for b in range(1, self.max_graph + 1)]
         self._memo: dict = {}
         self._lines: dict = {}
         self.step_outside: Counter = Counter()  # counted as single steps are priced (never in a span)
@@ -78,7 +81,7 @@ class ProfiledCostModel:
         """The captured CUDA-graph batch size a decode-only batch replays at, None when it runs eager."""
         if batch > self.max_graph or batch <= 0:
             return None
-        return int(self.graph_sizes[np.searchsorted(self.graph_sizes, batch)])
+        return self._pad[batch]
 
     @staticmethod
     def _one(line: Line, x: float) -> float:
@@ -125,24 +128,29 @@ class ProfiledCostModel:
         return hit[0]
 
     def attn_prefill(self, new_tokens, cached_tokens=None) -> float:
-        p = np.asarray(new_tokens, dtype=np.float64)
-        c = np.zeros_like(p) if cached_tokens is None else np.asarray(cached_tokens, dtype=np.float64)
-        n = len(p)
+        """Prefill attention of the step's prompts (chunks): `new_tokens[i]` after `cached_tokens[i]`."""
+        n = len(new_tokens)
         if n == 0:
             return 0.0
-        key = ("prefill", p.tobytes(), c.tobytes())
-        hit = self._memo.get(key)
-        if hit is None:
-            tab = self.prefill
+        tab = self.prefill
+        if n == 1:  # most prompt steps: plain Python
+            pv = float(new_tokens[0])
+            cv = 0.0 if cached_tokens is None else float(cached_tokens[0])
+            key = ("prefill", pv, cv)
+            hit = self._memo.get(key)
+            if hit is None:
+                hit = (tab.point(1.0, pv, cv), tuple(a for a, (lo, hi), v in zip(tab.axes, self._prefill_range,
+                                                                                   (1.0, pv, cv)) if not lo <= v <= hi))
+                self._memo[key] = hit
+        else:
+            p = np.asarray(new_tokens, dtype=np.float64)
+            c = np.zeros_like(p) if cached_tokens is None else np.asarray(cached_tokens, dtype=np.float64)
             base = float(np.sum(tab.eval(1.0, p, c)))
-            if n > 1:
-                pm, cm = float(p.mean()), float(c.mean())
-                both = tab.eval(np.asarray([n, 1.0]), pm, cm)
-                base *= float(both[0] / (n * both[1]))
-            out = tuple(a for a, vals in zip(tab.axes, (np.asarray([1.0, n]), p, c))
-                        if tab.outside(tab.axes.index(a), vals).any())
-            hit = (base, out)
-            self._memo[key] = hit
+            pm, cm = float(p.mean()), float(c.mean())
+            both = tab.eval(np.asarray([n, 1.0]), pm, cm)
+            base *= float(both[0] / (n * both[1]))
+            hit = (base, tuple(a for a, vals in zip(tab.axes, (np.asarray([1.0, n]), p, c))
+                               if tab.outside(tab.axes.index(a), vals).any()))
         for axis in hit[1]:
             self.step_outside[f"attn_prefill.{axis}"] += 1
         return hit[0]
