@@ -251,3 +251,14 @@ def test_spans_price_steps_exactly_as_stepping_one_by_one(tmp_path_factory, list
     pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=True)
     pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
     assert a.summary["cost_model"] == b.summary["cost_model"], "the same steps counted outside the grid"
+
+
+@settings(max_examples=60, deadline=None)
+@given(b=st.floats(0.5, 20), p=st.floats(1, 20000), c=st.floats(0, 20000))
+def test_the_one_point_path_agrees_with_the_vectorized_one(b, p, c):
+    tab = Table(load_profile_dict(synthetic_profile()).tables["attn_prefill"])
+    assert tab.point(b, p, c) == pytest.approx(float(tab.eval(b, p, c)[0]), rel=1e-12)
+
+
+def load_profile_dict(d):
+    return parse_profile(d, "synthetic.json")
