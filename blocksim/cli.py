@@ -151,8 +151,10 @@ def _run_and_report(trace, args, out: Path, *, progress: bool) -> int:
     policy, options = settings_from_args(args)
     summary = replay(trace, out, policy=policy, overrides=options, progress=progress,
                      record_plan=getattr(args, "record_plan", False), executor=executor_from_args(args))
+    cm = summary.get("cost_model") or {}
     print(f"\nblocksim: {summary['config']['model']['name']} on {summary['config']['gpu']['name']}, "
-          f"policy {summary['config']['policy']}, block size {summary['block_size']}")
+          f"policy {summary['config']['policy']}, block size {summary['block_size']}, cost model {cm.get('name')}"
+          f"{' (' + str(cm['profile']) + ')' if cm.get('profile') else ''}")
     print(format_summary(summary))
     reasons = summary.get("reject_reasons") or {}
     for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1])[:3]:

@@ -53,6 +53,9 @@ class ProfileWarning(UserWarning):
     """A profile read with something left out (an unknown component), or a run that left its grid."""
 
 
+warnings.filterwarnings("always", category=ProfileWarning)  # every run's count, even when two runs agree
+
+
 @dataclass(frozen=True)
 class Grid:
     """One measured table: `axes` in order, a sorted grid per axis, and seconds of the grids' shape."""
