@@ -75,7 +75,7 @@ class _Clock:
     """Median GPU time of `fn(timer)`: a `SegmentTimer` per repetition after a full drain, as the
     executor times a step (perf_counter on the CPU)."""
 
-    def __init__(self, torch, cuda: bool, budget_s: float = 0.25, max_reps: int = 15) -> None:
+    def __init__(self, torch, cuda: bool, budget_s: float = 0.15, max_reps: int = 9) -> None:
         self.torch, self.cuda, self.budget_s, self.max_reps = torch, cuda, budget_s, max_reps
 
     def once(self, fn) -> float:
@@ -285,9 +285,10 @@ class Profiler:
         self._say(f"overhead whole - parts {['%.3g' % x for x in diffs]}")
         if self.cuda:  # a longer sleep before each segment must not change an eager time (no host gap leaks in)
             from validation.model import SegmentTimer
+            from validation.step_executor import LEAD_S
             fn = self._forward(self.batch(prefills=[(16, 0)], decodes=[256] * 4), ("linear", "write", "attn", "sample"))
             lead = {}
-            for s in (0.6e-3, 3e-3):
+            for s in (LEAD_S, 3e-3):
                 self.torch.cuda.synchronize()
                 vals = []
                 for _ in range(5):
@@ -295,7 +296,8 @@ class Profiler:
                     fn(t)
                     vals.append(t.seconds())
                 lead[s] = float(np.median(vals))
-            self._say(f"eager step with a sleep of 0.6 ms / 3 ms per segment: {lead[0.6e-3]:.5f} / {lead[3e-3]:.5f} s")
+            self._say(f"eager step with a sleep of {LEAD_S * 1e3:.1f} ms / 3 ms per segment: "
+                      f"{lead[LEAD_S]:.5f} / {lead[3e-3]:.5f} s")
         return {"eager_s": max(0.0, float(np.median(diffs))), "graph_s": 0.0, "eager_cases_s": diffs,
                 **({"lead_check_s": list(lead.values())} if self.cuda else {})}
 

@@ -40,7 +40,7 @@ from validation.model import (GRAPH_BATCH_SIZES, ModelDims, ModelRunner, Prefill
                               padded_batch_size)
 
 WORKSPACE_BYTES = 6 << 30  # activations, CUDA graphs and the allocator's slack
-LEAD_S = 0.6e-3         # sleep queued before each eager segment (one layer): covers its launches
+LEAD_S = 1.2e-3         # sleep queued before each eager segment (one layer): covers its launches
 GRAPH_LEAD_S = 50e-6    # before a graph replay (one launch)
 
 
@@ -82,6 +82,7 @@ class ModelStepExecutor:
         self.runner = ModelRunner(self.dims, num_blocks=self.num_gpu_blocks, num_cpu_blocks=self.num_cpu_blocks,
                                   block_size=self.bs, dtype=dtype, device=device, attention=attention,
                                   prefill=prefill, seed=seed)
+        self.runner.warm_up(min(config.scheduler.max_num_batched_tokens, 16384))
         self.graph_sizes: list[int] = []
         if graphs and self.cuda:
             self.graph_sizes = sorted(self.runner.capture_decode_graphs(config.scheduler.max_num_seqs))
