@@ -218,20 +218,8 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<HEAD, CONFIG>)) paged_pr
   }
   fetch_ids(STAGES - 1);
 
-  // ---- per-row constants: position and ALiBi slope (log2 domain) of rows g and g + 8 of each tile ----
   const int warp_row0 = warp * 16 * MT;
   const bool warp_live = m0 + warp_row0 < rows;
-  int qpos[MT][2];
-  float slope2[MT][2];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int R = min(m0 + warp_row0 + mt * 16 + g + 8 * h, rows - 1);
-      qpos[mt][h] = cached + R / group;
-      slope2[mt][h] = p.alibi_slopes != nullptr ? p.alibi_slopes[kvh * group + R % group] * kLog2e : 0.f;
-    }
-  }
   const bool has_alibi = p.alibi_slopes != nullptr;
   const float scale2 = p.scale * kLog2e;
 
@@ -312,16 +300,21 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<HEAD, CONFIG>)) paged_pr
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+        for (int h = 0; h < 2; ++h) {
+          // rows g and g + 8 of the tile: position and ALiBi slope (log2 domain); dead rows take the last row's
+          const int R = min(m0 + warp_row0 + mt * 16 + g + 8 * h, rows - 1);
+          const int qpos = cached + R / group;
+          const float slope2 = has_alibi ? __ldg(p.alibi_slopes + kvh * group + R % group) * kLog2e : 0.f;
 #pragma unroll
           for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int key = key0 + j * 8 + 2 * t + e;
               float v = s[mt][j][2 * h + e] * scale2;
-              if (has_alibi) v += slope2[mt][h] * static_cast<float>(key - qpos[mt][h]);
-              s[mt][j][2 * h + e] = key > qpos[mt][h] ? -INFINITY : v;
+              if (has_alibi) v += slope2 * static_cast<float>(key - qpos);
+              s[mt][j][2 * h + e] = key > qpos ? -INFINITY : v;
             }
+        }
     }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
