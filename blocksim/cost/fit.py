@@ -163,7 +163,7 @@ def shipped_fit(config: SimConfig) -> tuple[CostParams, list[str]] | None:
     across models). None when the GPU has no shipped profile. Returns the constants and the
     profiles they were fitted on; cached per set of files."""
     from blocksim.catalog import MODELS
-    from blocksim.cost.profile_file import PROFILES_DIR, load_profile, run_dtype, shipped_profile
+    from blocksim.cost.profile_file import PROFILES_DIR, load_profile, portable_path, run_dtype, shipped_profile
     own = shipped_profile(config)
     if own is not None:
         paths = [own]
@@ -181,7 +181,7 @@ def shipped_fit(config: SimConfig) -> tuple[CostParams, list[str]] | None:
             fits.append(fit_roofline(prof, config.replace(model=MODELS[prof.model])).to_dict())
         merged = {k: (float(np.median([f[k] for f in fits])) if isinstance(fits[0][k], float) else fits[0][k])
                   for k in fits[0]}
-        hit = (CostParams(**merged), [str(p) for p in paths])
+        hit = (CostParams(**merged), [portable_path(p) for p in paths])
         _FITTED[key] = hit
     return hit
 

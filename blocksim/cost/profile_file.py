@@ -113,13 +113,30 @@ def shipped_profile(config: SimConfig, directory: Path | None = None) -> Path | 
     return p if p.is_file() else None
 
 
+def portable_path(path: str | Path) -> str:
+    """How summary.json names a profile: ``blocksim/profiles/NAME`` for a shipped one (found again on
+    any machine by `resolve_path`), else the path as given."""
+    p = Path(path)
+    if p.parent.resolve() == PROFILES_DIR.resolve():
+        return f"blocksim/profiles/{p.name}"
+    return str(path)
+
+
+def resolve_path(path: str | Path) -> Path:
+    """A profile's file: the path itself, or a shipped profile named ``blocksim/profiles/NAME``."""
+    p = Path(path)
+    if not p.is_file() and str(path).startswith("blocksim/profiles/") and (PROFILES_DIR / p.name).is_file():
+        return PROFILES_DIR / p.name
+    return p
+
+
 def shipped_profiles(directory: Path | None = None) -> list[str]:
     return sorted(p.name for p in (directory or PROFILES_DIR).glob("*.json"))
 
 
 # --- reading ---------------------------------------------------------------------------------------
 def read_json(path: str | Path) -> dict:
-    p = Path(path)
+    p = resolve_path(path)
     if not p.is_file():
         raise ConfigError(f"cost profile {p}: not found")
     try:
@@ -136,7 +153,7 @@ def load_cost_file(path: str | Path) -> Profile | CostParams:
     data = read_json(path)
     fmt = data.get("format")
     if fmt == PROFILE_FORMAT:
-        return parse_profile(data, str(path))
+        return parse_profile(data, portable_path(resolve_path(path)))
     if fmt is None or fmt == ROOFLINE_FORMAT:
         return CostParams.from_dict(data, path)
     raise ConfigError(f"cost profile {path}: format {fmt!r} is not one this blocksim reads "
@@ -149,7 +166,7 @@ def load_profile(path: str | Path) -> Profile:
     if data.get("format") != PROFILE_FORMAT:
         raise ConfigError(f"cost profile {path}: format {data.get('format')!r}, expected {PROFILE_FORMAT!r} "
                           f"(a file written by blocksim profile)")
-    return parse_profile(data, str(path))
+    return parse_profile(data, portable_path(resolve_path(path)))
 
 
 def _bad(path: str, where: str, msg: str) -> ConfigError:

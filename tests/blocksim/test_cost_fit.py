@@ -88,7 +88,8 @@ def test_the_roofline_without_a_file_takes_constants_fitted_on_shipped_profiles(
     own = write_profile(tmp_path / profile_name("llama-2-7b", "h100-80gb", "float16", 1))
     write_profile(tmp_path / profile_name("mistral-7b", "h100-80gb", "float16", 1), model="mistral-7b")
     roof = make_cost_model(build_config(cost_model="roofline"))
-    assert roof.describe()["profile"] == f"fitted on {own}", "the run's own model's profile"
+    assert roof.describe()["profile"] == f"fitted on blocksim/profiles/{own.name}", \
+        "the run's own model's profile, named portably"
     cfg = build_config(cost_model="roofline")
     assert roof.params == fit_roofline(parse_profile(synthetic_profile(), "x"), cfg)
     other = make_cost_model(build_config(model="llama-2-13b", cost_model="auto"))

@@ -217,7 +217,9 @@ def test_default_uses_a_shipped_profile_of_the_runs_setup_else_the_roofline(tmp_
     assert isinstance(make_cost_model(build_config(gpu="h200-141gb")), RooflineCostModel), "another GPU: roofline"
     res = Engine(cfg, pd.DataFrame({"arrival_s": [0.0], "prompt_tokens": [20], "output_tokens": [3]})).run()
     assert res.summary["cost_model"]["name"] == "profiled"
-    assert res.summary["cost_model"]["profile"].endswith(profile_name("llama-2-7b", "h100-80gb", "float16", 1))
+    name = profile_name("llama-2-7b", "h100-80gb", "float16", 1)
+    assert res.summary["cost_model"]["profile"] == f"blocksim/profiles/{name}", "a shipped profile, named portably"
+    assert load_profile(f"blocksim/profiles/{name}").model == "llama-2-7b", "and found again by that name"
 
 
 # --- spans --------------------------------------------------------------------------------------------
