@@ -183,9 +183,11 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<HEAD, CONFIG>)) paged_pr
   auto load_tile = [&](int tile, int stage) {
     const uint32_t kd = ring + stage * M::STAGE;
     const uint32_t vd = kd + M::RAW;
+    int me = tid;
+    asm volatile("" : "+r"(me));  // the chunks' offsets derived per tile, not held in registers across the loop
 #pragma unroll
     for (int k = 0; k < LOADS; ++k) {
-      const int i = tid + kThreads * k;
+      const int i = me + kThreads * k;
       if (i >= BN * NCP) break;
       const int r = i / NCP, c = i % NCP;
       const int key = tile * BN + r;
@@ -233,9 +235,18 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<HEAD, CONFIG>)) paged_pr
     l_run[mt][0] = l_run[mt][1] = 0.f;
   }
 
-  // ldmatrix lane roles: matrix lane / 8, its row lane % 8
-  const int lm = lane >> 3;
-  const int lr = lane & 7;
+  // ldmatrix lane roles: matrix lane / 8, its row lane % 8. The row's byte offset and the lane's
+  // swizzled chunk offset (chunk x ^ row % 8, x = 0 or 1); chunk 2 k + x of the same row is then at
+  // chunk offset ^ (k << 5) (bit 0 of 2 k is clear), one LOP3 per address.
+  constexpr uint32_t ROW_BYTES = SCH * 16;
+  const uint32_t lm = lane >> 3;
+  const uint32_t lr = lane & 7;
+  const uint32_t q_row0 = q_smem + (warp_row0 + (lm & 1) * 8 + lr) * ROW_BYTES;
+  const uint32_t q_x0 = ((lm >> 1) ^ lr) << 4;
+  const uint32_t k_row0 = ((lm >> 1) * 8 + lr) * ROW_BYTES;
+  const uint32_t k_x0 = ((lm & 1) ^ lr) << 4;
+  const uint32_t v_row0 = ((lm & 1) * 8 + lr) * ROW_BYTES;
+  const uint32_t v_x0 = ((lm >> 1) ^ lr) << 4;
 
   for (int n = 0; n < n_tiles; ++n) {
     cp_async_wait<STAGES - 2>();
@@ -262,6 +273,10 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<HEAD, CONFIG>)) paged_pr
       vt = conv + M::TILE16;
     }
     if (!warp_live) continue;
+    // opaque per tile, so that the compiler derives the fragment addresses here (one LOP3 and one
+    // add each) instead of keeping every one of them in a register across the loop
+    uint32_t q_row = q_row0, q_x = q_x0, k_row = k_row0, k_x = k_x0, v_row = v_row0, v_x = v_x0;
+    asm volatile("" : "+r"(q_row), "+r"(q_x), "+r"(k_row), "+r"(k_x), "+r"(v_row), "+r"(v_x));
 
     // S = Q K^T
     float s[MT][NT][4];
@@ -274,13 +289,12 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<HEAD, CONFIG>)) paged_pr
       uint32_t qa[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        const int r = warp_row0 + mt * 16 + (lm & 1) * 8 + lr;
-        ldsm_x4(q_smem + swz<SCH>(r, 2 * ks + (lm >> 1)), qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
+        ldsm_x4(q_row + mt * 16 * ROW_BYTES + (q_x ^ (ks << 5)), qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
       }
 #pragma unroll
       for (int jp = 0; jp < NT / 2; ++jp) {
         uint32_t b0, b1, b2, b3;
-        ldsm_x4(kt + swz<SCH>(jp * 16 + (lm >> 1) * 8 + lr, 2 * ks + (lm & 1)), b0, b1, b2, b3);
+        ldsm_x4(kt + k_row + jp * 16 * ROW_BYTES + (k_x ^ (ks << 5)), b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           Mma<T>::run(s[mt][2 * jp], qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3], b0, b1);
@@ -368,7 +382,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<HEAD, CONFIG>)) paged_pr
 #pragma unroll
       for (int dp = 0; dp < DT / 2; ++dp) {
         uint32_t b0, b1, b2, b3;
-        ldsm_x4_t(vt + swz<SCH>(kk * 16 + (lm & 1) * 8 + lr, 2 * dp + (lm >> 1)), b0, b1, b2, b3);
+        ldsm_x4_t(vt + v_row + kk * 16 * ROW_BYTES + (v_x ^ (dp << 5)), b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           Mma<T>::run(o[mt][2 * dp], pa[mt][0], pa[mt][1], pa[mt][2], pa[mt][3], b0, b1);
