@@ -26,8 +26,8 @@ engine's columns `t_<component>_s` hold:
 * ``t_overhead_s``: the profile's fixed per-step cost when the step runs anything, ``graph_s`` for
   a graph-replayed decode step, ``eager_s`` otherwise.
 
-Interpolation and extrapolation follow `blocksim.cost.interpolate` (multilinear in log-seconds,
-log coordinates for axes that start above zero). Steps whose size lies outside a table's grid are
+Interpolation and extrapolation follow `blocksim.cost.interpolate` (piecewise-linear in seconds,
+a power law along prefill attention's new tokens). Steps whose size lies outside a table's grid are
 extrapolated and counted per component and axis; `report` (called once at the end of a run) warns
 with the counts and returns them for summary.json.
 

@@ -42,31 +42,33 @@ def test_every_table_returns_its_measured_seconds_on_grid_points(profile_path):
             np.testing.assert_allclose(Line.of(grid).eval(grid.grids[0]), grid.seconds, rtol=1e-12)
 
 
-def test_interpolation_is_monotone_between_grid_points_and_exact_for_power_laws():
+def test_interpolation_is_linear_monotone_and_extrapolates_straight_lines():
     from blocksim.cost.profile_file import Grid
     x = np.array([1.0, 4.0, 16.0, 64.0])
-    g = Grid("t", ("tokens",), (x,), 3e-6 * x ** 1.5)  # a power law: log-log interpolation is exact
-    line = Line.of(g)
+    line = Line.of(Grid("cache_write", ("tokens",), (x,), 3e-4 + 2e-6 * x))  # a floor plus a slope
     q = np.linspace(1.0, 64.0, 500)
     y = line.eval(q)
     assert (np.diff(y) > 0).all(), "monotone grid values give monotone interpolation"
-    np.testing.assert_allclose(y, 3e-6 * q ** 1.5, rtol=1e-9)
-    beyond = np.array([128.0, 256.0])
-    np.testing.assert_allclose(line.eval(beyond), 3e-6 * beyond ** 1.5, rtol=1e-9,
-                               err_msg="extrapolation continues the power law of the two nearest points")
+    np.testing.assert_allclose(y, 3e-4 + 2e-6 * q, rtol=1e-12, err_msg="exact for a floor plus a slope")
+    beyond = np.array([128.0, 1000.0])
+    np.testing.assert_allclose(line.eval(beyond), 3e-4 + 2e-6 * beyond, rtol=1e-12,
+                               err_msg="extrapolation continues the line of the two nearest points")
     assert line.outside(np.array([0.5, 1.0, 64.0, 65.0])).tolist() == [True, False, False, True]
+    falling = Line.of(Grid("copy", ("blocks",), (np.array([2.0, 4.0]),), np.array([1e-3, 2e-3])))
+    assert falling.eval(np.array([1e-3]))[0] > 0, "a line extrapolated below zero keeps a positive floor"
 
 
-def test_a_grid_starting_at_zero_is_interpolated_linearly_along_that_axis():
+def test_prefill_new_tokens_follow_power_laws_and_cached_tokens_lines():
     from blocksim.cost.profile_file import Grid
-    g = Grid("p", ("batch", "new_tokens", "cached_tokens"),
-             (np.array([1.0]), np.array([16.0, 64.0]), np.array([0.0, 100.0])),
-             np.array([[[1.0, 2.0], [4.0, 8.0]]]))
-    tab = Table(g)
-    # halfway along the cached axis (linear coordinate) the log-seconds are halfway: sqrt(1 * 2)
-    assert tab.eval(1.0, 16.0, 50.0)[0] == pytest.approx(np.sqrt(2.0), rel=1e-12)
-    # halfway along new_tokens in log coordinate (32 = sqrt(16 * 64)): sqrt(1 * 4)
-    assert tab.eval(1.0, 32.0, 0.0)[0] == pytest.approx(2.0, rel=1e-12)
+    new, cached = np.array([16.0, 64.0, 256.0]), np.array([0.0, 100.0])
+    secs = np.array([[[1e-6 * p * p + 1e-6 * c * p for c in cached] for p in new]])  # quadratic in p
+    tab = Table(Grid("attn_prefill", ("batch", "new_tokens", "cached_tokens"), (np.array([1.0]), new, cached), secs))
+    assert tab.power == (False, True, False)
+    assert tab.eval(1.0, 32.0, 0.0)[0] == pytest.approx(1e-6 * 32 * 32, rel=1e-12), "p^2 exact between grid points"
+    assert tab.eval(1.0, 512.0, 0.0)[0] == pytest.approx(1e-6 * 512 * 512, rel=1e-12), "and beyond them"
+    # along cached tokens a straight line at each new-token grid point
+    assert tab.eval(1.0, 16.0, 50.0)[0] == pytest.approx(1e-6 * 256 + 1e-6 * 50 * 16, rel=1e-12)
+    assert tab.point(1.0, 40.0, 30.0) == pytest.approx(tab.eval(1.0, 40.0, 30.0)[0], rel=1e-12)
 
 
 # --- pricing rules --------------------------------------------------------------------------------
