@@ -151,6 +151,53 @@ class KVCacheManager:
                 self._num_cached[seq.seq_id] = full
         return True
 
+    def allocate_decode_slots(self, groups: list[SequenceGroup], start: int, end: int,
+                              max_groups: int) -> tuple[int, int]:
+        """`allocate_slots(seq, kv_len, 1)` for groups[start:end] in order, at most `max_groups` of
+        them, while a group decodes (its prompt done), stays under max_model_len and finds a free
+        block where it needs one; returns `(stop, context_tokens)` of the groups served.
+
+        The scheduler's per-step fast path; it takes groups[stop] on its general path.
+        """
+        pool, bs = self.pool, self.block_size
+        q, refs, block_hash = pool.free_queue, pool.ref_cnt, pool.block_hash
+        caching, ncached, hashes_of = self.enable_caching, self._num_cached, self._hashes
+        limit = self.max_model_len
+        stop = min(end, start + max_groups)
+        ctx = 0
+        i = start
+        while i < stop:
+            g = groups[i]
+            if g.prefill_pos is not None:
+                break
+            s = g.seqs[0]
+            n = s.num_tokens  # K/V slots after this step's token
+            if n >= limit:
+                break
+            table = s.block_table
+            if n > len(table) * bs:
+                if not q.num_free:
+                    break
+                b = q.popleft()
+                if block_hash[b] is not None:
+                    pool._evict(b)
+                refs[b] = 1
+                table.append(b)
+            if caching and n % bs == 0:  # the token fills its block: cache it
+                j = n // bs
+                sid = s.seq_id
+                hs = hashes_of.get(sid)
+                if hs is None or len(hs) < j:
+                    hs = self.block_hashes(s, j)
+                done = ncached.get(sid, 0)
+                if j > done:
+                    pool.cache_full_blocks(table, hs, done, j)
+                    ncached[sid] = j
+            ctx += n
+            i += 1
+        self.filled_slots += i - start
+        return i, ctx
+
     def free_request(self, seq: Sequence, num_computed: int) -> None:
         """Release a request's blocks, tail first; `num_computed` tokens of K/V were in them."""
         table = seq.block_table
@@ -195,19 +242,24 @@ class KVCacheManager:
     def append_span_slots(self, seqs: list[Sequence], steps: int, takers: list[int]) -> None:
         """`steps` further decode steps: a new block for each taker (step order), each block that
         the steps fill cached, one K/V slot per sequence and step."""
-        get = self.pool.get_new_blocks
-        for i in takers:
-            seqs[i].block_table.extend(get(1))
+        if takers:
+            new = self.pool.get_new_blocks(len(takers))  # in step order, as stepping takes them
+            for i, b in zip(takers, new):
+                seqs[i].block_table.append(b)
         self.filled_slots += steps * len(seqs)
         if not self.enable_caching:
             return
-        bs = self.block_size
+        bs, ncached, hashes_of = self.block_size, self._num_cached, self._hashes
+        cache = self.pool.cache_full_blocks
         for s in seqs:  # step j writes position num_tokens - 1 + j; blocks full after the last step
             full = (s.num_tokens + steps) // bs
-            done = self._num_cached.get(s.seq_id, 0)
+            done = ncached.get(s.seq_id, 0)
             if full > done:
-                self.pool.cache_full_blocks(s.block_table, self.block_hashes(s, full), done, full)
-                self._num_cached[s.seq_id] = full
+                hs = hashes_of.get(s.seq_id)
+                if hs is None or len(hs) < full:
+                    hs = self.block_hashes(s, full)
+                cache(s.block_table, hs, done, full)
+                ncached[s.seq_id] = full
 
     def set_clock(self, now_s: float) -> None:
         """No clock: the free queue's order is the LRU order (`uses_clock` is False)."""

@@ -123,9 +123,18 @@ class V1Scheduler(Scheduler):
 
     def _schedule_running(self, budget: int, out: SchedulerOutputs) -> int:
         kv, running = self.kv, self.running
-        scheduled: dict[int, int] = {}  # id(group) -> tokens, for a victim scheduled earlier this step
+        decode = out.decode_groups
         i = 0
         while i < len(running) and budget > 0:
+            j, ctx = kv.allocate_decode_slots(running, i, len(running), budget)  # the common case
+            if j != i:
+                decode += running[i:j]
+                out.num_decode_seqs += j - i
+                out.decode_ctx_tokens += ctx
+                budget -= j - i
+                i = j
+                if i == len(running) or budget <= 0:
+                    break
             group = running[i]
             seq = group.seqs[0]
             computed = seq.kv_len
@@ -135,23 +144,22 @@ class V1Scheduler(Scheduler):
                 continue
             while not kv.allocate_slots(seq, computed, n):
                 victim = self._victim()
-                running.remove(victim)
-                done = scheduled.pop(id(victim), None)
+                k = running.index(victim)
+                del running[k]
                 victim_computed = victim.seqs[0].kv_len
-                if done is not None:  # scheduled earlier this step: give back its tokens
+                if k < i:  # scheduled earlier this step: its tokens go back to the budget
+                    done = self._unschedule(victim, out)
                     budget += done
                     victim_computed += done
-                    self._unschedule(victim, out)
                     i -= 1
                 self._preempt_v1(victim, victim_computed, out)
                 if victim is group:
                     return budget
-            scheduled[id(group)] = n
             if group.prefill_pos is not None:
                 out.prefills.append(ScheduledPrefill(group, computed, computed + n))
                 out.prefill_tokens += n
             else:
-                out.decode_groups.append(group)
+                decode.append(group)
                 out.num_decode_seqs += 1
                 out.decode_ctx_tokens += seq.num_tokens
             budget -= n
@@ -159,15 +167,17 @@ class V1Scheduler(Scheduler):
         return budget
 
     @staticmethod
-    def _unschedule(group: SequenceGroup, out: SchedulerOutputs) -> None:
+    def _unschedule(group: SequenceGroup, out: SchedulerOutputs) -> int:
+        """Take a group's tokens out of this step's outputs; returns how many it had."""
         for p in out.prefills:
             if p.group is group:
                 out.prefills.remove(p)
                 out.prefill_tokens -= p.stop - p.start
-                return
+                return p.stop - p.start
         out.decode_groups.remove(group)
         out.num_decode_seqs -= 1
         out.decode_ctx_tokens -= group.seqs[0].num_tokens
+        return 1
 
     def _schedule_waiting(self, budget: int, out: SchedulerOutputs) -> None:
         kv, waiting, running = self.kv, self.waiting, self.running
