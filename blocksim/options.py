@@ -26,6 +26,7 @@ from blocksim.config import (
     FREE_ORDERS,
     PREEMPTION_MODES,
     RESERVATION_MODES,
+    V0_RELEASES,
     CacheConfig,
     SchedulerConfig,
     SimConfig,
@@ -114,7 +115,8 @@ _sched = SchedulerConfig()
 _tp = _field_default(SimConfig, "tensor_parallel")
 
 OPTIONS: tuple[Option, ...] = (
-    Option("policy", str, DEFAULT_POLICY, "preset: vllm (default), vllm-prefix, vllm-chunked, vllm-v1, orca-max, "
+    Option("policy", str, DEFAULT_POLICY, "preset: vllm (default), vllm-prefix, vllm-chunked, vllm-0.6, vllm-v1, "
+           "orca-max, "
            "orca-pow2, orca-oracle, static (`blocksim policies`)", "preset"),
     # model, GPU and cache
     Option("model", str, DEFAULT_MODEL, f"model name from the catalog (default {DEFAULT_MODEL})", "model"),
@@ -158,6 +160,9 @@ OPTIONS: tuple[Option, ...] = (
            applies_to=PREEMPTING),
     Option("watermark_blocks", int, None, "absolute watermark (replaces --watermark)", "policy", applies_to=PAGED),
     Option("cost_model", str, None, "roofline, or a plugin", "policy"),
+    Option("v0_release", str, None, "vLLM v0 release whose step rules apply: 0.1 (mixed steps), 0.2 (prompt-only "
+           "steps), 0.4 (+ swap-ins charged to the token budget), 0.6.4 (+ admission on uncached tokens)", "policy",
+           choices=V0_RELEASES, short="rel", applies_to=PREEMPTING),
     # run shaping: applied to the trace by `replay`, not part of the configuration
     Option("max_requests", int, None, "replay only the first N requests", "run", short="n", parse=positive_int),
     Option("rate_scale", float, 1.0, "multiply the request rate (default 1)", "run", short="x",

@@ -285,6 +285,13 @@ class KVCacheManager:
     def append_decode_slots(self, groups, start: int, end: int) -> tuple[int, int]:
         return start, 0
 
+    def num_cached_tokens(self, group: SequenceGroup) -> int:
+        """V1 looks hits up with `get_computed_blocks`; a v0 scheduler never runs on this manager."""
+        return 0
+
+    def mark_blocks_as_computed(self) -> None:
+        """V1 caches a block's hash when it is scheduled: nothing to mark after the step."""
+
     # --- checks ------------------------------------------------------------------------------
     def check_invariants(self, live_seqs: list[Sequence]) -> None:
         """Reference counts equal the tables pointing at each block; tables cover exactly the K/V
