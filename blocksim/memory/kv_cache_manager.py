@@ -68,6 +68,7 @@ class KVCacheManager:
         # vLLM V1's PrefixCacheStats, in tokens: new requests, and requests coming back from preemption.
         self.queries = self.hits = self.requests = 0
         self.preempted_queries = self.preempted_hits = self.preempted_requests = 0
+        self.hit_blocks = self.query_blocks = self.saved_tokens = 0
 
     # --- hashes ------------------------------------------------------------------------------
     def block_hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
@@ -110,9 +111,13 @@ class KVCacheManager:
         return blocks, len(blocks) * self.block_size
 
     def record_hit(self, group: SequenceGroup, hit_tokens: int) -> None:
-        """Count an admitted request's lookup in the prefix-cache counters (vLLM counts every
-        lookup, a request waiting several steps included; here each admission counts once)."""
+        """Count an admitted request's lookup (vLLM counts every lookup, a request waiting several
+        steps included; here each admission counts once): in tokens as vLLM V1's PrefixCacheStats
+        (new and preempted requests apart), and in blocks as the other prefix caches here."""
         n = group.seqs[0].num_tokens
+        self.hit_blocks += hit_tokens // self.block_size
+        self.query_blocks += (n - 1) // self.block_size
+        self.saved_tokens += hit_tokens
         if group.preemptions:
             self.preempted_requests += 1
             self.preempted_queries += n
@@ -268,11 +273,15 @@ class KVCacheManager:
         raise BlockError("paged blocks have no address-space extents (has_extents is False)")
 
     def stats(self) -> dict[str, int]:
-        """vLLM V1's prefix-cache counters (tokens), and evictions of cached blocks."""
-        return {"prefix_cache_hits": self.hits, "prefix_cache_queries": self.queries,
-                "prefix_cache_requests": self.requests, "prefix_cache_preempted_hits": self.preempted_hits,
-                "prefix_cache_preempted_queries": self.preempted_queries,
-                "prefix_cache_evictions": self.pool.evictions}
+        """Prefix-cache hits and lookups in blocks (as every prefix cache here reports them), prompt
+        tokens not prefilled thanks to hits, evictions of cached blocks, and vLLM V1's own counters
+        in tokens (new requests, and requests back from preemption)."""
+        return {"prefix_cache_hits": self.hit_blocks, "prefix_cache_queries": self.query_blocks,
+                "prefix_cache_evictions": self.pool.evictions, "prefix_saved_tokens": self.saved_tokens,
+                "v1_prefix_cache_hit_tokens": self.hits, "v1_prefix_cache_query_tokens": self.queries,
+                "v1_prefix_cache_requests": self.requests,
+                "v1_prefix_cache_preempted_hit_tokens": self.preempted_hits,
+                "v1_prefix_cache_preempted_query_tokens": self.preempted_queries}
 
     # --- vLLM v0's vocabulary: not part of V1 ---------------------------------------------------
     def _not_v1(self, *_args, **_kwargs):

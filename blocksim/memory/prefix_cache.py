@@ -283,4 +283,5 @@ class PrefixCachingBlockManager(BlockSpaceManager):
 
     def stats(self) -> dict[str, int]:
         return {"prefix_cache_hits": self.hits, "prefix_cache_queries": self.queries,
-                "prefix_cache_evictions": self.gpu.evictions}
+                "prefix_cache_evictions": self.gpu.evictions, "prefix_saved_tokens": self.saved_tokens,
+                "swap_in_cache_reuses": self.swap_in_reuses}
