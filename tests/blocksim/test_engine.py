@@ -48,8 +48,8 @@ def test_every_request_finishes_or_is_rejected_and_blocks_are_conserved(lists, b
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lists=requests, blocks=st.integers(8, 80), block_size=st.sampled_from([2, 8, 16]),
-       preset=st.sampled_from(["vllm", "vllm-prefix", "vllm-chunked", "orca-pow2", "static", "priority", "sjf",
-                               "vllm-v1", "v1-priority"]),
+       preset=st.sampled_from(["vllm", "vllm-prefix", "vllm-chunked", "vllm-0.6", "orca-pow2", "static", "priority",
+                               "sjf", "vllm-v1", "v1-priority"]),
        priorities=st.lists(st.integers(0, 2), min_size=25, max_size=25))
 def test_spans_give_exactly_the_single_step_result(lists, blocks, block_size, preset, priorities):
     trace = workload(lists)

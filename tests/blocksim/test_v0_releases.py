@@ -4,7 +4,10 @@ the step is scheduled) and reuses cached copies at swap-in."""
 
 import dataclasses
 
+import numpy as np
 import pandas as pd
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from blocksim.config import PolicyConfig, SchedulerConfig
 from blocksim.engine import Engine
@@ -170,3 +173,35 @@ def test_release_knob_changes_nothing_for_0_1_and_runs_end_to_end():
         assert (r.requests.status == "finished").all()
         mixed = (r.steps.num_prefill_seqs > 0) & (r.steps.num_decode_seqs > 0)
         assert not mixed.any(), f"{release}: prompt-only steps"
+
+
+requests = st.integers(1, 25).flatmap(lambda k: st.tuples(
+    st.lists(st.floats(0, 0.05), min_size=k, max_size=k),
+    st.lists(st.integers(1, 120), min_size=k, max_size=k),
+    st.lists(st.integers(1, 60), min_size=k, max_size=k),
+    st.lists(st.sampled_from([1, 1, 2]), min_size=k, max_size=k),
+    st.lists(st.integers(0, 3), min_size=k, max_size=k),
+))
+
+
+class _Trace:
+    def __init__(self, df, h):
+        self.df, self.hash_block_tokens = df, h
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lists=requests, release=st.sampled_from(["0.1", "0.2", "0.4", "0.6.4"]), blocks=st.integers(10, 60),
+       chunked=st.booleans(), mode=st.sampled_from(["auto", "swap"]), budget=st.sampled_from([None, 130]))
+def test_releases_with_prefix_caching_keep_invariants_and_spans_equal_single_steps(lists, release, blocks, chunked,
+                                                                                   mode, budget):
+    arrivals, prompts, outputs, ns, prefixes = lists
+    df = pd.DataFrame({"arrival_s": np.cumsum(arrivals), "prompt_tokens": prompts, "output_tokens": outputs, "n": ns,
+                       "prefix_hashes": [[p * 100 + j for j in range(-(-n // 8))] for p, n in zip(prefixes, prompts)]})
+    cfg = build_config("vllm-prefix", v0_release=release, num_gpu_blocks=blocks, block_size=4, max_num_seqs=6,
+                       chunked_prefill=chunked, preemption=mode, swap_space_gib=1.0, watermark=0.0,
+                       max_num_batched_tokens=budget)
+    a = Engine(cfg, _Trace(df, 8), check_invariants=True, spans=False).run()
+    b = Engine(cfg, _Trace(df, 8), spans=True).run()
+    pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=True)
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    assert set(a.requests.status) <= {"finished", "rejected"}
