@@ -192,7 +192,9 @@ class KVCacheManager:
                 j = n // bs
                 sid = s.seq_id
                 hs = hashes_of.get(sid)
-                if hs is None or len(hs) < j:
+                if hs and len(hs) == j - 1 and j - 1 >= g.prompt_tokens // bs:  # block_hashes, inlined
+                    hs.append(hash((hs[-1], ~((g.index << 24) | (j - 1)))))
+                elif hs is None or len(hs) < j:
                     hs = self.block_hashes(s, j)
                 done = ncached.get(sid, 0)
                 if j > done:
@@ -262,7 +264,13 @@ class KVCacheManager:
             if full > done:
                 hs = hashes_of.get(s.seq_id)
                 if hs is None or len(hs) < full:
-                    hs = self.block_hashes(s, full)
+                    g = s.group
+                    if hs and len(hs) >= g.prompt_tokens // bs:  # generated blocks: block_hashes, inlined
+                        unique = g.index << 24
+                        for k in range(len(hs), full):
+                            hs.append(hash((hs[-1], ~(unique | k))))
+                    else:
+                        hs = self.block_hashes(s, full)
                 cache(s.block_table, hs, done, full)
                 ncached[s.seq_id] = full
 
