@@ -111,3 +111,18 @@ def test_clip_to_model_clips_instead_of_rejecting(tmp_path, capsys):
     clipped = replay(str(path), tmp_path / "b", overrides={"num_gpu_blocks": 1000}, clip_to_model=True)
     assert clipped["rejected"] == 0 and clipped["finished"] == 2
     assert "clipped 1 of 2 requests" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("policy", ["vllm-prefix", "vllm-v1"])
+def test_a_block_size_that_does_not_fit_the_trace_hash_granularity_is_refused_naming_both(policy):
+    from blocksim.config import ConfigError
+
+    class Hashed:
+        df = pd.DataFrame({"arrival_s": [0.0], "prompt_tokens": [96], "output_tokens": [4],
+                           "prefix_hashes": [[1, 2]]})
+        hash_block_tokens = 48
+
+    with pytest.raises(ConfigError) as e:
+        Engine(build_config(policy, block_size=32, num_gpu_blocks=64), Hashed())
+    message = str(e.value)
+    assert "block_size (--block-size) 32" in message and "48 tokens" in message and "\n" not in message
