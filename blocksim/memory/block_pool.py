@@ -121,14 +121,21 @@ class BlockPool:
         if n > q.num_free:
             raise BlockError(f"block pool: cannot take {n} blocks, {q.num_free} free")
         nxt, prv, refs, hashes = q.next, q.prev, self.ref_cnt, self.block_hash
+        cached, dups = self.cached, self.duplicates
         out = []
         b = q.head
-        for _ in range(n):  # the queue's popleft, unrolled
+        for _ in range(n):  # the queue's popleft and `_evict`, unrolled
             out.append(b)
             n_ = nxt[b]
             prv[b] = nxt[b] = _NIL
-            if hashes[b] is not None:
-                self._evict(b)
+            h = hashes[b]
+            if h is not None:
+                if h in dups or cached[h] != b:
+                    self._evict(b)
+                else:
+                    del cached[h]
+                    hashes[b] = None
+                    self.evictions += 1
             refs[b] = 1
             b = n_
         q.head = b
@@ -176,9 +183,20 @@ class BlockPool:
             refs[b] = rc
             if rc == 0:
                 released.append(b)
-        append = self.free_queue.append
-        for b in released:
-            append(b)
+        if released:  # the queue's append, unrolled: link the released blocks after the tail
+            q = self.free_queue
+            nxt, prv = q.next, q.prev
+            t = q.tail
+            for b in released:
+                prv[b] = t
+                if t == _NIL:
+                    q.head = b
+                else:
+                    nxt[t] = b
+                t = b
+            nxt[t] = _NIL
+            q.tail = t
+            q.num_free += len(released)
         return released
 
     def cache_full_blocks(self, blocks: list[int], hashes: list[int], start: int, stop: int) -> None:
