@@ -197,7 +197,7 @@ class PolicyConfig:
     scheduler: str = "fcfs"
     victim: str = "newest"
     watermark_blocks: int | None = None
-    cost_model: str = "roofline"
+    cost_model: str = "auto"
     v0_release: str = "0.1"
 
     def __post_init__(self) -> None:

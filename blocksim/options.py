@@ -144,7 +144,9 @@ OPTIONS: tuple[Option, ...] = (
            "(default 0: no cap)", "scheduler", short="lpt", applies_to=V1),
     Option("preemption", str, _sched.preemption_mode, f"default {_sched.preemption_mode} (vLLM's rule)",
            "scheduler", choices=PREEMPTION_MODES, short="pre", applies_to=PREEMPTING),
-    Option("cost_profile", str, None, "calibrated cost-model parameters", "scheduler", metavar="JSON"),
+    Option("cost_profile", str, None, "a measured profile (format blocksim-profile/1, from `blocksim profile`) "
+           "for the profiled cost model, or roofline parameters (no format key, or blocksim-roofline/1); "
+           "with --cost-model roofline a profile is fitted, not interpolated", "scheduler", metavar="FILE"),
     # policy knobs: None keeps the preset's value (see blocksim.config.PolicyConfig)
     Option("allocator", str, None, "paged | v1 | contiguous", "policy"),
     Option("free_order", str, None, "paged free-list reuse order", "policy", choices=FREE_ORDERS,
@@ -159,7 +161,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("victim", str, None, "preemption victim: newest | largest | fewest-blocks", "policy",
            applies_to=PREEMPTING),
     Option("watermark_blocks", int, None, "absolute watermark (replaces --watermark)", "policy", applies_to=PAGED),
-    Option("cost_model", str, None, "roofline, or a plugin", "policy"),
+    Option("cost_model", str, None, "auto (default: the shipped profile of the run's model, GPU, dtype and TP "
+           "when blocksim/profiles has one, else roofline) | roofline | profiled | a plugin", "policy"),
     Option("v0_release", str, None, "vLLM v0 release whose step rules apply: 0.1 (mixed steps), 0.2 (prompt-only "
            "steps), 0.4 (+ swap-ins charged to the token budget), 0.6.4 (+ admission on uncached tokens)", "policy",
            choices=V0_RELEASES, short="rel", applies_to=PREEMPTING),
