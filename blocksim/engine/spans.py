@@ -19,6 +19,7 @@ at the span's first step (`memory_breakdown`) and the appends of the further ste
 
 from __future__ import annotations
 
+import math
 from itertools import accumulate
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -109,9 +110,18 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
         return None
     seqs, lens, k = batch
     k = min(k, MAX_SPAN_STEPS)
-    durations, times = decode_times(cost, out, k)
-    starts = np.fromiter(accumulate(durations[:-1].tolist(), initial=now_s), np.float64, k)
-    k = min(k, int(np.searchsorted(starts, next_arrival_s, side="left")))  # steps starting before the arrival
+    # Times for the steps that can start before the next arrival, estimated from the first step's
+    # duration (all of them again if every estimated step starts before it: the cut stays exact).
+    first_s = cost.linear(out.num_decode_seqs) + cost.attn_decode(out.decode_ctx_tokens) + cost.overhead(True)
+    guess = k if first_s <= 0 or next_arrival_s == math.inf else min(k, int((next_arrival_s - now_s) / first_s) + 2)
+    while True:
+        durations, times = decode_times(cost, out, guess)
+        starts = np.fromiter(accumulate(durations[:-1].tolist(), initial=now_s), np.float64, guess)
+        before = int(np.searchsorted(starts, next_arrival_s, side="left"))  # steps starting before the arrival
+        if before < guess or guess == k:
+            break
+        guess = k
+    k = min(k, before)
     if k <= 1:
         return None
     k, crossing = block_crossings(bm, lens, k)
@@ -140,6 +150,18 @@ def span_memory(bm: MemoryManager, k: int, num_seqs: int, crossing: np.ndarray, 
             "mem_external_frag": mem.external_frag, "mem_free": mem.free - new_slots}
 
 
+def exact_delay(now_s: float, end_s: float) -> float | None:
+    """A delay `d >= 0` with `now_s + d == end_s` in floating point (SimPy's clock sets `now + d`),
+    or None when no delay within a few ulps of `end_s - now_s` lands there."""
+    d = end_s - now_s
+    for _ in range(4):
+        reached = now_s + d
+        if reached == end_s:
+            return d if d >= 0 else None
+        d = math.nextafter(d, math.inf if reached < end_s else -math.inf)
+    return None
+
+
 def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
     """Advance the engine over a span (a SimPy process body): the appends of its further steps,
     the clock step by step, the scheduler's outcome at its end, and its step records."""
@@ -150,8 +172,16 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
     bm.append_span_slots(seqs, k - 1, np.nonzero(span.crossing)[1].tolist())  # step order, then running order
     for s in seqs:
         s.num_tokens += k - 1
-    for d in span.durations_s[:k].tolist():  # the clock adds each step's time, exactly as stepping does
-        yield env.timeout(d)
+    # The clock adds each step's time, exactly as stepping does: one timeout to that sum when one
+    # delay reaches it exactly from now (almost always), else one timeout per step.
+    durations = span.durations_s[:k].tolist()
+    end_s = span.starts_s[k - 1].item() + durations[-1]
+    delay = exact_delay(env.now, end_s)
+    if delay is not None:
+        yield env.timeout(delay)
+    else:
+        for d in durations:
+            yield env.timeout(d)
     finished = sched.complete_step(out, env.now)
     fin = np.zeros(k, dtype=np.int64)
     fin[-1] = len(finished)
