@@ -1,8 +1,16 @@
-"""Columnar step records: one Python list per column, extended in bulk for spans of steps."""
+"""Columnar step records in numpy buffers, filled one step or one span of steps at a time.
+
+Steps are written into chunks of `CHUNK_STEPS` rows, each one float64 and one int64 block of
+shape (columns, rows): a step is two column writes, a span of steps two broadcasts of its
+constant values plus one slice per column that varies. `to_frame` moves the chunks into the
+frame's columns one by one (and keeps the frame: the recorder is closed then), so records take 8
+bytes per value and building the frame never needs twice their memory.
+"""
 
 from __future__ import annotations
 
 from collections import namedtuple
+from operator import itemgetter
 
 import numpy as np
 import pandas as pd
@@ -15,30 +23,91 @@ from blocksim.records.schema import FLOAT_COLUMNS, ROW_COLUMNS, STEP_COLUMNS  # 
 # steps.parquet but `step`.
 StepRow = namedtuple("StepRow", ROW_COLUMNS)
 
+CHUNK_STEPS = 16384
+FLOAT_ROW_COLUMNS = tuple(c for c in ROW_COLUMNS if c in FLOAT_COLUMNS)
+INT_ROW_COLUMNS = tuple(c for c in ROW_COLUMNS if c not in FLOAT_COLUMNS)
+# column -> (float block?, row in its block)
+_PLACE = {c: (c in FLOAT_COLUMNS, (FLOAT_ROW_COLUMNS if c in FLOAT_COLUMNS else INT_ROW_COLUMNS).index(c))
+          for c in ROW_COLUMNS}
+_floats_of = itemgetter(*(ROW_COLUMNS.index(c) for c in FLOAT_ROW_COLUMNS))
+_ints_of = itemgetter(*(ROW_COLUMNS.index(c) for c in INT_ROW_COLUMNS))
+
 
 class StepRecorder:
     def __init__(self) -> None:
-        self.cols: list[list] = [[] for _ in ROW_COLUMNS]
+        self._chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (floats, ints), CHUNK_STEPS rows each
+        self._used = CHUNK_STEPS  # rows written in the last chunk
         self.num_steps = 0
+        self._frame: pd.DataFrame | None = None
+
+    def _check_open(self) -> None:
+        if self._frame is not None:
+            raise RuntimeError("step records were already moved into their frame (to_frame)")
+
+    def _room(self) -> int:
+        """Rows left in the last chunk, after starting a new one if it is full."""
+        self._check_open()
+        if self._used == CHUNK_STEPS:
+            self._chunks.append((np.empty((len(FLOAT_ROW_COLUMNS), CHUNK_STEPS), np.float64),
+                                 np.empty((len(INT_ROW_COLUMNS), CHUNK_STEPS), np.int64)))
+            self._used = 0
+        return CHUNK_STEPS - self._used
 
     def add(self, row: StepRow) -> None:
         """One step."""
-        for lst, v in zip(self.cols, row):
-            lst.append(v)
+        self._room()
+        floats, ints = self._chunks[-1]
+        u = self._used
+        floats[:, u] = _floats_of(row)
+        ints[:, u] = _ints_of(row)
+        self._used = u + 1
         self.num_steps += 1
 
     def add_many(self, k: int, values: dict) -> None:
         """`k` steps; each value is a numpy array of length k or a Python scalar (repeated)."""
-        for lst, c in zip(self.cols, ROW_COLUMNS):
-            v = values[c]
+        const_f = [0.0] * len(FLOAT_ROW_COLUMNS)
+        const_i = [0] * len(INT_ROW_COLUMNS)
+        varying = []
+        for c, v in values.items():
+            is_float, r = _PLACE[c]
             if isinstance(v, np.ndarray):
-                lst.extend(v.tolist())
+                varying.append((is_float, r, v))
+            elif is_float:
+                const_f[r] = v
             else:
-                lst.extend([v] * k)
+                const_i[r] = v
+        const_f = np.array(const_f, np.float64)[:, None]
+        const_i = np.array(const_i, np.int64)[:, None]
+        done = 0
+        while done < k:
+            m = min(self._room(), k - done)
+            floats, ints = self._chunks[-1]
+            u = self._used
+            floats[:, u:u + m] = const_f
+            ints[:, u:u + m] = const_i
+            for is_float, r, v in varying:
+                (floats if is_float else ints)[r, u:u + m] = v[done:done + m]
+            self._used = u + m
+            done += m
         self.num_steps += k
 
     def to_frame(self) -> pd.DataFrame:
-        data = {"step": np.arange(self.num_steps, dtype=np.int64)}
-        for c, lst in zip(ROW_COLUMNS, self.cols):
-            data[c] = np.asarray(lst, dtype=np.float64 if c in FLOAT_COLUMNS else np.int64)
-        return pd.DataFrame(data)
+        """The steps as a frame in `STEP_COLUMNS` order, built once: no step can be added afterwards."""
+        if self._frame is not None:
+            return self._frame
+        n = self.num_steps
+        cols = {"step": np.arange(n, dtype=np.int64)}
+        cols.update((c, np.empty(n, np.float64 if c in FLOAT_COLUMNS else np.int64)) for c in ROW_COLUMNS)
+        start = 0
+        chunks, self._chunks = self._chunks, []
+        chunks.reverse()
+        while chunks:
+            floats, ints = chunks.pop()
+            m = min(CHUNK_STEPS, n - start)
+            for block, names in ((floats, FLOAT_ROW_COLUMNS), (ints, INT_ROW_COLUMNS)):
+                for r, c in enumerate(names):
+                    cols[c][start:start + m] = block[r, :m]
+            start += m
+            del floats, ints
+        self._frame = pd.DataFrame(cols, copy=False)
+        return self._frame
