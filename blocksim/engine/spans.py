@@ -39,7 +39,7 @@ MAX_SPAN_STEPS = 4096
 class Span(NamedTuple):
     steps: int                # steps in the span, the one just scheduled included
     seqs: list[Sequence]      # the decoding sequences, in running order
-    crossing: np.ndarray      # crossing[j - 1, i]: sequence i takes a new block at step j
+    takes: list[tuple[int, int]]  # (j, i): sequence i takes a new block at step j; step order, then running order
     starts_s: np.ndarray      # start time of each step (at least `steps` of them)
     durations_s: np.ndarray
     times: dict               # the cost model's components: t_linear_s, t_attn_decode_s, t_overhead_s
@@ -48,7 +48,7 @@ class Span(NamedTuple):
 def decode_batch(sched: Scheduler, out: SchedulerOutputs):
     """The sequences of a possible span after a plain decode step and its length bound.
 
-    Returns `(seqs, lens, k)`, `lens` their token counts and `k` the number of steps (this one
+    Returns `(seqs, lens, k)`, `lens` their token counts (a list) and `k` the number of steps (this one
     included) before the first sequence finishes; None when a group is mid-prompt, a group
     decodes several sequences, or a sequence finishes within two steps.
     """
@@ -68,7 +68,7 @@ def decode_batch(sched: Scheduler, out: SchedulerOutputs):
             k = rem
     if k < 2:
         return None
-    return seqs, np.asarray(lens, dtype=np.int64), k
+    return seqs, lens, k
 
 
 def decode_times(cost, out: SchedulerOutputs, k: int):
@@ -81,22 +81,30 @@ def decode_times(cost, out: SchedulerOutputs, k: int):
     return durations, times
 
 
-def block_crossings(bm: MemoryManager, lens: np.ndarray, k: int):
+def block_crossings(bm: MemoryManager, lens: list[int], k: int):
     """Blocks each further step of a `k`-step span takes; `k` cut where free blocks run low.
 
-    Returns `(k, crossing)`: `crossing[j - 1, i]` is true when sequence i takes a new block at step
-    j (step j writes the K/V of position `lens[i] - 1 + j`). A manager that reserved every slot at
-    admission takes none.
+    Returns `(k, takes)`: `takes` holds `(j, i)` when sequence i takes a new block at step j, in
+    step order, then running order. Step j writes the K/V of position `lens[i] - 1 + j`, which
+    needs a new block when it is a multiple of the block size: at steps `block_size - (lens[i] - 1)
+    % block_size`, then every `block_size` steps. A manager that reserved every slot at admission
+    takes none.
     """
     if not bm.allocates_on_append:
-        return k, np.zeros((k - 1, len(lens)), dtype=bool)
-    steps = np.arange(1, k, dtype=np.int64)
-    crossing = ((lens[None, :] - 1 + steps[:, None]) % bm.block_size) == 0
-    cum = np.cumsum(crossing.sum(axis=1))
-    ok = cum <= bm.num_free_gpu_blocks - 1  # keeps vLLM's one-free-block-per-sequence check true
-    if not ok[-1]:
-        k = int(np.argmin(ok)) + 1
-    return k, crossing[: k - 1]
+        return k, []
+    bs = bm.block_size
+    takes = []
+    for i, n in enumerate(lens):
+        j = bs - (n - 1) % bs
+        while j < k:
+            takes.append((j, i))
+            j += bs
+    takes.sort()
+    room = bm.num_free_gpu_blocks - 1  # keeps vLLM's one-free-block-per-sequence check true
+    if len(takes) > room:  # the span ends before the step of the take that finds no room
+        k = takes[room][0] if room >= 0 else 1
+        takes = [t for t in takes if t[0] < k]
+    return k, takes
 
 
 def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, now_s: float,
@@ -124,13 +132,13 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     k = min(k, before)
     if k <= 1:
         return None
-    k, crossing = block_crossings(bm, lens, k)
+    k, takes = block_crossings(bm, lens, k)
     if k <= 1:
         return None
-    return Span(k, seqs, crossing, starts, durations, times)
+    return Span(k, seqs, takes, starts, durations, times)
 
 
-def span_memory(bm: MemoryManager, k: int, num_seqs: int, crossing: np.ndarray, next_group) -> dict:
+def span_memory(bm: MemoryManager, k: int, num_seqs: int, takes: list[tuple[int, int]], next_group) -> dict:
     """Per-step block counts and memory columns over a span, from the state after its first step.
 
     Each step writes `num_seqs` slots: out of the reservation where every slot was reserved at
@@ -143,7 +151,10 @@ def span_memory(bm: MemoryManager, k: int, num_seqs: int, crossing: np.ndarray, 
         return {"gpu_blocks_used": bm.num_gpu_blocks_used, "mem_token_states": mem.token_states + written,
                 "mem_reservation": mem.reservation - written, "mem_internal_frag": mem.internal_frag,
                 "mem_external_frag": mem.external_frag, "mem_free": mem.free}
-    new_blocks = np.concatenate(([0], np.cumsum(crossing.sum(axis=1))))
+    per_step = [0] * k
+    for j, _ in takes:
+        per_step[j] += 1
+    new_blocks = np.fromiter(accumulate(per_step), np.int64, k)  # blocks taken by steps 1..j
     new_slots = bm.block_size * new_blocks
     return {"gpu_blocks_used": bm.num_gpu_blocks_used + new_blocks, "mem_token_states": mem.token_states + written,
             "mem_reservation": mem.reservation, "mem_internal_frag": mem.internal_frag + new_slots - written,
@@ -168,8 +179,8 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
     env, sched, bm = engine.env, engine.sched, engine.bm
     k, seqs = span.steps, span.seqs
     n = out.num_decode_seqs
-    mem = span_memory(bm, k, n, span.crossing, sched.waiting[0] if sched.waiting else None)
-    bm.append_span_slots(seqs, k - 1, np.nonzero(span.crossing)[1].tolist())  # step order, then running order
+    mem = span_memory(bm, k, n, span.takes, sched.waiting[0] if sched.waiting else None)
+    bm.append_span_slots(seqs, k - 1, [i for _, i in span.takes])  # step order, then running order
     for s in seqs:
         s.num_tokens += k - 1
     # The clock adds each step's time, exactly as stepping does: one timeout to that sum when one

@@ -37,6 +37,7 @@ class StepRecorder:
     def __init__(self) -> None:
         self._chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (floats, ints), CHUNK_STEPS rows each
         self._used = CHUNK_STEPS  # rows written in the last chunk
+        self._rows: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
         self.num_steps = 0
         self._frame: pd.DataFrame | None = None
 
@@ -48,8 +49,10 @@ class StepRecorder:
         """Rows left in the last chunk, after starting a new one if it is full."""
         self._check_open()
         if self._used == CHUNK_STEPS:
-            self._chunks.append((np.empty((len(FLOAT_ROW_COLUMNS), CHUNK_STEPS), np.float64),
-                                 np.empty((len(INT_ROW_COLUMNS), CHUNK_STEPS), np.int64)))
+            floats = np.empty((len(FLOAT_ROW_COLUMNS), CHUNK_STEPS), np.float64)
+            ints = np.empty((len(INT_ROW_COLUMNS), CHUNK_STEPS), np.int64)
+            self._chunks.append((floats, ints))
+            self._rows = (list(ints), list(floats))  # one view per column, indexed by (is_float, row)
             self._used = 0
         return CHUNK_STEPS - self._used
 
@@ -65,29 +68,28 @@ class StepRecorder:
 
     def add_many(self, k: int, values: dict) -> None:
         """`k` steps; each value is a numpy array of length k or a Python scalar (repeated)."""
-        const_f = [0.0] * len(FLOAT_ROW_COLUMNS)
-        const_i = [0] * len(INT_ROW_COLUMNS)
+        const = ([0] * len(INT_ROW_COLUMNS), [0.0] * len(FLOAT_ROW_COLUMNS))
         varying = []
+        ndarray = np.ndarray
         for c, v in values.items():
             is_float, r = _PLACE[c]
-            if isinstance(v, np.ndarray):
+            if type(v) is ndarray:
                 varying.append((is_float, r, v))
-            elif is_float:
-                const_f[r] = v
             else:
-                const_i[r] = v
-        const_f = np.array(const_f, np.float64)[:, None]
-        const_i = np.array(const_i, np.int64)[:, None]
+                const[is_float][r] = v
         done = 0
         while done < k:
             m = min(self._room(), k - done)
             floats, ints = self._chunks[-1]
+            rows = self._rows
             u = self._used
-            floats[:, u:u + m] = const_f
-            ints[:, u:u + m] = const_i
+            end = u + m
+            floats[:, u:end] = np.array(const[1], np.float64)[:, None]
+            ints[:, u:end] = np.array(const[0], np.int64)[:, None]
+            whole = m == k
             for is_float, r, v in varying:
-                (floats if is_float else ints)[r, u:u + m] = v[done:done + m]
-            self._used = u + m
+                rows[is_float][r][u:end] = v if whole else v[done:done + m]
+            self._used = end
             done += m
         self.num_steps += k
 
