@@ -24,21 +24,21 @@ def request_frame(groups, reqs: pd.DataFrame) -> pd.DataFrame:
     """requests.parquet: the trace's columns plus each group's outcome and latencies, in
     `schema.REQUEST_COLUMNS` order."""
     groups = sorted(groups, key=lambda g: g.index)
-    df = reqs.drop(columns=["_row"], errors="ignore").copy()
-    df["status"] = [g.status for g in groups]
-    df["reject_reason"] = [g.reject_reason for g in groups]
+    cols = {c: reqs[c].to_numpy() for c in reqs.columns if c != "_row"}
+    cols["status"] = np.array([str(g.status) for g in groups], dtype=object)
+    cols["reject_reason"] = np.array([g.reject_reason for g in groups], dtype=object)
     for col in ("first_scheduled_s", "first_token_s", "finish_s"):
-        df[col] = np.array([getattr(g, col) for g in groups], dtype=np.float64)
+        cols[col] = np.array([getattr(g, col) for g in groups], dtype=np.float64)
     for col in ("preemptions", "swaps", "recomputed_tokens"):
-        df[col] = np.array([getattr(g, col) for g in groups], dtype=np.int64)
-    df["queue_s"] = df.first_scheduled_s - df.arrival_s
-    df["ttft_s"] = df.first_token_s - df.arrival_s
-    df["e2e_s"] = df.finish_s - df.arrival_s
+        cols[col] = np.array([getattr(g, col) for g in groups], dtype=np.int64)
+    arrival, output = cols["arrival_s"], cols["output_tokens"]
+    cols["queue_s"] = cols["first_scheduled_s"] - arrival
+    cols["ttft_s"] = cols["first_token_s"] - arrival
+    cols["e2e_s"] = cols["finish_s"] - arrival
     with np.errstate(invalid="ignore", divide="ignore"):
-        df["tpot_s"] = np.where(df.output_tokens > 1, (df.finish_s - df.first_token_s) / (df.output_tokens - 1),
-                                np.nan)
-    df["norm_latency_s"] = df.e2e_s / df.output_tokens
-    return df[list(REQUEST_COLUMNS)]
+        cols["tpot_s"] = np.where(output > 1, (cols["finish_s"] - cols["first_token_s"]) / (output - 1), np.nan)
+    cols["norm_latency_s"] = cols["e2e_s"] / output
+    return pd.DataFrame({c: cols[c] for c in REQUEST_COLUMNS})
 
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, config, block_bytes: int, wall_s: float,
