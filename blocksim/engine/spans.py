@@ -42,6 +42,7 @@ class Span(NamedTuple):
     takes: list[tuple[int, int]]  # (j, i): sequence i takes a new block at step j; step order, then running order
     starts_s: np.ndarray      # start time of each step (at least `steps` of them)
     durations_s: np.ndarray
+    ctx_tokens: np.ndarray    # decode context tokens of each step
     times: dict               # the cost model's components: t_linear_s, t_attn_decode_s, t_overhead_s
 
 
@@ -72,13 +73,14 @@ def decode_batch(sched: Scheduler, out: SchedulerOutputs):
 
 
 def decode_times(cost, out: SchedulerOutputs, k: int):
-    """Durations of `k` decode steps of the batch, each context one token longer, and their components."""
+    """Durations of `k` decode steps of the batch, each context one token longer, their components
+    and the steps' context tokens."""
     n = out.num_decode_seqs
     ctx = out.decode_ctx_tokens + n * np.arange(k, dtype=np.int64)
     times = {"t_linear_s": cost.linear(n), "t_attn_decode_s": cost.attn_decode(ctx),
              "t_overhead_s": cost.overhead(True)}
     durations = times["t_linear_s"] + times["t_attn_decode_s"] + times["t_overhead_s"]
-    return durations, times
+    return durations, times, ctx
 
 
 def block_crossings(bm: MemoryManager, lens: list[int], k: int):
@@ -123,7 +125,7 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     first_s = cost.linear(out.num_decode_seqs) + cost.attn_decode(out.decode_ctx_tokens) + cost.overhead(True)
     guess = k if first_s <= 0 or next_arrival_s == math.inf else min(k, int((next_arrival_s - now_s) / first_s) + 2)
     while True:
-        durations, times = decode_times(cost, out, guess)
+        durations, times, ctx = decode_times(cost, out, guess)
         starts = np.fromiter(accumulate(durations[:-1].tolist(), initial=now_s), np.float64, guess)
         before = int(np.searchsorted(starts, next_arrival_s, side="left"))  # steps starting before the arrival
         if before < guess or guess == k:
@@ -135,18 +137,17 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     k, takes = block_crossings(bm, lens, k)
     if k <= 1:
         return None
-    return Span(k, seqs, takes, starts, durations, times)
+    return Span(k, seqs, takes, starts, durations, ctx, times)
 
 
-def span_memory(bm: MemoryManager, k: int, num_seqs: int, takes: list[tuple[int, int]], next_group) -> dict:
+def span_memory(bm: MemoryManager, k: int, written: np.ndarray, takes: list[tuple[int, int]], next_group) -> dict:
     """Per-step block counts and memory columns over a span, from the state after its first step.
 
-    Each step writes `num_seqs` slots: out of the reservation where every slot was reserved at
+    `written[j]` slots are written by the steps before step j: out of the reservation where every slot was reserved at
     admission, else out of the unfilled part of the last blocks (internal fragmentation), each
     new block moving `block_size` slots from free to that unfilled part.
     """
     mem = bm.memory_breakdown(next_group, 0)
-    written = num_seqs * np.arange(k, dtype=np.int64)
     if not bm.allocates_on_append:
         return {"gpu_blocks_used": bm.num_gpu_blocks_used, "mem_token_states": mem.token_states + written,
                 "mem_reservation": mem.reservation - written, "mem_internal_frag": mem.internal_frag,
@@ -179,19 +180,19 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
     env, sched, bm = engine.env, engine.sched, engine.bm
     k, seqs = span.steps, span.seqs
     n = out.num_decode_seqs
-    mem = span_memory(bm, k, n, span.takes, sched.waiting[0] if sched.waiting else None)
+    ctx = span.ctx_tokens[:k]
+    mem = span_memory(bm, k, ctx - out.decode_ctx_tokens, span.takes, sched.waiting[0] if sched.waiting else None)
     bm.append_span_slots(seqs, k - 1, [i for _, i in span.takes])  # step order, then running order
     for s in seqs:
         s.num_tokens += k - 1
     # The clock adds each step's time, exactly as stepping does: one timeout to that sum when one
     # delay reaches it exactly from now (almost always), else one timeout per step.
-    durations = span.durations_s[:k].tolist()
-    end_s = span.starts_s[k - 1].item() + durations[-1]
+    end_s = span.starts_s[k - 1].item() + span.durations_s[k - 1].item()
     delay = exact_delay(env.now, end_s)
     if delay is not None:
         yield env.timeout(delay)
     else:
-        for d in durations:
+        for d in span.durations_s[:k].tolist():
             yield env.timeout(d)
     finished = sched.complete_step(out, env.now)
     fin = np.zeros(k, dtype=np.int64)
@@ -200,7 +201,7 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
     engine.rec.add_many(k, {
         "start_s": span.starts_s[:k], "duration_s": span.durations_s[:k], "num_prefill_seqs": 0,
         "prefill_tokens": 0, "num_decode_seqs": n,
-        "decode_ctx_tokens": out.decode_ctx_tokens + n * np.arange(k, dtype=np.int64),
+        "decode_ctx_tokens": ctx,
         "running": len(out.decode_groups), "waiting": len(sched.waiting), "swapped": len(sched.swapped),
         "cpu_blocks_used": bm.num_cpu_blocks_used, "blocks_swapped_in": 0,
         "blocks_swapped_out": 0, "blocks_copied": 0, "preempted": 0, "finished": fin, "rejected": 0,
