@@ -188,8 +188,8 @@ class Engine:
         cm = self.cost
         tokens = out.prefill_tokens + out.num_decode_seqs
         if out.prefills:
-            r = np.asarray([(p.start, p.stop) for p in out.prefills], dtype=np.int64)
-            attn_prefill = cm.attn_prefill(r[:, 1] - r[:, 0], r[:, 0])
+            attn_prefill = cm.attn_prefill(np.array([stop - start for _, start, stop in out.prefills], np.int64),
+                                           np.array([start for _, start, _ in out.prefills], np.int64))
         else:
             attn_prefill = 0.0
         return {

@@ -110,3 +110,16 @@ def test_clip_to_model_clips_instead_of_rejecting(tmp_path, capsys):
     clipped = replay(str(path), tmp_path / "b", overrides={"num_gpu_blocks": 1000}, clip_to_model=True)
     assert clipped["rejected"] == 0 and clipped["finished"] == 2
     assert "clipped 1 of 2 requests" in capsys.readouterr().out
+
+
+@settings(max_examples=300, deadline=None)
+@given(now=st.floats(0, 1e7), steps=st.lists(st.floats(1e-6, 0.5), min_size=1, max_size=50))
+def test_a_span_delay_lands_exactly_where_its_steps_add_up(now, steps):
+    """One timeout over a span reaches the clock value that adding each step's duration reaches."""
+    from blocksim.engine.spans import exact_delay
+
+    end = now
+    for d in steps:
+        end += d
+    delay = exact_delay(now, end)
+    assert delay is not None and delay >= 0 and now + delay == end
