@@ -19,6 +19,10 @@ from blocksim.records.schema import (
     SUMMARY_FILE,
 )
 
+#: Rows per row group of steps.parquet: the Parquet writer buffers one row group at a time, so this
+#: bounds its memory on long runs (one group holds about an hour of a busy engine's steps).
+STEP_ROW_GROUP = 1 << 18
+
 
 def request_frame(groups, reqs: pd.DataFrame) -> pd.DataFrame:
     """requests.parquet: the trace's columns plus each group's outcome and latencies, in
@@ -87,7 +91,7 @@ class RunResult:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         self.requests.to_parquet(out / REQUESTS_FILE, index=False)
-        self.steps.to_parquet(out / STEPS_FILE, index=False)
+        self.steps.to_parquet(out / STEPS_FILE, index=False, row_group_size=STEP_ROW_GROUP)
         if self.free_extents is not None:
             self.free_extents.to_parquet(out / FREE_EXTENTS_FILE, index=False)
         (out / SUMMARY_FILE).write_text(json.dumps(self.summary, indent=2, default=_json_default) + "\n")

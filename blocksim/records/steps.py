@@ -1,10 +1,12 @@
 """Columnar step records in numpy buffers, filled one step or one span of steps at a time.
 
-Steps are written into chunks of `CHUNK_STEPS` rows, each one float64 and one int64 block of
-shape (columns, rows): a step is two column writes, a span of steps two broadcasts of its
-constant values plus one slice per column that varies. `to_frame` moves the chunks into the
-frame's columns one by one (and keeps the frame: the recorder is closed then), so records take 8
-bytes per value and building the frame never needs twice their memory.
+Steps are written into chunks, each one float64 and one int64 block of shape (columns, rows): a
+step is two column writes, a span of steps two broadcasts of its constant values plus one slice
+per column that varies. Chunks double in size from `FIRST_CHUNK_STEPS` rows up to
+`MAX_CHUNK_STEPS` (large blocks are mapped memory, handed back to the system when freed).
+`to_frame` builds the frame once and closes the recorder: a run that fits in the first chunk gets
+views of its rows; a longer one has each chunk copied into the frame's columns and freed in turn,
+so building the frame needs the records' memory plus at most one chunk.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from blocksim.records.schema import FLOAT_COLUMNS, ROW_COLUMNS, STEP_COLUMNS  # 
 # steps.parquet but `step`.
 StepRow = namedtuple("StepRow", ROW_COLUMNS)
 
-CHUNK_STEPS = 16384
+FIRST_CHUNK_STEPS = 1 << 14
+MAX_CHUNK_STEPS = 1 << 19
 FLOAT_ROW_COLUMNS = tuple(c for c in ROW_COLUMNS if c in FLOAT_COLUMNS)
 INT_ROW_COLUMNS = tuple(c for c in ROW_COLUMNS if c not in FLOAT_COLUMNS)
 # column -> (float block?, row in its block)
@@ -35,8 +38,8 @@ _ints_of = itemgetter(*(ROW_COLUMNS.index(c) for c in INT_ROW_COLUMNS))
 
 class StepRecorder:
     def __init__(self) -> None:
-        self._chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (floats, ints), CHUNK_STEPS rows each
-        self._used = CHUNK_STEPS  # rows written in the last chunk
+        self._chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (floats, ints)
+        self._size = self._used = 0  # rows of the last chunk, rows written in it
         self._rows: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
         self.num_steps = 0
         self._frame: pd.DataFrame | None = None
@@ -48,13 +51,14 @@ class StepRecorder:
     def _room(self) -> int:
         """Rows left in the last chunk, after starting a new one if it is full."""
         self._check_open()
-        if self._used == CHUNK_STEPS:
-            floats = np.empty((len(FLOAT_ROW_COLUMNS), CHUNK_STEPS), np.float64)
-            ints = np.empty((len(INT_ROW_COLUMNS), CHUNK_STEPS), np.int64)
+        if self._used == self._size:
+            self._size = min(2 * self._size, MAX_CHUNK_STEPS) if self._chunks else FIRST_CHUNK_STEPS
+            floats = np.empty((len(FLOAT_ROW_COLUMNS), self._size), np.float64)
+            ints = np.empty((len(INT_ROW_COLUMNS), self._size), np.int64)
             self._chunks.append((floats, ints))
             self._rows = (list(ints), list(floats))  # one view per column, indexed by (is_float, row)
             self._used = 0
-        return CHUNK_STEPS - self._used
+        return self._size - self._used
 
     def add(self, row: StepRow) -> None:
         """One step."""
@@ -98,14 +102,21 @@ class StepRecorder:
         if self._frame is not None:
             return self._frame
         n = self.num_steps
+        chunks, self._chunks, self._rows = self._chunks, [], ([], [])
         cols = {"step": np.arange(n, dtype=np.int64)}
-        cols.update((c, np.empty(n, np.float64 if c in FLOAT_COLUMNS else np.int64)) for c in ROW_COLUMNS)
+        if len(chunks) == 1:  # the frame's columns are views of the chunk's rows
+            blocks = {True: chunks[0][0], False: chunks[0][1]}
+            for c in ROW_COLUMNS:
+                is_float, r = _PLACE[c]
+                cols[c] = blocks[is_float][r, :n]
+            chunks = []
+        else:
+            cols.update((c, np.empty(n, np.float64 if c in FLOAT_COLUMNS else np.int64)) for c in ROW_COLUMNS)
         start = 0
-        chunks, self._chunks = self._chunks, []
         chunks.reverse()
-        while chunks:
+        while chunks:  # each chunk freed once copied
             floats, ints = chunks.pop()
-            m = min(CHUNK_STEPS, n - start)
+            m = min(floats.shape[1], n - start)
             for block, names in ((floats, FLOAT_ROW_COLUMNS), (ints, INT_ROW_COLUMNS)):
                 for r, c in enumerate(names):
                     cols[c][start:start + m] = block[r, :m]

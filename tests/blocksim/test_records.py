@@ -150,7 +150,8 @@ def test_step_recorder_keeps_every_value_across_chunk_boundaries(monkeypatch):
     in its column's dtype, as the plain rows given."""
     from blocksim.records import steps as steps_mod
 
-    monkeypatch.setattr(steps_mod, "CHUNK_STEPS", 7)
+    monkeypatch.setattr(steps_mod, "FIRST_CHUNK_STEPS", 3)
+    monkeypatch.setattr(steps_mod, "MAX_CHUNK_STEPS", 12)
     rec = steps_mod.StepRecorder()
     rng = np.random.default_rng(3)
     expected = []
