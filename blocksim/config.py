@@ -186,7 +186,7 @@ class PolicyConfig:
     scheduler: str = "fcfs"
     victim: str = "newest"
     watermark_blocks: int | None = None
-    cost_model: str = "roofline"
+    cost_model: str = "auto"
 
     def __post_init__(self) -> None:
         for f in ("prefix_caching", "chunked_prefill"):

@@ -132,7 +132,9 @@ OPTIONS: tuple[Option, ...] = (
            short="mbt"),
     Option("preemption", str, _sched.preemption_mode, f"default {_sched.preemption_mode} (vLLM's rule)",
            "scheduler", choices=PREEMPTION_MODES, short="pre", applies_to=PREEMPTING),
-    Option("cost_profile", str, None, "calibrated cost-model parameters", "scheduler", metavar="JSON"),
+    Option("cost_profile", str, None, "a measured profile (format blocksim-profile/1, from `blocksim profile`) "
+           "for the profiled cost model, or roofline parameters (no format key, or blocksim-roofline/1); "
+           "with --cost-model roofline a profile is fitted, not interpolated", "scheduler", metavar="FILE"),
     # policy knobs: None keeps the preset's value (see blocksim.config.PolicyConfig)
     Option("allocator", str, None, "paged | contiguous", "policy"),
     Option("free_order", str, None, "paged free-list reuse order", "policy", choices=FREE_ORDERS,
@@ -147,7 +149,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("victim", str, None, "preemption victim: newest | largest | fewest-blocks", "policy",
            applies_to=PREEMPTING),
     Option("watermark_blocks", int, None, "absolute watermark (replaces --watermark)", "policy", applies_to=PAGED),
-    Option("cost_model", str, None, "roofline, or a plugin", "policy"),
+    Option("cost_model", str, None, "auto (default: the shipped profile of the run's model, GPU, dtype and TP "
+           "when blocksim/profiles has one, else roofline) | roofline | profiled | a plugin", "policy"),
     # run shaping: applied to the trace by `replay`, not part of the configuration
     Option("max_requests", int, None, "replay only the first N requests", "run", short="n", parse=positive_int),
     Option("rate_scale", float, 1.0, "multiply the request rate (default 1)", "run", short="x",

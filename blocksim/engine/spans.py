@@ -77,8 +77,8 @@ def decode_times(cost, out: SchedulerOutputs, k: int):
     and the steps' context tokens."""
     n = out.num_decode_seqs
     ctx = out.decode_ctx_tokens + n * np.arange(k, dtype=np.int64)
-    times = {"t_linear_s": cost.linear(n), "t_attn_decode_s": cost.attn_decode(ctx),
-             "t_overhead_s": cost.overhead(True)}
+    times = {"t_linear_s": cost.linear(n, n, True), "t_attn_decode_s": cost.attn_decode(ctx, n, True),
+             "t_overhead_s": cost.overhead(True, n)}
     durations = times["t_linear_s"] + times["t_attn_decode_s"] + times["t_overhead_s"]
     return durations, times, ctx
 
@@ -122,7 +122,8 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     k = min(k, MAX_SPAN_STEPS)
     # Times for the steps that can start before the next arrival, estimated from the first step's
     # duration (all of them again if every estimated step starts before it: the cut stays exact).
-    first_s = cost.linear(out.num_decode_seqs) + cost.attn_decode(out.decode_ctx_tokens) + cost.overhead(True)
+    n = out.num_decode_seqs  # priced as `decode_times` prices each step
+    first_s = cost.linear(n, n, True) + cost.attn_decode(out.decode_ctx_tokens, n, True) + cost.overhead(True, n)
     guess = k if first_s <= 0 or next_arrival_s == math.inf else min(k, int((next_arrival_s - now_s) / first_s) + 2)
     while True:
         durations, times, ctx = decode_times(cost, out, guess)
