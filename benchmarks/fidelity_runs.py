@@ -172,11 +172,43 @@ def met(rows: list[dict], key: str) -> str:
     return f"{sum(abs(v) <= TARGETS[key] for v in vals)}/{len(vals)}"
 
 
+def step_kinds(exec_dir: Path) -> str:
+    """Per model and kind of step, the executed runs' own profiled predictions against their
+    measured times (executor_steps.parquet): where the per-step error comes from."""
+    import numpy as np
+    import pandas as pd
+    frames = []
+    for p in sorted(exec_dir.glob("*/executor_steps.parquet")):
+        x = pd.read_parquet(p)
+        x["model"] = p.parent.name.split("__")[2]
+        frames.append(x)
+    if not frames:
+        return ""
+    x = pd.concat(frames, ignore_index=True)
+    moves = (x.m_swap_s > 0) | (x.m_copy_s > 0)
+    x["kind"] = np.where(x.graph, "decode, CUDA graph", np.where(moves, "eager, block moves",
+                         np.where(x.num_prefills > 0, "eager, with a prompt", "eager, decode only")))
+    x["err"] = (x.predicted_s - x.measured_s) / x.measured_s
+    lines = ["### Where the per-step error comes from (profiled model, all executed steps)\n",
+             "| model | step kind | steps | share of measured time | mean error | MAPE |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for (model, kind), g in x.groupby(["model", "kind"]):
+        share = g.measured_s.sum() / x[x.model == model].measured_s.sum()
+        lines.append(f"| {model} | {kind} | {len(g)} | {100 * share:.1f}% | {100 * g.err.mean():+.1f}% | "
+                     f"{100 * g.err.abs().mean():.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown_doc(rows: list[dict], exec_dir: Path) -> str:
     """benchmarks/FIDELITY.md: how the figures were made and the generated tables."""
     devices = sorted({json.loads(p.read_text()).get("device", "?") for p in exec_dir.glob("*/executor.json")})
     torch_v = sorted({json.loads(p.read_text()).get("torch", "?") for p in exec_dir.glob("*/executor.json")})
     out = [HEADER.format(devices=", ".join(devices), torch=", ".join(torch_v))]
+    done = {p.parent.name for p in exec_dir.glob("*/executor.json")}
+    want = [run_name(t, p, m) for m in MODELS for t in SLICES for p in PRESETS]
+    missing = [w for w in want if w not in done]
+    out.append(f"Executed runs: {len(want) - len(missing)} of {len(want)}"
+               + (f"; not executed (device time): {', '.join(missing)}." if missing else ".") + "\n")
+    out.append(step_kinds(exec_dir))
     for cost in ("profiled", "roofline"):
         sub = [r for r in rows if r["cost_model"] == cost]
         if not sub:
