@@ -3,7 +3,8 @@
     python benchmarks/replay.py [TRACE] [--model M --gpu G --block-size B --repeat N --no-spans]
                                 [--cost-model auto|roofline|profiled --cost-profile FILE]
 
-Prints wall seconds (median of the repeats) and simulated tokens (prompt + output) per wall second.
+Prints wall seconds and the process's CPU seconds (medians of the repeats; on a shared machine CPU
+seconds vary less) and simulated tokens (prompt + output) per wall second.
 The trace defaults to ../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv beside the
 repository, falling back to the bundled 2,000-request slice.
 """
@@ -39,11 +40,12 @@ def main() -> None:
     tr = traces.read_trace(a.trace)
     read_s = time.perf_counter() - t0
     cfg = build_config(a.policy, model=a.model, gpu=a.gpu, block_size=a.block_size, cost_model=a.cost_model)
-    walls, res = [], None
+    walls, cpus, res = [], [], None
     for _ in range(a.repeat):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         res = Engine(cfg, tr, make_cost_model(cfg, a.cost_profile), spans=not a.no_spans).run()
         walls.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
     s = res.summary
     fin = res.requests[res.requests.status == "finished"]
     tokens = int((fin.prompt_tokens + fin.output_tokens * fin.n).sum())
@@ -53,6 +55,7 @@ def main() -> None:
           f"{s['finished']} finished, {s['rejected']} rejected, {s['simulated_s']:.0f} simulated s, "
           f"cost model {s['cost_model']['name']} ({s['cost_model'].get('profile') or 'default constants'})")
     print(f"wall {wall:.2f} s (median of {a.repeat}: {', '.join(f'{w:.2f}' for w in walls)}), "
+          f"CPU {statistics.median(cpus):.2f} s, "
           f"{tokens / wall:,.0f} simulated tokens per wall-second, {s['steps'] / wall:,.0f} steps/s")
 
 

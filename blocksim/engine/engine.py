@@ -111,6 +111,7 @@ class Engine:
         self.rec = StepRecorder()
         self.groups: list[SequenceGroup] = []
         self._arrivals = self.reqs.arrival_s.to_numpy()
+        self._arrival_list = self._arrivals.tolist() + [math.inf]  # for the step loop: floats, then inf
         self._next_arrival_idx = 0
         self._wake: simpy.Event | None = None
         r = self.reqs
@@ -145,10 +146,10 @@ class Engine:
 
     def _drain_arrivals(self, now: float) -> None:
         """Hand every request that has arrived by `now` (inclusive) to the scheduler."""
-        i, arr = self._next_arrival_idx, self._arrivals
+        i, arr = self._next_arrival_idx, self._arrival_list
         r = self._cols
-        while i < len(arr) and arr[i] <= now:
-            g = SequenceGroup(int(r[0][i]), i, float(arr[i]), int(r[1][i]), int(r[2][i]), int(r[3][i]),
+        while arr[i] <= now:  # arr ends with inf
+            g = SequenceGroup(int(r[0][i]), i, arr[i], int(r[1][i]), int(r[2][i]), int(r[3][i]),
                               int(r[4][i]), self._seq_id, None if self._hashes is None else self._hashes[i])
             self._seq_id += len(g.seqs)
             self.groups.append(g)
@@ -156,16 +157,14 @@ class Engine:
             i += 1
         self._next_arrival_idx = i
 
-    def _next_arrival_s(self) -> float:
-        i = self._next_arrival_idx
-        return self._arrivals[i] if i < len(self._arrivals) else math.inf
-
     def _engine_proc(self):
         env, sched, bm = self.env, self.sched, self.bm
         clocked = bm.uses_clock
         bar = self._progress_bar()
+        arrivals = self._arrival_list
         while True:
-            self._drain_arrivals(env.now)
+            if arrivals[self._next_arrival_idx] <= env.now:
+                self._drain_arrivals(env.now)
             if not sched.has_unfinished():
                 if self._next_arrival_idx >= len(self._arrivals):
                     break
@@ -181,7 +180,7 @@ class Engine:
                 g = p.group
                 if g.first_scheduled_s != g.first_scheduled_s:
                     g.first_scheduled_s = now
-            span = find_span(sched, bm, self.cost, out, now, self._next_arrival_s()) if self.spans else None
+            span = find_span(sched, bm, self.cost, out, now, arrivals[self._next_arrival_idx]) if self.spans else None
             if span is not None:
                 yield from run_span(self, out, span)
                 if bar:
@@ -203,8 +202,8 @@ class Engine:
         cm = self.cost
         tokens = out.prefill_tokens + out.num_decode_seqs
         if out.prefills:
-            r = np.asarray([(p.start, p.stop) for p in out.prefills], dtype=np.int64)
-            attn_prefill = cm.attn_prefill(r[:, 1] - r[:, 0], r[:, 0])
+            attn_prefill = cm.attn_prefill(np.array([stop - start for _, start, stop in out.prefills], np.int64),
+                                           np.array([start for _, start, _ in out.prefills], np.int64))
         else:
             attn_prefill = 0.0
         # decode-only: no prompt and no block move, the steps a CUDA graph replays

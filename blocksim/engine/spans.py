@@ -19,6 +19,7 @@ at the span's first step (`memory_breakdown`) and the appends of the further ste
 
 from __future__ import annotations
 
+import math
 from itertools import accumulate
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -38,16 +39,17 @@ MAX_SPAN_STEPS = 4096
 class Span(NamedTuple):
     steps: int                # steps in the span, the one just scheduled included
     seqs: list[Sequence]      # the decoding sequences, in running order
-    crossing: np.ndarray      # crossing[j - 1, i]: sequence i takes a new block at step j
+    takes: list[tuple[int, int]]  # (j, i): sequence i takes a new block at step j; step order, then running order
     starts_s: np.ndarray      # start time of each step (at least `steps` of them)
     durations_s: np.ndarray
+    ctx_tokens: np.ndarray    # decode context tokens of each step
     times: dict               # the cost model's components: t_linear_s, t_attn_decode_s, t_overhead_s
 
 
 def decode_batch(sched: Scheduler, out: SchedulerOutputs):
     """The sequences of a possible span after a plain decode step and its length bound.
 
-    Returns `(seqs, lens, k)`, `lens` their token counts and `k` the number of steps (this one
+    Returns `(seqs, lens, k)`, `lens` their token counts (a list) and `k` the number of steps (this one
     included) before the first sequence finishes; None when a group is mid-prompt, a group
     decodes several sequences, or a sequence finishes within two steps.
     """
@@ -67,35 +69,44 @@ def decode_batch(sched: Scheduler, out: SchedulerOutputs):
             k = rem
     if k < 2:
         return None
-    return seqs, np.asarray(lens, dtype=np.int64), k
+    return seqs, lens, k
 
 
 def decode_times(cost, out: SchedulerOutputs, k: int):
-    """Durations of `k` decode steps of the batch, each context one token longer, and their components."""
+    """Durations of `k` decode steps of the batch, each context one token longer, their components
+    and the steps' context tokens."""
     n = out.num_decode_seqs
     ctx = out.decode_ctx_tokens + n * np.arange(k, dtype=np.int64)
     times = {"t_linear_s": cost.linear(n, n, True), "t_attn_decode_s": cost.attn_decode(ctx, n, True),
              "t_overhead_s": cost.overhead(True, n)}
     durations = times["t_linear_s"] + times["t_attn_decode_s"] + times["t_overhead_s"]
-    return durations, times
+    return durations, times, ctx
 
 
-def block_crossings(bm: MemoryManager, lens: np.ndarray, k: int):
+def block_crossings(bm: MemoryManager, lens: list[int], k: int):
     """Blocks each further step of a `k`-step span takes; `k` cut where free blocks run low.
 
-    Returns `(k, crossing)`: `crossing[j - 1, i]` is true when sequence i takes a new block at step
-    j (step j writes the K/V of position `lens[i] - 1 + j`). A manager that reserved every slot at
-    admission takes none.
+    Returns `(k, takes)`: `takes` holds `(j, i)` when sequence i takes a new block at step j, in
+    step order, then running order. Step j writes the K/V of position `lens[i] - 1 + j`, which
+    needs a new block when it is a multiple of the block size: at steps `block_size - (lens[i] - 1)
+    % block_size`, then every `block_size` steps. A manager that reserved every slot at admission
+    takes none.
     """
     if not bm.allocates_on_append:
-        return k, np.zeros((k - 1, len(lens)), dtype=bool)
-    steps = np.arange(1, k, dtype=np.int64)
-    crossing = ((lens[None, :] - 1 + steps[:, None]) % bm.block_size) == 0
-    cum = np.cumsum(crossing.sum(axis=1))
-    ok = cum <= bm.num_free_gpu_blocks - 1  # keeps vLLM's one-free-block-per-sequence check true
-    if not ok[-1]:
-        k = int(np.argmin(ok)) + 1
-    return k, crossing[: k - 1]
+        return k, []
+    bs = bm.block_size
+    takes = []
+    for i, n in enumerate(lens):
+        j = bs - (n - 1) % bs
+        while j < k:
+            takes.append((j, i))
+            j += bs
+    takes.sort()
+    room = bm.num_free_gpu_blocks - 1  # keeps vLLM's one-free-block-per-sequence check true
+    if len(takes) > room:  # the span ends before the step of the take that finds no room
+        k = takes[room][0] if room >= 0 else 1
+        takes = [t for t in takes if t[0] < k]
+    return k, takes
 
 
 def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, now_s: float,
@@ -109,35 +120,59 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
         return None
     seqs, lens, k = batch
     k = min(k, MAX_SPAN_STEPS)
-    durations, times = decode_times(cost, out, k)
-    starts = np.fromiter(accumulate(durations[:-1].tolist(), initial=now_s), np.float64, k)
-    k = min(k, int(np.searchsorted(starts, next_arrival_s, side="left")))  # steps starting before the arrival
+    # Times for the steps that can start before the next arrival, estimated from the first step's
+    # duration (all of them again if every estimated step starts before it: the cut stays exact).
+    n = out.num_decode_seqs  # priced as `decode_times` prices each step
+    first_s = cost.linear(n, n, True) + cost.attn_decode(out.decode_ctx_tokens, n, True) + cost.overhead(True, n)
+    guess = k if first_s <= 0 or next_arrival_s == math.inf else min(k, int((next_arrival_s - now_s) / first_s) + 2)
+    while True:
+        durations, times, ctx = decode_times(cost, out, guess)
+        starts = np.fromiter(accumulate(durations[:-1].tolist(), initial=now_s), np.float64, guess)
+        before = int(np.searchsorted(starts, next_arrival_s, side="left"))  # steps starting before the arrival
+        if before < guess or guess == k:
+            break
+        guess = k
+    k = min(k, before)
     if k <= 1:
         return None
-    k, crossing = block_crossings(bm, lens, k)
+    k, takes = block_crossings(bm, lens, k)
     if k <= 1:
         return None
-    return Span(k, seqs, crossing, starts, durations, times)
+    return Span(k, seqs, takes, starts, durations, ctx, times)
 
 
-def span_memory(bm: MemoryManager, k: int, num_seqs: int, crossing: np.ndarray, next_group) -> dict:
+def span_memory(bm: MemoryManager, k: int, written: np.ndarray, takes: list[tuple[int, int]], next_group) -> dict:
     """Per-step block counts and memory columns over a span, from the state after its first step.
 
-    Each step writes `num_seqs` slots: out of the reservation where every slot was reserved at
+    `written[j]` slots are written by the steps before step j: out of the reservation where every slot was reserved at
     admission, else out of the unfilled part of the last blocks (internal fragmentation), each
     new block moving `block_size` slots from free to that unfilled part.
     """
     mem = bm.memory_breakdown(next_group, 0)
-    written = num_seqs * np.arange(k, dtype=np.int64)
     if not bm.allocates_on_append:
         return {"gpu_blocks_used": bm.num_gpu_blocks_used, "mem_token_states": mem.token_states + written,
                 "mem_reservation": mem.reservation - written, "mem_internal_frag": mem.internal_frag,
                 "mem_external_frag": mem.external_frag, "mem_free": mem.free}
-    new_blocks = np.concatenate(([0], np.cumsum(crossing.sum(axis=1))))
+    per_step = [0] * k
+    for j, _ in takes:
+        per_step[j] += 1
+    new_blocks = np.fromiter(accumulate(per_step), np.int64, k)  # blocks taken by steps 1..j
     new_slots = bm.block_size * new_blocks
     return {"gpu_blocks_used": bm.num_gpu_blocks_used + new_blocks, "mem_token_states": mem.token_states + written,
             "mem_reservation": mem.reservation, "mem_internal_frag": mem.internal_frag + new_slots - written,
             "mem_external_frag": mem.external_frag, "mem_free": mem.free - new_slots}
+
+
+def exact_delay(now_s: float, end_s: float) -> float | None:
+    """A delay `d >= 0` with `now_s + d == end_s` in floating point (SimPy's clock sets `now + d`),
+    or None when no delay within a few ulps of `end_s - now_s` lands there."""
+    d = end_s - now_s
+    for _ in range(4):
+        reached = now_s + d
+        if reached == end_s:
+            return d if d >= 0 else None
+        d = math.nextafter(d, math.inf if reached < end_s else -math.inf)
+    return None
 
 
 def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
@@ -146,12 +181,20 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
     env, sched, bm = engine.env, engine.sched, engine.bm
     k, seqs = span.steps, span.seqs
     n = out.num_decode_seqs
-    mem = span_memory(bm, k, n, span.crossing, sched.waiting[0] if sched.waiting else None)
-    bm.append_span_slots(seqs, k - 1, np.nonzero(span.crossing)[1].tolist())  # step order, then running order
+    ctx = span.ctx_tokens[:k]
+    mem = span_memory(bm, k, ctx - out.decode_ctx_tokens, span.takes, sched.waiting[0] if sched.waiting else None)
+    bm.append_span_slots(seqs, k - 1, [i for _, i in span.takes])  # step order, then running order
     for s in seqs:
         s.num_tokens += k - 1
-    for d in span.durations_s[:k].tolist():  # the clock adds each step's time, exactly as stepping does
-        yield env.timeout(d)
+    # The clock adds each step's time, exactly as stepping does: one timeout to that sum when one
+    # delay reaches it exactly from now (almost always), else one timeout per step.
+    end_s = span.starts_s[k - 1].item() + span.durations_s[k - 1].item()
+    delay = exact_delay(env.now, end_s)
+    if delay is not None:
+        yield env.timeout(delay)
+    else:
+        for d in span.durations_s[:k].tolist():
+            yield env.timeout(d)
     finished = sched.complete_step(out, env.now)
     fin = np.zeros(k, dtype=np.int64)
     fin[-1] = len(finished)
@@ -159,7 +202,7 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
     engine.rec.add_many(k, {
         "start_s": span.starts_s[:k], "duration_s": span.durations_s[:k], "num_prefill_seqs": 0,
         "prefill_tokens": 0, "num_decode_seqs": n,
-        "decode_ctx_tokens": out.decode_ctx_tokens + n * np.arange(k, dtype=np.int64),
+        "decode_ctx_tokens": ctx,
         "running": len(out.decode_groups), "waiting": len(sched.waiting), "swapped": len(sched.swapped),
         "cpu_blocks_used": bm.num_cpu_blocks_used, "blocks_swapped_in": 0,
         "blocks_swapped_out": 0, "blocks_copied": 0, "preempted": 0, "finished": fin, "rejected": 0,

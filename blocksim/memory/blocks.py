@@ -55,6 +55,18 @@ class BlockAllocator:
         self.ref_counts[block] = 1
         return block
 
+    def allocate_many(self, n: int) -> list[int]:
+        """`n` blocks, taken as `n` calls of `allocate` take them (a prompt's blocks at admission)."""
+        if type(self).allocate is not BlockAllocator.allocate:
+            return [self.allocate() for _ in range(n)]
+        if n > len(self._free):
+            raise BlockError(f"{self.device.value} allocator: out of blocks ({self.num_blocks} all in use)")
+        take, refs = self._take, self.ref_counts
+        blocks = [take() for _ in range(n)]
+        for block in blocks:
+            refs[block] = 1
+        return blocks
+
     def incref(self, block: int) -> None:
         if self.ref_counts[block] <= 0:
             raise BlockError(f"{self.device.value} block {block}: cannot share a free block")

@@ -69,7 +69,7 @@ class BlockSpaceManager:
         """
         seqs = group.seqs_with(SeqStatus.WAITING)
         num_tokens = seqs[0].num_tokens
-        table = [self.gpu.allocate() for _ in range(cdiv(num_tokens, self.block_size))]
+        table = self.gpu.allocate_many(cdiv(num_tokens, self.block_size))
         if len(seqs) > 1:
             for b in table:
                 self.gpu.ref_counts[b] = len(seqs)

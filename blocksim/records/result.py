@@ -19,26 +19,30 @@ from blocksim.records.schema import (
     SUMMARY_FILE,
 )
 
+#: Rows per row group of steps.parquet: the Parquet writer buffers one row group at a time, so this
+#: bounds its memory on long runs (one group holds about an hour of a busy engine's steps).
+STEP_ROW_GROUP = 1 << 18
+
 
 def request_frame(groups, reqs: pd.DataFrame) -> pd.DataFrame:
     """requests.parquet: the trace's columns plus each group's outcome and latencies, in
     `schema.REQUEST_COLUMNS` order."""
     groups = sorted(groups, key=lambda g: g.index)
-    df = reqs.drop(columns=["_row"], errors="ignore").copy()
-    df["status"] = [g.status for g in groups]
-    df["reject_reason"] = [g.reject_reason for g in groups]
+    cols = {c: reqs[c].to_numpy() for c in reqs.columns if c != "_row"}
+    cols["status"] = np.array([str(g.status) for g in groups], dtype=object)
+    cols["reject_reason"] = np.array([g.reject_reason for g in groups], dtype=object)
     for col in ("first_scheduled_s", "first_token_s", "finish_s"):
-        df[col] = np.array([getattr(g, col) for g in groups], dtype=np.float64)
+        cols[col] = np.array([getattr(g, col) for g in groups], dtype=np.float64)
     for col in ("preemptions", "swaps", "recomputed_tokens"):
-        df[col] = np.array([getattr(g, col) for g in groups], dtype=np.int64)
-    df["queue_s"] = df.first_scheduled_s - df.arrival_s
-    df["ttft_s"] = df.first_token_s - df.arrival_s
-    df["e2e_s"] = df.finish_s - df.arrival_s
+        cols[col] = np.array([getattr(g, col) for g in groups], dtype=np.int64)
+    arrival, output = cols["arrival_s"], cols["output_tokens"]
+    cols["queue_s"] = cols["first_scheduled_s"] - arrival
+    cols["ttft_s"] = cols["first_token_s"] - arrival
+    cols["e2e_s"] = cols["finish_s"] - arrival
     with np.errstate(invalid="ignore", divide="ignore"):
-        df["tpot_s"] = np.where(df.output_tokens > 1, (df.finish_s - df.first_token_s) / (df.output_tokens - 1),
-                                np.nan)
-    df["norm_latency_s"] = df.e2e_s / df.output_tokens
-    return df[list(REQUEST_COLUMNS)]
+        cols["tpot_s"] = np.where(output > 1, (cols["finish_s"] - cols["first_token_s"]) / (output - 1), np.nan)
+    cols["norm_latency_s"] = cols["e2e_s"] / output
+    return pd.DataFrame({c: cols[c] for c in REQUEST_COLUMNS})
 
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, config, block_bytes: int, wall_s: float,
@@ -87,7 +91,7 @@ class RunResult:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         self.requests.to_parquet(out / REQUESTS_FILE, index=False)
-        self.steps.to_parquet(out / STEPS_FILE, index=False)
+        self.steps.to_parquet(out / STEPS_FILE, index=False, row_group_size=STEP_ROW_GROUP)
         if self.free_extents is not None:
             self.free_extents.to_parquet(out / FREE_EXTENTS_FILE, index=False)
         (out / SUMMARY_FILE).write_text(json.dumps(self.summary, indent=2, default=_json_default) + "\n")

@@ -362,9 +362,15 @@ class Scheduler:
             if group.first_token_s != group.first_token_s:  # NaN: first output token
                 group.first_token_s = end_s
             self._advance(group, end_s, finished)
+        seq_running = SeqStatus.RUNNING
         for group in out.decode_groups:
             if group.status is RUNNING:
-                self._advance(group, end_s, finished)
+                seqs = group.seqs
+                if len(seqs) == 1 and seqs[0].status is seq_running and (
+                        seqs[0].num_tokens + 1 - group.prompt_tokens < group.output_tokens):
+                    seqs[0].num_tokens += 1  # `_advance` of one sequence that does not finish
+                else:
+                    self._advance(group, end_s, finished)
         if finished:
             self.running = [g for g in self.running if g.status is RUNNING]
         return finished

@@ -126,3 +126,30 @@ def test_a_block_size_that_does_not_fit_the_trace_hash_granularity_is_refused_na
         Engine(build_config(policy, block_size=32, num_gpu_blocks=64), Hashed())
     message = str(e.value)
     assert "block_size (--block-size) 32" in message and "48 tokens" in message and "\n" not in message
+
+
+@settings(max_examples=300, deadline=None)
+@given(now=st.floats(0, 1e7), steps=st.lists(st.floats(1e-6, 0.5), min_size=1, max_size=50))
+def test_a_span_delay_lands_exactly_where_its_steps_add_up(now, steps):
+    """One timeout over a span, when `exact_delay` finds one, reaches the clock value that adding
+    each step's duration reaches (else the span takes one timeout per step)."""
+    from blocksim.engine.spans import exact_delay
+
+    end = now
+    for d in steps:
+        end += d
+    delay = exact_delay(now, end)
+    assert delay is None or (delay >= 0 and now + delay == end)
+
+
+def test_spans_of_a_replay_hour_need_one_timeout():
+    """Clock values of an hour-long replay and steps of 10-30 ms: one delay always lands exactly."""
+    from blocksim.engine.spans import exact_delay
+
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        now = end = float(rng.random() * 3600)
+        for d in (0.01 + 0.02 * rng.random(int(rng.integers(1, 40)))).tolist():
+            end += d
+        delay = exact_delay(now, end)
+        assert delay is not None and now + delay == end

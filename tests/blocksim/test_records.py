@@ -143,3 +143,43 @@ def test_summary_and_analysis_metrics_agree_on_random_runs(workload, blocks, pol
     if slo:
         good = metrics.slo_met(res.requests, slo).sum()
         assert_same(m["goodput_requests_per_s"], metrics.per_second(good, m["simulated_s"]), "goodput")
+
+
+def test_step_recorder_keeps_every_value_across_chunk_boundaries(monkeypatch):
+    """Steps and spans of steps that straddle the recorder's chunks come out in order, each value
+    in its column's dtype, as the plain rows given."""
+    from blocksim.records import steps as steps_mod
+
+    monkeypatch.setattr(steps_mod, "FIRST_CHUNK_STEPS", 3)
+    monkeypatch.setattr(steps_mod, "MAX_CHUNK_STEPS", 12)
+    rec = steps_mod.StepRecorder()
+    rng = np.random.default_rng(3)
+    expected = []
+    for _ in range(12):
+        if rng.random() < 0.5:
+            row = [float(rng.random()) if c in steps_mod.FLOAT_COLUMNS else int(rng.integers(0, 2**40))
+                   for c in steps_mod.ROW_COLUMNS]
+            rec.add(steps_mod.StepRow(*row))
+            expected.append(row)
+        else:
+            k = int(rng.integers(1, 17))
+            values = {}
+            for c in steps_mod.ROW_COLUMNS:
+                is_float = c in steps_mod.FLOAT_COLUMNS
+                if rng.random() < 0.5:
+                    values[c] = rng.random(k) if is_float else rng.integers(0, 2**40, k)
+                else:
+                    values[c] = float(rng.random()) if is_float else int(rng.integers(0, 2**40))
+            rec.add_many(k, values)
+            expected += [[v[j].item() if isinstance(v, np.ndarray) else v for v in values.values()]
+                         for j in range(k)]
+    frame = rec.to_frame()
+    assert rec.num_steps == len(expected) == len(frame)
+    assert list(frame.columns) == list(schema.STEP_COLUMNS)
+    assert frame.dtypes.astype(str).to_dict() == schema.STEP_DTYPES
+    assert frame.step.tolist() == list(range(len(expected)))
+    for j, c in enumerate(schema.ROW_COLUMNS):
+        assert frame[c].tolist() == [row[j] for row in expected], c
+    assert rec.to_frame() is frame
+    with pytest.raises(RuntimeError, match="already moved"):
+        rec.add_many(1, {c: 0 for c in schema.ROW_COLUMNS})
