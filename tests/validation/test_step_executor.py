@@ -76,7 +76,8 @@ def test_cuda_executor_replays_decodes_as_graphs(tmp_path):
     out = tmp_path / "run"
     assert main(["replay", str(trace(tmp_path / "t.parquet", 2)), "--out", str(out), "--catalog",
                  str(tmp_path / "tiny.yaml"), "--model", "tiny", "--gpu", "h200-141gb", "--num-gpu-blocks", "16",
-                 "--preemption", "swap", "--max-num-seqs", "8", "--executor", "cuda", "--quiet", "--no-report"]) == 0
+                 "--preemption", "swap", "--max-num-seqs", "8", "--swap-space-gib", "0.0625", "--executor", "cuda",
+                 "--quiet", "--no-report"]) == 0
     ex = pd.read_parquet(out / "executor_steps.parquet")
     steps = pd.read_parquet(out / "steps.parquet")
     assert len(ex) == len(steps) and ex["graph"].any() and (~ex["graph"]).any()
