@@ -26,6 +26,7 @@ from blocksim.config import (
     FREE_ORDERS,
     PREEMPTION_MODES,
     RESERVATION_MODES,
+    SCHEDULE_POLICIES,
     CacheConfig,
     SchedulerConfig,
     SimConfig,
@@ -41,6 +42,8 @@ CHUNKED_BUDGET_TOKENS = 512
 PAGED = "paged"            # the paged block manager (allocator=paged)
 CONTIGUOUS = "contiguous"  # the contiguous reservation manager (allocator=contiguous)
 PREEMPTING = "preempting"  # a scheduler that preempts (not orca, not static)
+VLLM_ENGINE = "vllm-engine"  # vLLM's engine parts: every preset but sglang
+SGLANG = "sglang"          # SGLang's scheduler and radix cache (allocator=radix, scheduler=sglang)
 
 GROUP_TITLES = {
     "preset": "policy preset",
@@ -109,14 +112,14 @@ _tp = _field_default(SimConfig, "tensor_parallel")
 
 OPTIONS: tuple[Option, ...] = (
     Option("policy", str, DEFAULT_POLICY, "preset: vllm (default), vllm-prefix, vllm-chunked, orca-max, "
-           "orca-pow2, orca-oracle, static (`blocksim policies`)", "preset"),
+           "orca-pow2, orca-oracle, static, sglang (`blocksim policies`)", "preset"),
     # model, GPU and cache
     Option("model", str, DEFAULT_MODEL, f"model name from the catalog (default {DEFAULT_MODEL})", "model"),
     Option("gpu", str, DEFAULT_GPU, f"GPU name from the catalog (default {DEFAULT_GPU})", "model"),
     Option("catalog", tuple, (), "YAML/TOML file adding models and GPUs; repeatable", "model", metavar="FILE"),
     Option("tensor_parallel", int, _tp, None, "model", short="tp", flags=("--tensor-parallel", "--tp")),
     Option("block_size", int, _cache.block_size, f"tokens per KV block (default {_cache.block_size})", "model",
-           short="bs"),
+           short="bs", applies_to=VLLM_ENGINE),
     Option("gpu_memory_utilization", float, _cache.gpu_memory_utilization,
            f"default {_cache.gpu_memory_utilization:g}", "model", short="util"),
     Option("swap_space_gib", float, _cache.swap_space_gib, f"CPU swap GiB (default {_cache.swap_space_gib:g})",
@@ -126,10 +129,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("num_gpu_blocks", int, _cache.num_gpu_blocks_override, "fix the GPU block count", "model",
            short="gpub"),
     # scheduler
-    Option("max_num_seqs", int, _sched.max_num_seqs, f"default {_sched.max_num_seqs}", "scheduler", short="seqs"),
+    Option("max_num_seqs", int, _sched.max_num_seqs, f"default {_sched.max_num_seqs}", "scheduler", short="seqs",
+           applies_to=VLLM_ENGINE),
     Option("max_num_batched_tokens", int, None, "per-step token budget, decodes included; default "
            f"max(max_model_len, 2048) + max_num_seqs ({CHUNKED_BUDGET_TOKENS} with chunked prefill)", "scheduler",
-           short="mbt"),
+           short="mbt", applies_to=VLLM_ENGINE),
     Option("preemption", str, _sched.preemption_mode, f"default {_sched.preemption_mode} (vLLM's rule)",
            "scheduler", choices=PREEMPTION_MODES, short="pre", applies_to=PREEMPTING),
     Option("cost_profile", str, None, "calibrated cost-model parameters", "scheduler", metavar="JSON"),
@@ -142,12 +146,29 @@ OPTIONS: tuple[Option, ...] = (
     Option("address_space", str, None, "contiguous placement", "policy", choices=ADDRESS_SPACES,
            applies_to=CONTIGUOUS),
     Option("prefix_caching", bool, None, None, "policy", applies_to=PAGED),
-    Option("chunked_prefill", bool, None, None, "policy"),
+    Option("chunked_prefill", bool, None, None, "policy", applies_to=VLLM_ENGINE),
     Option("scheduler", str, None, "fcfs | priority | sjf | orca | static", "policy"),
     Option("victim", str, None, "preemption victim: newest | largest | fewest-blocks", "policy",
            applies_to=PREEMPTING),
     Option("watermark_blocks", int, None, "absolute watermark (replaces --watermark)", "policy", applies_to=PAGED),
     Option("cost_model", str, None, "roofline, or a plugin", "policy"),
+    # SGLang's server arguments (policy sglang); defaults are SGLang's (blocksim.config.PolicyConfig)
+    Option("schedule_policy", str, None, "SGLang waiting-queue order (default fcfs)", "policy",
+           choices=SCHEDULE_POLICIES, short="sp", applies_to=SGLANG),
+    Option("page_size", int, None, "SGLang tokens per KV page (default 1: token-granular)", "policy", short="ps",
+           parse=positive_int, applies_to=SGLANG),
+    Option("chunked_prefill_size", int, None, "SGLang chunk budget in tokens, -1 disables (default 8192)", "policy",
+           short="cps", applies_to=SGLANG),
+    Option("max_prefill_tokens", int, None, "SGLang input tokens per prefill batch (default 16384)", "policy",
+           short="mpt", parse=positive_int, applies_to=SGLANG),
+    Option("max_running_requests", int, None, "SGLang running-batch limit (default from the pool size)", "policy",
+           short="mrr", parse=positive_int, applies_to=SGLANG),
+    Option("init_new_token_ratio", float, None, "SGLang initial new-token ratio (default 0.7)", "policy",
+           short="ntr", parse=positive_float, applies_to=SGLANG),
+    Option("min_new_token_ratio_factor", float, None, "SGLang minimum ratio as a fraction of the initial one "
+           "(default 0.14)", "policy", short="ntrmin", parse=positive_float, applies_to=SGLANG),
+    Option("new_token_ratio_decay_steps", int, None, "SGLang decode steps from the initial to the minimum ratio "
+           "(default 600)", "policy", short="ntrdecay", parse=positive_int, applies_to=SGLANG),
     # run shaping: applied to the trace by `replay`, not part of the configuration
     Option("max_requests", int, None, "replay only the first N requests", "run", short="n", parse=positive_int),
     Option("rate_scale", float, 1.0, "multiply the request rate (default 1)", "run", short="x",

@@ -10,6 +10,8 @@ orca-max       contiguous reservation of max_model_len per request, buddy alloca
 orca-pow2      reservation = next power of two of prompt + output
 orca-oracle    reservation = exactly prompt + output
 static         FasterTransformer-like static batching over max-length reservations
+sglang         SGLang's scheduler and radix cache: token-granular pool (page size 1), fcfs order,
+               admission by the new-token-ratio estimate, retraction, chunked prefill of 8192
 =============  =====================================================================================
 """
 
@@ -23,10 +25,12 @@ from blocksim.config import ConfigError, PolicyConfig, SimConfig
 from blocksim.cost import CostParams, RooflineCostModel
 from blocksim.memory.paged import BlockSpaceManager
 from blocksim.memory.prefix_cache import PrefixCachingBlockManager
+from blocksim.memory.radix_manager import RadixCacheManager
 from blocksim.memory.reservation import ContiguousManager
-from blocksim.options import BY_NAME, CONTIGUOUS, PAGED, PREEMPTING
+from blocksim.options import BY_NAME, CONTIGUOUS, PAGED, PREEMPTING, SGLANG, VLLM_ENGINE
 from blocksim.scheduling import variants
 from blocksim.scheduling.scheduler import Scheduler
+from blocksim.scheduling.sglang_scheduler import SGLangScheduler
 
 PRESETS: dict[str, dict[str, Any]] = {
     "vllm": {},
@@ -36,6 +40,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     "orca-pow2": {"allocator": "contiguous", "reservation": "pow2", "scheduler": "orca"},
     "orca-oracle": {"allocator": "contiguous", "reservation": "oracle", "scheduler": "orca"},
     "static": {"allocator": "contiguous", "reservation": "max", "scheduler": "static"},
+    "sglang": {"allocator": "radix", "scheduler": "sglang"},
+}
+#: What SGLang calls a vLLM knob, for the message refusing it under the sglang preset.
+SGLANG_EQUIVALENT = {
+    "block_size": "--page-size", "max_num_seqs": "--max-running-requests",
+    "max_num_batched_tokens": "--chunked-prefill-size or --max-prefill-tokens",
+    "chunked_prefill": "--chunked-prefill-size (-1 disables chunking)",
+    "prefix_caching": "nothing: the radix cache always shares prefixes",
+    "preemption": "nothing: SGLang retracts (recomputes) running requests, it never swaps",
+    "victim": "nothing: SGLang retracts the request with the fewest outputs",
 }
 PLUGGABLE = ("allocator", "scheduler", "victim", "cost_model")
 
@@ -63,8 +77,15 @@ def _preempts(scheduler_name: str) -> bool:
     return getattr(plugins.resolve("scheduler", scheduler_name), "preempts", True)
 
 
-def _why_ignored(applies_to: str, policy: str, config: PolicyConfig) -> tuple[str, str] | None:
+def _why_ignored(applies_to: str, policy: str, config: PolicyConfig, name: str = "") -> tuple[str, str] | None:
     """(reason, fix) when the chosen allocator or scheduler is not the part a knob `applies_to`, else None."""
+    radix = config.allocator == "radix"
+    if applies_to == SGLANG and not radix:
+        return (f"it is an SGLang server argument and policy {policy!r} does not use SGLang's scheduler and "
+                f"radix cache", "choose --policy sglang")
+    if radix and applies_to in (PAGED, CONTIGUOUS, PREEMPTING, VLLM_ENGINE):
+        return (f"policy {policy!r} is SGLang's scheduler and radix cache, which ignore this vLLM knob",
+                f"use SGLang's {SGLANG_EQUIVALENT.get(name, 'server arguments')}")
     if applies_to == PAGED and config.allocator == "contiguous":
         return (f"policy {policy!r} uses the contiguous allocator, which reserves each request's memory up front "
                 f"and ignores it", f"choose a paged policy ({_presets_where('paged')})")
@@ -89,7 +110,7 @@ def refuse_ignored_knobs(policy: str, config: PolicyConfig, knobs: Iterable[str]
         option = BY_NAME.get(name)
         if option is None or option.applies_to is None:
             continue
-        why = _why_ignored(option.applies_to, policy, config)
+        why = _why_ignored(option.applies_to, policy, config, name)
         if why:
             reason, fix = why
             raise ConfigError(f"{name} ({option.flag}): {reason}; drop {option.flag}, or {fix}")
@@ -108,6 +129,11 @@ def make_contiguous(config: SimConfig):
                              config.model.max_model_len)
 
 
+def make_radix(config: SimConfig):
+    """SGLang's pool: `num_gpu_blocks` pages of `page_size` tokens (the cache's block size)."""
+    return RadixCacheManager(config.cache.block_size, config.num_gpu_blocks)
+
+
 def make_memory_manager(config: SimConfig):
     return plugins.resolve("allocator", config.policy_config.allocator)(config)
 
@@ -121,10 +147,10 @@ def make_cost_model(config: SimConfig, params: CostParams | None = None):
     return plugins.resolve("cost_model", config.policy_config.cost_model)(config, params)
 
 
-for _name, _obj in (("paged", make_paged), ("contiguous", make_contiguous)):
+for _name, _obj in (("paged", make_paged), ("contiguous", make_contiguous), ("radix", make_radix)):
     plugins.register("allocator", _name, _obj)
 for _name, _obj in (("fcfs", Scheduler), ("priority", variants.PriorityScheduler),
                     ("sjf", variants.SJFScheduler), ("orca", variants.OrcaScheduler),
-                    ("static", variants.StaticScheduler)):
+                    ("static", variants.StaticScheduler), ("sglang", SGLangScheduler)):
     plugins.register("scheduler", _name, _obj)
 plugins.register("cost_model", "roofline", RooflineCostModel)

@@ -152,6 +152,7 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
         s.num_tokens += k - 1
     for d in span.durations_s[:k].tolist():  # the clock adds each step's time, exactly as stepping does
         yield env.timeout(d)
+    sched.on_span_steps(k - 1)
     finished = sched.complete_step(out, env.now)
     fin = np.zeros(k, dtype=np.int64)
     fin[-1] = len(finished)
