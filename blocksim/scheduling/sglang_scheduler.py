@@ -256,7 +256,10 @@ class SGLangScheduler(Scheduler):
             bm.add_filled(group, start, stop)
             out.prefills.append(ScheduledPrefill(group, start, stop))
             out.prefill_tokens += stop - start
-            if group is chunked:  # joins the running batch when its last chunk completes
+            if group is chunked:
+                if stop == group.seqs[0].num_tokens:  # its last chunk: it joins the running batch
+                    self.chunked_group = None
+                    self.running.append(group)
                 continue
             seq = group.seqs[0]
             seq.status = SeqStatus.RUNNING
@@ -340,9 +343,6 @@ class SGLangScheduler(Scheduler):
             group.prefill_pos = None
             if group.first_token_s != group.first_token_s:
                 group.first_token_s = end_s
-            if group is self.chunked_group:
-                self.chunked_group = None
-                self.running.append(group)
             self._advance(group, end_s, finished)
             if group.status is RUNNING:
                 bm.cache_unfinished(group)
