@@ -136,6 +136,7 @@ class CacheConfig:
 
 
 PREEMPTION_MODES = ("auto", "recompute", "swap")
+V1_SCHEDULERS = ("v1", "v1-priority")
 FREE_ORDERS = ("lifo", "fifo")
 RESERVATION_MODES = ("max", "pow2", "oracle")
 ADDRESS_SPACES = ("buddy", "first-fit")
@@ -147,17 +148,23 @@ class SchedulerConfig:
     """Continuous-batching limits (vLLM's names) and the preemption mode.
 
     `preemption_mode="auto"` is vLLM v0's rule: RECOMPUTE for single-sequence groups, SWAP otherwise.
+    `long_prefill_token_threshold` (vLLM V1): when > 0, a request gets at most that many prompt
+    tokens per step.
     """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     preemption_mode: str = "auto"
+    long_prefill_token_threshold: int = 0
 
     def __post_init__(self) -> None:
         _typed("scheduler.max_num_seqs", self.max_num_seqs, int)
         _typed("scheduler.max_num_batched_tokens", self.max_num_batched_tokens, int)
         _require(self.max_num_seqs > 0, "scheduler.max_num_seqs", "must be positive")
         _require(self.max_num_batched_tokens > 0, "scheduler.max_num_batched_tokens", "must be positive")
+        _typed("scheduler.long_prefill_token_threshold", self.long_prefill_token_threshold, int)
+        _require(self.long_prefill_token_threshold >= 0, "scheduler.long_prefill_token_threshold",
+                 "must be >= 0 (0 turns it off)")
         _require(self.preemption_mode in PREEMPTION_MODES, "scheduler.preemption_mode",
                  f"must be one of {', '.join(PREEMPTION_MODES)}, got {self.preemption_mode!r}")
 
@@ -166,12 +173,14 @@ class SchedulerConfig:
 class PolicyConfig:
     """The plug points of one run; presets in `blocksim.policies` fill these.
 
-    `allocator`: paged (vLLM) or contiguous (reservation per request); `free_order` is the paged
+    `allocator`: paged (vLLM v0), v1 (vLLM V1's KV cache manager) or contiguous (reservation per
+    request); `free_order` is the paged
     free list's reuse order; `reservation` (max / pow2 / oracle) and `address_space` (buddy /
     first-fit) apply to contiguous. `prefix_caching` is vLLM's automatic prefix caching (paged
     only); `chunked_prefill` splits prompts under the max_num_batched_tokens budget (Sarathi).
     `scheduler`: fcfs (vLLM v0), priority, sjf (oracle output length), orca (iteration-level, never
-    preempts), static (a batch runs until its longest request ends). `victim`: newest (vLLM),
+    preempts), static (a batch runs until its longest request ends), v1 / v1-priority (vLLM V1's
+    scheduler, which needs allocator v1 and the reverse). `victim`: newest (vLLM),
     largest, fewest-blocks. `watermark_blocks`, when set, replaces the fractional watermark
     (`SimConfig.watermark_blocks` merges the two). Names may also be plugins,
     `"package.module:Class"`; they are resolved, and unknown built-in names refused, by
@@ -220,6 +229,13 @@ class PolicyConfig:
         _require(not (self.chunked_prefill and self.scheduler == "static"), "policy.chunked_prefill",
                  "static batching runs whole prompts as one batch; chunked prefill needs continuous batching "
                  "(use scheduler=fcfs, or turn chunked prefill off)")
+        v1_alloc, v1_sched = self.allocator == "v1", self.scheduler in V1_SCHEDULERS
+        if v1_alloc != v1_sched and ":" not in self.allocator + self.scheduler:
+            raise ConfigError(f"policy.{'scheduler' if v1_alloc else 'allocator'}: vLLM V1's scheduler and KV cache "
+                              f"manager work only together (allocator=v1 with scheduler={' or '.join(V1_SCHEDULERS)}); "
+                              f"got allocator={self.allocator}, scheduler={self.scheduler} (use --policy vllm-v1)")
+        _require(not (v1_alloc and not self.chunked_prefill), "policy.chunked_prefill",
+                 "vLLM V1 always chunks prefills; drop --no-chunked-prefill or choose a vLLM v0 policy")
         if self.scheduler in ("orca", "static") and self.allocator == "paged":
             raise ConfigError(f"policy.scheduler: {self.scheduler} never preempts, so it needs an allocator that "
                               f"reserves each request's maximum up front (allocator=contiguous)")

@@ -37,12 +37,18 @@ DEFAULT_MODEL = "llama-2-7b"
 DEFAULT_GPU = "h100-80gb"
 #: Step budget of chunked prefill when max_num_batched_tokens is not set.
 CHUNKED_BUDGET_TOKENS = 512
+#: vLLM V1's defaults for its OpenAI server (v0.11 `EngineArgs.get_batch_defaults`):
+#: (max_num_batched_tokens, max_num_seqs) on GPUs of >= 70 GiB other than A100s ("large"), else "small".
+V1_DEFAULTS = {"large": (8192, 1024), "small": (2048, 256)}
 
 #: `Option.applies_to` values: the engine part that reads the knob.
 PAGED = "paged"            # the paged block manager (allocator=paged)
 CONTIGUOUS = "contiguous"  # the contiguous reservation manager (allocator=contiguous)
-PREEMPTING = "preempting"  # a scheduler that preempts (not orca, not static)
-VLLM_ENGINE = "vllm-engine"  # vLLM's engine parts: every preset but sglang
+PREEMPTING = "preempting"  # a scheduler that preempts (not orca, not static) by vLLM v0's rules
+BLOCKS = "blocks"          # a paged manager: vLLM v0's (allocator=paged) or vLLM V1's (allocator=v1)
+V0 = "v0"                  # anything but vLLM V1's engine (allocator=v1), which neither swaps nor watermarks
+V1 = "v1"                  # vLLM V1's engine only
+VLLM_ENGINE = "vllm-engine"  # vLLM's engine parts (v0 and V1): every preset but sglang
 SGLANG = "sglang"          # SGLang's scheduler and radix cache (allocator=radix, scheduler=sglang)
 
 GROUP_TITLES = {
@@ -111,7 +117,7 @@ _sched = SchedulerConfig()
 _tp = _field_default(SimConfig, "tensor_parallel")
 
 OPTIONS: tuple[Option, ...] = (
-    Option("policy", str, DEFAULT_POLICY, "preset: vllm (default), vllm-prefix, vllm-chunked, orca-max, "
+    Option("policy", str, DEFAULT_POLICY, "preset: vllm (default), vllm-prefix, vllm-chunked, vllm-v1, orca-max, "
            "orca-pow2, orca-oracle, static, sglang (`blocksim policies`)", "preset"),
     # model, GPU and cache
     Option("model", str, DEFAULT_MODEL, f"model name from the catalog (default {DEFAULT_MODEL})", "model"),
@@ -123,31 +129,35 @@ OPTIONS: tuple[Option, ...] = (
     Option("gpu_memory_utilization", float, _cache.gpu_memory_utilization,
            f"default {_cache.gpu_memory_utilization:g}", "model", short="util"),
     Option("swap_space_gib", float, _cache.swap_space_gib, f"CPU swap GiB (default {_cache.swap_space_gib:g})",
-           "model", short="swap", flags=("--swap-space",)),
+           "model", short="swap", flags=("--swap-space",), applies_to=V0),
     Option("watermark", float, _cache.watermark, f"fraction of GPU blocks kept free (default {_cache.watermark:g})",
            "model", short="wm", applies_to=PAGED),
     Option("num_gpu_blocks", int, _cache.num_gpu_blocks_override, "fix the GPU block count", "model",
            short="gpub"),
     # scheduler
-    Option("max_num_seqs", int, _sched.max_num_seqs, f"default {_sched.max_num_seqs}", "scheduler", short="seqs",
+    Option("max_num_seqs", int, _sched.max_num_seqs, f"default {_sched.max_num_seqs} (vllm-v1: vLLM V1's default for the GPU, "
+           f"{V1_DEFAULTS['large'][1]} on >= 70 GiB, else {V1_DEFAULTS['small'][1]})", "scheduler", short="seqs",
            applies_to=VLLM_ENGINE),
     Option("max_num_batched_tokens", int, None, "per-step token budget, decodes included; default "
-           f"max(max_model_len, 2048) + max_num_seqs ({CHUNKED_BUDGET_TOKENS} with chunked prefill)", "scheduler",
+           f"max(max_model_len, 2048) + max_num_seqs ({CHUNKED_BUDGET_TOKENS} with chunked prefill; vllm-v1: "
+           f"{V1_DEFAULTS['large'][0]} on GPUs of >= 70 GiB but A100s, else {V1_DEFAULTS['small'][0]})", "scheduler",
            short="mbt", applies_to=VLLM_ENGINE),
+    Option("long_prefill_token_threshold", int, None, "vllm-v1: most prompt tokens a request gets per step "
+           "(default 0: no cap)", "scheduler", short="lpt", applies_to=V1),
     Option("preemption", str, _sched.preemption_mode, f"default {_sched.preemption_mode} (vLLM's rule)",
            "scheduler", choices=PREEMPTION_MODES, short="pre", applies_to=PREEMPTING),
     Option("cost_profile", str, None, "calibrated cost-model parameters", "scheduler", metavar="JSON"),
     # policy knobs: None keeps the preset's value (see blocksim.config.PolicyConfig)
-    Option("allocator", str, None, "paged | contiguous", "policy"),
+    Option("allocator", str, None, "paged | v1 | contiguous", "policy"),
     Option("free_order", str, None, "paged free-list reuse order", "policy", choices=FREE_ORDERS,
            applies_to=PAGED),
     Option("reservation", str, None, "contiguous reservation size", "policy", choices=RESERVATION_MODES,
            applies_to=CONTIGUOUS),
     Option("address_space", str, None, "contiguous placement", "policy", choices=ADDRESS_SPACES,
            applies_to=CONTIGUOUS),
-    Option("prefix_caching", bool, None, None, "policy", applies_to=PAGED),
+    Option("prefix_caching", bool, None, None, "policy", applies_to=BLOCKS),
     Option("chunked_prefill", bool, None, None, "policy", applies_to=VLLM_ENGINE),
-    Option("scheduler", str, None, "fcfs | priority | sjf | orca | static", "policy"),
+    Option("scheduler", str, None, "fcfs | priority | sjf | orca | static | v1 | v1-priority | sglang", "policy"),
     Option("victim", str, None, "preemption victim: newest | largest | fewest-blocks", "policy",
            applies_to=PREEMPTING),
     Option("watermark_blocks", int, None, "absolute watermark (replaces --watermark)", "policy", applies_to=PAGED),

@@ -6,6 +6,7 @@ Presets (each knob overridable from the CLI or a config file):
 vllm           paged blocks, LIFO free list, FCFS, preemption by vLLM's rule, victim = newest
 vllm-prefix    vllm + automatic prefix caching
 vllm-chunked   vllm + chunked prefill (Sarathi-style; 512-token step budget unless set)
+vllm-v1        vLLM V1 (v0.11): its KV cache manager and scheduler, prefix caching and chunked prefill on
 orca-max       contiguous reservation of max_model_len per request, buddy allocator, never preempts
 orca-pow2      reservation = next power of two of prompt + output
 orca-oracle    reservation = exactly prompt + output
@@ -23,19 +24,22 @@ from typing import Any
 from blocksim import plugins
 from blocksim.config import ConfigError, PolicyConfig, SimConfig
 from blocksim.cost import CostParams, RooflineCostModel
+from blocksim.memory.kv_cache_manager import KVCacheManager
 from blocksim.memory.paged import BlockSpaceManager
 from blocksim.memory.prefix_cache import PrefixCachingBlockManager
 from blocksim.memory.radix_manager import RadixCacheManager
 from blocksim.memory.reservation import ContiguousManager
-from blocksim.options import BY_NAME, CONTIGUOUS, PAGED, PREEMPTING, SGLANG, VLLM_ENGINE
+from blocksim.options import BLOCKS, BY_NAME, CONTIGUOUS, PAGED, PREEMPTING, SGLANG, V0, V1, VLLM_ENGINE
 from blocksim.scheduling import variants
 from blocksim.scheduling.scheduler import Scheduler
 from blocksim.scheduling.sglang_scheduler import SGLangScheduler
+from blocksim.scheduling.v1_scheduler import V1PriorityScheduler, V1Scheduler
 
 PRESETS: dict[str, dict[str, Any]] = {
     "vllm": {},
     "vllm-prefix": {"prefix_caching": True},
     "vllm-chunked": {"chunked_prefill": True},
+    "vllm-v1": {"allocator": "v1", "scheduler": "v1", "prefix_caching": True, "chunked_prefill": True},
     "orca-max": {"allocator": "contiguous", "reservation": "max", "scheduler": "orca"},
     "orca-pow2": {"allocator": "contiguous", "reservation": "pow2", "scheduler": "orca"},
     "orca-oracle": {"allocator": "contiguous", "reservation": "oracle", "scheduler": "orca"},
@@ -50,6 +54,9 @@ SGLANG_EQUIVALENT = {
     "prefix_caching": "nothing: the radix cache always shares prefixes",
     "preemption": "nothing: SGLang retracts (recomputes) running requests, it never swaps",
     "victim": "nothing: SGLang retracts the request with the fewest outputs",
+    "swap_space_gib": "nothing: SGLang never swaps, it retracts",
+    "watermark": "--init-new-token-ratio (admission keeps room by estimating outputs, not by a watermark)",
+    "watermark_blocks": "--init-new-token-ratio (admission keeps room by estimating outputs, not by a watermark)",
 }
 PLUGGABLE = ("allocator", "scheduler", "victim", "cost_model")
 
@@ -83,10 +90,18 @@ def _why_ignored(applies_to: str, policy: str, config: PolicyConfig, name: str =
     if applies_to == SGLANG and not radix:
         return (f"it is an SGLang server argument and policy {policy!r} does not use SGLang's scheduler and "
                 f"radix cache", "choose --policy sglang")
-    if radix and applies_to in (PAGED, CONTIGUOUS, PREEMPTING, VLLM_ENGINE):
+    if radix and applies_to in (PAGED, CONTIGUOUS, PREEMPTING, VLLM_ENGINE, BLOCKS, V0, V1):
         return (f"policy {policy!r} is SGLang's scheduler and radix cache, which ignore this vLLM knob",
                 f"use SGLang's {SGLANG_EQUIVALENT.get(name, 'server arguments')}")
-    if applies_to == PAGED and config.allocator == "contiguous":
+    v1 = config.allocator == "v1"
+    if v1 and applies_to in (PAGED, PREEMPTING, V0):
+        return (f"policy {policy!r} follows vLLM V1, whose KV cache manager has no watermark, free-list order or "
+                f"swap space and whose scheduler preempts only the last running request by recomputation, "
+                f"so it ignores it", f"choose a vLLM v0 policy ({_presets_where('paged')})")
+    if applies_to == V1 and not v1:
+        return (f"policy {policy!r} is not vLLM V1's engine; only vLLM V1's scheduler reads it",
+                f"choose a vLLM V1 policy (vllm-v1)")
+    if applies_to in (PAGED, BLOCKS) and config.allocator == "contiguous":
         return (f"policy {policy!r} uses the contiguous allocator, which reserves each request's memory up front "
                 f"and ignores it", f"choose a paged policy ({_presets_where('paged')})")
     if applies_to == CONTIGUOUS and config.allocator == "paged":
@@ -123,6 +138,11 @@ def make_paged(config: SimConfig):
     return cls(c.block_size, config.num_gpu_blocks, config.num_cpu_blocks, config.watermark_blocks, p.free_order)
 
 
+def make_v1(config: SimConfig):
+    return KVCacheManager(config.cache.block_size, config.num_gpu_blocks, config.model.max_model_len,
+                          config.policy_config.prefix_caching)
+
+
 def make_contiguous(config: SimConfig):
     p = config.policy_config
     return ContiguousManager(config.cache.block_size, config.num_gpu_blocks, p.reservation, p.address_space,
@@ -147,10 +167,12 @@ def make_cost_model(config: SimConfig, params: CostParams | None = None):
     return plugins.resolve("cost_model", config.policy_config.cost_model)(config, params)
 
 
-for _name, _obj in (("paged", make_paged), ("contiguous", make_contiguous), ("radix", make_radix)):
+for _name, _obj in (("paged", make_paged), ("v1", make_v1), ("contiguous", make_contiguous),
+                    ("radix", make_radix)):
     plugins.register("allocator", _name, _obj)
 for _name, _obj in (("fcfs", Scheduler), ("priority", variants.PriorityScheduler),
                     ("sjf", variants.SJFScheduler), ("orca", variants.OrcaScheduler),
-                    ("static", variants.StaticScheduler), ("sglang", SGLangScheduler)):
+                    ("static", variants.StaticScheduler), ("v1", V1Scheduler),
+                    ("v1-priority", V1PriorityScheduler), ("sglang", SGLangScheduler)):
     plugins.register("scheduler", _name, _obj)
 plugins.register("cost_model", "roofline", RooflineCostModel)

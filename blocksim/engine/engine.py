@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from blocksim.config import SimConfig
+from blocksim.config import ConfigError, SimConfig
 from blocksim.engine.spans import find_span, run_span
 from blocksim.interfaces import MemoryManager
 from blocksim.policies import make_cost_model, make_memory_manager, make_scheduler
@@ -109,7 +109,13 @@ class Engine:
         df = getattr(trace, "df", trace)
         self._hashes = None
         if "prefix_hashes" in df.columns and self.bm.hashes_prefixes:
-            self.bm.hash_block_tokens = getattr(trace, "hash_block_tokens", None)
+            h, bs = getattr(trace, "hash_block_tokens", None), self.bm.block_size
+            self.bm.hash_block_tokens = h  # a manager may refuse it with its own reason (the radix pool's page size)
+            if h and h % bs and bs % h:
+                raise ConfigError(f"block_size (--block-size) {bs} neither divides nor is a multiple of the "
+                                  f"{h} tokens each of the trace's prefix hashes covers, so no block's content is "
+                                  f"known; choose a block size that divides {h}")
+            self.bm.hash_block_tokens = h
             if self.bm.hash_block_tokens:
                 order = self.reqs["_row"].to_numpy()
                 hashes = df["prefix_hashes"].tolist()

@@ -10,10 +10,11 @@ from typing import Any
 
 import traces
 from blocksim.catalog import Catalog
-from blocksim.config import CacheConfig, ConfigError, SchedulerConfig, SimConfig
+from blocksim.config import GiB, CacheConfig, ConfigError, SchedulerConfig, SimConfig
 from blocksim.cost import CostParams
 from blocksim.engine import Engine
-from blocksim.options import CHUNKED_BUDGET_TOKENS, DEFAULT_POLICY, DEFAULTS, POLICY_KEYS, RUN_DEFAULTS, RUN_OPTIONS
+from blocksim.options import (CHUNKED_BUDGET_TOKENS, DEFAULT_POLICY, DEFAULTS, POLICY_KEYS, RUN_DEFAULTS, RUN_OPTIONS,
+                              V1_DEFAULTS)
 from blocksim.policies import make_cost_model, policy_config, refuse_ignored_knobs
 from blocksim.records.result import RunResult
 
@@ -31,6 +32,12 @@ def build_config(policy: str = DEFAULT_POLICY, **options: Any) -> SimConfig:
     model = catalog.model(o["model"])
     policy_cfg = policy_config(policy, **{k: o[k] for k in POLICY_KEYS})
     refuse_ignored_knobs(policy, policy_cfg, given)
+    gpu = catalog.gpu(o["gpu"])
+    if policy_cfg.allocator == "v1":  # vLLM V1's server defaults for the GPU
+        large = gpu.memory_bytes >= 70 * GiB and "a100" not in gpu.name.lower()
+        v1_tokens, v1_seqs = V1_DEFAULTS["large" if large else "small"]
+        o["max_num_seqs"] = given.get("max_num_seqs", v1_seqs)
+        o["max_num_batched_tokens"] = given.get("max_num_batched_tokens", v1_tokens)
     # Default step budget: a prompt of the model's full length must fit beside a full decode batch,
     # since prefills and decodes share a step here (vLLM 0.1's relation: 2560 >= 2048 + 256 + ...).
     seqs = o["max_num_seqs"] if isinstance(o["max_num_seqs"], int) else 0  # SchedulerConfig refuses a non-int
@@ -43,12 +50,13 @@ def build_config(policy: str = DEFAULT_POLICY, **options: Any) -> SimConfig:
         max_tokens = min(chunk, policy_cfg.max_prefill_tokens) if chunk > 0 else policy_cfg.max_prefill_tokens
     return SimConfig(
         model=model,
-        gpu=catalog.gpu(o["gpu"]),
+        gpu=gpu,
         cache=CacheConfig(block_size=block_size, gpu_memory_utilization=o["gpu_memory_utilization"],
                           swap_space_gib=o["swap_space_gib"], watermark=o["watermark"],
                           num_gpu_blocks_override=o["num_gpu_blocks"]),
         scheduler=SchedulerConfig(max_num_seqs=o["max_num_seqs"], max_num_batched_tokens=max_tokens,
-                                  preemption_mode=o["preemption"]),
+                                  preemption_mode=o["preemption"],
+                                  long_prefill_token_threshold=o["long_prefill_token_threshold"] or 0),
         tensor_parallel=o["tensor_parallel"],
         policy=policy,
         policy_config=policy_cfg,

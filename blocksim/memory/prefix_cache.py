@@ -24,6 +24,25 @@ from blocksim.memory.blocks import BlockAllocator, BlockError, Device
 from blocksim.sequence import SequenceGroup, SeqStatus
 
 
+
+def prompt_block_keys(group: SequenceGroup, block_size: int, hash_block_tokens: int | None) -> list[int]:
+    """Content keys of a request's full prompt blocks derived from its trace prefix hashes (empty
+    without them): block j of `block_size` tokens inside hash block `j * block_size //
+    hash_block_tokens` gets that hash id times the blocks per hash block plus its offset; a block
+    covering several hash blocks gets the last one's id (a hash id depends on its whole prefix)."""
+    hashes, h, bs = group.prefix_hashes, hash_block_tokens, block_size
+    if hashes is None or not len(hashes) or not h:
+        return []
+    full = group.prompt_tokens // bs
+    if h % bs == 0:
+        per = h // bs
+        return [int(hashes[(j * bs) // h]) * per + (j % per) for j in range(full) if (j * bs) // h < len(hashes)]
+    if bs % h == 0:
+        return [int(hashes[((j + 1) * bs) // h - 1]) for j in range(full) if ((j + 1) * bs) // h - 1 < len(hashes)]
+    raise BlockError(f"prefix hashes cover {h} tokens, which neither divides nor is a multiple "
+                     f"of the block size {bs}; choose a block size that does")
+
+
 class CachingBlockAllocator(BlockAllocator):
     """GPU free list plus an LRU evictor of cached blocks with no references."""
 
@@ -116,24 +135,9 @@ class PrefixCachingBlockManager(BlockSpaceManager):
 
     def block_keys(self, group: SequenceGroup) -> list[int]:
         """Content keys of the group's full prompt blocks (empty without prefix hashes)."""
-        if group.block_keys is not None:
-            return group.block_keys
-        hashes, h, bs = group.prefix_hashes, self.hash_block_tokens, self.block_size
-        keys: list[int] = []
-        if hashes is not None and len(hashes) and h:
-            full = group.prompt_tokens // bs
-            if h % bs == 0:
-                per = h // bs
-                keys = [int(hashes[(j * bs) // h]) * per + (j % per) for j in range(full)
-                        if (j * bs) // h < len(hashes)]
-            elif bs % h == 0:
-                keys = [int(hashes[((j + 1) * bs) // h - 1]) for j in range(full)
-                        if ((j + 1) * bs) // h - 1 < len(hashes)]
-            else:
-                raise BlockError(f"prefix hashes cover {h} tokens, which neither divides nor is a multiple "
-                                 f"of the block size {bs}; choose a block size that does")
-        group.block_keys = keys
-        return keys
+        if group.block_keys is None:
+            group.block_keys = prompt_block_keys(group, self.block_size, self.hash_block_tokens)
+        return group.block_keys
 
     def allocate(self, group: SequenceGroup, filled: int | None = None) -> None:
         """Reuse cached leading blocks, allocate the rest; `filled=0` counts only the cached content

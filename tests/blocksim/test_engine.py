@@ -48,16 +48,17 @@ def test_every_request_finishes_or_is_rejected_and_blocks_are_conserved(lists, b
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lists=requests, blocks=st.integers(8, 80), block_size=st.sampled_from([2, 8, 16]),
-       preset=st.sampled_from(["vllm", "vllm-prefix", "vllm-chunked", "orca-pow2", "static", "priority", "sjf"]),
+       preset=st.sampled_from(["vllm", "vllm-prefix", "vllm-chunked", "orca-pow2", "static", "priority", "sjf",
+                               "vllm-v1", "v1-priority"]),
        priorities=st.lists(st.integers(0, 2), min_size=25, max_size=25))
 def test_spans_give_exactly_the_single_step_result(lists, blocks, block_size, preset, priorities):
     trace = workload(lists)
     trace["priority"] = priorities[: len(trace)]
-    knobs = {"scheduler": preset} if preset in ("priority", "sjf") else {}
-    if preset not in ("orca-pow2", "static"):  # contiguous reservations have no watermark
+    knobs = {"scheduler": preset} if preset in ("priority", "sjf", "v1-priority") else {}
+    if preset not in ("orca-pow2", "static", "vllm-v1", "v1-priority"):  # no watermark there
         knobs["watermark"] = 0.0
-    cfg = build_config("vllm" if "scheduler" in knobs else preset, num_gpu_blocks=blocks, block_size=block_size,
-                       max_num_seqs=8, **knobs)
+    base = "vllm-v1" if preset == "v1-priority" else "vllm" if "scheduler" in knobs else preset
+    cfg = build_config(base, num_gpu_blocks=blocks, block_size=block_size, max_num_seqs=8, **knobs)
     a = Engine(cfg, trace, spans=True).run()
     b = Engine(cfg, trace, spans=False).run()
     pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=True)

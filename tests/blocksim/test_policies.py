@@ -36,11 +36,22 @@ def frame(lists):
        victim=st.sampled_from(["newest", "largest", "fewest-blocks"]),
        scheduler=st.sampled_from([None, "priority", "sjf"]), address=st.sampled_from(["buddy", "first-fit"]))
 def test_every_policy_conserves_memory_and_loses_no_request(lists, preset, blocks, victim, scheduler, address):
-    contiguous = PRESETS[preset].get("allocator") == "contiguous"  # orca-* and static: never preempt
-    knobs = {"address_space": address} if contiguous else {"victim": victim}
-    if scheduler and not contiguous:
-        knobs["scheduler"] = scheduler
-    cfg = build_config(preset, num_gpu_blocks=blocks, block_size=4, max_num_seqs=6, swap_space_gib=1.0, **knobs)
+    allocator = PRESETS[preset].get("allocator")
+    contiguous = allocator == "contiguous"  # orca-* and static: never preempt
+    if allocator == "v1":  # vLLM V1: no victim choice and no swap space; its own priority policy
+        knobs = {"scheduler": "v1-priority"} if scheduler else {}
+    elif allocator == "radix":  # SGLang: its own knobs (tests/blocksim/test_sglang_engine.py varies them)
+        cfg = build_config(preset, num_gpu_blocks=blocks * 4, max_running_requests=6)
+        res = Engine(cfg, frame(lists).assign(n=1), check_invariants=True).run()
+        assert set(res.requests.status) <= {"finished", "rejected"}
+        assert (res.steps[MEM].sum(axis=1) == blocks * 4).all(), "the five categories sum to capacity"
+        assert (res.steps[MEM] >= 0).all().all()
+        return
+    else:
+        knobs = {"address_space": address} if contiguous else {"victim": victim, "swap_space_gib": 1.0}
+        if scheduler and not contiguous:
+            knobs["scheduler"] = scheduler
+    cfg = build_config(preset, num_gpu_blocks=blocks, block_size=4, max_num_seqs=6, **knobs)
     res = Engine(cfg, frame(lists), check_invariants=True).run()  # allocator invariants after every step
     assert set(res.requests.status) <= {"finished", "rejected"}
     assert (res.steps[MEM].sum(axis=1) == blocks * 4).all(), "the five categories sum to capacity"
@@ -157,6 +168,13 @@ IGNORED_KNOBS = [
     ("vllm-prefix", {"address_space": "first-fit"}, "--address-space", "paged allocator"),
     ("vllm", {"allocator": "contiguous", "scheduler": "orca", "watermark": 0.0}, "--watermark",
      "contiguous allocator"),
+    ("vllm-v1", {"watermark": 0.02}, "--watermark", "follows vLLM V1, whose KV cache manager has no watermark"),
+    ("vllm-v1", {"free_order": "fifo"}, "--free-order", "follows vLLM V1"),
+    ("vllm-v1", {"swap_space_gib": 8.0}, "--swap-space", "follows vLLM V1"),
+    ("vllm-v1", {"preemption": "swap"}, "--preemption", "preempts only the last running request by recomputation"),
+    ("vllm-v1", {"victim": "largest"}, "--victim", "follows vLLM V1"),
+    ("vllm", {"long_prefill_token_threshold": 64}, "--long-prefill-token-threshold", "not vLLM V1's engine"),
+    ("orca-max", {"long_prefill_token_threshold": 64}, "--long-prefill-token-threshold", "not vLLM V1's engine"),
 ]
 
 
@@ -174,6 +192,13 @@ def test_no_preset_and_no_knob_its_parts_read_is_refused(preset):
     if PRESETS[preset].get("allocator") == "contiguous":
         cfg = build_config(preset, reservation="oracle", address_space="first-fit", swap_space_gib=1.0)
         assert (cfg.policy_config.reservation, cfg.policy_config.address_space) == ("oracle", "first-fit")
+    elif PRESETS[preset].get("allocator") == "v1":
+        cfg = build_config(preset, long_prefill_token_threshold=64, prefix_caching=False, scheduler="v1-priority")
+        assert cfg.scheduler.long_prefill_token_threshold == 64 and not cfg.policy_config.prefix_caching
+    elif PRESETS[preset].get("allocator") == "radix":
+        cfg = build_config(preset, schedule_policy="lpm", page_size=16, chunked_prefill_size=-1,
+                           max_running_requests=8, init_new_token_ratio=0.5)
+        assert (cfg.cache.block_size, cfg.policy_config.schedule_policy) == (16, "lpm")
     else:
         cfg = build_config(preset, watermark=0.0, watermark_blocks=2, free_order="fifo", victim="largest",
                            preemption="swap")

@@ -1,0 +1,262 @@
+"""vLLM V1's KV cache manager: block hashes, prefix-cache lookups and slot allocation per request.
+
+Follows `vllm/v1/core/kv_cache_manager.py` and `single_type_kv_cache_manager.py` of vLLM v0.11
+(one full-attention KV cache group), on the `BlockPool` of `blocksim.memory.block_pool`:
+
+* Block hashes are chained: the hash of full block j is `hash((hash of block j - 1, content of
+  block j))`, so equal hashes mean equal prefixes. The content of a prompt block covered by a
+  trace's prefix hashes derives from the hash id covering it (as `prefix_cache.prompt_block_keys`);
+  every other block (prompts without hashes, generated tokens) has content no other request shares.
+* `get_computed_blocks` returns the longest run of leading blocks whose hashes are cached, never
+  covering the last token of the request (its logits must be computed): at most
+  `(num_tokens - 1) // block_size` blocks.
+* `allocate_slots` gives a request blocks for `num_computed + num_new` tokens. It counts the hit
+  blocks still in the free queue as needing a free block each (they leave the queue), refuses
+  (returns False) when the free queue is too short, and records the hashes of blocks that the
+  scheduled tokens fill (cached at scheduling, as V1 does, so a request scheduled later in the
+  same step hits them).
+* `free` releases a request's blocks tail first, so within a request the last block is evicted
+  first, and across requests the least recently freed first (LRU).
+
+There is no swap space and no watermark (V1 preempts by recomputation only). Memory accounting:
+a scheduled token's slot counts as holding K/V from the step it is scheduled in (as the v0
+manager counts an appended slot); blocks hold no slots for unscheduled tokens, so nothing is ever
+reserved; cached blocks waiting in the free queue count as free. The null block counts as used.
+
+It implements `blocksim.interfaces.MemoryManager` for the engine; the admission, append and swap
+methods of vLLM v0's vocabulary are not part of V1 and raise (`blocksim.scheduling.v1_scheduler`
+calls `get_computed_blocks`, `allocate_slots` and `free_request` instead).
+"""
+
+from __future__ import annotations
+
+from blocksim.interfaces import MemoryBreakdown
+from blocksim.memory.block_pool import NULL_BLOCK, BlockPool
+from blocksim.memory.blocks import BlockError
+from blocksim.memory.prefix_cache import prompt_block_keys
+from blocksim.sequence import Sequence, SequenceGroup, SeqStatus
+
+#: Parent hash of a request's first block (vLLM's NONE_HASH, fixed here so runs are reproducible).
+ROOT_HASH = 0x5EED
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    supports_swap = False
+    uses_clock = False
+    has_extents = False
+    hashes_prefixes = True
+    reserves_prefill = True
+    allocates_on_append = True
+
+    def __init__(self, block_size: int, num_gpu_blocks: int, max_model_len: int,
+                 enable_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.num_total_gpu_blocks = num_gpu_blocks
+        self.num_total_cpu_blocks = 0
+        self.watermark_blocks = 0
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.hash_block_tokens: int | None = None
+        self.pool = BlockPool(num_gpu_blocks, enable_caching)
+        self.filled_slots = 0
+        self._hashes: dict[int, list[int]] = {}      # seq_id -> chained hashes of its full blocks so far
+        self._num_cached: dict[int, int] = {}        # seq_id -> leading blocks whose hashes are recorded
+        # vLLM V1's PrefixCacheStats, in tokens: new requests, and requests coming back from preemption.
+        self.queries = self.hits = self.requests = 0
+        self.preempted_queries = self.preempted_hits = self.preempted_requests = 0
+
+    # --- hashes ------------------------------------------------------------------------------
+    def block_hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
+        """Chained hashes of the sequence's first `num_blocks` full blocks (extended as needed)."""
+        hashes = self._hashes.get(seq.seq_id)
+        if hashes is None:
+            hashes = self._hashes[seq.seq_id] = []
+        if len(hashes) >= num_blocks:
+            return hashes
+        g = seq.group
+        bs = self.block_size
+        keys = prompt_block_keys(g, bs, self.hash_block_tokens) if len(hashes) < g.prompt_tokens // bs else ()
+        parent = hashes[-1] if hashes else ROOT_HASH
+        unique = g.index << 24
+        for j in range(len(hashes), num_blocks):
+            content = keys[j] if j < len(keys) else ~(unique | j)
+            parent = hash((parent, content))
+            hashes.append(parent)
+        return hashes
+
+    # --- V1's KVCacheManager -----------------------------------------------------------------
+    def get_computed_blocks(self, group: SequenceGroup) -> tuple[list[int], int]:
+        """The longest cached prefix of a waiting request: (its blocks, its tokens)."""
+        seq = group.seqs[0]
+        if not self.enable_caching:
+            return [], 0
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        prompt_blocks = group.prompt_tokens // self.block_size
+        hashes = self.block_hashes(seq, max(max_blocks, prompt_blocks))
+        if group.block_keys is None:
+            group.block_keys = hashes[:prompt_blocks]  # the plan's content identity of prompt blocks
+        blocks: list[int] = []
+        if max_blocks:
+            get = self.pool.get_cached_block
+            for h in hashes[:max_blocks]:
+                b = get(h)
+                if b is None:
+                    break
+                blocks.append(b)
+        return blocks, len(blocks) * self.block_size
+
+    def record_hit(self, group: SequenceGroup, hit_tokens: int) -> None:
+        """Count an admitted request's lookup in the prefix-cache counters (vLLM counts every
+        lookup, a request waiting several steps included; here each admission counts once)."""
+        n = group.seqs[0].num_tokens
+        if group.preemptions:
+            self.preempted_requests += 1
+            self.preempted_queries += n
+            self.preempted_hits += hit_tokens
+        else:
+            self.requests += 1
+            self.queries += n
+            self.hits += hit_tokens
+
+    def allocate_slots(self, seq: Sequence, num_computed: int, num_new: int,
+                       computed_blocks: list[int] = ()) -> bool:
+        """Blocks for `num_new` tokens after `num_computed` (hits in `computed_blocks` included);
+        False, changing nothing, when the free queue is too short."""
+        pool, bs, table = self.pool, self.block_size, seq.block_table
+        need_tokens = min(num_computed + num_new, self.max_model_len)
+        evictable = 0
+        if computed_blocks:
+            refs = pool.ref_cnt
+            evictable = sum(1 for b in computed_blocks if refs[b] == 0)
+        num_new_blocks = cdiv(need_tokens, bs) - len(computed_blocks) - len(table)
+        if num_new_blocks + evictable > pool.free_queue.num_free:
+            return False
+        if computed_blocks:
+            pool.touch(computed_blocks)
+            table.extend(computed_blocks)
+            self.filled_slots += evictable * bs  # back from the free queue: their slots hold K/V again
+            self._num_cached[seq.seq_id] = len(computed_blocks)
+        if num_new_blocks > 0:
+            table.extend(pool.get_new_blocks(num_new_blocks))
+        self.filled_slots += num_new
+        if self.enable_caching:
+            full = min(num_computed + num_new, seq.num_tokens) // bs
+            done = self._num_cached.get(seq.seq_id, 0)
+            if full > done:
+                pool.cache_full_blocks(table, self.block_hashes(seq, full), done, full)
+                self._num_cached[seq.seq_id] = full
+        return True
+
+    def free_request(self, seq: Sequence, num_computed: int) -> None:
+        """Release a request's blocks, tail first; `num_computed` tokens of K/V were in them."""
+        table = seq.block_table
+        if not table:
+            return
+        bs = self.block_size
+        released = set(self.pool.free_blocks(reversed(table)))
+        if len(released) == len(table):
+            self.filled_slots -= min(num_computed, len(table) * bs)
+        else:
+            self.filled_slots -= sum(max(0, min(bs, num_computed - i * bs))
+                                     for i, b in enumerate(table) if b in released)
+        seq.block_table = []
+        self._num_cached.pop(seq.seq_id, None)
+
+    # --- MemoryManager: what the engine calls ----------------------------------------------------
+    def free(self, seq: Sequence) -> None:
+        """A finished sequence: its K/V covers `kv_len` tokens."""
+        self.free_request(seq, seq.kv_len)
+        self._hashes.pop(seq.seq_id, None)
+
+    @property
+    def num_gpu_blocks_used(self) -> int:
+        return self.num_total_gpu_blocks - self.pool.free_queue.num_free
+
+    @property
+    def num_cpu_blocks_used(self) -> int:
+        return 0
+
+    @property
+    def num_free_gpu_blocks(self) -> int:
+        return self.pool.free_queue.num_free
+
+    def memory_breakdown(self, next_group: SequenceGroup | None,
+                         pending_prefill_slots: int) -> MemoryBreakdown:
+        """K/V slots (scheduled tokens included), no reservation, the unfilled rest of used blocks
+        (and the null block) as internal fragmentation, no external fragmentation, free blocks."""
+        used = self.num_gpu_blocks_used * self.block_size
+        return MemoryBreakdown(self.filled_slots, 0, used - self.filled_slots, 0,
+                               self.pool.free_queue.num_free * self.block_size)
+
+    def append_span_slots(self, seqs: list[Sequence], steps: int, takers: list[int]) -> None:
+        """`steps` further decode steps: a new block for each taker (step order), each block that
+        the steps fill cached, one K/V slot per sequence and step."""
+        get = self.pool.get_new_blocks
+        for i in takers:
+            seqs[i].block_table.extend(get(1))
+        self.filled_slots += steps * len(seqs)
+        if not self.enable_caching:
+            return
+        bs = self.block_size
+        for s in seqs:  # step j writes position num_tokens - 1 + j; blocks full after the last step
+            full = (s.num_tokens + steps) // bs
+            done = self._num_cached.get(s.seq_id, 0)
+            if full > done:
+                self.pool.cache_full_blocks(s.block_table, self.block_hashes(s, full), done, full)
+                self._num_cached[s.seq_id] = full
+
+    def set_clock(self, now_s: float) -> None:
+        """No clock: the free queue's order is the LRU order (`uses_clock` is False)."""
+
+    def free_extents(self):
+        raise BlockError("paged blocks have no address-space extents (has_extents is False)")
+
+    def stats(self) -> dict[str, int]:
+        """vLLM V1's prefix-cache counters (tokens), and evictions of cached blocks."""
+        return {"prefix_cache_hits": self.hits, "prefix_cache_queries": self.queries,
+                "prefix_cache_requests": self.requests, "prefix_cache_preempted_hits": self.preempted_hits,
+                "prefix_cache_preempted_queries": self.preempted_queries,
+                "prefix_cache_evictions": self.pool.evictions}
+
+    # --- vLLM v0's vocabulary: not part of V1 ---------------------------------------------------
+    def _not_v1(self, *_args, **_kwargs):
+        raise BlockError("vLLM V1's KV cache manager has no v0 admission, append or swap calls; "
+                         "schedule it with the v1 scheduler")
+
+    can_allocate = allocate = add_filled = can_append_slots = append_slots = _not_v1
+    can_swap_out = swap_out = can_swap_in = swap_in = _not_v1
+
+    def append_decode_slots(self, groups, start: int, end: int) -> tuple[int, int]:
+        return start, 0
+
+    # --- checks ------------------------------------------------------------------------------
+    def check_invariants(self, live_seqs: list[Sequence]) -> None:
+        """Reference counts equal the tables pointing at each block; tables cover exactly the K/V
+        of each sequence; filled slots add up. O(blocks); for tests."""
+        self.pool.check()
+        refs = [0] * self.num_total_gpu_blocks
+        fill: dict[int, int] = {}
+        bs = self.block_size
+        for s in live_seqs:
+            if s.status is not SeqStatus.RUNNING:
+                raise BlockError(f"sequence {s.seq_id}: {s.status.value} under V1, which never swaps")
+            if len(set(s.block_table)) != len(s.block_table) or NULL_BLOCK in s.block_table:
+                raise BlockError(f"sequence {s.seq_id}: bad block table {s.block_table}")
+            kv_len = s.kv_len
+            if len(s.block_table) != cdiv(kv_len, bs):
+                raise BlockError(f"sequence {s.seq_id}: {len(s.block_table)} blocks for {kv_len} K/V tokens")
+            for i, b in enumerate(s.block_table):
+                refs[b] += 1
+                fill[b] = max(fill.get(b, 0), min(bs, kv_len - i * bs))
+        pool_refs = list(self.pool.ref_cnt)
+        pool_refs[NULL_BLOCK] = 0
+        if refs != pool_refs:
+            bad = [b for b in range(len(refs)) if refs[b] != pool_refs[b]][:5]
+            raise BlockError(f"reference counts disagree with block tables at blocks {bad}")
+        if sum(fill.values()) != self.filled_slots:
+            raise BlockError(f"filled slots {self.filled_slots} != recount {sum(fill.values())}")
+

@@ -1,0 +1,209 @@
+"""vLLM V1's scheduler: one token budget, running requests first, chunked prefill always on.
+
+Follows `vllm/v1/core/sched/scheduler.py` of vLLM v0.11 (no speculative decoding, encoder inputs,
+KV transfer or structured output). Each `schedule()` spends one budget of
+`max_num_batched_tokens` tokens:
+
+1. Running requests, in queue order while tokens remain: each gets `num_tokens -
+   num_computed_tokens` new tokens (1 for a decoding request, the rest of its prompt for a
+   prefilling one), capped by `long_prefill_token_threshold` (when > 0), by the tokens left and
+   by `max_model_len - 1 - num_computed_tokens`. When the KV cache manager cannot allocate them,
+   the last request of the running queue is preempted (under the priority policy, the one of
+   lowest priority, latest arrival among equals; if it was scheduled this step its tokens return
+   to the budget), by recomputation only: its blocks are freed, its computed tokens reset to 0
+   and it goes to the front of the waiting queue. Preempting the request itself ends the loop.
+2. Only if nothing was preempted: waiting requests, in queue order while tokens remain and fewer
+   than `max_num_seqs` run: the prefix cache's hit gives its computed tokens, the rest is capped
+   as above, and the first request the manager cannot allocate stops admission.
+
+A request's `num_computed_tokens` is its sequence's `kv_len` between steps (`prefill_pos` while
+its prompt is in progress). Requests run in arrival order of admission (V1 appends to the
+running queue). Parallel sampling (n > 1) is refused per request: V1's front end fans it out into
+n requests before they reach the scheduler.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+
+from blocksim.config import PolicyConfig, SchedulerConfig
+from blocksim.memory.kv_cache_manager import KVCacheManager, cdiv
+from blocksim.scheduling.outputs import ScheduledPrefill, SchedulerOutputs
+from blocksim.scheduling.scheduler import Scheduler
+from blocksim.sequence import GroupStatus, SequenceGroup, SeqStatus
+
+RUNNING, WAITING = GroupStatus.RUNNING, GroupStatus.WAITING
+
+
+class V1Scheduler(Scheduler):
+    """FCFS (vLLM V1's default policy)."""
+
+    preempts = True
+    priority_policy = False
+
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, max_model_len: int,
+                 policy: PolicyConfig | None = None) -> None:
+        super().__init__(config, kv_cache_manager, max_model_len, policy)
+        if not isinstance(kv_cache_manager, KVCacheManager):
+            raise TypeError("the v1 scheduler needs vLLM V1's KV cache manager (allocator v1)")
+        self.kv: KVCacheManager = kv_cache_manager
+        self.chunked = True
+        self.prompt_limit = max_model_len
+        self.long_prefill_token_threshold = config.long_prefill_token_threshold
+        self.waiting: deque[SequenceGroup] | list[SequenceGroup] = [] if self.priority_policy else deque()
+
+    # --- queues ------------------------------------------------------------------------------
+    def sort_key(self, group: SequenceGroup) -> tuple:
+        if self.priority_policy:
+            return (group.priority, group.arrival_s, group.index)
+        return (group.arrival_s, group.index)
+
+    def add_request(self, group: SequenceGroup) -> None:
+        group.sort_key = self.sort_key(group)
+        group.status = WAITING
+        self._to_waiting(group, front=False)
+
+    def _to_waiting(self, group: SequenceGroup, front: bool) -> None:
+        if self.priority_policy:  # V1's priority queue: a heap on (priority, arrival)
+            bisect.insort(self.waiting, group, key=lambda g: g.sort_key)
+        elif front:
+            self.waiting.appendleft(group)
+        else:
+            self.waiting.append(group)
+
+    def _pop_waiting(self) -> SequenceGroup:
+        return self.waiting.pop(0) if self.priority_policy else self.waiting.popleft()
+
+    def _never_reason(self, group: SequenceGroup, num_tokens: int) -> str:
+        if len(group.seqs) > 1:
+            return (f"n={len(group.seqs)} parallel samples: vLLM V1 fans them out into separate requests "
+                    f"before scheduling; give the trace one row per sample")
+        reason = super()._never_reason(group, num_tokens)
+        if reason:
+            return reason
+        kv = self.kv
+        need = cdiv(group.prompt_tokens + group.output_tokens - 1, kv.block_size)
+        if need > kv.num_total_gpu_blocks - 1:
+            return (f"needs {need} KV blocks, more than the cache's {kv.num_total_gpu_blocks - 1} (its null block "
+                    f"aside); use a larger GPU or a smaller model")
+        return ""
+
+    # --- preemption --------------------------------------------------------------------------
+    def _victim(self) -> SequenceGroup:
+        if self.priority_policy:
+            return max(self.running, key=lambda g: (g.priority, g.arrival_s, g.index))
+        return self.running[-1]
+
+    def _preempt_v1(self, group: SequenceGroup, num_computed: int, out: SchedulerOutputs) -> None:
+        seq = group.seqs[0]
+        self.kv.free_request(seq, num_computed)
+        seq.status = SeqStatus.WAITING
+        group.prefill_pos = None
+        group.status = WAITING
+        group.preemptions += 1
+        out.preempted.append(group)
+        self._to_waiting(group, front=True)
+
+    # --- one step ----------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutputs:
+        out = SchedulerOutputs()
+        budget = self.config.max_num_batched_tokens
+        budget = self._schedule_running(budget, out)
+        if not out.preempted:
+            self._schedule_waiting(budget, out)
+        return out
+
+    def _num_new(self, num_tokens: int, num_computed: int, budget: int) -> int:
+        n = num_tokens - num_computed
+        t = self.long_prefill_token_threshold
+        if 0 < t < n:
+            n = t
+        return min(n, budget, self.max_model_len - 1 - num_computed)
+
+    def _schedule_running(self, budget: int, out: SchedulerOutputs) -> int:
+        kv, running = self.kv, self.running
+        scheduled: dict[int, int] = {}  # id(group) -> tokens, for a victim scheduled earlier this step
+        i = 0
+        while i < len(running) and budget > 0:
+            group = running[i]
+            seq = group.seqs[0]
+            computed = seq.kv_len
+            n = self._num_new(seq.num_tokens, computed, budget)
+            if n <= 0:
+                i += 1
+                continue
+            while not kv.allocate_slots(seq, computed, n):
+                victim = self._victim()
+                running.remove(victim)
+                done = scheduled.pop(id(victim), None)
+                victim_computed = victim.seqs[0].kv_len
+                if done is not None:  # scheduled earlier this step: give back its tokens
+                    budget += done
+                    victim_computed += done
+                    self._unschedule(victim, out)
+                    i -= 1
+                self._preempt_v1(victim, victim_computed, out)
+                if victim is group:
+                    return budget
+            scheduled[id(group)] = n
+            if group.prefill_pos is not None:
+                out.prefills.append(ScheduledPrefill(group, computed, computed + n))
+                out.prefill_tokens += n
+            else:
+                out.decode_groups.append(group)
+                out.num_decode_seqs += 1
+                out.decode_ctx_tokens += seq.num_tokens
+            budget -= n
+            i += 1
+        return budget
+
+    @staticmethod
+    def _unschedule(group: SequenceGroup, out: SchedulerOutputs) -> None:
+        for p in out.prefills:
+            if p.group is group:
+                out.prefills.remove(p)
+                out.prefill_tokens -= p.stop - p.start
+                return
+        out.decode_groups.remove(group)
+        out.num_decode_seqs -= 1
+        out.decode_ctx_tokens -= group.seqs[0].num_tokens
+
+    def _schedule_waiting(self, budget: int, out: SchedulerOutputs) -> None:
+        kv, waiting, running = self.kv, self.waiting, self.running
+        while waiting and budget > 0 and len(running) < self.config.max_num_seqs:
+            group = waiting[0]
+            seq = group.seqs[0]
+            reason = self._never_reason(group, seq.num_tokens)
+            if reason:
+                self._pop_waiting()
+                self._reject(group, reason, out)
+                continue
+            blocks, hit = kv.get_computed_blocks(group)
+            n = self._num_new(seq.num_tokens, hit, budget)
+            if not kv.allocate_slots(seq, hit, n, blocks):
+                break
+            self._pop_waiting()
+            kv.record_hit(group, hit)
+            running.append(group)
+            group.status = RUNNING
+            seq.status = SeqStatus.RUNNING
+            group.num_cached_tokens = group.hit_tokens = hit
+            group.prefix_hit_tokens += hit
+            if group.preemptions:
+                group.recomputed_tokens += seq.num_tokens - hit
+            group.prefill_pos = hit
+            out.prefills.append(ScheduledPrefill(group, hit, hit + n))
+            out.prefill_tokens += n
+            budget -= n
+
+    def _finish_seq(self, seq) -> None:
+        self.kv.free(seq)
+        seq.status = SeqStatus.FINISHED
+
+
+class V1PriorityScheduler(V1Scheduler):
+    """vLLM V1's priority policy: waiting ordered by (priority, arrival), the victim the running
+    request of lowest priority (largest value), latest arrival among equals."""
+
+    priority_policy = True
