@@ -280,22 +280,62 @@ class RadixCacheManager:
             ctx += seq.num_tokens
         return end, ctx
 
+    def append_decode(self, groups: list[SequenceGroup]) -> int:
+        """One decode step of `groups` (one sequence each, in order): a slot each, a new page at a
+        page boundary; returns the context tokens. `check_decode` made room first."""
+        reqs, ps, free = self.reqs, self.block_size, self.free_pages
+        n = len(groups)
+        ctx = 0
+        if ps == 1 and len(free) >= n:
+            pages = free[-n:]
+            del free[-n:]
+            for g, page in zip(groups, pages):
+                seq = g.seqs[0]
+                seq.block_table.append(page)
+                reqs[seq.seq_id].allocated += 1
+                ctx += seq.num_tokens
+        else:
+            for g in groups:
+                seq = g.seqs[0]
+                self.append_slots(seq)
+                ctx += seq.num_tokens
+            return ctx
+        self.own_tokens += n
+        return ctx
+
     def append_span_slots(self, seqs: list[Sequence], steps: int, takers: list[int]) -> None:
-        """`steps` further decode steps: step by step, evicting as a decode step would, new pages
-        at page boundaries (the order of `takers`)."""
-        reqs, ps = self.reqs, self.block_size
+        """`steps` further decode steps, step by step as a decode step would: evict when the free
+        pages are short of the step's new pages, then a new page for each sequence at a page
+        boundary (which sequence gets which page is not recorded: plans step one by one)."""
+        reqs, ps, free = self.reqs, self.block_size, self.free_pages
         states = [reqs[s.seq_id] for s in seqs]
         n = len(seqs)
-        for _ in range(steps):
-            crossing = [i for i in range(n) if states[i].allocated % ps == 0] if ps > 1 else range(n)
-            k = len(crossing)
-            if k and len(self.free_pages) < k:
-                self.evict(k * ps)
-            for i in crossing:
-                seqs[i].block_table += self._take(1)
-            for st in states:
-                st.allocated += 1
-            self.own_tokens += n
+        if ps == 1:
+            taken: list[int] = []
+            for _ in range(steps):
+                if len(free) < n:
+                    self.evict(n)
+                    if len(free) < n:
+                        raise BlockError(f"radix pool: {n} slots needed, {len(free)} free and nothing evictable")
+                taken += free[-n:]
+                del free[-n:]
+            for i, s in enumerate(seqs):
+                s.block_table += taken[i::n]
+        else:
+            for _ in range(steps):
+                crossing = [i for i in range(n) if states[i].allocated % ps == 0]
+                k = len(crossing)
+                if k and len(free) < k:
+                    self.evict(k * ps)
+                for i in crossing:
+                    seqs[i].block_table += self._take(1)
+                for st in states:
+                    st.allocated += 1
+            self.own_tokens += n * steps
+            return
+        for st in states:
+            st.allocated += steps
+        self.own_tokens += n * steps
 
     # --- freeing -------------------------------------------------------------------------------
     def free(self, seq: Sequence) -> None:

@@ -290,14 +290,9 @@ class SGLangScheduler(Scheduler):
                 return
         else:
             self.new_token_ratio = max(self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio)
-        ctx = 0
-        for group in running:
-            seq = group.seqs[0]
-            bm.append_slots(seq)
-            ctx += seq.num_tokens
+        out.decode_ctx_tokens += bm.append_decode(running)
         out.decode_groups.extend(running)
         out.num_decode_seqs += len(running)
-        out.decode_ctx_tokens += ctx
 
     def _retract(self, out: SchedulerOutputs) -> None:
         bm, running = self.bm, self.running
