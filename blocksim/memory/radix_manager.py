@@ -33,7 +33,7 @@ from blocksim.config import ConfigError
 from blocksim.interfaces import AllocStatus, MemoryBreakdown
 from blocksim.memory.blocks import BlockError
 from blocksim.memory.radix_tree import Content, Node, RadixTree
-from blocksim.sequence import Sequence, SequenceGroup, SeqStatus
+from blocksim.sequence import Sequence, SequenceGroup
 
 
 def cdiv(a: int, b: int) -> int:

@@ -229,7 +229,7 @@ class SGLangScheduler(Scheduler):
         first_new = len(adder.admitted)
         rejected = []
         for group in self.waiting:
-            if len(self.running) + len(adder.admitted) - first_new >= self.max_running:
+            if len(self.running) + len(adder.admitted) >= self.max_running:  # the chunked request counts
                 self.batch_is_full = True
                 break
             reason = self._never_reason(group)
