@@ -29,6 +29,8 @@ SUMMARY_ROWS = [
     ("normalized latency", "norm_latency_mean_s", "{:.4f} s/token"),
     ("preemptions", "preemptions", "{:.0f}"), ("blocks swapped out", "blocks_swapped_out", "{:.0f}"),
     ("prefix cache hits", ("prefix_cache_hits", "prefix_cache_queries"), "{:.0f} of {:.0f} blocks"),
+    ("prefix tokens saved", "prefix_saved_tokens", "{:.0f}"),
+    ("prefix evictions", "prefix_cache_evictions", "{:.0f}"),
     ("GPU blocks", "num_gpu_blocks", "{:.0f}"), ("engine steps", "steps", "{:.0f}"),
     ("simulated", "simulated_s", "{:.1f} s"), ("wall", "wall_s", "{:.2f} s"),
 ]

@@ -137,6 +137,7 @@ class CacheConfig:
 
 PREEMPTION_MODES = ("auto", "recompute", "swap")
 V1_SCHEDULERS = ("v1", "v1-priority")
+V0_RELEASES = ("0.1", "0.2", "0.4", "0.6.4")
 FREE_ORDERS = ("lifo", "fifo")
 RESERVATION_MODES = ("max", "pow2", "oracle")
 ADDRESS_SPACES = ("buddy", "first-fit")
@@ -184,7 +185,8 @@ class PolicyConfig:
     largest, fewest-blocks. `watermark_blocks`, when set, replaces the fractional watermark
     (`SimConfig.watermark_blocks` merges the two). Names may also be plugins,
     `"package.module:Class"`; they are resolved, and unknown built-in names refused, by
-    `blocksim.policies`.
+    `blocksim.policies`. `v0_release` is the vLLM v0 release whose step rules the fcfs, priority
+    and sjf schedulers follow (`blocksim.scheduling.scheduler`).
     """
 
     allocator: str = "paged"
@@ -206,6 +208,7 @@ class PolicyConfig:
     init_new_token_ratio: float = 0.7
     min_new_token_ratio_factor: float = 0.14
     new_token_ratio_decay_steps: int = 600
+    v0_release: str = "0.1"
 
     def __post_init__(self) -> None:
         self._check_sglang()
@@ -215,6 +218,8 @@ class PolicyConfig:
             _require(isinstance(getattr(self, f), str), f"policy.{f}", f"expected a name, got {getattr(self, f)!r}")
         _require(self.free_order in FREE_ORDERS, "policy.free_order",
                  f"must be one of {', '.join(FREE_ORDERS)}, got {self.free_order!r}")
+        _require(self.v0_release in V0_RELEASES, "policy.v0_release",
+                 f"must be one of {', '.join(V0_RELEASES)}, got {self.v0_release!r}")
         _require(self.reservation in RESERVATION_MODES, "policy.reservation",
                  f"must be one of {', '.join(RESERVATION_MODES)}, got {self.reservation!r}")
         _require(self.address_space in ADDRESS_SPACES, "policy.address_space",

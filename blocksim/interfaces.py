@@ -58,7 +58,8 @@ class MemoryManager(Protocol):
     * `has_extents`: `free_extents()` returns the free address-space runs, sampled by the engine
       into `free_extents.parquet`.
     * `hashes_prefixes`: the manager reuses blocks by content; the engine sets `hash_block_tokens`
-      from a trace that carries prefix hashes.
+      from a trace that carries prefix hashes, and a vLLM v0 scheduler calls
+      `mark_blocks_as_computed` at the end of each `schedule()` and may ask `num_cached_tokens`.
     * `reserves_prefill`: `memory_breakdown` counts the not yet written slots of a chunked prefill
       as reservation itself. False: the engine passes them as `pending_prefill_slots`.
     * `allocates_on_append`: a decoded token writes into its sequence's last block and takes a new
@@ -101,6 +102,14 @@ class MemoryManager(Protocol):
 
     def add_filled(self, group: SequenceGroup, start: int, stop: int) -> None:
         """A prompt chunk wrote the K/V of positions [start, stop)."""
+
+    def num_cached_tokens(self, group: SequenceGroup) -> int:
+        """Prompt tokens of a waiting group that `allocate` now would not prefill (prefix-cache
+        hits whose K/V is computed); 0 without prefix caching."""
+
+    def mark_blocks_as_computed(self) -> None:
+        """The step being scheduled will have computed the blocks it writes (vLLM v0 marks them
+        at the end of `schedule()`): from now on a hit on them skips their prefill."""
 
     # --- decode ------------------------------------------------------------------------------
     def can_append_slots(self, group: SequenceGroup) -> bool:

@@ -27,6 +27,7 @@ from blocksim.config import (
     PREEMPTION_MODES,
     RESERVATION_MODES,
     SCHEDULE_POLICIES,
+    V0_RELEASES,
     CacheConfig,
     SchedulerConfig,
     SimConfig,
@@ -117,7 +118,8 @@ _sched = SchedulerConfig()
 _tp = _field_default(SimConfig, "tensor_parallel")
 
 OPTIONS: tuple[Option, ...] = (
-    Option("policy", str, DEFAULT_POLICY, "preset: vllm (default), vllm-prefix, vllm-chunked, vllm-v1, orca-max, "
+    Option("policy", str, DEFAULT_POLICY, "preset: vllm (default), vllm-prefix, vllm-chunked, vllm-0.6, vllm-v1, "
+           "orca-max, "
            "orca-pow2, orca-oracle, static, sglang (`blocksim policies`)", "preset"),
     # model, GPU and cache
     Option("model", str, DEFAULT_MODEL, f"model name from the catalog (default {DEFAULT_MODEL})", "model"),
@@ -179,6 +181,9 @@ OPTIONS: tuple[Option, ...] = (
            "(default 0.14)", "policy", short="ntrmin", parse=positive_float, applies_to=SGLANG),
     Option("new_token_ratio_decay_steps", int, None, "SGLang decode steps from the initial to the minimum ratio "
            "(default 600)", "policy", short="ntrdecay", parse=positive_int, applies_to=SGLANG),
+    Option("v0_release", str, None, "vLLM v0 release whose step rules apply: 0.1 (mixed steps), 0.2 (prompt-only "
+           "steps), 0.4 (+ swap-ins charged to the token budget), 0.6.4 (+ admission on uncached tokens)", "policy",
+           choices=V0_RELEASES, short="rel", applies_to=PREEMPTING),
     # run shaping: applied to the trace by `replay`, not part of the configuration
     Option("max_requests", int, None, "replay only the first N requests", "run", short="n", parse=positive_int),
     Option("rate_scale", float, 1.0, "multiply the request rate (default 1)", "run", short="x",

@@ -6,6 +6,8 @@ Presets (each knob overridable from the CLI or a config file):
 vllm           paged blocks, LIFO free list, FCFS, preemption by vLLM's rule, victim = newest
 vllm-prefix    vllm + automatic prefix caching
 vllm-chunked   vllm + chunked prefill (Sarathi-style; 512-token step budget unless set)
+vllm-0.6       vllm with vLLM 0.6.4-0.6.6's step rules (v0_release 0.6.4): prompt-only steps, swap-ins
+               charged to the token budget, admission on uncached tokens under prefix caching
 vllm-v1        vLLM V1 (v0.11): its KV cache manager and scheduler, prefix caching and chunked prefill on
 orca-max       contiguous reservation of max_model_len per request, buddy allocator, never preempts
 orca-pow2      reservation = next power of two of prompt + output
@@ -39,6 +41,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "vllm": {},
     "vllm-prefix": {"prefix_caching": True},
     "vllm-chunked": {"chunked_prefill": True},
+    "vllm-0.6": {"v0_release": "0.6.4"},
     "vllm-v1": {"allocator": "v1", "scheduler": "v1", "prefix_caching": True, "chunked_prefill": True},
     "orca-max": {"allocator": "contiguous", "reservation": "max", "scheduler": "orca"},
     "orca-pow2": {"allocator": "contiguous", "reservation": "pow2", "scheduler": "orca"},
@@ -55,6 +58,7 @@ SGLANG_EQUIVALENT = {
     "preemption": "nothing: SGLang retracts (recomputes) running requests, it never swaps",
     "victim": "nothing: SGLang retracts the request with the fewest outputs",
     "swap_space_gib": "nothing: SGLang never swaps, it retracts",
+    "v0_release": "nothing: the sglang preset follows SGLang v0.4's scheduler",
     "watermark": "--init-new-token-ratio (admission keeps room by estimating outputs, not by a watermark)",
     "watermark_blocks": "--init-new-token-ratio (admission keeps room by estimating outputs, not by a watermark)",
 }

@@ -41,8 +41,14 @@ def build_config(policy: str = DEFAULT_POLICY, **options: Any) -> SimConfig:
     # Default step budget: a prompt of the model's full length must fit beside a full decode batch,
     # since prefills and decodes share a step here (vLLM 0.1's relation: 2560 >= 2048 + 256 + ...).
     seqs = o["max_num_seqs"] if isinstance(o["max_num_seqs"], int) else 0  # SchedulerConfig refuses a non-int
-    max_tokens = o["max_num_batched_tokens"] or (
-        CHUNKED_BUDGET_TOKENS if policy_cfg.chunked_prefill else max(model.max_model_len, 2048) + seqs)
+    if o["max_num_batched_tokens"]:
+        max_tokens = o["max_num_batched_tokens"]
+    elif policy_cfg.chunked_prefill:
+        max_tokens = CHUNKED_BUDGET_TOKENS
+    elif policy_cfg.v0_release != "0.1":  # prompt-only steps: vLLM 0.2-0.6's default, decodes never share a step
+        max_tokens = max(model.max_model_len, 2048)
+    else:
+        max_tokens = max(model.max_model_len, 2048) + seqs
     block_size = o["block_size"]
     if policy_cfg.allocator == "radix":  # SGLang: pages of page_size tokens; the largest prefill batch sizes
         block_size = policy_cfg.page_size  # the activation estimate

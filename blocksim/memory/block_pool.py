@@ -102,7 +102,8 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.ref_cnt = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
-        self.cached: dict[int, list[int]] = {}  # hash -> blocks holding that content, first is returned
+        self.cached: dict[int, int] = {}            # hash -> the first block cached with that content
+        self.duplicates: dict[int, list[int]] = {}  # hash -> later blocks with that content, in caching order
         self.free_queue = FreeBlockQueue(num_blocks)
         self.free_queue.popleft()  # the null block
         self.evictions = 0
@@ -112,29 +113,53 @@ class BlockPool:
         return self.free_queue.num_free
 
     def get_cached_block(self, block_hash: int) -> int | None:
-        blocks = self.cached.get(block_hash)
-        return blocks[0] if blocks else None
+        return self.cached.get(block_hash)
 
     def get_new_blocks(self, n: int) -> list[int]:
         """`n` blocks from the head of the free queue, each evicted from the cache if it held content."""
-        if n > self.free_queue.num_free:
-            raise BlockError(f"block pool: cannot take {n} blocks, {self.free_queue.num_free} free")
-        pop, refs, hashes = self.free_queue.popleft, self.ref_cnt, self.block_hash
+        q = self.free_queue
+        if n > q.num_free:
+            raise BlockError(f"block pool: cannot take {n} blocks, {q.num_free} free")
+        nxt, prv, refs, hashes = q.next, q.prev, self.ref_cnt, self.block_hash
+        cached, dups = self.cached, self.duplicates
         out = []
-        for _ in range(n):
-            b = pop()
-            if hashes[b] is not None:
-                self._evict(b)
-            refs[b] = 1
+        b = q.head
+        for _ in range(n):  # the queue's popleft and `_evict`, unrolled
             out.append(b)
+            n_ = nxt[b]
+            prv[b] = nxt[b] = _NIL
+            h = hashes[b]
+            if h is not None:
+                if h in dups or cached[h] != b:
+                    self._evict(b)
+                else:
+                    del cached[h]
+                    hashes[b] = None
+                    self.evictions += 1
+            refs[b] = 1
+            b = n_
+        q.head = b
+        if b == _NIL:
+            q.tail = _NIL
+        else:
+            prv[b] = _NIL
+        q.num_free -= n
         return out
 
     def _evict(self, b: int) -> None:
         h = self.block_hash[b]
-        blocks = self.cached[h]
-        blocks.remove(b)
-        if not blocks:
-            del self.cached[h]
+        dups = self.duplicates.get(h)
+        if self.cached[h] == b:
+            if dups:
+                self.cached[h] = dups.pop(0)
+                if not dups:
+                    del self.duplicates[h]
+            else:
+                del self.cached[h]
+        else:
+            dups.remove(b)
+            if not dups:
+                del self.duplicates[h]
         self.block_hash[b] = None
         self.evictions += 1
 
@@ -158,9 +183,20 @@ class BlockPool:
             refs[b] = rc
             if rc == 0:
                 released.append(b)
-        append = self.free_queue.append
-        for b in released:
-            append(b)
+        if released:  # the queue's append, unrolled: link the released blocks after the tail
+            q = self.free_queue
+            nxt, prv = q.next, q.prev
+            t = q.tail
+            for b in released:
+                prv[b] = t
+                if t == _NIL:
+                    q.head = b
+                else:
+                    nxt[t] = b
+                t = b
+            nxt[t] = _NIL
+            q.tail = t
+            q.num_free += len(released)
         return released
 
     def cache_full_blocks(self, blocks: list[int], hashes: list[int], start: int, stop: int) -> None:
@@ -171,11 +207,10 @@ class BlockPool:
         for i in range(start, stop):
             b, h = blocks[i], hashes[i]
             bh[b] = h
-            lst = cached.get(h)
-            if lst is None:
-                cached[h] = [b]
+            if h in cached:
+                self.duplicates.setdefault(h, []).append(b)
             else:
-                lst.append(b)
+                cached[h] = b
 
     def check(self) -> None:
         """The free queue against the reference counts and the cache maps (O(num_blocks); tests)."""
@@ -188,8 +223,10 @@ class BlockPool:
                              f"{sorted(set(free) ^ zero)[:5]}")
         if any(rc < 0 for rc in self.ref_cnt):
             raise BlockError("block pool: negative reference count")
-        for h, blocks in self.cached.items():
-            if any(self.block_hash[b] != h for b in blocks):
+        for h, b in self.cached.items():
+            if any(self.block_hash[x] != h for x in [b, *self.duplicates.get(h, ())]):
                 raise BlockError(f"block pool: hash {h} maps to a block that holds other content")
-        if sum(len(v) for v in self.cached.values()) != sum(h is not None for h in self.block_hash):
+        if not set(self.duplicates) <= set(self.cached):
+            raise BlockError("block pool: duplicates of a hash no block is cached under")
+        if len(self.cached) + sum(map(len, self.duplicates.values())) != sum(h is not None for h in self.block_hash):
             raise BlockError("block pool: a hashed block is missing from the cache map")

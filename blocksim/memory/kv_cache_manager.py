@@ -68,6 +68,7 @@ class KVCacheManager:
         # vLLM V1's PrefixCacheStats, in tokens: new requests, and requests coming back from preemption.
         self.queries = self.hits = self.requests = 0
         self.preempted_queries = self.preempted_hits = self.preempted_requests = 0
+        self.hit_blocks = self.query_blocks = self.saved_tokens = 0
 
     # --- hashes ------------------------------------------------------------------------------
     def block_hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
@@ -110,9 +111,13 @@ class KVCacheManager:
         return blocks, len(blocks) * self.block_size
 
     def record_hit(self, group: SequenceGroup, hit_tokens: int) -> None:
-        """Count an admitted request's lookup in the prefix-cache counters (vLLM counts every
-        lookup, a request waiting several steps included; here each admission counts once)."""
+        """Count an admitted request's lookup (vLLM counts every lookup, a request waiting several
+        steps included; here each admission counts once): in tokens as vLLM V1's PrefixCacheStats
+        (new and preempted requests apart), and in blocks as the other prefix caches here."""
         n = group.seqs[0].num_tokens
+        self.hit_blocks += hit_tokens // self.block_size
+        self.query_blocks += (n - 1) // self.block_size
+        self.saved_tokens += hit_tokens
         if group.preemptions:
             self.preempted_requests += 1
             self.preempted_queries += n
@@ -150,6 +155,55 @@ class KVCacheManager:
                 pool.cache_full_blocks(table, self.block_hashes(seq, full), done, full)
                 self._num_cached[seq.seq_id] = full
         return True
+
+    def allocate_decode_slots(self, groups: list[SequenceGroup], start: int, end: int,
+                              max_groups: int) -> tuple[int, int]:
+        """`allocate_slots(seq, kv_len, 1)` for groups[start:end] in order, at most `max_groups` of
+        them, while a group decodes (its prompt done), stays under max_model_len and finds a free
+        block where it needs one; returns `(stop, context_tokens)` of the groups served.
+
+        The scheduler's per-step fast path; it takes groups[stop] on its general path.
+        """
+        pool, bs = self.pool, self.block_size
+        q, refs, block_hash = pool.free_queue, pool.ref_cnt, pool.block_hash
+        caching, ncached, hashes_of = self.enable_caching, self._num_cached, self._hashes
+        limit = self.max_model_len
+        stop = min(end, start + max_groups)
+        ctx = 0
+        i = start
+        while i < stop:
+            g = groups[i]
+            if g.prefill_pos is not None:
+                break
+            s = g.seqs[0]
+            n = s.num_tokens  # K/V slots after this step's token
+            if n >= limit:
+                break
+            table = s.block_table
+            if n > len(table) * bs:
+                if not q.num_free:
+                    break
+                b = q.popleft()
+                if block_hash[b] is not None:
+                    pool._evict(b)
+                refs[b] = 1
+                table.append(b)
+            if caching and n % bs == 0:  # the token fills its block: cache it
+                j = n // bs
+                sid = s.seq_id
+                hs = hashes_of.get(sid)
+                if hs and len(hs) == j - 1 and j - 1 >= g.prompt_tokens // bs:  # block_hashes, inlined
+                    hs.append(hash((hs[-1], ~((g.index << 24) | (j - 1)))))
+                elif hs is None or len(hs) < j:
+                    hs = self.block_hashes(s, j)
+                done = ncached.get(sid, 0)
+                if j > done:
+                    pool.cache_full_blocks(table, hs, done, j)
+                    ncached[sid] = j
+            ctx += n
+            i += 1
+        self.filled_slots += i - start
+        return i, ctx
 
     def free_request(self, seq: Sequence, num_computed: int) -> None:
         """Release a request's blocks, tail first; `num_computed` tokens of K/V were in them."""
@@ -195,19 +249,30 @@ class KVCacheManager:
     def append_span_slots(self, seqs: list[Sequence], steps: int, takers: list[int]) -> None:
         """`steps` further decode steps: a new block for each taker (step order), each block that
         the steps fill cached, one K/V slot per sequence and step."""
-        get = self.pool.get_new_blocks
-        for i in takers:
-            seqs[i].block_table.extend(get(1))
+        if takers:
+            new = self.pool.get_new_blocks(len(takers))  # in step order, as stepping takes them
+            for i, b in zip(takers, new):
+                seqs[i].block_table.append(b)
         self.filled_slots += steps * len(seqs)
         if not self.enable_caching:
             return
-        bs = self.block_size
+        bs, ncached, hashes_of = self.block_size, self._num_cached, self._hashes
+        cache = self.pool.cache_full_blocks
         for s in seqs:  # step j writes position num_tokens - 1 + j; blocks full after the last step
             full = (s.num_tokens + steps) // bs
-            done = self._num_cached.get(s.seq_id, 0)
+            done = ncached.get(s.seq_id, 0)
             if full > done:
-                self.pool.cache_full_blocks(s.block_table, self.block_hashes(s, full), done, full)
-                self._num_cached[s.seq_id] = full
+                hs = hashes_of.get(s.seq_id)
+                if hs is None or len(hs) < full:
+                    g = s.group
+                    if hs and len(hs) >= g.prompt_tokens // bs:  # generated blocks: block_hashes, inlined
+                        unique = g.index << 24
+                        for k in range(len(hs), full):
+                            hs.append(hash((hs[-1], ~(unique | k))))
+                    else:
+                        hs = self.block_hashes(s, full)
+                cache(s.block_table, hs, done, full)
+                ncached[s.seq_id] = full
 
     def set_clock(self, now_s: float) -> None:
         """No clock: the free queue's order is the LRU order (`uses_clock` is False)."""
@@ -216,11 +281,15 @@ class KVCacheManager:
         raise BlockError("paged blocks have no address-space extents (has_extents is False)")
 
     def stats(self) -> dict[str, int]:
-        """vLLM V1's prefix-cache counters (tokens), and evictions of cached blocks."""
-        return {"prefix_cache_hits": self.hits, "prefix_cache_queries": self.queries,
-                "prefix_cache_requests": self.requests, "prefix_cache_preempted_hits": self.preempted_hits,
-                "prefix_cache_preempted_queries": self.preempted_queries,
-                "prefix_cache_evictions": self.pool.evictions}
+        """Prefix-cache hits and lookups in blocks (as every prefix cache here reports them), prompt
+        tokens not prefilled thanks to hits, evictions of cached blocks, and vLLM V1's own counters
+        in tokens (new requests, and requests back from preemption)."""
+        return {"prefix_cache_hits": self.hit_blocks, "prefix_cache_queries": self.query_blocks,
+                "prefix_cache_evictions": self.pool.evictions, "prefix_saved_tokens": self.saved_tokens,
+                "v1_prefix_cache_hit_tokens": self.hits, "v1_prefix_cache_query_tokens": self.queries,
+                "v1_prefix_cache_requests": self.requests,
+                "v1_prefix_cache_preempted_hit_tokens": self.preempted_hits,
+                "v1_prefix_cache_preempted_query_tokens": self.preempted_queries}
 
     # --- vLLM v0's vocabulary: not part of V1 ---------------------------------------------------
     def _not_v1(self, *_args, **_kwargs):
@@ -232,6 +301,13 @@ class KVCacheManager:
 
     def append_decode_slots(self, groups, start: int, end: int) -> tuple[int, int]:
         return start, 0
+
+    def num_cached_tokens(self, group: SequenceGroup) -> int:
+        """V1 looks hits up with `get_computed_blocks`; a v0 scheduler never runs on this manager."""
+        return 0
+
+    def mark_blocks_as_computed(self) -> None:
+        """V1 caches a block's hash when it is scheduled: nothing to mark after the step."""
 
     # --- checks ------------------------------------------------------------------------------
     def check_invariants(self, live_seqs: list[Sequence]) -> None:

@@ -81,6 +81,13 @@ class BlockSpaceManager:
         """A prompt chunk writes positions [start, stop) into blocks the group's sequences share."""
         self.gpu_filled_slots += stop - start
 
+    def num_cached_tokens(self, group: SequenceGroup) -> int:
+        """No prefix cache: every prompt token is prefilled."""
+        return 0
+
+    def mark_blocks_as_computed(self) -> None:
+        """No prefix cache: nothing to mark."""
+
     # --- decode ------------------------------------------------------------------------------
     def can_append_slots(self, group: SequenceGroup) -> bool:
         return self.gpu.num_free >= sum(1 for s in group.seqs if s.status is SeqStatus.RUNNING)

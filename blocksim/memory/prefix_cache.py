@@ -7,11 +7,18 @@ so equal keys mean equal prefixes). Blocks without a key (partial last blocks, g
 traces without hashes) are never shared.
 
 At admission each leading full prompt block whose key is cached is reused (a hit; reference
-counted like any shared block) and only the tokens after the cached prefix are prefilled (at
-least the last one, as vLLM recomputes it). A block whose last reference goes keeps its content
-and key and waits in an evictor; it still counts as free. A new block comes from the never-cached
-free list first, else the evictor gives up its least recently freed block, ties going to the
-deepest block of a chain (the one furthest into its prompt), and its key is forgotten.
+counted like any shared block) and only the tokens of the computed prefix are skipped (at least
+the last prompt token is prefilled, as vLLM recomputes it). As in vLLM v0, a block's K/V counts
+as computed only after the step that writes it has been scheduled (`mark_blocks_as_computed`,
+called at the end of `schedule()`; with chunked prefill, the step whose chunk covers the block):
+a hit on a block not computed yet shares it when no one else holds it (and prefills it again),
+and takes a fresh block when its owner is still computing it; either way the skipped prefix
+ends there. A block whose last reference goes keeps its content and key and waits in an evictor;
+it still counts as free. A new block comes from the never-cached free list first, else the
+evictor gives up its least recently freed block, ties going to the deepest block of a chain (the
+one furthest into its prompt), and its key is forgotten. A swapped-out block keeps its key on
+the CPU; at swap-in, a GPU block cached under that key is reused (from the evictor, or shared),
+as vLLM v0's cached allocator does, instead of taking a fresh block.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ class CachingBlockAllocator(BlockAllocator):
         self._ids = itertools.count()
         self.clock = 0.0
         self.evictions = 0
+        self.not_computed: set[int] = set()  # cached blocks whose K/V no scheduled step has written yet
 
     @property
     def num_free(self) -> int:
@@ -81,6 +89,7 @@ class CachingBlockAllocator(BlockAllocator):
                 key = self.key_of.pop(block)
                 del self.block_of[key]
                 self.depth.pop(block, None)
+                self.not_computed.discard(block)
                 self.evictions += 1
                 return block
         raise BlockError(f"gpu allocator: out of blocks ({self.num_blocks} all in use)")
@@ -114,6 +123,8 @@ class CachingBlockAllocator(BlockAllocator):
             raise BlockError("gpu allocator: free list and evictor disagree with reference counts")
         if any(self.block_of[k] != b for b, k in self.key_of.items()):
             raise BlockError("gpu allocator: cache maps disagree")
+        if not self.not_computed <= set(self.key_of):
+            raise BlockError("gpu allocator: a block waiting for its K/V is not cached")
 
 
 class PrefixCachingBlockManager(BlockSpaceManager):
@@ -129,6 +140,10 @@ class PrefixCachingBlockManager(BlockSpaceManager):
         self.gpu = CachingBlockAllocator(num_gpu_blocks, order)
         self.hits = 0
         self.queries = 0
+        self.saved_tokens = 0
+        self.swap_in_reuses = 0
+        self._computing: list[int] = []      # blocks this step writes: computed once it is scheduled
+        self._cpu_key: dict[int, int] = {}   # CPU block -> content key of the GPU block swapped into it
 
     def set_clock(self, now_s: float) -> None:
         self.gpu.clock = now_s
@@ -145,46 +160,128 @@ class PrefixCachingBlockManager(BlockSpaceManager):
         seqs = group.seqs_with(SeqStatus.WAITING)
         n, num_tokens, bs, gpu = len(seqs), seqs[0].num_tokens, self.block_size, self.gpu
         keys = self.block_keys(group)
-        table, hits, leading = [], 0, True
+        nc, refs = gpu.not_computed, gpu.ref_counts
+        table, hits, computed_hits, leading, computed_leading = [], 0, 0, True, True
         written = 0
         for j in range(cdiv(num_tokens, bs)):
             fill = min(bs, num_tokens - j * bs)
             key = keys[j] if j < len(keys) else None
             block = gpu.block_of.get(key) if key is not None else None
+            if block is not None and block in nc and refs[block]:
+                block = None  # its owner is still computing it: a fresh block, prefilled here too
             if block is not None and leading:
                 self.queries += 1
                 self.hits += 1
                 hits += 1
-                if gpu.ref_counts[block] == 0:
+                if refs[block] == 0:
                     written += fill  # back from the evictor: its slots hold K/V again
+                if block in nc:  # never computed: this group prefills it
+                    computed_leading = False
+                    if filled is None:
+                        self._computing.append(block)
+                elif computed_leading:
+                    computed_hits += 1
                 gpu.reuse(block)
-                gpu.ref_counts[block] += n - 1
+                refs[block] += n - 1
             else:
                 if key is not None:
                     self.queries += 1
                 leading = False
                 block = gpu.allocate()
-                gpu.ref_counts[block] = n
+                refs[block] = n
                 if key is not None:
-                    if key in gpu.block_of:  # a non-leading duplicate: keep the cached copy
+                    if key in gpu.block_of:  # a duplicate: keep the cached copy
                         key = None
                     else:
                         gpu.register(block, key, j)
+                        nc.add(block)
+                        if filled is None:
+                            self._computing.append(block)
                 if filled is None:
                     written += fill
             table.append(block)
         for s in seqs:
             s.block_table = table.copy()
-        cached = min(hits * bs, ((num_tokens - 1) // bs) * bs)
+        cached = min(computed_hits * bs, ((num_tokens - 1) // bs) * bs)
         group.num_cached_tokens = cached
         group.hit_tokens = hits * bs
         group.prefix_hit_tokens += cached
+        self.saved_tokens += cached
         self.gpu_filled_slots += written
 
+    def num_cached_tokens(self, group: SequenceGroup) -> int:
+        """The computed cached prefix `allocate` would skip now (vLLM 0.6.4's uncached-token admission)."""
+        seq = group.seqs_with(SeqStatus.WAITING)[0]
+        gpu, bs = self.gpu, self.block_size
+        count = 0
+        for key in self.block_keys(group):
+            block = gpu.block_of.get(key)
+            if block is None or block in gpu.not_computed:
+                break
+            count += 1
+        return min(count * bs, ((seq.num_tokens - 1) // bs) * bs)
+
     def add_filled(self, group: SequenceGroup, start: int, stop: int) -> None:
-        """Positions inside cache-hit blocks already hold their K/V; only later ones add slots."""
+        """Positions inside cache-hit blocks already hold their K/V; only later ones add slots. Cached
+        blocks the chunk completes count as computed once the step is scheduled."""
         self.gpu_filled_slots += max(0, stop - max(start, group.hit_tokens))
+        nc = self.gpu.not_computed
+        if nc:
+            table, bs = group.seqs[0].block_table, self.block_size
+            self._computing += [b for b in table[start // bs: stop // bs] if b in nc]
+
+    def mark_blocks_as_computed(self) -> None:
+        """The scheduled step writes the K/V of the blocks it prefills: later hits skip them."""
+        if self._computing:
+            self.gpu.not_computed.difference_update(self._computing)
+            self._computing.clear()
+
+    # --- swapping: cached copies are reused ----------------------------------------------------
+    def swap_out(self, group: SequenceGroup) -> dict[int, int]:
+        key_of = self.gpu.key_of
+        keys = {b: key_of.get(b) for s in group.seqs_with(SeqStatus.RUNNING) for b in s.block_table}
+        mapping = super().swap_out(group)
+        for g, c in mapping.items():
+            key = keys[g]
+            if key is None:
+                self._cpu_key.pop(c, None)
+            else:
+                self._cpu_key[c] = key
+        return mapping
+
+    def swap_in(self, group: SequenceGroup) -> dict[int, int]:
+        """Bring the group back; a block whose content is cached on the GPU reuses that block."""
+        gpu, bs = self.gpu, self.block_size
+        mapping: dict[int, int] = {}
+        for seq in group.seqs_with(SeqStatus.SWAPPED):
+            kv_len = seq.kv_len
+            new_table = []
+            for i, c in enumerate(seq.block_table):
+                g = mapping.get(c)
+                if g is None:
+                    key = self._cpu_key.get(c)
+                    g = gpu.block_of.get(key) if key is not None else None
+                    if g is not None:
+                        if gpu.ref_counts[g] == 0:
+                            self.gpu_filled_slots += min(bs, kv_len - i * bs)
+                        gpu.reuse(g)
+                        gpu.not_computed.discard(g)  # the swap writes its K/V
+                        self.swap_in_reuses += 1
+                    else:
+                        g = gpu.allocate()
+                        self.gpu_filled_slots += min(bs, kv_len - i * bs)
+                        if key is not None:
+                            gpu.register(g, key, i)
+                    mapping[c] = g
+                else:
+                    gpu.incref(g)
+                new_table.append(g)
+                self.cpu.free(c)
+            seq.block_table = new_table
+            seq.status = SeqStatus.RUNNING
+        return mapping
 
     def stats(self) -> dict[str, int]:
         return {"prefix_cache_hits": self.hits, "prefix_cache_queries": self.queries,
-                "prefix_cache_evictions": self.gpu.evictions}
+                "prefix_cache_evictions": self.gpu.evictions, "prefix_saved_tokens": self.saved_tokens,
+                "swap_in_cache_reuses": self.swap_in_reuses}

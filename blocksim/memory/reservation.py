@@ -105,6 +105,13 @@ class ContiguousManager:
         """A prompt chunk writes positions [start, stop) for each running sequence (no sharing here)."""
         self.gpu_filled_slots += len(group.seqs_with(SeqStatus.RUNNING)) * (stop - start)
 
+    def num_cached_tokens(self, group: SequenceGroup) -> int:
+        """No prefix cache: every prompt token is prefilled."""
+        return 0
+
+    def mark_blocks_as_computed(self) -> None:
+        """No prefix cache: nothing to mark."""
+
     # --- swapping: never needed ----------------------------------------------------------------
     def can_swap_out(self, group: SequenceGroup) -> bool:
         return False

@@ -1,9 +1,21 @@
 """vLLM v0's continuous-batching scheduler: waiting, running and swapped queues.
 
-Each `schedule()` call decides one step, in the order of vLLM 0.1's scheduler, which (like vLLM's
-later chunked-prefill scheduler) mixes prefills and decodes in one step; vLLM 0.2-0.6's default
-path instead runs prompt-only steps first. The step is built as vLLM 0.6 builds it, in three
-parts under one `SchedulingBudget` (max_num_batched_tokens, max_num_seqs):
+Each `schedule()` call decides one step. `PolicyConfig.v0_release` selects the vLLM v0 release
+whose rules it follows (a later release keeps the earlier ones' changes):
+
+* ``0.1``: prefills and decodes mix in one step (vLLM 0.1's order, and that of vLLM's later
+  chunked-prefill scheduler); swap-ins are not charged to the token budget; admission charges
+  the whole prompt.
+* ``0.2``: prompt-only steps (vLLM 0.2-0.6's default path, without chunked prefill): waiting
+  groups are admitted first, against the token budget alone (running groups count against
+  max_num_seqs); only a step that admits none decodes the running groups and swaps groups in.
+* ``0.4``: a swap-in is charged to the step's token budget, one token per sequence, and waits
+  when the budget is spent.
+* ``0.6.4``: with prefix caching, admission charges only the prompt tokens the cache does not hold.
+
+With chunked prefill, steps always mix (vLLM's chunked-prefill scheduler). The step is built as
+vLLM 0.6 builds it, in three parts under one `SchedulingBudget` (max_num_batched_tokens,
+max_num_seqs); with ``0.1`` in this order:
 
 (a) `_schedule_running`: every running group gets its next slot, in queue order (FCFS: oldest
     first); when one cannot, a victim among the groups not yet served is preempted (vLLM: the
@@ -66,6 +78,12 @@ class Scheduler:
         self.chunked = self.policy.chunked_prefill
         self.prompt_limit = max_model_len if self.chunked else min(max_model_len, config.max_num_batched_tokens)
         self.victim = plugins.resolve("victim", self.policy.victim)
+        release = tuple(int(x) for x in self.policy.v0_release.split("."))
+        self.prompt_only_steps = release >= (0, 2) and not self.chunked
+        self.charge_swap_in = release >= (0, 4)
+        self.admit_uncached = release >= (0, 6, 4) and block_manager.hashes_prefixes
+        self.charge_cached = (0, 2) <= release < (0, 6, 4) and not self.chunked
+        self.marks_computed = block_manager.hashes_prefixes
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []
         self.swapped: list[SequenceGroup] = []
@@ -179,13 +197,31 @@ class Scheduler:
     def schedule(self) -> SchedulerOutputs:
         out = SchedulerOutputs()
         budget = SchedulingBudget(self.config.max_num_batched_tokens, self.config.max_num_seqs)
+        if self.prompt_only_steps:
+            self._schedule_prompt_only(budget, out)
+        else:
+            self._before_schedule(out)
+            self._schedule_running(budget, out)
+            if not out.preempted:
+                self._schedule_swapped(budget, out)
+            if not self.swapped and self._may_admit():
+                self._schedule_prefills(budget, out)
+        if self.marks_computed:
+            self.bm.mark_blocks_as_computed()
+        return out
+
+    def _schedule_prompt_only(self, budget: SchedulingBudget, out: SchedulerOutputs) -> None:
+        """vLLM 0.2-0.6's default step: prompts only when any is admitted, else decodes and swap-ins."""
+        budget.add_num_seqs(sum(len(g.seqs_with(SeqStatus.RUNNING)) for g in self.running))
+        if not self.swapped and self._may_admit():
+            self._schedule_prefills(budget, out)
+        if out.prefills:
+            return
+        budget = SchedulingBudget(self.config.max_num_batched_tokens, self.config.max_num_seqs)
         self._before_schedule(out)
         self._schedule_running(budget, out)
         if not out.preempted:
             self._schedule_swapped(budget, out)
-        if not self.swapped and self._may_admit():
-            self._schedule_prefills(budget, out)
-        return out
 
     def _schedule_running(self, budget: SchedulingBudget, out: SchedulerOutputs) -> None:
         """(a) The running queue in order: decodes, preempting where a slot is missing, then the
@@ -233,7 +269,7 @@ class Scheduler:
 
     def _schedule_swapped(self, budget: SchedulingBudget, out: SchedulerOutputs) -> None:
         """(b) Swap groups back in, in queue order, while they fit (max_num_seqs; their decode
-        tokens count against the token budget but never refuse them)."""
+        tokens count against the token budget, and from vLLM 0.4 on a spent budget stops them)."""
         bm, swapped = self.bm, self.swapped
         while swapped:
             group = swapped[0]
@@ -243,7 +279,9 @@ class Scheduler:
                 self._reject(group, "swapped group can never fit back in GPU memory", out)
                 continue
             n = len(group.seqs_with(SeqStatus.SWAPPED))
-            if status is AllocStatus.LATER or not budget.can_schedule_seqs(n):
+            if status is AllocStatus.LATER or not (
+                    budget.can_schedule(num_new_tokens=n, num_new_seqs=n) if self.charge_swap_in
+                    else budget.can_schedule_seqs(n)):
                 break
             swapped.pop(0)
             out.blocks_to_swap_in.update(bm.swap_in(group))
@@ -274,8 +312,14 @@ class Scheduler:
                                     f"({bm.num_total_gpu_blocks} blocks minus a watermark of "
                                     f"{bm.watermark_blocks}); use a larger GPU or a smaller model", out)
                 continue
-            if status is AllocStatus.LATER or not budget.can_schedule(
-                    num_new_tokens=0 if chunked else num_tokens, num_new_seqs=len(seqs)):
+            if chunked:
+                charged = 0
+            elif self.admit_uncached:
+                charged = num_tokens - bm.num_cached_tokens(group)
+            else:
+                charged = num_tokens
+            if status is AllocStatus.LATER or not budget.can_schedule(num_new_tokens=charged,
+                                                                      num_new_seqs=len(seqs)):
                 break
             waiting.popleft()
             if chunked:  # blocks now, K/V chunk by chunk (the first one below)
@@ -292,6 +336,8 @@ class Scheduler:
             if chunked:
                 bm.add_filled(group, start, stop)
             self._prefill(group, start, stop, budget, out)
+            if self.charge_cached:  # vLLM 0.2-0.6.3 skip a cached prefix in the model runner, not the budget
+                budget.add_num_batched_tokens(start)
             budget.add_num_seqs(len(seqs))
             bisect.insort(self.running, group, key=_key)
 

@@ -108,11 +108,35 @@ class V1Scheduler(Scheduler):
     # --- one step ----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutputs:
         out = SchedulerOutputs()
+        self._order: list[SequenceGroup] = []  # the step's requests in scheduling order
         budget = self.config.max_num_batched_tokens
         budget = self._schedule_running(budget, out)
         if not out.preempted:
             self._schedule_waiting(budget, out)
         return out
+
+    def complete_step(self, out: SchedulerOutputs, end_s: float) -> list[SequenceGroup]:
+        """As `Scheduler.complete_step`, walking the step's requests in scheduling order (as vLLM's
+        `update_from_output` does), so requests finishing in one step free their blocks in that order."""
+        if len(self._order) != len(out.prefills) + len(out.decode_groups):  # a span's last step: decodes only
+            self._order = out.decode_groups
+        stops = {id(p.group): p.stop for p in out.prefills}
+        finished: list[SequenceGroup] = []
+        for group in self._order:
+            if group.status is not RUNNING:
+                continue
+            stop = stops.get(id(group))
+            if stop is not None:
+                if stop < group.seqs[0].num_tokens:
+                    group.prefill_pos = stop  # more chunks to go
+                    continue
+                group.prefill_pos = None
+                if group.first_token_s != group.first_token_s:  # NaN: first output token
+                    group.first_token_s = end_s
+            self._advance(group, end_s, finished)
+        if finished:
+            self.running = [g for g in self.running if g.status is RUNNING]
+        return finished
 
     def _num_new(self, num_tokens: int, num_computed: int, budget: int) -> int:
         n = num_tokens - num_computed
@@ -123,9 +147,19 @@ class V1Scheduler(Scheduler):
 
     def _schedule_running(self, budget: int, out: SchedulerOutputs) -> int:
         kv, running = self.kv, self.running
-        scheduled: dict[int, int] = {}  # id(group) -> tokens, for a victim scheduled earlier this step
+        decode = out.decode_groups
         i = 0
         while i < len(running) and budget > 0:
+            j, ctx = kv.allocate_decode_slots(running, i, len(running), budget)  # the common case
+            if j != i:
+                decode += running[i:j]
+                self._order += running[i:j]
+                out.num_decode_seqs += j - i
+                out.decode_ctx_tokens += ctx
+                budget -= j - i
+                i = j
+                if i == len(running) or budget <= 0:
+                    break
             group = running[i]
             seq = group.seqs[0]
             computed = seq.kv_len
@@ -135,23 +169,24 @@ class V1Scheduler(Scheduler):
                 continue
             while not kv.allocate_slots(seq, computed, n):
                 victim = self._victim()
-                running.remove(victim)
-                done = scheduled.pop(id(victim), None)
+                k = running.index(victim)
+                del running[k]
                 victim_computed = victim.seqs[0].kv_len
-                if done is not None:  # scheduled earlier this step: give back its tokens
+                if k < i:  # scheduled earlier this step: its tokens go back to the budget
+                    self._order.remove(victim)
+                    done = self._unschedule(victim, out)
                     budget += done
                     victim_computed += done
-                    self._unschedule(victim, out)
                     i -= 1
                 self._preempt_v1(victim, victim_computed, out)
                 if victim is group:
                     return budget
-            scheduled[id(group)] = n
+            self._order.append(group)
             if group.prefill_pos is not None:
                 out.prefills.append(ScheduledPrefill(group, computed, computed + n))
                 out.prefill_tokens += n
             else:
-                out.decode_groups.append(group)
+                decode.append(group)
                 out.num_decode_seqs += 1
                 out.decode_ctx_tokens += seq.num_tokens
             budget -= n
@@ -159,15 +194,17 @@ class V1Scheduler(Scheduler):
         return budget
 
     @staticmethod
-    def _unschedule(group: SequenceGroup, out: SchedulerOutputs) -> None:
+    def _unschedule(group: SequenceGroup, out: SchedulerOutputs) -> int:
+        """Take a group's tokens out of this step's outputs; returns how many it had."""
         for p in out.prefills:
             if p.group is group:
                 out.prefills.remove(p)
                 out.prefill_tokens -= p.stop - p.start
-                return
+                return p.stop - p.start
         out.decode_groups.remove(group)
         out.num_decode_seqs -= 1
         out.decode_ctx_tokens -= group.seqs[0].num_tokens
+        return 1
 
     def _schedule_waiting(self, budget: int, out: SchedulerOutputs) -> None:
         kv, waiting, running = self.kv, self.waiting, self.running
@@ -193,6 +230,7 @@ class V1Scheduler(Scheduler):
             if group.preemptions:
                 group.recomputed_tokens += seq.num_tokens - hit
             group.prefill_pos = hit
+            self._order.append(group)
             out.prefills.append(ScheduledPrefill(group, hit, hit + n))
             out.prefill_tokens += n
             budget -= n

@@ -81,7 +81,7 @@ def test_equal_hashes_on_several_blocks_are_kept_and_evicted_one_by_one():
     pool = BlockPool(4)
     a, b, c = pool.get_new_blocks(3)
     pool.cache_full_blocks([a, b], [9, 9], 0, 2)
-    assert pool.cached[9] == [a, b] and pool.get_cached_block(9) == a
+    assert (pool.cached[9], pool.duplicates[9]) == (a, [b]) and pool.get_cached_block(9) == a
     pool.free_blocks([a])
     assert pool.get_new_blocks(1) == [a]
     assert pool.get_cached_block(9) == b and pool.evictions == 1

@@ -48,8 +48,8 @@ def test_every_request_finishes_or_is_rejected_and_blocks_are_conserved(lists, b
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lists=requests, blocks=st.integers(8, 80), block_size=st.sampled_from([2, 8, 16]),
-       preset=st.sampled_from(["vllm", "vllm-prefix", "vllm-chunked", "orca-pow2", "static", "priority", "sjf",
-                               "vllm-v1", "v1-priority"]),
+       preset=st.sampled_from(["vllm", "vllm-prefix", "vllm-chunked", "vllm-0.6", "orca-pow2", "static", "priority",
+                               "sjf", "vllm-v1", "v1-priority"]),
        priorities=st.lists(st.integers(0, 2), min_size=25, max_size=25))
 def test_spans_give_exactly_the_single_step_result(lists, blocks, block_size, preset, priorities):
     trace = workload(lists)
@@ -111,3 +111,18 @@ def test_clip_to_model_clips_instead_of_rejecting(tmp_path, capsys):
     clipped = replay(str(path), tmp_path / "b", overrides={"num_gpu_blocks": 1000}, clip_to_model=True)
     assert clipped["rejected"] == 0 and clipped["finished"] == 2
     assert "clipped 1 of 2 requests" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("policy", ["vllm-prefix", "vllm-v1"])
+def test_a_block_size_that_does_not_fit_the_trace_hash_granularity_is_refused_naming_both(policy):
+    from blocksim.config import ConfigError
+
+    class Hashed:
+        df = pd.DataFrame({"arrival_s": [0.0], "prompt_tokens": [96], "output_tokens": [4],
+                           "prefix_hashes": [[1, 2]]})
+        hash_block_tokens = 48
+
+    with pytest.raises(ConfigError) as e:
+        Engine(build_config(policy, block_size=32, num_gpu_blocks=64), Hashed())
+    message = str(e.value)
+    assert "block_size (--block-size) 32" in message and "48 tokens" in message and "\n" not in message

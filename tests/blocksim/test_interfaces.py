@@ -56,6 +56,23 @@ def test_every_built_in_manager_implements_the_protocol(name):
     assert flags == BUILT_IN[name][2], f"{type(bm).__name__} declares {flags}"
 
 
+def test_vllm_v1_manager_implements_the_protocol():
+    bm = make_memory_manager(build_config("vllm-v1", num_gpu_blocks=32, block_size=4))
+    assert isinstance(bm, MemoryManager)
+    for method, proto in protocol_methods().items():
+        want = list(inspect.signature(proto).parameters)
+        got = ["self", *inspect.signature(getattr(bm, method)).parameters]
+        assert got == want or method in V1_NOT_CALLED, f"KVCacheManager.{method}{got[1:]} differs from {want[1:]}"
+    assert {c: getattr(bm, c) for c in CAPABILITIES} == dict(
+        supports_swap=False, uses_clock=False, has_extents=False, hashes_prefixes=True, reserves_prefill=True,
+        allocates_on_append=True)
+
+
+#: vLLM v0 calls V1's scheduler never makes on its manager (they raise, whatever the arguments).
+V1_NOT_CALLED = {"can_allocate", "allocate", "add_filled", "can_append_slots", "append_slots", "can_swap_out",
+                 "swap_out", "can_swap_in", "swap_in"}
+
+
 @pytest.mark.parametrize("name", sorted(BUILT_IN))
 def test_memory_breakdown_adds_up_to_capacity_with_a_group_resident(name):
     bm = manager(name, blocks=32, block_size=4)
@@ -89,8 +106,8 @@ def test_capability_flags_match_what_the_manager_does(name):
     bm.append_span_slots(g.seqs, 4, [0] if bm.allocates_on_append else [])
     grew = bm.num_gpu_blocks_used - before
     assert grew == (1 if bm.allocates_on_append else 0)
-    assert bm.stats() == ({"prefix_cache_hits": 0, "prefix_cache_queries": 0, "prefix_cache_evictions": 0}
-                          if bm.hashes_prefixes else {})
+    assert bm.stats() == ({"prefix_cache_hits": 0, "prefix_cache_queries": 0, "prefix_cache_evictions": 0,
+                           "prefix_saved_tokens": 0, "swap_in_cache_reuses": 0} if bm.hashes_prefixes else {})
 
 
 def test_budget_counts_tokens_and_sequences_and_refuses_past_either_limit():

@@ -199,3 +199,20 @@ def test_block_size_must_fit_the_hash_granularity():
     m.hash_block_tokens = 24
     with pytest.raises(Exception, match="24 tokens.*block size 16"):
         m.get_computed_blocks(request(0, [1, 2]))
+
+
+def test_hashes_extended_by_decode_and_spans_equal_those_computed_at_once():
+    m = manager()
+    g = request(0, [1, 2], tail_tokens=5)
+    admit(m, g)
+    s = g.seqs[0]
+    s.num_tokens += 1
+    for _ in range(20):  # the scheduler's fast path, one token a step
+        assert m.allocate_decode_slots([g], 0, 1, 1) == (1, s.num_tokens)
+        s.num_tokens += 1
+    takers = [0 for j in range(1, 26) if (s.num_tokens - 1 + j) % BS == 0]  # step j writes position n - 1 + j
+    m.append_span_slots([s], 25, takers)  # a span of 25 further steps, as the engine advances one
+    s.num_tokens += 25
+    fresh = manager()
+    want = fresh.block_hashes(s, len(m._hashes[s.seq_id]))
+    assert m._hashes[s.seq_id] == want and len(want) == (s.num_tokens - 1) // BS

@@ -296,3 +296,28 @@ def test_fit_recovers_a_known_scale():
     scales = calibrate.fit_scales(t)
     assert scales == {"attn_decode": pytest.approx(3.0), "copy": pytest.approx(0.5)}
     assert calibrate.errors(t, scales)["attn_decode"]["mape_pct"] == pytest.approx(0.0, abs=1e-9)
+
+
+# Shared prefixes (16-token hash blocks) on a small cache: prefix hits, shared blocks and preemption.
+SHARED_TRACE = pd.DataFrame({"arrival_s": [0, 0, 0.01, 0.02, 0.03, 0.04, 0.05],
+                             "prompt_tokens": [40, 40, 36, 50, 20, 44, 33],
+                             "output_tokens": [30, 20, 25, 16, 28, 12, 20],
+                             "prefix_hashes": [[1, 2, 10], [1, 2, 11], [1, 3, 12], [4, 5, 6, 13], [7, 14],
+                                               [1, 2, 9], [4, 5, 15]]})
+
+
+@pytest.mark.parametrize("policy, options", [
+    ("vllm-v1", {"num_gpu_blocks": 14}),
+    ("vllm-v1", {"num_gpu_blocks": 40, "max_num_batched_tokens": 24, "long_prefill_token_threshold": 16}),
+    ("vllm-0.6", {"num_gpu_blocks": 14, "prefix_caching": True, "preemption": "swap"}),
+    ("vllm-prefix", {"num_gpu_blocks": 12, "chunked_prefill": True, "max_num_batched_tokens": 24}),
+])
+def test_plans_of_the_engines_presets_validate(tmp_path, policy, options):
+    import traces
+    config = build_config(policy, block_size=16, **options)
+    run_dir = tmp_path / "run"
+    res = Engine(config, traces.Trace(SHARED_TRACE, 16, "shared"), plan_dir=run_dir).run()
+    assert res.summary["prefix_cache_hits"] > 0, "the scenario must share cached blocks"
+    s = validate_run(run_dir, "reference", **TINY)
+    assert s["ok"], s["error"]
+    assert s["steps_checked"] == s["steps_in_plan"] > 0
