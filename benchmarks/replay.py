@@ -1,6 +1,7 @@
 """Replay speed: the full Azure LLM 2023 conversation trace (19,366 requests) on llama-2-7b / h100-80gb.
 
     python benchmarks/replay.py [TRACE] [--model M --gpu G --block-size B --repeat N --no-spans]
+                                [--cost-model auto|roofline|profiled --cost-profile FILE]
 
 Prints wall seconds (median of the repeats) and simulated tokens (prompt + output) per wall second.
 The trace defaults to ../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv beside the
@@ -17,6 +18,7 @@ from pathlib import Path
 import traces
 from blocksim.engine import Engine
 from blocksim.experiments.runner import build_config
+from blocksim.policies import make_cost_model
 
 FULL = Path(__file__).resolve().parents[2] / "shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
 
@@ -30,15 +32,17 @@ def main() -> None:
     p.add_argument("--policy", default="vllm")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no-spans", action="store_true", help="step one by one (the exact reference)")
+    p.add_argument("--cost-model", default=None, help="auto (default), roofline or profiled")
+    p.add_argument("--cost-profile", default=None, metavar="FILE", help="a profile or roofline parameters")
     a = p.parse_args()
     t0 = time.perf_counter()
     tr = traces.read_trace(a.trace)
     read_s = time.perf_counter() - t0
-    cfg = build_config(a.policy, model=a.model, gpu=a.gpu, block_size=a.block_size)
+    cfg = build_config(a.policy, model=a.model, gpu=a.gpu, block_size=a.block_size, cost_model=a.cost_model)
     walls, res = [], None
     for _ in range(a.repeat):
         t = time.perf_counter()
-        res = Engine(cfg, tr, spans=not a.no_spans).run()
+        res = Engine(cfg, tr, make_cost_model(cfg, a.cost_profile), spans=not a.no_spans).run()
         walls.append(time.perf_counter() - t)
     s = res.summary
     fin = res.requests[res.requests.status == "finished"]
@@ -46,7 +50,8 @@ def main() -> None:
     wall = statistics.median(walls)
     print(f"trace {Path(a.trace).name}: {len(tr)} requests, read in {read_s:.2f} s")
     print(f"{a.model} / {a.gpu} / block {cfg.cache.block_size} / policy {a.policy}: {s['steps']} steps, "
-          f"{s['finished']} finished, {s['rejected']} rejected, {s['simulated_s']:.0f} simulated s")
+          f"{s['finished']} finished, {s['rejected']} rejected, {s['simulated_s']:.0f} simulated s, "
+          f"cost model {s['cost_model']['name']} ({s['cost_model'].get('profile') or 'default constants'})")
     print(f"wall {wall:.2f} s (median of {a.repeat}: {', '.join(f'{w:.2f}' for w in walls)}), "
           f"{tokens / wall:,.0f} simulated tokens per wall-second, {s['steps'] / wall:,.0f} steps/s")
 

@@ -36,6 +36,8 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     _M("llama-2-70b", 80, 8192, 64, 8, 128, 68.98e9, 4096, 28672, 32000),
     _M("llama-3-8b", 32, 4096, 32, 8, 128, 8.03e9, 8192, 14336, 128256),
     _M("llama-3-70b", 80, 8192, 64, 8, 128, 70.55e9, 8192, 28672, 128256),
+    # Mistral 7B v0.1: attends within a 4096-token sliding window, which blocksim does not model
+    # (it keeps KV for the whole context)
     _M("mistral-7b", 32, 4096, 32, 8, 128, 7.24e9, 32768, 14336, 32000),
 ]}
 

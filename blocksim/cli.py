@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 import traces
 from analysis.cli import add_analysis_commands
+from analysis.fidelity_report import add_fidelity_command
 from blocksim import options, plugins
 from blocksim.catalog import Catalog, read_mapping
 from blocksim.config import ConfigError
+from blocksim.cost import ProfileWarning
 from blocksim.engine import EngineError
 from blocksim.experiments.runner import build_config, replay
 from blocksim.experiments.compare import add_compare_command
+from blocksim.experiments.cost_fit import add_cost_fit_command
 from blocksim.experiments.sweep import add_sweep_command
 from blocksim.policies import PRESETS, policy_config
 from traces import TraceError
 from traces.cli import add_trace_read_options, add_traces_command, read_trace_from_args
+from validation.profile import add_profile_command
 from validation.validate import add_validate_command
 
 SUMMARY_ROWS = [
@@ -110,12 +115,48 @@ def settings_from_args(args: argparse.Namespace) -> tuple[str, dict]:
     return policy, o
 
 
+def add_executor_options(p: argparse.ArgumentParser) -> None:
+    """`--executor` and its knobs: execute every step with the model on a GPU (validation.step_executor)."""
+    g = p.add_argument_group("GPU-in-the-loop execution")
+    g.add_argument("--executor", choices=("cuda", "cpu"), default=None,
+                   help="execute every step with the model (random weights) and advance the clock by its measured "
+                        "time: cuda (CUDA events; CUDA graphs for pure decodes), cpu (the same code on the CPU, "
+                        "for tiny catalog models)")
+    g.add_argument("--executor-dtype", choices=("float16", "bfloat16"), default="float16")
+    g.add_argument("--executor-attention", choices=("fast", "vllm"), default="fast",
+                   help="decode attention: the fast kernel (default) or the vLLM-layout v1/v2 kernels")
+    g.add_argument("--executor-prefill", choices=("auto", "kernel", "sdpa"), default="auto",
+                   help="prefill attention: the paged prefill kernel, or gather + torch SDPA (auto: the kernel "
+                        "when the kernels package has it)")
+    g.add_argument("--executor-eager", action="store_true", help="no CUDA graphs: every step runs eagerly")
+
+
+def executor_from_args(args: argparse.Namespace):
+    """The `config -> StepExecutor` factory that `--executor` asks for, or None."""
+    kind = getattr(args, "executor", None)
+    if kind is None:
+        return None
+    from validation.step_executor import ExecutorError, make_executor  # imports torch: only when asked for
+
+    factory = make_executor(kind, dtype=args.executor_dtype, attention=args.executor_attention,
+                            prefill=args.executor_prefill, graphs=not args.executor_eager)
+
+    def build(config):
+        try:
+            return factory(config)
+        except (ExecutorError, ValueError) as e:
+            raise ConfigError(str(e)) from e
+    return build
+
+
 def _run_and_report(trace, args, out: Path, *, progress: bool) -> int:
     policy, options = settings_from_args(args)
     summary = replay(trace, out, policy=policy, overrides=options, progress=progress,
-                     record_plan=getattr(args, "record_plan", False))
+                     record_plan=getattr(args, "record_plan", False), executor=executor_from_args(args))
+    cm = summary.get("cost_model") or {}
     print(f"\nblocksim: {summary['config']['model']['name']} on {summary['config']['gpu']['name']}, "
-          f"policy {summary['config']['policy']}, block size {summary['block_size']}")
+          f"policy {summary['config']['policy']}, block size {summary['block_size']}, cost model {cm.get('name')}"
+          f"{' (' + str(cm['profile']) + ')' if cm.get('profile') else ''}")
     print(format_summary(summary))
     reasons = summary.get("reject_reasons") or {}
     for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1])[:3]:
@@ -184,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_option_group(r, "run")
     add_config_options(r)
     add_trace_read_options(r)
+    add_executor_options(r)
     r.set_defaults(func=cmd_replay)
 
     d = sub.add_parser("demo", help="replay the bundled Azure conversation trace slice and write a report")
@@ -207,14 +249,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_traces_command(sub)
     add_analysis_commands(sub)
+    add_fidelity_command(sub)
+    add_cost_fit_command(sub)
     add_compare_command(sub)
     add_sweep_command(sub)
     add_validate_command(sub)  # validation imports torch only when a validation runs
+    add_profile_command(sub)
     return p
+
+
+_SHOW_WARNING = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A cost profile's warnings (extrapolated steps, ignored components) as one line each."""
+    if issubclass(category, ProfileWarning):
+        print(f"blocksim: warning: {message}", file=sys.stderr)
+    else:
+        _SHOW_WARNING(message, category, filename, lineno, file, line)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    warnings.showwarning = _show_warning
     try:
         return args.func(args) or 0
     except ConfigError as e:

@@ -198,7 +198,7 @@ class PolicyConfig:
     scheduler: str = "fcfs"
     victim: str = "newest"
     watermark_blocks: int | None = None
-    cost_model: str = "roofline"
+    cost_model: str = "auto"
     # SGLang (allocator=radix, scheduler=sglang): its server arguments and their defaults
     schedule_policy: str = "fcfs"
     page_size: int = 1

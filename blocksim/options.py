@@ -148,7 +148,9 @@ OPTIONS: tuple[Option, ...] = (
            "(default 0: no cap)", "scheduler", short="lpt", applies_to=V1),
     Option("preemption", str, _sched.preemption_mode, f"default {_sched.preemption_mode} (vLLM's rule)",
            "scheduler", choices=PREEMPTION_MODES, short="pre", applies_to=PREEMPTING),
-    Option("cost_profile", str, None, "calibrated cost-model parameters", "scheduler", metavar="JSON"),
+    Option("cost_profile", str, None, "a measured profile (format blocksim-profile/1, from `blocksim profile`) "
+           "for the profiled cost model, or roofline parameters (no format key, or blocksim-roofline/1); "
+           "with --cost-model roofline a profile is fitted, not interpolated", "scheduler", metavar="FILE"),
     # policy knobs: None keeps the preset's value (see blocksim.config.PolicyConfig)
     Option("allocator", str, None, "paged | v1 | contiguous", "policy"),
     Option("free_order", str, None, "paged free-list reuse order", "policy", choices=FREE_ORDERS,
@@ -163,7 +165,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("victim", str, None, "preemption victim: newest | largest | fewest-blocks", "policy",
            applies_to=PREEMPTING),
     Option("watermark_blocks", int, None, "absolute watermark (replaces --watermark)", "policy", applies_to=PAGED),
-    Option("cost_model", str, None, "roofline, or a plugin", "policy"),
+    Option("cost_model", str, None, "auto (default: the shipped profile of the run's model, GPU, dtype and TP "
+           "when blocksim/profiles has one, else roofline) | roofline | profiled | a plugin", "policy"),
     # SGLang's server arguments (policy sglang); defaults are SGLang's (blocksim.config.PolicyConfig)
     Option("schedule_policy", str, None, "SGLang waiting-queue order (default fcfs)", "policy",
            choices=SCHEDULE_POLICIES, short="sp", applies_to=SGLANG),

@@ -21,11 +21,12 @@ sglang         SGLang's scheduler and radix cache: token-granular pool (page siz
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from blocksim import plugins
 from blocksim.config import ConfigError, PolicyConfig, SimConfig
-from blocksim.cost import CostParams, RooflineCostModel
+from blocksim.cost import BUILTIN_COST_MODELS, ProfiledCostModel, RooflineCostModel, build_cost_model, load_cost_file
 from blocksim.memory.kv_cache_manager import KVCacheManager
 from blocksim.memory.paged import BlockSpaceManager
 from blocksim.memory.prefix_cache import PrefixCachingBlockManager
@@ -167,8 +168,15 @@ def make_scheduler(config: SimConfig, memory_manager):
     return cls(config.scheduler, memory_manager, config.model.max_model_len, config.policy_config)
 
 
-def make_cost_model(config: SimConfig, params: CostParams | None = None):
-    return plugins.resolve("cost_model", config.policy_config.cost_model)(config, params)
+def make_cost_model(config: SimConfig, cost_profile=None):
+    """The configured cost model; `cost_profile` is a --cost-profile path, a loaded `Profile` or
+    `CostParams`, or None (`blocksim.cost.build_cost_model` says how they combine). A plugin is
+    built as ``Class(config, loaded)`` with the loaded file (or None)."""
+    name = config.policy_config.cost_model
+    if name in BUILTIN_COST_MODELS:
+        return build_cost_model(config, name, cost_profile)
+    loaded = load_cost_file(cost_profile) if isinstance(cost_profile, (str, Path)) else cost_profile
+    return plugins.resolve("cost_model", name)(config, loaded)
 
 
 for _name, _obj in (("paged", make_paged), ("v1", make_v1), ("contiguous", make_contiguous),
@@ -179,4 +187,5 @@ for _name, _obj in (("fcfs", Scheduler), ("priority", variants.PriorityScheduler
                     ("static", variants.StaticScheduler), ("v1", V1Scheduler),
                     ("v1-priority", V1PriorityScheduler), ("sglang", SGLangScheduler)):
     plugins.register("scheduler", _name, _obj)
-plugins.register("cost_model", "roofline", RooflineCostModel)
+for _name, _obj in (("roofline", RooflineCostModel), ("profiled", ProfiledCostModel), ("auto", build_cost_model)):
+    plugins.register("cost_model", _name, _obj)

@@ -4,7 +4,8 @@ the argument checks (``_checks.py``) and the sources (``csrc/``):
 * ``kernels.vllm``: vLLM's paged layout; v1 / v2 paged attention, ``reshape_and_cache``,
   ``copy_blocks``, ``swap_blocks``;
 * ``kernels.fast``: the fast decode kernel over ``[num_blocks, block_size, num_kv_heads,
-  head_size]`` caches (``impl="fast"``), float16 / bfloat16 or float8.
+  head_size]`` caches (``impl="fast"``), float16 / bfloat16 or float8, and the paged prefill
+  kernel over the same caches (``paged_prefill_attention``: chunked prefill, prefix caching).
 
 Each family has ``layout``, ``launch``, ``ops`` and ``reference`` modules. CUDA tensors run the
 CUDA kernels (built just in time on first use); CPU tensors run the PyTorch reference. Importing
@@ -17,6 +18,8 @@ design; ``python -m kernels.bench`` measures it.
     kernels.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
     out = kernels.paged_attention(None, query, key_cache, value_cache, num_kv_heads, scale,
                                   block_tables, context_lens, block_size, max_context_len)
+    out = kernels.paged_prefill_attention(None, query, key_cache, value_cache, num_kv_heads, scale,
+                                          block_tables, query_start_loc, context_lens, block_size)
     kernels.copy_blocks(key_caches, value_caches, {src: [dst]})
     kernels.swap_blocks(gpu_key_cache, cpu_key_cache, [(gpu_block, cpu_block)])
 """
@@ -36,6 +39,8 @@ _EXPORTS = {
     "fast_cache_shape": "kernels.fast.layout", "fp8_scale": "kernels.fast.layout",
     "choose_launch": "kernels.fast.launch", "choose_split_tokens": "kernels.fast.launch",
     "reshape_and_cache_fast": "kernels.fast.ops",
+    "PREFILL_HEAD_SIZES": "kernels.fast.prefill", "paged_prefill_attention": "kernels.fast.prefill",
+    "choose_prefill_config": "kernels.fast.prefill",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -28,6 +28,8 @@ SOURCES = (
     "cache_ops.cu",
     "fast_decode_f16.cu",
     "fast_decode_bf16.cu",
+    "paged_prefill_f16.cu",
+    "paged_prefill_bf16.cu",
     "torch_bindings.cpp",
 )
 

@@ -1,2 +1,4 @@
-"""Executing a recorded plan on the GPU: the plan executor (`executor`, `kv`), `blocksim validate`
-(`validate`) and the cost-model calibration from its timings (`calibrate`)."""
+"""Executing blocksim's steps on a GPU: the model's forward pass (`model`), GPU-in-the-loop replay
+(`step_executor`, ``blocksim replay --executor cuda``), cost profiles measured with the same code
+(`profile`, ``blocksim profile``), and the recorded-plan checker (`executor`, `kv`, ``blocksim
+validate``) with its roofline calibration (`calibrate`)."""

@@ -1,75 +1,397 @@
-"""A cost profile for ``blocksim replay --cost-profile`` from a ``python -m kernels.bench --json``
-results file: ``scale_attn_decode`` = the fast decode kernel's measured time / the cost model's
-predicted time, over all headline shapes together.
+"""``blocksim profile --model M``: measure a model's step components on a GPU and write a cost
+profile (format "blocksim-profile/1", read by the profiled cost model, ``blocksim/cost/``).
 
-    python -m kernels.bench --sections headline --json h200.json
-    python -m validation.profile h200.json --out kernels/profiles/h200_fast_decode.json
+    blocksim profile --model llama-3-8b --out blocksim/profiles/llama-3-8b__h200-141gb__float16__tp1.json
+
+Every table is measured with the code the GPU-in-the-loop executor runs (`validation.model`), on
+synthetic inputs, never on a trace: each point is timed with CUDA events after the GPU has
+drained (as the executor starts each step), and the median of its repetitions is written.
+
+Tables (seconds, whole model, one GPU):
+
+* ``linear`` by tokens: everything but attention, cache writes and sampling (embedding, norms,
+  QKV, rotary, output projection, gated MLP), eager; ``graph_seconds`` the same captured as a
+  CUDA graph on ``grid.graph_tokens`` (batch sizes the executor captures);
+* ``attn_prefill`` by (batch, new tokens, cached tokens): the paged prefill attention of all
+  layers, ``batch`` sequences alike;
+* ``attn_decode`` by (batch, context): the decode attention of all layers, eager;
+* ``cache_write`` by tokens, ``sample`` by sequences (final norm, LM head, argmax);
+* ``swap_out``, ``swap_in`` (pinned host memory) and ``copy`` (copy-on-write) by blocks;
+* ``decode_step`` by (batch, context): a whole pure-decode step replayed as the CUDA graph of
+  that padded batch size;
+* ``overhead``: ``eager_s``, the median of (a whole eager step) - (the sum of its components
+  timed alone) over a few mixed steps, at least 0 (``eager_cases_s`` the differences);
+  ``graph_s`` 0 (a graph step is measured whole).
+
+Eager tables are GPU time, timed as the executor times an eager step (`SegmentTimer`: a sleep
+before each segment keeps the host's launch gaps out), so the components of a step add up.
+
+Sequences of a synthetic batch take distinct blocks, wrapping around the cache when a point needs
+more than it holds (the cache is far larger than the L2 cache, so every read still comes from HBM).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import json
 import sys
+import time
 from pathlib import Path
 
-from blocksim.catalog import GPUS
-from blocksim.cost import CostParams
+import numpy as np
 
-# The catalog's GPU for a CUDA device name containing the key.
-DEVICE_GPUS = {"H200": "h200-141gb", "H100": "h100-80gb"}
+PROFILE_FORMAT = "blocksim-profile/1"
+#: The catalog's GPU for a CUDA device name containing the key.
+DEVICE_GPUS = {"H200": "h200-141gb", "H100": "h100-80gb", "A100-SXM4-80GB": "a100-80gb", "A100": "a100-40gb",
+               "L4": "l4"}
+
+TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+GRAPH_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+PREFILL_BATCH = (1, 2, 4, 8)
+PREFILL_NEW = (16, 64, 256, 1024, 4096)
+PREFILL_CACHED = (0, 512, 2048, 8192)
+DECODE_BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DECODE_CONTEXT = (16, 64, 256, 1024, 2048, 4096, 8192)
+STEP_BATCH = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+SEQUENCES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BLOCKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+QUICK = {"TOKENS": (1, 16, 256), "GRAPH_TOKENS": (1, 8), "PREFILL_BATCH": (1, 2), "PREFILL_NEW": (16, 64),
+         "PREFILL_CACHED": (0, 32), "DECODE_BATCH": (1, 4), "DECODE_CONTEXT": (16, 64), "STEP_BATCH": (1, 4),
+         "SEQUENCES": (1, 4), "BLOCKS": (1, 4)}
+CACHE_BYTES = 40 << 30  # the KV cache the profiler allocates (at most)
+
+
+class ProfileError(RuntimeError):
+    """A profile that cannot be measured here (no GPU, unknown device, too little memory)."""
 
 
 def catalog_gpu(device: str) -> str | None:
-    """The catalog name of the GPU whose key is part of ``device`` (e.g. "NVIDIA H200 (132 SMs)")."""
+    """The catalog name of the GPU whose key is part of ``device`` (e.g. "NVIDIA H200")."""
     return next((name for key, name in DEVICE_GPUS.items() if key in device), None)
 
 
-def build_profile(results: dict) -> dict | None:
-    """The profile of a bench results dict; None without headline rows or for a GPU the catalog
-    does not know. The predicted time reads the total KV bytes at ``hbm_bw * bw_efficiency``; the
-    measured time is the sum of the headline rows' ``fast_default`` (the default storage) medians,
-    so scale = predicted bandwidth / measured bandwidth."""
-    rows = results.get("headline") or []
-    gpu = catalog_gpu(results.get("device", ""))
-    if not rows or gpu is None:
-        return None
-    hbm_gbs = GPUS[gpu].hbm_bw_gbps
-    efficiency = CostParams().bw_efficiency
-    total_bytes = sum(r["kv_bytes"] for r in rows)
-    total_ms = sum(r["fast_default"] for r in rows)
-    measured = total_bytes / (total_ms * 1e-3) / 1e9
-    predicted = hbm_gbs * efficiency
-    source = (f"python -m kernels.bench --json, then python -m validation.profile, on {results['device']}, torch "
-              f"{results['torch']}: fast decode kernel (impl='fast', float16, head 128, block 16, "
-              f"{results.get('fast_storage', 'default')} storage) over the {len(rows)} headline shapes, {total_bytes / 1e9:.2f} GB of KV in {total_ms:.3f} ms = "
-              f"{measured:.0f} GB/s effective; the cost model assumes {gpu} hbm_bw {hbm_gbs:.0f} GB/s x "
-              f"bw_efficiency {efficiency} = {predicted:.0f} GB/s; scale = predicted / measured bandwidth = "
-              f"measured / predicted time. Copy bandwidth in the same run: {results['copy_gbs']:.0f} GB/s.")
-    return {"params": {"scale_attn_decode": round(predicted / measured, 4)}, "source": source}
+class _Clock:
+    """Median GPU time of `fn(timer)`: a `SegmentTimer` per repetition after a full drain, as the
+    executor times a step (perf_counter on the CPU)."""
+
+    def __init__(self, torch, cuda: bool, budget_s: float = 0.15, max_reps: int = 9) -> None:
+        self.torch, self.cuda, self.budget_s, self.max_reps = torch, cuda, budget_s, max_reps
+
+    def once(self, fn) -> float:
+        from validation.model import NO_TIMER, SegmentTimer
+        from validation.step_executor import LEAD_S
+        if self.cuda:
+            self.torch.cuda.synchronize()
+            timer = SegmentTimer(LEAD_S)
+            fn(timer)
+            return timer.seconds()
+        t0 = time.perf_counter()
+        fn(NO_TIMER)
+        return time.perf_counter() - t0
+
+    def median(self, fn) -> float:
+        first = self.once(fn)  # warm-up (allocator, autotuning); also sizes the repetitions
+        reps = int(min(self.max_reps, max(3, self.budget_s / max(first, 1e-6))))
+        return float(np.median([self.once(fn) for _ in range(reps)]))
 
 
-def write_profile(results: dict, path: str | Path) -> dict | None:
-    """``build_profile`` written as JSON to ``path`` (nothing written when it is None)."""
-    profile = build_profile(results)
-    if profile is not None:
-        Path(path).write_text(json.dumps(profile, indent=1) + "\n")
-    return profile
+def _graph(runner, b: int, parts=None):
+    """`fn(timer)` replaying the captured graph of batch `b`, timed whole."""
+    from validation.model import PARTS
+    from validation.step_executor import GRAPH_LEAD_S
+
+    def fn(timer):
+        timer.begin(GRAPH_LEAD_S)
+        runner.replay_decode(b, parts or PARTS)
+        timer.end()
+    return fn
+
+
+class Profiler:
+    """Measures the tables of one model on one device with a `validation.model.ModelRunner`."""
+
+    def __init__(self, spec, *, dtype: str = "float16", block_size: int = 16, device: str = "cuda",
+                 attention: str = "fast", prefill: str = "auto", quick: bool = False, cache_bytes: int = CACHE_BYTES,
+                 progress: bool = True) -> None:
+        import torch
+
+        from validation.model import GRAPH_BATCH_SIZES, ModelDims, ModelRunner
+        self.torch = torch
+        self.dims = d = ModelDims.of(spec)
+        self.cuda = device.startswith("cuda")
+        self.progress = progress
+        dtype_bytes = torch.finfo(getattr(torch, dtype)).bits // 8
+        self.grid = {k: globals()[k] for k in QUICK}
+        if quick:
+            self.grid.update(QUICK)
+        # contexts up to the model's length (a captured graph attends to at most that many tokens)
+        self.grid["DECODE_CONTEXT"] = tuple(c for c in self.grid["DECODE_CONTEXT"] if c <= d.max_model_len)
+        block_bytes = d.kv_block_bytes(block_size, dtype_bytes)
+        if self.cuda:
+            if not torch.cuda.is_available():
+                raise ProfileError("blocksim profile: no CUDA device is visible to this torch")
+            free = torch.cuda.mem_get_info()[0]
+            room = free - d.weight_bytes(dtype_bytes) - (10 << 30)
+            if room < 256 * block_bytes:
+                raise ProfileError(f"blocksim profile: {d.name} needs {d.weight_bytes(dtype_bytes) / 2**30:.1f} GiB of "
+                                   f"weights + 10 GiB of workspace + a KV cache; the GPU has {free / 2**30:.1f} GiB free")
+            cache_bytes = min(cache_bytes, room)
+        else:
+            cache_bytes = min(cache_bytes, 64 << 20)  # the CPU path is for tiny models
+        num_blocks = max(64, int(cache_bytes // block_bytes))
+        num_cpu = max(self.grid["BLOCKS"])
+        self.runner = ModelRunner(d, num_blocks=num_blocks, num_cpu_blocks=num_cpu, block_size=block_size,
+                                  dtype=dtype, device=device, attention=attention, prefill=prefill)
+        self.bs, self.num_blocks = block_size, num_blocks
+        self.clock = _Clock(torch, self.cuda)
+        self.graph_sizes = list(GRAPH_BATCH_SIZES)
+        self._next_block = 0
+
+    def _say(self, msg: str) -> None:
+        if self.progress:
+            print(f"profile {self.dims.name}: {msg}", file=sys.stderr, flush=True)
+
+    # --- synthetic batches ----------------------------------------------------------------------------
+    def _table(self, tokens: int) -> np.ndarray:
+        n = -(-tokens // self.bs)
+        t = (self._next_block + np.arange(n)) % self.num_blocks
+        self._next_block = int((self._next_block + n) % self.num_blocks)
+        return t.astype(np.int64)
+
+    def batch(self, prefills=(), decodes=()):
+        """A StepBatch: `prefills` as (new, cached) pairs, `decodes` as context lengths."""
+        from validation.model import PrefillSeq, StepBatch
+        self._next_block = 0
+        rng = np.random.default_rng(0)
+        ids, pos, slots, pf, tables = [], [], [], [], []
+        for new, cached in prefills:
+            table = self._table(cached + new)
+            p = np.arange(cached, cached + new)
+            ids.append(rng.integers(0, self.dims.vocab_size, new))
+            pos.append(p)
+            slots.append(table[p // self.bs] * self.bs + p % self.bs)
+            pf.append(PrefillSeq(cached, cached + new, table))
+        for ctx in decodes:
+            table = self._table(ctx)
+            p = ctx - 1
+            ids.append(rng.integers(0, self.dims.vocab_size, 1))
+            pos.append(np.asarray([p]))
+            slots.append(np.asarray([table[p // self.bs] * self.bs + p % self.bs]))
+            tables.append(table)
+        cat = (lambda xs: np.concatenate(xs).astype(np.int64) if xs else np.zeros(0, np.int64))
+        return StepBatch(cat(ids), np.minimum(cat(pos), self.dims.max_model_len - 1), cat(slots), pf, tables,
+                         np.asarray(list(decodes), np.int64))
+
+    def _tokens_batch(self, n: int):
+        """n tokens as one prompt of positions [0, n) (positions wrap at the model's length)."""
+        return self.batch(prefills=[(n, 0)])
+
+    def _forward(self, batch, parts):
+        inp = self.runner.prepare(batch)
+        return lambda timer: self.runner.forward(inp, parts, timer)
+
+    # --- tables ---------------------------------------------------------------------------------------
+    def linear(self) -> dict:
+        g = self.grid
+        secs = []
+        for n in g["TOKENS"]:
+            secs.append(self.clock.median(self._forward(self._tokens_batch(n), ("linear",))))
+        self._say(f"linear {['%.3g' % s for s in secs]}")
+        out = {"axes": ["tokens"], "grid": {"tokens": list(g["TOKENS"])}, "seconds": secs}
+        if self.cuda:
+            sizes = list(g["GRAPH_TOKENS"])
+            self.runner.capture_decode_graphs(max(sizes), sizes=sizes, parts=("linear",))
+            gsecs = []
+            for b in sizes:
+                self.runner.load_decode(self.batch(decodes=[16] * b), b)
+                gsecs.append(self.clock.median(_graph(self.runner, b, ("linear",))))
+            out["grid"]["graph_tokens"] = sizes
+            out["graph_seconds"] = gsecs
+        return out
+
+    def attn_prefill(self) -> dict:
+        g = self.grid
+        secs = [[[self.clock.median(self._forward(self.batch(prefills=[(p, c)] * b), ("attn",)))
+                  for c in g["PREFILL_CACHED"]] for p in g["PREFILL_NEW"]] for b in g["PREFILL_BATCH"]]
+        self._say("attn_prefill done")
+        return {"axes": ["batch", "new_tokens", "cached_tokens"],
+                "grid": {"batch": list(g["PREFILL_BATCH"]), "new_tokens": list(g["PREFILL_NEW"]),
+                         "cached_tokens": list(g["PREFILL_CACHED"])}, "seconds": secs}
+
+    def attn_decode(self) -> dict:
+        g = self.grid
+        secs = [[self.clock.median(self._forward(self.batch(decodes=[c] * b), ("attn",)))
+                 for c in g["DECODE_CONTEXT"]] for b in g["DECODE_BATCH"]]
+        self._say("attn_decode done")
+        return {"axes": ["batch", "context"], "grid": {"batch": list(g["DECODE_BATCH"]),
+                                                       "context": list(g["DECODE_CONTEXT"])}, "seconds": secs}
+
+    def cache_write(self) -> dict:
+        g = self.grid
+        secs = [self.clock.median(self._forward(self._tokens_batch(n), ("write",))) for n in g["TOKENS"]]
+        return {"axes": ["tokens"], "grid": {"tokens": list(g["TOKENS"])}, "seconds": secs}
+
+    def sample(self) -> dict:
+        g = self.grid
+        secs = [self.clock.median(self._forward(self.batch(decodes=[16] * n), ("sample",))) for n in g["SEQUENCES"]]
+        return {"axes": ["sequences"], "grid": {"sequences": list(g["SEQUENCES"])}, "seconds": secs}
+
+    def moves(self) -> dict:
+        g, r = self.grid, self.runner
+        out = {}
+        for name in ("swap_out", "swap_in", "copy"):
+            secs = []
+            for n in g["BLOCKS"]:
+                if name == "copy":
+                    m = np.stack([np.arange(n), n + np.arange(n)], axis=1)
+                    secs.append(self.clock.median(lambda t, m=m: r.copy(m, t)))
+                else:
+                    m = np.stack([np.arange(n), np.arange(n)], axis=1)
+                    secs.append(self.clock.median(lambda t, m=m, to=(name == "swap_in"): r.swap(m, to, t)))
+            out[name] = {"axes": ["blocks"], "grid": {"blocks": list(g["BLOCKS"])}, "seconds": secs}
+        self._say("swaps and copies done")
+        return out
+
+    def decode_step(self) -> dict | None:
+        if not self.cuda:
+            return None
+        g, r = self.grid, self.runner
+        sizes = list(g["STEP_BATCH"])
+        r.capture_decode_graphs(max(sizes))
+        secs = []
+        for b in sizes:
+            row = []
+            for c in g["DECODE_CONTEXT"]:
+                r.load_decode(self.batch(decodes=[c] * b), b)
+                row.append(self.clock.median(_graph(r, b)))
+            secs.append(row)
+        self._say("decode_step done")
+        return {"axes": ["batch", "context"], "grid": {"batch": sizes, "context": list(g["DECODE_CONTEXT"])},
+                "seconds": secs}
+
+    def overhead(self) -> dict:
+        """Whole eager steps against the sum of their components timed alone."""
+        cases = [([(256, 0)], [1024] * 32), ([(64, 512)], [256] * 8), ([(1024, 0), (512, 0)], []),
+                 ([(16, 0)], [2048] * 64)]
+        if self.grid["TOKENS"] == QUICK["TOKENS"]:
+            cases = [([(16, 0)], [32] * 2)]
+        diffs = []
+        for pf, dec in cases:
+            b = self.batch(prefills=pf, decodes=dec)
+            whole = self.clock.median(self._forward(b, ("linear", "write", "attn", "sample")))
+            parts = sum(self.clock.median(self._forward(b, (p,))) for p in ("linear", "write", "attn", "sample"))
+            diffs.append(whole - parts)
+        self._say(f"overhead whole - parts {['%.3g' % x for x in diffs]}")
+        if self.cuda:  # a longer sleep before each segment must not change an eager time (no host gap leaks in)
+            from validation.model import SegmentTimer
+            from validation.step_executor import LEAD_S
+            fn = self._forward(self.batch(prefills=[(16, 0)], decodes=[256] * 4), ("linear", "write", "attn", "sample"))
+            lead = {}
+            for s in (LEAD_S, 3e-3):
+                self.torch.cuda.synchronize()
+                vals = []
+                for _ in range(5):
+                    t = SegmentTimer(s)
+                    fn(t)
+                    vals.append(t.seconds())
+                lead[s] = float(np.median(vals))
+            self._say(f"eager step with a sleep of {LEAD_S * 1e3:.1f} ms / 3 ms per segment: "
+                      f"{lead[LEAD_S]:.5f} / {lead[3e-3]:.5f} s")
+        return {"eager_s": max(0.0, float(np.median(diffs))), "graph_s": 0.0, "eager_cases_s": diffs,
+                **({"lead_check_s": list(lead.values())} if self.cuda else {})}
+
+    def run(self) -> dict:
+        t0 = time.perf_counter()
+        comps = {"linear": self.linear(), "attn_prefill": self.attn_prefill(), "attn_decode": self.attn_decode(),
+                 "cache_write": self.cache_write(), "sample": self.sample(), **self.moves()}
+        step = self.decode_step()
+        if step is not None:
+            comps["decode_step"] = step
+        comps["overhead"] = self.overhead()
+        self._say(f"measured in {time.perf_counter() - t0:.0f} s")
+        return comps
+
+
+def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_parallel: int = 1, block_size: int = 16,
+            device: str = "cuda", attention: str = "fast", prefill: str = "auto", quick: bool = False,
+            catalog=(), command: str = "", progress: bool = True) -> dict:
+    """Measure and return a profile dict (format "blocksim-profile/1")."""
+    import torch
+
+    from blocksim.catalog import Catalog
+    cat = Catalog(list(catalog))
+    spec = cat.model(model)
+    if tensor_parallel != 1:
+        raise ProfileError(f"--tensor-parallel {tensor_parallel}: the profiler measures one GPU (tensor parallel 1)")
+    name = torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else "cpu"
+    if gpu == "auto":
+        gpu = catalog_gpu(name)
+        if gpu is None:
+            raise ProfileError(f"--gpu-name auto: device {name!r} is none of the catalog's GPUs "
+                               f"({', '.join(DEVICE_GPUS)}); name one with --gpu-name")
+    cat.gpu(gpu)
+    p = Profiler(spec, dtype=dtype, block_size=block_size, device=device, attention=attention, prefill=prefill,
+                 quick=quick, progress=progress)
+    comps = p.run()
+    return {
+        "format": PROFILE_FORMAT, "model": model, "gpu": gpu, "dtype": dtype, "kv_dtype": dtype,
+        "tensor_parallel": tensor_parallel, "block_size": block_size, "device": name, "torch": torch.__version__,
+        "command": command, "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "decode_attention": attention, "prefill_attention": p.runner.prefill_impl, "quick": quick,
+        "cuda_graph_batch_sizes": p.graph_sizes if p.cuda else [], "components": comps,
+    }
+
+
+def shipped_name(model: str, gpu: str, dtype: str, tensor_parallel: int) -> str:
+    return f"{model}__{gpu}__{dtype}__tp{tensor_parallel}.json"
+
+
+# --- CLI ------------------------------------------------------------------------------------------------
+def add_profile_command(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("profile", help="measure a model's step components on this GPU into a cost profile",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="catalog model")
+    p.add_argument("--gpu-name", default="auto", help="catalog GPU the profile is for (default: from the device)")
+    p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
+    p.add_argument("--tensor-parallel", type=int, default=1)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--attention", choices=("fast", "vllm"), default="fast", help="decode attention kernels")
+    p.add_argument("--prefill", choices=("auto", "kernel", "sdpa"), default="auto", help="prefill attention path")
+    p.add_argument("--catalog", action="append", default=[], metavar="FILE")
+    p.add_argument("--device", default="cuda", help="cuda (default) or cpu (the same code, for tiny models)")
+    p.add_argument("--quick", action="store_true", help="a tiny grid (tests)")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="where to write (default: blocksim/profiles/<model>__<gpu>__<dtype>__tp<N>.json)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_profile)
+    return p
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    command = "blocksim profile " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "blocksim profile"
+    try:
+        prof = profile(args.model, gpu=args.gpu_name, dtype=args.dtype, tensor_parallel=args.tensor_parallel,
+                       block_size=args.block_size, device=args.device, attention=args.attention, prefill=args.prefill,
+                       quick=args.quick, catalog=args.catalog, command=command, progress=not args.quiet)
+    except ProfileError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else (Path(__file__).resolve().parents[1] / "blocksim" / "profiles"
+                                           / shipped_name(prof["model"], prof["gpu"], prof["dtype"],
+                                                          prof["tensor_parallel"]))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(prof, indent=1) + "\n")
+    print(f"profile: {prof['model']} on {prof['gpu']} ({prof['device']}), written to {out}")
+    return 0
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m validation.profile", description=__doc__.split("\n\n")[0])
-    ap.add_argument("results", help="a python -m kernels.bench --json file (needs the headline section)")
-    ap.add_argument("--out", required=True, help="the cost profile JSON to write")
-    args = ap.parse_args(argv)
-    results = json.loads(Path(args.results).read_text())
-    profile = write_profile(results, args.out)
-    if profile is None:
-        print(f"{args.results}: no headline rows, or a device the catalog does not know ({results.get('device')!r}; "
-              f"known: {', '.join(DEVICE_GPUS)})", file=sys.stderr)
-        return 1
-    print(f"cost profile: {profile}")
-    return 0
+    ap = argparse.ArgumentParser(prog="python -m validation.profile")
+    sub = ap.add_subparsers(dest="command", required=True)
+    add_profile_command(sub)
+    args = ap.parse_args(["profile", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@ The scheduler decides each step; the cost model prices it; SimPy only advances t
 transfers hold the host link (a `simpy.Resource`) for their duration, inside the step that
 issued them, as vLLM v0 waits for its swaps before running the model.
 
+Executor: with a `blocksim.engine.executor.StepExecutor`, every step is also executed (spans
+off) and lasts the executor's measured seconds; the step's `t_*_s` columns keep the cost model's
+prediction.
+
 Spans: after a plain decode step whose groups each decode one sequence, the next steps are the
 same batch with contexts one token longer until a request finishes, a request arrives or free
 blocks run low; `spans` finds such a span and advances it in one jump, with the step records,
@@ -24,6 +28,8 @@ import pandas as pd
 import simpy
 
 from blocksim.config import ConfigError, SimConfig
+from blocksim.cost import cost_record
+from blocksim.engine.executor import StepExecutor
 from blocksim.engine.spans import find_span, run_span
 from blocksim.interfaces import MemoryManager
 from blocksim.policies import make_cost_model, make_memory_manager, make_scheduler
@@ -78,7 +84,7 @@ def requests_frame(trace) -> pd.DataFrame:
 class Engine:
     def __init__(self, config: SimConfig, trace, cost_model=None, *, spans: bool = True,
                  check_invariants: bool = False, progress: bool = False, plan_dir=None,
-                 block_manager=None) -> None:
+                 block_manager=None, executor: StepExecutor | None = None) -> None:
         self.config = config
         self.reqs = requests_frame(trace)
         self.cost = cost_model or make_cost_model(config)
@@ -87,6 +93,9 @@ class Engine:
             from blocksim.records.plan import PlanRecorder
             self.plan = PlanRecorder(plan_dir, config)
             spans = False  # a plan records every step's block tables
+        self.executor = executor
+        if executor is not None:
+            spans = False  # every step is executed
         self.spans = spans
         self.check = check_invariants
         self.progress = progress
@@ -199,13 +208,18 @@ class Engine:
             attn_prefill = cm.attn_prefill(r[:, 1] - r[:, 0], r[:, 0])
         else:
             attn_prefill = 0.0
+        # decode-only: no prompt and no block move, the steps a CUDA graph replays
+        decode_only = not (out.prefills or out.blocks_to_swap_in or out.blocks_to_swap_out or out.blocks_to_copy)
+        n = out.num_decode_seqs
+        # sequences that sample a token: every decode, and each prompt (chunk) that reaches its end
+        sampled = n + sum(1 for g, _, stop in out.prefills if stop >= g.seqs[0].num_tokens)
         return {
-            "t_linear_s": cm.linear(tokens),
+            "t_linear_s": cm.linear(tokens, sampled, decode_only),
             "t_attn_prefill_s": attn_prefill,
-            "t_attn_decode_s": float(cm.attn_decode(out.decode_ctx_tokens)),
-            "t_swap_s": cm.swap(len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)),
+            "t_attn_decode_s": float(cm.attn_decode(out.decode_ctx_tokens, n, decode_only)),
+            "t_swap_s": cm.swap(len(out.blocks_to_swap_in), len(out.blocks_to_swap_out)),
             "t_copy_s": cm.copy(len(out.blocks_to_copy)),
-            "t_overhead_s": cm.overhead(out.has_work),
+            "t_overhead_s": cm.overhead(out.has_work, n if decode_only else 0),
         }
 
     def _run_step(self, out: SchedulerOutputs):
@@ -219,10 +233,12 @@ class Engine:
         running, waiting, swapped = len(sched.running), len(sched.waiting), len(sched.swapped)
         if self.plan is not None:
             self.plan.on_step(self.rec.num_steps, out, times)
+        if self.executor is not None:
+            duration = float(self.executor.execute(self.rec.num_steps, out, times))
         if self._extents is not None and start >= self._next_extent_s:
             self._sample_extents(start)
         gpu_blocks_used, cpu_blocks_used = self.bm.num_gpu_blocks_used, self.bm.num_cpu_blocks_used
-        if times["t_swap_s"] > 0:
+        if times["t_swap_s"] > 0 and self.executor is None:
             with self.link.request() as req:
                 yield req
                 yield env.timeout(times["t_swap_s"])
@@ -296,4 +312,6 @@ class Engine:
         if lost or len(self.groups) != len(self.reqs):
             raise EngineError(f"{len(lost)} requests neither finished nor rejected; "
                               f"{len(self.groups)} of {len(self.reqs)} arrived")
-        return RunResult.build(self, wall)
+        result = RunResult.build(self, wall)
+        result.summary["cost_model"] = cost_record(self.cost, result.steps)  # warns of extrapolated steps
+        return result

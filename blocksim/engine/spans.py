@@ -74,8 +74,8 @@ def decode_times(cost, out: SchedulerOutputs, k: int):
     """Durations of `k` decode steps of the batch, each context one token longer, and their components."""
     n = out.num_decode_seqs
     ctx = out.decode_ctx_tokens + n * np.arange(k, dtype=np.int64)
-    times = {"t_linear_s": cost.linear(n), "t_attn_decode_s": cost.attn_decode(ctx),
-             "t_overhead_s": cost.overhead(True)}
+    times = {"t_linear_s": cost.linear(n, n, True), "t_attn_decode_s": cost.attn_decode(ctx, n, True),
+             "t_overhead_s": cost.overhead(True, n)}
     durations = times["t_linear_s"] + times["t_attn_decode_s"] + times["t_overhead_s"]
     return durations, times
 

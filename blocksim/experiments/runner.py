@@ -11,7 +11,6 @@ from typing import Any
 import traces
 from blocksim.catalog import Catalog
 from blocksim.config import GiB, CacheConfig, ConfigError, SchedulerConfig, SimConfig
-from blocksim.cost import CostParams
 from blocksim.engine import Engine
 from blocksim.options import (CHUNKED_BUDGET_TOKENS, DEFAULT_POLICY, DEFAULTS, POLICY_KEYS, RUN_DEFAULTS, RUN_OPTIONS,
                               V1_DEFAULTS)
@@ -95,16 +94,20 @@ def load_trace(trace, *, rate_scale: float = 1.0, max_requests: int | None = Non
 
 
 def simulate(trace, config: SimConfig, *, cost_profile: str | None = None, progress: bool = False,
-             check_invariants: bool = False, plan_dir: str | Path | None = None) -> RunResult:
-    params = CostParams.from_json(cost_profile) if cost_profile else None
-    return Engine(config, trace, make_cost_model(config, params), progress=progress,
-                  check_invariants=check_invariants, plan_dir=plan_dir).run()
+             check_invariants: bool = False, plan_dir: str | Path | None = None, executor=None) -> RunResult:
+    """One engine run; `executor` (a `blocksim.engine.executor.StepExecutor`) executes every step."""
+    return Engine(config, trace, make_cost_model(config, cost_profile), progress=progress,
+                  check_invariants=check_invariants, plan_dir=plan_dir, executor=executor).run()
 
 
 def replay(trace, out_dir: str | Path, *, policy: str = DEFAULT_POLICY, rate_scale: float | None = None,
            overrides: dict[str, Any] | None = None, progress: bool = False, write_report: bool = False,
-           max_requests: int | None = None, record_plan: bool = False, clip_to_model: bool | None = None) -> dict:
+           max_requests: int | None = None, record_plan: bool = False, clip_to_model: bool | None = None,
+           executor=None) -> dict:
     """Run one replay into `out_dir` and return its summary (the content of summary.json).
+
+    `executor`: a factory `config -> StepExecutor` (`blocksim.engine.executor`); each step is then
+    executed and lasts its measured time, and the executor writes its records into `out_dir`.
 
     The run options (`blocksim.options.RUN_OPTIONS`) come from `overrides` when present there, else
     from the keywords, else from their defaults (all requests, rate x1, no clipping).
@@ -122,11 +125,16 @@ def replay(trace, out_dir: str | Path, *, policy: str = DEFAULT_POLICY, rate_sca
     config = build_config(policy, **options)
     tr = load_trace(trace, rate_scale=rate_scale, max_requests=max_requests,
                     clip_max_len=config.model.max_model_len if clip_to_model else None)
+    step_executor = executor(config) if executor is not None else None
     result = simulate(tr, config, cost_profile=cost_profile, progress=progress,
-                      plan_dir=out_dir if record_plan else None)
+                      plan_dir=out_dir if record_plan else None, executor=step_executor)
     result.summary["rate_scale"] = rate_scale
     result.summary["trace"] = str(trace) if isinstance(trace, (str, Path)) else getattr(trace, "name", "")
+    if step_executor is not None:
+        result.summary["executor"] = getattr(step_executor, "describe", {})
     result.save(out_dir)
+    if step_executor is not None:
+        step_executor.save(out_dir)
     if write_report:
         from analysis import write_report as _write  # loads matplotlib: only when a report is drawn
         _write(out_dir)

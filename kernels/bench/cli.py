@@ -54,7 +54,9 @@ def main(argv=None) -> int:
                     help="headline and sweep: alternating measurements of the fast kernel (default storage) and "
                          "SDPA, medians compared (9 pairs give a 96%% interval for the median time ratio)")
     ap.add_argument("--sections", default="headline,backends,splits,stages,occupancy,blocks,fp8,sweep",
-                    help="comma-separated: headline, backends, splits, stages, occupancy, blocks, fp8, sweep")
+                    help="comma-separated: headline, backends, splits, stages, occupancy, blocks, fp8, sweep, prefill, "
+                         "prefill_tiles (the paged prefill kernel and its tile configurations, kernels/bench/prefill.py; "
+                         "not in the default list)")
     ap.add_argument("--depths", default="0,2,3,4", help="stages section: load paths (0 = registers, 2-4 = ring)")
     ap.add_argument("--max-kv-gb", type=float, default=4.3, help="largest KV (GB) of a sweep point")
     ap.add_argument("--json", default=None, help="write every number to this JSON file")
@@ -80,7 +82,7 @@ def main(argv=None) -> int:
     print(f"device copy bandwidth (read + write): {copy_gbs:.0f} GB/s")
     results = {"device": device, "torch": torch.__version__, "copy_gbs": copy_gbs, "fast_storage": STORE,
                **{name: [] for name in ("headline", "backends", "splits", "stages", "occupancy", "block_sizes", "fp8",
-                                        "sweep")}}
+                                        "sweep", "prefill", "prefill_tiles")}}
     for name in args.sections.split(","):
         SECTIONS[name](args, copy_gbs, results)
         if args.json:

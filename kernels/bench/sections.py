@@ -1,6 +1,6 @@
 """The benchmark's sections, each a function ``(args, copy_gbs, results)`` that measures, prints
 a Markdown table and appends its rows to ``results[name]``: headline, backends, splits, stages,
-occupancy, blocks, fp8, sweep (``SECTIONS``)."""
+occupancy, blocks, fp8, sweep, and prefill (``prefill.py``) (``SECTIONS``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ..fast import launch as fast_launch
 from ..fast import layout as fast_layout
 from ..fast import ops as fast_ops
 from ..vllm import launch as vllm_launch
+from .prefill import prefill, prefill_tiles
 from .cases import BLOCK_SIZE, DTYPE, HEAD_SIZE, STORE, Case, gather_contiguous
 from .stats import alternate_with_sdpa, interval_label
 from .timing import backend_label, best_sdpa, default_sdpa_backend, gbs, sdpa, sdpa_backends, sdpa_runs
@@ -340,4 +341,5 @@ def sweep(args, copy_gbs, results):
 
 
 SECTIONS = {"headline": headline, "backends": backends, "splits": splits, "stages": stages,
-            "occupancy": occupancy, "blocks": block_sizes, "fp8": fp8, "sweep": sweep}
+            "occupancy": occupancy, "blocks": block_sizes, "fp8": fp8, "sweep": sweep, "prefill": prefill,
+            "prefill_tiles": prefill_tiles}

@@ -11,6 +11,7 @@
 #include "cache_ops.h"
 #include "fast_decode.h"
 #include "paged_attention.h"
+#include "paged_prefill.h"
 
 namespace {
 
@@ -217,6 +218,88 @@ void fast_decode(torch::Tensor out, torch::Tensor part_out, torch::Tensor part_m
   check_launch(blocksim::launch_fast_decode(p, q_dtype, kv_dtype, as_stream(stream)), "fast_decode");
 }
 
+// The paged prefill kernel (kernels/fast/prefill.py checks every argument first): caches as
+// fast_decode's; query and out [total_new_tokens, num_heads, head_size]; config picks the tile
+// configuration (0: the default).
+void paged_prefill(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
+                   int64_t num_kv_heads, double scale, double v_scale, torch::Tensor block_tables,
+                   torch::Tensor query_start_loc, torch::Tensor context_lens, int64_t max_query_len,
+                   int64_t max_context_len, int64_t config, std::optional<torch::Tensor> alibi_slopes,
+                   int64_t stream) {
+  for (auto* t : {&out, &query, &key_cache, &value_cache, &block_tables, &query_start_loc, &context_lens}) {
+    check_cuda(*t, "every paged_prefill tensor");
+  }
+  TORCH_CHECK(out.scalar_type() == query.scalar_type() && out.is_contiguous() && out.sizes() == query.sizes(),
+              "out must be a contiguous tensor like query");
+  TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1 && query.stride(1) == query.size(2),
+              "query must be [tokens, heads, head_size] with contiguous head rows");
+  TORCH_CHECK(key_cache.dim() == 4 && value_cache.dim() == 4 && key_cache.sizes() == value_cache.sizes(),
+              "caches must be [num_blocks, block_size, num_kv_heads, head_size]");
+  TORCH_CHECK(key_cache.stride(3) == 1 && value_cache.stride(3) == 1, "cache head rows must be contiguous");
+  TORCH_CHECK(key_cache.scalar_type() == value_cache.scalar_type(), "key and value caches differ in dtype");
+  for (auto* t : {&block_tables, &query_start_loc, &context_lens}) {
+    TORCH_CHECK(t->scalar_type() == torch::kInt32 && t->is_contiguous(), "index tensors must be contiguous int32");
+  }
+  const int64_t block_size = key_cache.size(1);
+  TORCH_CHECK(block_size >= 8 && block_size <= 256 && (block_size & (block_size - 1)) == 0,
+              "block size must be a power of two from 8 to 256");
+  TORCH_CHECK(query_start_loc.size(0) == context_lens.size(0) + 1 && block_tables.size(0) == context_lens.size(0),
+              "query_start_loc must have batch + 1 entries and block_tables batch rows");
+  TORCH_CHECK(key_cache.size(2) == num_kv_heads && query.size(2) == key_cache.size(3), "cache geometry");
+  blocksim::PagedPrefillParams p{};
+  p.out = out.data_ptr();
+  p.query = query.data_ptr();
+  p.key_cache = key_cache.data_ptr();
+  p.value_cache = value_cache.data_ptr();
+  p.block_tables = block_tables.data_ptr<int>();
+  p.query_start_loc = query_start_loc.data_ptr<int>();
+  p.context_lens = context_lens.data_ptr<int>();
+  if (alibi_slopes) {
+    check_cuda(*alibi_slopes, "alibi_slopes");
+    TORCH_CHECK(alibi_slopes->scalar_type() == torch::kFloat32 && alibi_slopes->is_contiguous() &&
+                    alibi_slopes->numel() == query.size(1),
+                "alibi_slopes must be contiguous float32 [num_heads]");
+    p.alibi_slopes = alibi_slopes->data_ptr<float>();
+  }
+  p.scale = static_cast<float>(scale);
+  p.v_scale = static_cast<float>(v_scale);
+  p.num_seqs = static_cast<int>(context_lens.size(0));
+  p.num_heads = static_cast<int>(query.size(1));
+  p.num_kv_heads = static_cast<int>(num_kv_heads);
+  p.head_size = static_cast<int>(query.size(2));
+  int log2 = 0;
+  while ((int64_t{1} << log2) < block_size) ++log2;
+  p.block_size_log2 = log2;
+  p.max_blocks_per_seq = static_cast<int>(block_tables.size(1));
+  p.num_blocks = static_cast<int>(key_cache.size(0));
+  p.max_query_len = static_cast<int>(max_query_len);
+  p.config = static_cast<int>(config);
+  (void)max_context_len;  // part of the call for a launch rule over keys; the grid needs the query length only
+  p.q_token_stride = query.stride(0);
+  p.out_token_stride = out.stride(0);
+  p.k_block_stride = key_cache.stride(0);
+  p.k_token_stride = key_cache.stride(1);
+  p.k_head_stride = key_cache.stride(2);
+  p.v_block_stride = value_cache.stride(0);
+  p.v_token_stride = value_cache.stride(1);
+  p.v_head_stride = value_cache.stride(2);
+  int q_dtype = 0;
+  switch (query.scalar_type()) {
+    case torch::kFloat16: q_dtype = blocksim::kFastF16; break;
+    case torch::kBFloat16: q_dtype = blocksim::kFastBF16; break;
+    default: TORCH_CHECK(false, "paged_prefill: query must be float16 or bfloat16");
+  }
+  int kv_dtype = 0;
+  switch (key_cache.scalar_type()) {
+    case torch::kFloat16: kv_dtype = blocksim::kFastF16; break;
+    case torch::kBFloat16: kv_dtype = blocksim::kFastBF16; break;
+    case torch::kFloat8_e4m3fn: kv_dtype = blocksim::kFastFp8E4M3; break;
+    default: TORCH_CHECK(false, "paged_prefill: caches must be float16, bfloat16 or float8_e4m3fn");
+  }
+  const DeviceScope scope(query.device());
+  check_launch(blocksim::launch_paged_prefill(p, q_dtype, kv_dtype, as_stream(stream)), "paged_prefill");
+}
+
 void reshape_and_cache(torch::Tensor key, torch::Tensor value, torch::Tensor key_cache, torch::Tensor value_cache,
                        torch::Tensor slot_mapping, int64_t stream) {
   for (auto* t : {&key, &value, &key_cache, &value_cache, &slot_mapping}) check_cuda(*t, "reshape_and_cache tensors");
@@ -361,6 +444,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     check_launch(blocksim::launch_fast_decode(p, q, kv, nullptr), "fast_decode_ctas_per_sm");
     return static_cast<int64_t>(ctas);
   });
+  m.def("paged_prefill", &paged_prefill);
+  m.def("paged_prefill_block_rows", &blocksim::paged_prefill_block_rows);
   m.def("reshape_and_cache", &reshape_and_cache);
   m.def("copy_blocks", &copy_blocks);
   m.def("swap_blocks", &swap_blocks);

@@ -1,58 +1,60 @@
-"""validation.profile: the cost profile written from a kernels.bench results file (no GPU)."""
+"""validation.profile: `blocksim profile` on the CPU with a tiny model and a tiny grid writes a
+"blocksim-profile/1" file that the profiled cost model's loader reads."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from blocksim.catalog import GPUS
-from blocksim.cost import CostParams
-from validation import profile
+pytest.importorskip("torch")
+
+from blocksim.cli import main  # noqa: E402
+from validation import profile  # noqa: E402
+
+TINY = """models:
+  tiny: {num_layers: 2, hidden_size: 256, num_heads: 4, num_kv_heads: 2, head_size: 64, num_params: 1.0e6,
+         max_model_len: 256, intermediate_size: 256, vocab_size: 512}
+"""
 
 
-def results(**over):
-    row = {"shape": [8, 32, 8, 16384], "kv_bytes": 537_000_000, "fast": 0.130, "fast_default": 0.125,
-           "copy_gbs": 4250.0}
-    res = {"device": "NVIDIA H200 (132 SMs)", "torch": "2.11.0", "copy_gbs": 4250.0, "fast_storage": "H2ND",
-           "headline": [row, dict(row)]}
-    res.update(over)
-    return res
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    d = tmp_path_factory.mktemp("profile")
+    (d / "tiny.yaml").write_text(TINY)
+    out = d / "tiny.json"
+    rc = main(["profile", "--model", "tiny", "--catalog", str(d / "tiny.yaml"), "--device", "cpu", "--quick",
+               "--gpu-name", "h200-141gb", "--out", str(out), "--quiet"])
+    assert rc == 0
+    return json.loads(out.read_text()), out
 
 
-def test_profile_scale_is_predicted_over_measured_bandwidth(tmp_path):
-    path = tmp_path / "profile.json"
-    prof = profile.write_profile(results(), path)
-    measured = 2 * 537_000_000 / (2 * 0.125e-3) / 1e9        # the default-storage times
-    assert prof["params"]["scale_attn_decode"] == pytest.approx(4800 * 0.8 / measured, abs=1e-4)
-    assert json.loads(path.read_text()) == prof
-    assert "H2ND storage" in prof["source"] and "h200-141gb" in prof["source"]
+def test_profile_has_every_component_on_its_grid(written):
+    prof, _ = written
+    assert prof["format"] == "blocksim-profile/1" and prof["model"] == "tiny" and prof["gpu"] == "h200-141gb"
+    comps = prof["components"]
+    for name in ("linear", "attn_prefill", "attn_decode", "cache_write", "sample", "swap_out", "swap_in", "copy"):
+        table = comps[name]
+        shape = tuple(len(table["grid"][axis]) for axis in table["axes"])
+        import numpy as np
+        secs = np.asarray(table["seconds"])
+        assert secs.shape == shape and (secs > 0).all(), name
+    assert comps["overhead"]["eager_s"] >= 0 and comps["overhead"]["graph_s"] == 0.0
+    assert prof["command"].startswith("blocksim profile")
 
 
-def test_profile_reads_the_gpu_and_efficiency_from_the_simulator():
-    prof = profile.build_profile(results(device="NVIDIA H100 80GB HBM3 (132 SMs)"))
-    measured = 2 * 537_000_000 / (2 * 0.125e-3) / 1e9
-    want = GPUS["h100-80gb"].hbm_bw_gbps * CostParams().bw_efficiency / measured
-    assert prof["params"]["scale_attn_decode"] == pytest.approx(want, abs=1e-4)
+def test_profile_reads_back_through_the_cost_models_loader(written):
+    load = pytest.importorskip("blocksim.cost.profile_file").load_profile
+    _, path = written
+    p = load(path)
+    assert p.model == "tiny" and set(p.tables) >= {"linear", "attn_prefill", "attn_decode"}
 
 
-def test_profile_loads_as_a_cost_profile(tmp_path):
-    path = tmp_path / "profile.json"
-    prof = profile.write_profile(results(), path)
-    assert CostParams.from_json(path).scale_attn_decode == prof["params"]["scale_attn_decode"]
+def test_unknown_device_is_refused_with_the_known_ones():
+    assert profile.catalog_gpu("NVIDIA H200") == "h200-141gb"
+    assert profile.catalog_gpu("NVIDIA H100 80GB HBM3") == "h100-80gb"
+    assert profile.catalog_gpu("Some Other GPU") is None
 
 
-def test_profile_needs_a_known_gpu_and_headline_rows(tmp_path):
-    assert profile.write_profile(results(device="Some GPU"), tmp_path / "p.json") is None
-    assert profile.write_profile(results(headline=[]), tmp_path / "p.json") is None
-    assert not (tmp_path / "p.json").exists()
-
-
-def test_profile_command_writes_the_file_or_says_why_not(tmp_path, capsys):
-    saved = tmp_path / "bench.json"
-    saved.write_text(json.dumps(results()))
-    out = tmp_path / "profile.json"
-    assert profile.main([str(saved), "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["params"]["scale_attn_decode"] > 0
-    saved.write_text(json.dumps(results(device="Some GPU")))
-    assert profile.main([str(saved), "--out", str(tmp_path / "none.json")]) == 1
-    assert "does not know" in capsys.readouterr().err
+def test_tensor_parallel_other_than_one_is_refused(capsys):
+    assert main(["profile", "--model", "llama-2-7b", "--tensor-parallel", "2", "--device", "cpu"]) == 2
+    assert "tensor parallel 1" in capsys.readouterr().err

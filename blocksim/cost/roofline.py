@@ -21,7 +21,12 @@ Components of a step (each a column `t_<name>_s` in steps.parquet):
   (read + write), plus one launch.
 * ``overhead``: a fixed per-step cost (scheduling, launches, sampling) when the step runs anything.
 
-A later calibration fits these factors per component on a real GPU (`--cost-profile`).
+The factors come from `CostParams` (defaults below); ``--cost-profile`` reads them from a JSON of
+parameters, or fits them on a measured profile's grids (`blocksim.cost.fit`).
+
+The engine passes what a step holds beyond each component's own size (sampled sequences, the decode
+batch, whether the step is decode-only, swap direction); the roofline ignores it, the profiled model
+(`blocksim.cost.profiled`) reads it.
 """
 
 from __future__ import annotations
@@ -78,11 +83,18 @@ class CostParams:
             data = json.loads(p.read_text())
         except json.JSONDecodeError as e:
             raise ConfigError(f"cost profile {p}: not valid JSON ({e})") from e
+        return cls.from_dict(data, p)
+
+    @classmethod
+    def from_dict(cls, data, p: str | Path) -> "CostParams":
+        """Parameters from a parsed parameter file: ``{"params": {...}}`` (other keys ignored) or a flat object."""
         params = data.get("params", data) if isinstance(data, dict) else data
         if not isinstance(params, dict):
             raise ConfigError(f"cost profile {p}: expected an object of parameters (or {{\"params\": {{...}}}}), "
                               f"got {type(params).__name__}")
         known = {f.name for f in fields(cls)}
+        if "params" not in data:  # a flat object: its keys are the parameters
+            params = {k: v for k, v in params.items() if k not in ("format", "source")}
         unknown = set(params) - known
         if unknown:
             raise ConfigError(f"cost profile {p}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
@@ -97,8 +109,9 @@ class RooflineCostModel:
 
     name = "roofline"
 
-    def __init__(self, config: SimConfig, params: CostParams | None = None) -> None:
+    def __init__(self, config: SimConfig, params: CostParams | None = None, source: str | None = None) -> None:
         self.params = p = params or CostParams()
+        self.source = source  # the file the parameters came from (a parameter file or a fitted profile)
         m, g, tp = config.model, config.gpu, config.tensor_parallel
         self.flops = g.fp16_tflops * 1e12 * p.flops_efficiency
         self.bw = g.hbm_bw_gbps * 1e9 * p.bw_efficiency
@@ -112,7 +125,8 @@ class RooflineCostModel:
         self.copies_per_block = 2 * m.num_layers
 
     # --- components ------------------------------------------------------------------------------
-    def linear(self, tokens: int) -> float:
+    def linear(self, tokens: int, sequences: int = 0, decode_only: bool = False) -> float:
+        """Weights' matrix multiplies for `tokens` tokens (`sequences` sampled, decode-only step: unused)."""
         if tokens <= 0:
             return 0.0
         return max(tokens * self.linear_flops_per_token / self.flops, self.weight_time_s) * self.params.scale_linear
@@ -122,11 +136,14 @@ class RooflineCostModel:
         c = 0.0 if cached_tokens is None else np.asarray(cached_tokens, dtype=np.float64)
         return float(self.attn_flops_coef * np.sum(p * (c + p / 2)) / self.flops) * self.params.scale_attn_prefill
 
-    def attn_decode(self, ctx_tokens):
-        """Seconds to read the KV of `ctx_tokens` context tokens (an int, or an array for a span)."""
+    def attn_decode(self, ctx_tokens, batch: int = 0, decode_only: bool = False):
+        """Seconds to read the KV of `ctx_tokens` context tokens (an int, or an array for a span) of
+        `batch` decoding sequences (unused here)."""
         return ctx_tokens * (self.kv_bytes_per_token / self.bw) * self.params.scale_attn_decode
 
-    def swap(self, blocks: int) -> float:
+    def swap(self, blocks_in: int, blocks_out: int = 0) -> float:
+        """Swap-in plus swap-out of the step, priced alike (the host link is symmetric here)."""
+        blocks = blocks_in + blocks_out
         if blocks <= 0:
             return 0.0
         copies = self.copies_per_block * (1 if self.params.swap_batched else blocks)
@@ -138,6 +155,14 @@ class RooflineCostModel:
             return 0.0
         return (blocks * self.block_bytes * 2 / self.bw + self.params.launch_s) * self.params.scale_copy
 
-    def overhead(self, active: bool) -> float:
+    def overhead(self, active: bool, decode_only: bool = False) -> float:
         return self.params.step_overhead_s if active else 0.0
+
+    def describe(self) -> dict:
+        """What summary.json records of this cost model."""
+        return {"name": self.name, "params": self.params.to_dict(), "profile": self.source}
+
+    def report(self, steps) -> dict:
+        """summary.json's record of the cost model (the roofline never leaves a grid)."""
+        return self.describe()
 

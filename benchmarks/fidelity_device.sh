@@ -1,0 +1,42 @@
+#!/bin/bash
+# Fidelity measurements on one GPU: cost profiles of PROFILE_MODELS, then executed (GPU-in-the-loop)
+# replays of the fidelity slices for RUN_MODELS. Run from the repository root on the GPU machine:
+#
+#   GPU=h200-141gb PROFILE_MODELS="llama-2-7b llama-3-8b mistral-7b" RUN_MODELS="llama-2-7b llama-3-8b" \
+#       bash benchmarks/fidelity_device.sh
+#
+# Writes the profiles to blocksim/profiles/ (the shipped location), the executed runs to
+# runs/fidelity/exec/, and packs both into $OUT/fidelity-$GPU.tgz when $OUT is set.
+set -u
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
+GPU=${GPU:-h200-141gb}
+PROFILE_MODELS=${PROFILE_MODELS:-"llama-2-7b llama-3-8b mistral-7b"}
+RUN_MODELS=${RUN_MODELS:-"llama-2-7b llama-3-8b"}
+TRACES=${TRACES:-"azure-conv azure-code mooncake"}
+PRESETS=${PRESETS:-"vllm vllm-prefix vllm-chunked swap-n2"}
+BUDGET_S=${BUDGET_S:-100000}
+EXEC=runs/fidelity/exec
+if ! python -c "import simpy" 2>/dev/null; then   # simpy as a carried wheel where the machine lacks it
+  python -m pip install -q --no-index --no-deps --target /tmp/site $(ls .whl/simpy-*.whl runs/fidelity/whl/simpy-*.whl 2>/dev/null | head -1) \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+build() { python -c "from kernels._build import extension; e = extension(); print('kernels built; paged prefill kernel:', hasattr(e, 'paged_prefill'))"; }
+if ! build && [ -d runs/fidelity/kernels_head/kernels ]; then  # a carried copy of the committed kernels
+  echo "the working tree's kernels do not build: using runs/fidelity/kernels_head"
+  rm -rf kernels && cp -r runs/fidelity/kernels_head/kernels kernels && build || exit 1
+fi
+t0=$(date +%s)
+for m in $PROFILE_MODELS; do
+  python -m validation.profile --model "$m" --gpu-name "$GPU" --out "blocksim/profiles/${m}__${GPU}__float16__tp1.json" || echo "profile $m failed"
+done
+echo "profiles: $(( $(date +%s) - t0 )) s"
+left=$(( BUDGET_S - ($(date +%s) - t0) ))
+python benchmarks/fidelity_runs.py execute --out $EXEC --gpu "$GPU" --models $RUN_MODELS --traces $TRACES \
+    --presets $PRESETS --budget-s $left
+grep -E "^(Traceback|blocksim:)|Error" $EXEC/execute.log | sort | uniq -c | head -20
+if [ -n "${OUT:-}" ]; then
+  tar czf "$OUT/fidelity-$GPU.tgz" $EXEC blocksim/profiles/*__${GPU}__*.json 2>/dev/null
+  cp $EXEC/execute.log "$OUT/execute-$GPU.log"
+fi
+echo "done in $(( $(date +%s) - t0 )) s"

@@ -1,0 +1,265 @@
+"""Fidelity runs: the executed (GPU-in-the-loop) replays and their simulated twins, and the errors.
+
+    # on the GPU: executed runs (every step run by the model, `--executor cuda`)
+    python benchmarks/fidelity_runs.py execute --models llama-2-7b --out runs/fidelity/exec
+    # on any machine: the same runs simulated with the profiled and the roofline cost models
+    python benchmarks/fidelity_runs.py simulate --exec runs/fidelity/exec --out runs/fidelity/sim
+    # the errors (signed fractions), as JSON and as a Markdown table
+    python benchmarks/fidelity_runs.py results --exec runs/fidelity/exec --sim runs/fidelity/sim \\
+        --json benchmarks/results/fidelity-h200.json --markdown runs/fidelity/table.md
+
+Slices: fixed windows of the bundled traces (`traces/data`), prompts clipped to 4096 tokens
+(llama-2-7b's length), never the profiler's synthetic grid. Presets: vllm, vllm-prefix,
+vllm-chunked on a cache of `BLOCKS` GPU blocks (memory under pressure: requests wait for blocks
+or are preempted), and a swapping configuration (n = 2 samples per request, `SWAP_BLOCKS` blocks,
+preemption by swap). The simulated twin of an executed run uses the executed run's configuration
+(its summary.json) and trace slice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+#: name -> (bundled file, window [start, end) s, rate scale)
+SLICES = {
+    "azure-conv": ("azure_conv_2023_sample.csv", (140.0, 160.0), 1.0),
+    "azure-code": ("azure_code_2023_sample.csv", (200.0, 220.0), 2.0),
+    "mooncake": ("mooncake_sample.jsonl", (380.0, 395.0), 1.0),
+}
+CLIP_TOKENS = 4096
+BLOCKS = 900
+SWAP_BLOCKS = 700
+#: preset name -> (policy, extra replay flags, samples per request)
+PRESETS = {
+    "vllm": ("vllm", ["--num-gpu-blocks", str(BLOCKS)], 1),
+    "vllm-prefix": ("vllm-prefix", ["--num-gpu-blocks", str(BLOCKS)], 1),
+    "vllm-chunked": ("vllm-chunked", ["--num-gpu-blocks", str(BLOCKS)], 1),
+    "swap-n2": ("vllm", ["--num-gpu-blocks", str(SWAP_BLOCKS), "--preemption", "swap"], 2),
+}
+MODELS = ("llama-2-7b", "llama-3-8b")
+
+
+def slice_file(name: str, n: int, out_dir: Path) -> Path:
+    """Write the trace slice `name` with `n` samples per request as canonical Parquet; its path."""
+    import traces
+    from traces.trace import Trace
+    path = out_dir / f"{name}_n{n}.parquet"
+    if path.exists():
+        return path
+    file, (lo, hi), rate = SLICES[name]
+    t = traces.window(traces.read_trace(ROOT / "traces" / "data" / file), lo, hi)
+    if rate != 1.0:
+        t = traces.scale_rate(t, rate)
+    t, _ = traces.clip_to_max_len(t, CLIP_TOKENS)
+    df = t.df.copy()
+    hashes = t.hash_block_tokens
+    if n != 1:
+        df["n"] = n
+        if "prefix_hashes" in df:  # the swapping configuration runs without prefix caching
+            df = df.drop(columns=["prefix_hashes"])
+            hashes = None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t2 = Trace(df=df.reset_index(drop=True), hash_block_tokens=hashes, name=f"{name}_n{n}")
+    t2.to_parquet(path)
+    return path
+
+
+def run_name(trace: str, preset: str, model: str) -> str:
+    return f"{trace}__{preset}__{model}"
+
+
+def replay_args(trace_path: Path, preset: str, model: str, gpu: str, out: Path) -> list[str]:
+    policy, extra, _ = PRESETS[preset]
+    return ["replay", str(trace_path), "--model", model, "--gpu", gpu, "--policy", policy, *extra,
+            "--quiet", "--no-report", "--out", str(out)]
+
+
+def blocksim(args: list[str], log) -> int:
+    cmd = [sys.executable, "-c", "from blocksim.cli import main; import sys; sys.exit(main())", *args]
+    t0 = time.perf_counter()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (str(ROOT), env.get("PYTHONPATH")) if x)
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    log.write(f"$ blocksim {' '.join(args)}\n{p.stdout}{p.stderr}(rc {p.returncode}, {time.perf_counter() - t0:.1f} s)\n")
+    log.flush()
+    return p.returncode
+
+
+def cmd_execute(a) -> int:
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tdir = out / "traces"
+    start = time.perf_counter()
+    with open(out / "execute.log", "a") as log:
+        for model in a.models:
+            for trace in a.traces:
+                for preset in a.presets:
+                    name = run_name(trace, preset, model)
+                    if (out / name / "executor.json").exists():
+                        continue
+                    if a.budget_s and time.perf_counter() - start > a.budget_s:
+                        print(f"execute {name}: skipped (past --budget-s {a.budget_s:.0f})", flush=True)
+                        continue
+                    path = slice_file(trace, PRESETS[preset][2], tdir)
+                    t0 = time.perf_counter()
+                    rc = blocksim(replay_args(path, preset, model, a.gpu, out / name) + ["--executor", "cuda"], log)
+                    print(f"execute {name}: rc {rc}, {time.perf_counter() - t0:.1f} s", flush=True)
+    return 0
+
+
+def cmd_simulate(a) -> int:
+    exec_dir, out = Path(a.exec), Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "simulate.log", "a") as log:
+        for run in sorted(p.parent for p in exec_dir.glob("*/executor.json")):
+            trace, preset, model = run.name.split("__")
+            summary = json.loads((run / "summary.json").read_text())
+            gpu = summary["config"]["gpu"]["name"]
+            path = slice_file(trace, PRESETS[preset][2], exec_dir / "traces")
+            for cost in a.cost_models:
+                dest = out / cost / run.name
+                extra = ["--cost-model", cost]
+                if cost == "profiled" and a.profile_dir:
+                    from validation.profile import shipped_name
+                    extra += ["--cost-profile", str(Path(a.profile_dir) / shipped_name(model, gpu, "float16", 1))]
+                rc = blocksim(replay_args(path, preset, model, gpu, dest) + extra, log)
+                print(f"simulate {cost} {run.name}: rc {rc}", flush=True)
+    return 0
+
+
+def cmd_results(a) -> int:
+    from analysis.fidelity import compare_runs  # the fidelity report's library
+    exec_dir, sim_dir = Path(a.exec), Path(a.sim)
+    rows = []
+    for run in sorted(p.parent for p in exec_dir.glob("*/executor.json")):
+        trace, preset, model = run.name.split("__")
+        summary = json.loads((run / "summary.json").read_text())
+        for cost in a.cost_models:
+            sim = sim_dir / cost / run.name
+            if not (sim / "summary.json").exists():
+                continue
+            e = compare_runs(sim, run)
+            rows.append({"trace": trace, "preset": preset, "model": model,
+                         "gpu": summary["config"]["gpu"]["name"], "tensor_parallel": summary["config"]["tensor_parallel"],
+                         "cost_model": cost, **e})
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
+    if a.markdown:
+        Path(a.markdown).write_text(markdown_doc(rows, exec_dir))
+    print(f"{len(rows)} comparisons written to {a.json}")
+    return 0
+
+
+ERRORS = ("step_mape", "ttft_p50_err", "ttft_p99_err", "tpot_p50_err", "tpot_p99_err", "e2e_p50_err",
+          "e2e_p99_err", "throughput_err")
+
+
+TARGETS = {"step_mape": 0.03, "ttft_p50_err": 0.03, "ttft_p99_err": 0.05, "tpot_p50_err": 0.03, "tpot_p99_err": 0.03,
+           "e2e_p50_err": 0.03, "e2e_p99_err": 0.03, "throughput_err": 0.02}
+
+
+def met(rows: list[dict], key: str) -> str:
+    vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+    return f"{sum(abs(v) <= TARGETS[key] for v in vals)}/{len(vals)}"
+
+
+def markdown_doc(rows: list[dict], exec_dir: Path) -> str:
+    """benchmarks/FIDELITY.md: how the figures were made and the generated tables."""
+    devices = sorted({json.loads(p.read_text()).get("device", "?") for p in exec_dir.glob("*/executor.json")})
+    torch_v = sorted({json.loads(p.read_text()).get("torch", "?") for p in exec_dir.glob("*/executor.json")})
+    out = [HEADER.format(devices=", ".join(devices), torch=", ".join(torch_v))]
+    for cost in ("profiled", "roofline"):
+        sub = [r for r in rows if r["cost_model"] == cost]
+        if not sub:
+            continue
+        out.append(f"### {cost} cost model\n")
+        out.append(markdown_table(sub))
+        out.append("Within target (|error| <= target): " + ", ".join(f"{k} {met(sub, k)}" for k in ERRORS) + ".\n")
+    return "\n".join(out)
+
+
+HEADER = """# Fidelity: simulated against executed runs
+
+Generated by `python benchmarks/fidelity_runs.py results` from the run directories; do not edit the
+figures by hand.
+
+The executed run of a slice is `blocksim replay SLICE --executor cuda`: the same engine with every
+step executed by the model (random fp16 weights, whole model, the paged prefill kernel, the fast
+decode kernel, CUDA graphs for pure decodes) and lasting its measured GPU time
+(`validation/VALIDATION.md`). Its simulated twins are the same replay priced by the profiled cost
+model (the shipped profile of the model and GPU, measured by `blocksim profile` on a synthetic grid,
+never on these traces) and by the roofline (constants fitted on the shipped profiles' grids).
+Errors are signed fractions (simulated - executed) / executed; `step_mape` is the mean absolute
+per-step error of the cost model pricing the executed run's own steps (`blocksim fidelity`).
+Targets: step MAPE 3%, TTFT / TPOT / end-to-end p50 and p99 3% (TTFT p99 5%), throughput 2%.
+
+Devices: {devices} (torch {torch}).
+
+Slices (`benchmarks/fidelity_runs.py`, prompts clipped to 4096 tokens): azure-conv = the bundled Azure
+conversation sample, arrivals [140 s, 160 s); azure-code = the Azure code sample, [200 s, 220 s) at
+twice its rate; mooncake = the Mooncake sample (prefix hashes), [380 s, 395 s). Presets vllm,
+vllm-prefix and vllm-chunked with 900 GPU blocks (14400 token slots: requests wait for memory or are
+preempted); swap-n2 = two samples per request, 700 blocks, preemption by swap.
+
+Commands:
+
+```sh
+# on the GPU (H200: benchmarks/fidelity_device.sh; H100: benchmarks/fidelity_h100.sh)
+GPU=h200-141gb PROFILE_MODELS="llama-2-7b llama-3-8b mistral-7b" RUN_MODELS="llama-2-7b llama-3-8b" \\
+    bash benchmarks/fidelity_device.sh
+# on any machine, with the executed runs and profiles fetched
+python benchmarks/fidelity_runs.py simulate --exec runs/fidelity/exec --out runs/fidelity/sim
+python benchmarks/fidelity_runs.py results --exec runs/fidelity/exec --sim runs/fidelity/sim \\
+    --json benchmarks/results/fidelity-h200.json --markdown benchmarks/FIDELITY.md
+```
+"""
+
+
+def markdown_table(rows: list[dict]) -> str:
+    head = "| trace | preset | model | cost model | " + " | ".join(ERRORS) + " |"
+    lines = [head, "|" + " --- |" * (4 + len(ERRORS))]
+    for r in rows:
+        vals = " | ".join(f"{100 * r[k]:+.1f}%" if isinstance(r.get(k), (int, float)) else "n/a" for k in ERRORS)
+        lines.append(f"| {r['trace']} | {r['preset']} | {r['model']} | {r['cost_model']} | {vals} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python benchmarks/fidelity_runs.py", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("execute")
+    e.add_argument("--out", required=True)
+    e.add_argument("--models", nargs="+", default=list(MODELS))
+    e.add_argument("--traces", nargs="+", default=list(SLICES), choices=list(SLICES))
+    e.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
+    e.add_argument("--gpu", default="h200-141gb")
+    e.add_argument("--budget-s", type=float, default=None, help="start no run after this many seconds")
+    e.set_defaults(func=cmd_execute)
+    s = sub.add_parser("simulate")
+    s.add_argument("--exec", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--cost-models", nargs="+", default=["profiled", "roofline"])
+    s.add_argument("--profile-dir", default=None, help="profiles to use (default: the shipped ones)")
+    s.set_defaults(func=cmd_simulate)
+    r = sub.add_parser("results")
+    r.add_argument("--exec", required=True)
+    r.add_argument("--sim", required=True)
+    r.add_argument("--cost-models", nargs="+", default=["profiled", "roofline"])
+    r.add_argument("--json", required=True)
+    r.add_argument("--markdown", default=None)
+    r.set_defaults(func=cmd_results)
+    a = ap.parse_args(argv)
+    return a.func(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

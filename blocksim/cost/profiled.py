@@ -1,0 +1,258 @@
+"""Profiled cost model: step times interpolated from a GPU profile ("blocksim-profile/1").
+
+The profile (`blocksim.cost.profile_file`) holds, per component, seconds measured on a grid for the
+whole model at the run's tensor-parallel degree. A step is priced from the tables as follows; the
+engine's columns `t_<component>_s` hold:
+
+* ``t_linear_s``: everything but attention, swaps and copies: ``linear(tokens) + cache_write(tokens)
+  + sample(sequences)``, where tokens = prefill tokens + decoding sequences and sequences = those
+  that sample a token: every decoding sequence and each prompt (or chunk) reaching its end. A decode-only step whose
+  batch fits a captured CUDA graph runs the graph at the padded batch size (the smallest of
+  ``cuda_graph_batch_sizes`` >= the batch): the linear part reads ``graph_seconds`` at that size
+  (eager seconds when the profile has no graph timings). Decode-only means no prompt and no block
+  move (swap or copy) in the step, as the executor replays graphs; larger decode batches, steps
+  with a prompt and steps that move blocks run eager.
+* ``t_attn_prefill_s``: each prompt (or chunk) of ``p`` new tokens after ``c`` cached ones is
+  priced alone at batch 1, ``attn_prefill(1, p, c)``; a step of ``P > 1`` prompts multiplies the sum
+  by the measured batch efficiency at the mean shape, ``attn_prefill(P, p̄, c̄) / (P *
+  attn_prefill(1, p̄, c̄))`` (exact for a uniform batch; uneven lengths keep their own quadratic cost).
+* ``t_attn_decode_s``: ``attn_decode(batch, mean context)``. For a graph-replayed decode-only step
+  of a profile with the optional ``decode_step`` table (a whole decode step replayed as a graph),
+  the step's GPU time is ``decode_step(padded batch, mean context)`` and this column holds it less
+  ``t_linear_s`` (at least zero), so the two sum to the measured whole step.
+* ``t_swap_s``: ``swap_in(blocks in) + swap_out(blocks out)``; ``t_copy_s``: ``copy(blocks)``.
+  Block counts are converted to the profile's block size (a run with blocks twice as large moves
+  twice as many of the profile's blocks).
+* ``t_overhead_s``: the profile's fixed per-step cost when the step runs anything, ``graph_s`` for
+  a graph-replayed decode step, ``eager_s`` otherwise.
+
+Interpolation and extrapolation follow `blocksim.cost.interpolate` (piecewise-linear in seconds,
+a power law along prefill attention's new tokens). Steps whose size lies outside a table's grid are
+extrapolated and counted per component and axis; `report` (called once at the end of a run) warns
+with the counts and returns them for summary.json.
+
+Speed: one-axis lines are cut from the tables once per batch size and cached, scalar components
+are memoized, and a span of decode steps is priced in one vectorized call; stepping one by one
+calls the same vectorized code on one-element arrays, so both give identical times.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+
+from blocksim.config import SimConfig
+from blocksim.cost.interpolate import Line, Table
+from blocksim.cost.profile_file import Profile, ProfileWarning
+
+
+class ProfiledCostModel:
+    """Prices steps from a measured `Profile`; refuses one measured for another model, GPU, dtype or TP."""
+
+    name = "profiled"
+
+    def __init__(self, config: SimConfig, profile: Profile) -> None:
+        profile.check_matches(config)
+        self.profile = profile
+        self.block_ratio = config.cache.block_size / profile.block_size
+        t = profile.tables
+        self.linear_eager = Line.of(t["linear"])
+        self.linear_graph = Line.of(profile.linear_graph) if profile.linear_graph is not None else None
+        self.cache_write = Line.of(t["cache_write"])
+        self.sample = Line.of(t["sample"])
+        self.swap_in_line, self.swap_out_line, self.copy_line = (Line.of(t[k]) for k in ("swap_in", "swap_out", "copy"))
+        self.prefill = Table(t["attn_prefill"])
+        self._prefill_range = [(float(g[0]), float(g[-1])) for g in self.prefill.grids]
+        self.decode = Table(t["attn_decode"])
+        self.decode_step = Table(t["decode_step"]) if "decode_step" in t else None
+        self.graph_sizes = np.asarray(profile.cuda_graph_batch_sizes, dtype=np.int64)
+        self.max_graph = int(self.graph_sizes[-1]) if len(self.graph_sizes) else 0
+        self._pad = [None] + [int(self.graph_sizes[np.searchsorted(self.graph_sizes, b)])
+                              for b in range(1, self.max_graph + 1)]
+        self._memo: dict = {}
+        self._lines: dict = {}
+        self.step_outside: Counter = Counter()  # counted as single steps are priced (never in a span)
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def padded(self, batch: int) -> int | None:
+        """The captured CUDA-graph batch size a decode-only batch replays at, None when it runs eager."""
+        if batch > self.max_graph or batch <= 0:
+            return None
+        return self._pad[batch]
+
+    @staticmethod
+    def _one(line: Line, x: float) -> float:
+        return float(line.eval(np.array([x], dtype=np.float64))[0])
+
+    def _decode_line(self, batch: int, decode_only: bool) -> tuple[Line, bool]:
+        """(line along the context, whole_step) for a decode batch: the decode_step table at the padded
+        size for a graph-replayed step when the profile has it, else attention at the batch."""
+        key = (batch, decode_only)
+        hit = self._lines.get(key)
+        if hit is None:
+            pad = self.padded(batch) if decode_only else None
+            if pad is not None and self.decode_step is not None:
+                hit = (self.decode_step.line("context", batch=pad), True)
+            else:
+                hit = (self.decode.line("context", batch=batch), False)
+            self._lines[key] = hit
+        return hit
+
+    # --- components --------------------------------------------------------------------------------
+    def linear(self, tokens: int, sequences: int = 0, decode_only: bool = False) -> float:
+        """Everything but attention, swaps and copies for `tokens` tokens of which `sequences` sample.
+
+        A step that is not decode-only is priced here once (never in a span), so its sampling
+        outside the grid is counted here; decode-only steps are counted from the records."""
+        key = ("linear", tokens, sequences, decode_only)
+        hit = self._memo.get(key)
+        if hit is None:
+            if tokens <= 0:
+                t = 0.0
+            else:
+                pad = self.padded(tokens) if decode_only else None
+                if pad is not None and self.linear_graph is not None:
+                    t = self._one(self.linear_graph, pad)
+                else:
+                    t = self._one(self.linear_eager, tokens)
+                t += self._one(self.cache_write, tokens)
+                if sequences > 0:
+                    t += self._one(self.sample, sequences)
+            hit = (t, sequences > 0 and bool(self.sample.outside(np.array([float(sequences)]))[0]))
+            self._memo[key] = hit
+        if hit[1] and not decode_only:
+            self.step_outside["sample.sequences"] += 1
+        return hit[0]
+
+    def attn_prefill(self, new_tokens, cached_tokens=None) -> float:
+        """Prefill attention of the step's prompts (chunks): `new_tokens[i]` after `cached_tokens[i]`."""
+        n = len(new_tokens)
+        if n == 0:
+            return 0.0
+        tab = self.prefill
+        if n == 1:  # most prompt steps: plain Python
+            pv = float(new_tokens[0])
+            cv = 0.0 if cached_tokens is None else float(cached_tokens[0])
+            key = ("prefill", pv, cv)
+            hit = self._memo.get(key)
+            if hit is None:
+                hit = (tab.point(1.0, pv, cv), tuple(a for a, (lo, hi), v in zip(tab.axes, self._prefill_range,
+                                                                                   (1.0, pv, cv)) if not lo <= v <= hi))
+                self._memo[key] = hit
+        else:
+            p = np.asarray(new_tokens, dtype=np.float64)
+            c = np.zeros_like(p) if cached_tokens is None else np.asarray(cached_tokens, dtype=np.float64)
+            base = float(np.sum(tab.eval(1.0, p, c)))
+            pm, cm = float(p.mean()), float(c.mean())
+            both = tab.eval(np.asarray([n, 1.0]), pm, cm)
+            base *= float(both[0] / (n * both[1]))
+            hit = (base, tuple(a for a, vals in zip(tab.axes, (np.asarray([1.0, n]), p, c))
+                               if tab.outside(tab.axes.index(a), vals).any()))
+        for axis in hit[1]:
+            self.step_outside[f"attn_prefill.{axis}"] += 1
+        return hit[0]
+
+    def attn_decode(self, ctx_tokens, batch: int = 0, decode_only: bool = False):
+        """Decode attention of `batch` sequences holding `ctx_tokens` context tokens in all (an int,
+        or an int array for a span of steps: then an array of seconds)."""
+        if batch <= 0:
+            return np.zeros(len(ctx_tokens)) if isinstance(ctx_tokens, np.ndarray) else 0.0
+        line, whole = self._decode_line(batch, decode_only)
+        scalar = not isinstance(ctx_tokens, np.ndarray)
+        ctx = np.array([ctx_tokens], dtype=np.int64) if scalar else ctx_tokens.astype(np.int64, copy=False)
+        t = line.eval(ctx / batch)
+        if whole:
+            t = np.maximum(t - self.linear(batch, batch, True), 0.0)
+        return float(t[0]) if scalar else t
+
+    def swap(self, blocks_in: int, blocks_out: int = 0) -> float:
+        key = ("swap", blocks_in, blocks_out)
+        t = self._memo.get(key)
+        if t is None:
+            t = 0.0
+            if blocks_in > 0:
+                t += self._one(self.swap_in_line, blocks_in * self.block_ratio)
+            if blocks_out > 0:
+                t += self._one(self.swap_out_line, blocks_out * self.block_ratio)
+            self._memo[key] = t
+        return t
+
+    def copy(self, blocks: int) -> float:
+        key = ("copy", blocks)
+        t = self._memo.get(key)
+        if t is None:
+            t = self._one(self.copy_line, blocks * self.block_ratio) if blocks > 0 else 0.0
+            self._memo[key] = t
+        return t
+
+    def overhead(self, active: bool, decode_batch: int = 0) -> float:
+        """The fixed per-step cost; `decode_batch` is the batch of a decode-only step (0 with a prompt)."""
+        if not active:
+            return 0.0
+        return self.profile.overhead_graph_s if self.padded(decode_batch) is not None else self.profile.overhead_eager_s
+
+    # --- end of run --------------------------------------------------------------------------------
+    def extrapolated(self, steps: pd.DataFrame) -> Counter:
+        """Steps priced outside a table's grid, per ``component.axis``, from a run's step records
+        (prefill attention, and the sampling of steps that are not decode-only, counted as their
+        steps were priced)."""
+        out = Counter(self.step_outside)
+        if steps.empty:
+            return out
+        P = steps["num_prefill_seqs"].to_numpy(np.int64)
+        D = steps["num_decode_seqs"].to_numpy(np.int64)
+        T = steps["prefill_tokens"].to_numpy(np.int64) + D
+        C = steps["decode_ctx_tokens"].to_numpy(np.int64)
+        moves = (steps["blocks_swapped_in"].to_numpy(np.int64) + steps["blocks_swapped_out"].to_numpy(np.int64)
+                 + steps["blocks_copied"].to_numpy(np.int64))
+        decode_only = (P == 0) & (D > 0) & (moves == 0)
+        graph = decode_only & (D <= self.max_graph)
+        if len(self.graph_sizes):
+            pad = np.where(graph, self.graph_sizes[np.minimum(np.searchsorted(self.graph_sizes, D),
+                                                              len(self.graph_sizes) - 1)], 0)
+        else:
+            pad = np.zeros_like(D)
+
+        def add(key: str, mask: np.ndarray) -> None:
+            n = int(mask.sum())
+            if n:
+                out[key] += n
+
+        g_lin = graph if self.linear_graph is not None else np.zeros_like(graph)
+        add("linear.tokens", (T > 0) & ~g_lin & self.linear_eager.outside(T))
+        if self.linear_graph is not None:
+            add("linear.graph_tokens", g_lin & self.linear_graph.outside(pad))
+        add("cache_write.tokens", (T > 0) & self.cache_write.outside(T))
+        add("sample.sequences", decode_only & self.sample.outside(D))
+        mean_ctx = np.where(D > 0, C / np.maximum(D, 1), 0.0)
+        whole = graph if self.decode_step is not None else np.zeros_like(graph)
+        dec = (D > 0) & ~whole
+        add("attn_decode.batch", dec & self.decode.outside(0, D))
+        add("attn_decode.context", dec & self.decode.outside(1, mean_ctx))
+        if self.decode_step is not None:
+            add("decode_step.batch", whole & self.decode_step.outside(0, pad))
+            add("decode_step.context", whole & self.decode_step.outside(1, mean_ctx))
+        for col, line in (("blocks_swapped_in", self.swap_in_line), ("blocks_swapped_out", self.swap_out_line),
+                          ("blocks_copied", self.copy_line)):
+            b = steps[col].to_numpy(np.int64)
+            add(f"{line.name}.blocks", (b > 0) & line.outside(b * self.block_ratio))
+        return out
+
+    def describe(self) -> dict:
+        h = self.profile.header
+        return {"name": self.name, "profile": self.profile.path, "device": h.get("device"),
+                "created_utc": h.get("created_utc"), "block_size_ratio": self.block_ratio}
+
+    def report(self, steps: pd.DataFrame) -> dict:
+        """summary.json's record of the cost model; warns once when steps left the profiled grid."""
+        counts = self.extrapolated(steps)
+        rec = self.describe()
+        rec["extrapolated_steps"] = dict(sorted(counts.items()))
+        if counts:
+            parts = ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+            warnings.warn(f"cost profile {self.profile.path}: steps extrapolated beyond its grid (of {len(steps)} "
+                          f"steps), per component.axis: {parts}", ProfileWarning, stacklevel=2)
+        return rec

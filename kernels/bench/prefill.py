@@ -1,0 +1,182 @@
+"""The ``prefill`` section: the paged prefill kernel (``kernels.paged_prefill_attention``) against
+the fastest fused SDPA backend on contiguous K/V of the same shapes (the causal mask aligned to
+the bottom right when there is a cached prefix), and against gather + SDPA (the cached blocks
+copied to contiguous K/V, then SDPA).
+
+Shapes are (batch, cached tokens c, new tokens p) per sequence, for llama-3-8b's heads (32 query,
+8 KV, head 128) and llama-2-7b's (32 / 32), float16, block size 16, the default storage, random
+block tables. The kernel and SDPA are compared by medians of ``--repeats`` alternating
+measurements and the paired time ratio's interval (``stats.ratio_interval``), as the decode
+headline; the contiguous K/V of SDPA are prepared outside the timing. TFLOP/s counts the causal
+products only: ``4 * head * heads * batch * (p * c + p * (p + 1) / 2)``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from ..fast import layout as fast_layout
+from ..fast import prefill as fast_prefill
+from .cases import gather_contiguous
+from .stats import interval_label, ratio_interval
+from .timing import backend_label, graph_ms, median_ms, sdpa_backends
+
+PREFILL_SHAPES = ((1, 0, 2048), (1, 0, 8192), (8, 0, 1024), (32, 0, 512), (1, 8192, 512), (4, 4096, 1024),
+                  (16, 2048, 256), (1, 32768, 2048), (64, 1024, 64))
+PREFILL_HEADS = (("llama-3-8b", 32, 8), ("llama-2-7b", 32, 32))
+HEAD = 128
+BLOCK = 16
+DTYPE = torch.float16
+
+
+def causal_sdpa(q, k, v, cached: int, backend):
+    """SDPA on contiguous ``[batch, heads, tokens, head]`` tensors with the causal mask of new
+    tokens after ``cached`` ones: ``is_causal`` when there are none, else the bottom-right-aligned
+    mask (``causal_lower_right``, which the flash and efficient backends run without a mask tensor;
+    others get it as a boolean mask)."""
+    from torch.nn.attention import sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
+    gqa = q.shape[1] != k.shape[1]
+    with sdpa_kernel([backend]):
+        if cached == 0:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]),
+                                              enable_gqa=gqa)
+
+
+class PrefillCase:
+    """One prefill shape's data: a paged cache holding every sequence's c + p tokens (random
+    values, random block tables), the new tokens' queries, and the same K/V contiguous."""
+
+    def __init__(self, batch, cached, new, heads, kv_heads):
+        self.batch, self.cached, self.new, self.heads, self.kv_heads = batch, cached, new, heads, kv_heads
+        self.ctx = cached + new
+        gen = torch.Generator(device="cuda").manual_seed(batch * 131 + cached + new + kv_heads)
+        self.nblk = -(-self.ctx // BLOCK)
+        num_blocks = batch * self.nblk
+        self.kc, self.vc = fast_layout.allocate_fast_kv_cache(num_blocks, BLOCK, kv_heads, HEAD, DTYPE, "cuda")
+        self.kc.normal_(generator=gen)
+        self.vc.normal_(generator=gen)
+        self.tables = torch.randperm(num_blocks, device="cuda", generator=gen).to(torch.int32).view(batch, self.nblk)
+        self.query = torch.randn(batch * new, heads, HEAD, dtype=DTYPE, device="cuda", generator=gen)
+        self.out = torch.empty_like(self.query)
+        self.loc = torch.arange(0, batch * new + 1, new, dtype=torch.int32, device="cuda")
+        self.lens = torch.full((batch,), self.ctx, dtype=torch.int32, device="cuda")
+        self.scale = HEAD ** -0.5
+        self.flops = 4 * HEAD * heads * batch * (new * cached + new * (new + 1) / 2)
+
+    def paged(self, validate=False):
+        return fast_prefill.paged_prefill_attention(
+            self.out, self.query, self.kc, self.vc, self.kv_heads, self.scale, self.tables, self.loc, self.lens,
+            BLOCK, max_query_len=self.new, max_context_len=self.ctx, validate=validate)
+
+    def sdpa_query(self):
+        return self.query.view(self.batch, self.new, self.heads, HEAD).transpose(1, 2).contiguous()
+
+    def contiguous(self):
+        k, v = gather_contiguous(self.kc, self.vc, self.tables.long(), self.ctx)
+        return k.contiguous(), v.contiguous()
+
+    def gather_sdpa(self, q, backend):
+        k, v = gather_contiguous(self.kc, self.vc, self.tables.long(), self.ctx)
+        return causal_sdpa(q, k, v, self.cached, backend)
+
+
+def best_backend(c: PrefillCase, q, k, v, warmup, iters):
+    """(label, backend, ms) of the fastest fused SDPA backend that runs the shape with its mask."""
+    best = ("none", None, float("nan"))
+    for name, backend in sdpa_backends():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                causal_sdpa(q, k, v, c.cached, backend)
+                torch.cuda.synchronize()
+                ms = graph_ms([lambda: causal_sdpa(q, k, v, c.cached, backend)], warmup, iters)
+        except RuntimeError:
+            continue
+        if not ms >= best[2]:
+            best = (backend_label(name), backend, ms)
+    return best
+
+
+def prefill(args, copy_gbs, results):
+    print("\n## Paged prefill attention (float16, head 128, block size 16, default storage, random block tables)\n")
+    print(f"paged and SDPA: medians of {args.repeats} alternating measurements (CUDA graphs); SDPA: the fastest fused "
+          f"backend on contiguous K/V of the same c + p keys with the matching causal mask (bottom-right aligned "
+          f"when c > 0), its K/V prepared outside the timing; paired: the median paged / SDPA time ratio with its "
+          f"distribution-free interval; gather+SDPA: the cached blocks copied to contiguous K/V, then SDPA (eager)\n")
+    print("| model heads | batch, cached c, new p | paged ms | paged TFLOP/s | SDPA ms (backend) | SDPA TFLOP/s | "
+          "paged / SDPA time | paired paged / SDPA [interval] | gather+SDPA ms | gather+SDPA / paged | "
+          "max abs diff |")
+    print("|---|---|---:|---:|---|---:|---:|---|---:|---:|---:|")
+    for model, heads, kv_heads in PREFILL_HEADS:
+        for shape in PREFILL_SHAPES:
+            c = PrefillCase(*shape, heads, kv_heads)
+            c.paged(validate=True)
+            q = c.sdpa_query()
+            k, v = c.contiguous()
+            label, backend, _ = best_backend(c, q, k, v, args.warmup, args.iters)
+            r = {"model": model, "heads": heads, "kv_heads": kv_heads, "shape": list(shape), "flops": c.flops,
+                 "sdpa_backend": label}
+            paged_runs, sdpa_runs = [], []
+            for i in range(args.repeats):
+                pair = [lambda: paged_runs.append(graph_ms([c.paged], args.warmup, args.iters)),
+                        lambda: sdpa_runs.append(graph_ms([lambda: causal_sdpa(q, k, v, c.cached, backend)],
+                                                          args.warmup, args.iters))]
+                if backend is None:
+                    pair = pair[:1]
+                for measure in (pair if i % 2 == 0 else pair[::-1]):
+                    measure()
+            r["paged_runs"], r["paged"] = paged_runs, statistics.median(paged_runs)
+            if backend is not None:
+                r["sdpa_runs"], r["sdpa"] = sdpa_runs, statistics.median(sdpa_runs)
+                r["ratio_interval"] = ratio_interval(paged_runs, sdpa_runs)
+                ref = causal_sdpa(q, k, v, c.cached, backend).transpose(1, 2).reshape(c.query.shape)
+                r["max_abs_diff"] = (c.paged().float() - ref.float()).abs().max().item()
+                del k, v
+                torch.cuda.empty_cache()
+                r["gather_sdpa"] = median_ms([lambda: c.gather_sdpa(q, backend)], 3, max(5, args.iters // 3))
+            else:
+                r["sdpa"] = r["gather_sdpa"] = r["max_abs_diff"] = float("nan")
+            results["prefill"].append(r)
+            tf = lambda ms: c.flops / (ms * 1e-3) / 1e12  # noqa: E731
+            print(f"| {model} ({heads}/{kv_heads}) | {', '.join(map(str, shape))} | {r['paged']:.4f} | "
+                  f"{tf(r['paged']):.0f} | {r['sdpa']:.4f} ({label}) | {tf(r['sdpa']):.0f} | "
+                  f"{r['paged'] / r['sdpa']:.3f} | "
+                  f"{interval_label(r['ratio_interval']) if 'ratio_interval' in r else '-'} | "
+                  f"{r['gather_sdpa']:.3f} | {r['gather_sdpa'] / r['paged']:.1f}x | {r['max_abs_diff']:.1e} |",
+                  flush=True)
+            c = q = None  # free the shape's caches before the next one
+            torch.cuda.empty_cache()
+
+
+def prefill_tiles(args, copy_gbs, results):
+    """Each tile configuration of the kernel (``PREFILL_CONFIGS``; float16, head 128) on the prefill
+    shapes, against the default (config 0): the measurements behind the default."""
+    configs = sorted(fast_prefill.PREFILL_CONFIGS)
+    nsm = torch.cuda.get_device_properties(0).multi_processor_count
+    print("\n## Paged prefill tile configurations (16-row tiles per warp, keys per tile, ring stages): ms\n")
+    print("default: the configuration choose_prefill_config picks\n")
+    print("| model heads | batch, cached c, new p | default (config) | "
+          + " | ".join(f"{k}: {fast_prefill.PREFILL_CONFIGS[k]}" for k in configs) + " | best |")
+    print("|---|---|---:|" + "---:|" * len(configs) + "---|")
+    for model, heads, kv_heads in PREFILL_HEADS:
+        for shape in PREFILL_SHAPES:
+            c = PrefillCase(*shape, heads, kv_heads)
+            row = {"model": model, "shape": list(shape), "default": graph_ms([c.paged], args.warmup, args.iters),
+                   "config": fast_prefill.choose_prefill_config(c.batch, c.new, heads, kv_heads, HEAD, nsm)}
+            for k in configs:
+                row[str(k)] = graph_ms([lambda k=k: fast_prefill.paged_prefill_attention(
+                    c.out, c.query, c.kc, c.vc, c.kv_heads, c.scale, c.tables, c.loc, c.lens, BLOCK,
+                    max_query_len=c.new, max_context_len=c.ctx, config=k, validate=False)], args.warmup, args.iters)
+            best = min(["default", *map(str, configs)], key=lambda n: row[n])
+            results["prefill_tiles"].append(row)
+            print(f"| {model} | {', '.join(map(str, shape))} | {row['default']:.4f} ({row['config']}) | "
+                  + " | ".join(f"{row[str(k)]:.4f}" for k in configs) + f" | {best} |", flush=True)
+            c = None
+            torch.cuda.empty_cache()

@@ -1,0 +1,148 @@
+"""Fidelity of a simulated run against an executed one, on run directories with known answers."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.fidelity import ROW_KEYS, FidelityError, append_rows, compare, compare_runs, reprice_plan
+from analysis.fidelity_replay import measured_replay, rebuild_cost_model
+from blocksim.cli import main
+from blocksim.experiments.runner import replay
+
+TRACE = pd.DataFrame({"arrival_s": np.arange(12) * 0.05, "prompt_tokens": [40, 300, 90, 17, 250, 60] * 2,
+                      "output_tokens": [12, 30, 7, 40, 3, 22] * 2})
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    d = tmp_path_factory.mktemp("runs") / "sim"
+    replay(TRACE, d, overrides={"cost_model": "roofline"}, record_plan=True)
+    return d
+
+
+def scaled_copy(src, dst, latency: float, time: float):
+    """EXEC: SIM's requests with latencies x `latency`, and every step (and so the run) x `time` longer."""
+    shutil.copytree(src, dst)
+    r = pd.read_parquet(dst / "requests.parquet")
+    for c in ("ttft_s", "tpot_s", "e2e_s"):
+        r[c] = r[c] * latency
+    r.to_parquet(dst / "requests.parquet", index=False)
+    s = pd.read_parquet(dst / "steps.parquet")
+    s["start_s"] = s.start_s * time
+    s["duration_s"] = s.duration_s * time
+    s.to_parquet(dst / "steps.parquet", index=False)
+    return dst
+
+
+def test_known_errors(sim, tmp_path):
+    exe = scaled_copy(sim, tmp_path / "exec", latency=1.25, time=2.0)
+    f = compare(sim, exe)
+    assert f.matched == len(TRACE)
+    for r in f.latency.itertuples():
+        assert r.err == pytest.approx(1 / 1.25 - 1, abs=1e-12), f"{r.metric} p{r.percentile}"
+    assert f.throughput["err"] == pytest.approx(1.0, rel=1e-9), "EXEC's serving interval is twice as long"
+    assert f.step_mape == pytest.approx(0.5, rel=1e-12), "each step measured twice its predicted time"
+    assert "one for one" in f.step_source
+    row = f.row()
+    assert list(row)[: len(ROW_KEYS)] == list(ROW_KEYS)
+    assert row["cost_model"] == "roofline" and row["model"] == "llama-2-7b" and row["tensor_parallel"] == 1
+    assert row["ttft_p99_err"] == pytest.approx(-0.2)
+
+
+def test_an_executed_plan_is_repriced_by_the_simulated_cost_model(sim, tmp_path):
+    summary = json.loads((sim / "summary.json").read_text())
+    steps, pred = reprice_plan(sim, rebuild_cost_model(summary))
+    want = pd.read_parquet(sim / "steps.parquet").duration_s.to_numpy()
+    np.testing.assert_array_equal(pred, want, err_msg="re-pricing a plan gives the engine's own step times")
+    exe = scaled_copy(sim, tmp_path / "exec", latency=1.0, time=1.0)
+    s = pd.read_parquet(exe / "steps.parquet")
+    s.loc[0, "prefill_tokens"] += 1  # no longer SIM's steps: predictions come from the plan
+    s["duration_s"] = s.duration_s * 1.1
+    s.to_parquet(exe / "steps.parquet", index=False)
+    f = compare(sim, exe)
+    assert "re-priced" in f.step_source
+    assert f.step_mape == pytest.approx(1 - 1 / 1.1, rel=1e-9)
+
+
+def test_no_step_comparison_without_matching_steps_plan_or_model(sim, tmp_path):
+    exe = scaled_copy(sim, tmp_path / "exec", 1.0, 1.0)
+    shutil.rmtree(exe / "plan")
+    s = pd.read_parquet(exe / "steps.parquet")
+    s.loc[0, "prefill_tokens"] += 1
+    s.to_parquet(exe / "steps.parquet", index=False)
+    summary = json.loads((exe / "summary.json").read_text())
+    summary["cost_model"] = {"name": "profiled", "profile": "elsewhere.json"}
+    (exe / "summary.json").write_text(json.dumps(summary))
+    f = compare(sim, exe)
+    assert f.step_mape is None and f.row()["step_mape"] is None and "no per-step" in f.step_source
+
+
+def test_runs_of_different_traces_are_refused(sim, tmp_path):
+    other = tmp_path / "other"
+    replay(TRACE.iloc[:8], other, overrides={"cost_model": "roofline"})
+    with pytest.raises(FidelityError, match="different traces"):
+        compare(sim, other)
+    longer = scaled_copy(sim, tmp_path / "x", 1.0, 1.0)
+    r = pd.read_parquet(longer / "requests.parquet")
+    r.loc[3, "prompt_tokens"] += 1
+    r.to_parquet(longer / "requests.parquet", index=False)
+    with pytest.raises(FidelityError, match="prompt_tokens"):
+        compare(sim, longer)
+
+
+@pytest.mark.parametrize("which", ["missing", "not_a_run"])
+def test_bad_directories_get_one_line_and_exit_2(sim, tmp_path, capsys, which):
+    bad = tmp_path / "nothing"
+    if which == "not_a_run":
+        bad.mkdir()
+        (bad / "summary.json").write_text("{}")
+    code = main(["fidelity", str(sim), str(bad), "--out", str(tmp_path / "f")])
+    err = capsys.readouterr().err
+    assert code == 2 and str(bad) in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_command_writes_the_report_and_adds_the_row(sim, tmp_path, capsys):
+    exe = scaled_copy(sim, tmp_path / "exec", latency=1.1, time=1.0)
+    results = tmp_path / "results" / "fidelity.json"
+    for _ in range(2):  # the same row twice: replaced, not duplicated
+        assert main(["fidelity", str(sim), str(exe), "--out", str(tmp_path / "f"), "--results", str(results),
+                     "--trace", "tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "ttft" in out and "per-step MAPE: 0.00%" in out
+    rows = json.loads(results.read_text())
+    assert len(rows) == 1 and rows[0]["trace"] == "tiny"
+    assert rows[0]["ttft_p50_err"] == pytest.approx(1 / 1.1 - 1)
+    assert (tmp_path / "f" / "fidelity.html").is_file() and (tmp_path / "f" / "fidelity.md").is_file()
+    append_rows(results, [{**rows[0], "cost_model": "profiled"}])
+    assert len(json.loads(results.read_text())) == 2
+
+
+@pytest.mark.parametrize("policy, trace_file", [("vllm", "azure_conv_2023_sample.csv"),
+                                                ("vllm-prefix", "mooncake_sample.jsonl")])
+def test_executed_steps_are_priced_by_another_model_at_their_measured_times(tmp_path, policy, trace_file):
+    """EXEC stands in for an executed run: another cost model's step times play the measured ones."""
+    import sys
+
+    import traces
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "blocksim"))
+    from cost_profiles import write_profile  # the synthetic profile of tests/blocksim
+    src = traces.bundled("azure-conv").parent / trace_file
+    prof = write_profile(tmp_path / "p.json")
+    exe, sim = tmp_path / "exec", tmp_path / "sim"
+    common = {"max_requests": 60, "clip_to_model": True}
+    replay(str(src), exe, policy=policy, overrides={"cost_model": "profiled", "cost_profile": str(prof),
+                                                    "num_gpu_blocks": 400}, record_plan=True, **common)
+    replay(str(src), sim, policy=policy, overrides={"cost_model": "roofline", "num_gpu_blocks": 400}, **common)
+    f = compare(sim, exe)
+    assert "re-played at its measured step times" in f.step_source, f.step_source
+    _, by_plan = reprice_plan(exe, rebuild_cost_model(json.loads((sim / "summary.json").read_text())))
+    np.testing.assert_allclose(f.predicted_s, by_plan, rtol=1e-12,
+                               err_msg="re-playing and re-pricing the plan price the same executed steps")
+    own = measured_replay(json.loads((exe / "summary.json").read_text()), f.exec)
+    np.testing.assert_array_equal(own, pd.read_parquet(exe / "steps.parquet").duration_s.to_numpy(),
+                                  err_msg="EXEC's own model re-played prices its steps as it ran them")
+    assert compare_runs(sim, exe)["step_mape"] == pytest.approx(f.step_mape)

@@ -1,0 +1,268 @@
+"""The profiled cost model: interpolation, extrapolation counting, CUDA-graph padding, refusals,
+default selection, and spans priced exactly as single steps."""
+
+import json
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from cost_profiles import GRAPH_SIZES, synthetic_profile, write_profile
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from blocksim import cost as cost_pkg
+from blocksim.config import ConfigError
+from blocksim.cost import ProfiledCostModel, ProfileWarning, RooflineCostModel, load_cost_file, load_profile
+from blocksim.cost.interpolate import Line, Table
+from blocksim.cost.profile_file import parse_profile, profile_name
+from blocksim.engine import Engine
+from blocksim.experiments.runner import build_config
+from blocksim.policies import make_cost_model
+
+
+@pytest.fixture
+def profile_path(tmp_path):
+    return write_profile(tmp_path / "p.json")
+
+
+def model(path, **cfg):
+    return ProfiledCostModel(build_config(**cfg), load_profile(path))
+
+
+# --- interpolation --------------------------------------------------------------------------------
+def test_every_table_returns_its_measured_seconds_on_grid_points(profile_path):
+    prof = load_profile(profile_path)
+    for name, grid in prof.tables.items():
+        tab = Table(grid)
+        mesh = [m.ravel() for m in np.meshgrid(*grid.grids, indexing="ij")]
+        np.testing.assert_allclose(tab.eval(*mesh), grid.seconds.ravel(), rtol=1e-12,
+                                   err_msg=f"{name} off its measured values on the grid")
+        if len(grid.axes) == 1:
+            np.testing.assert_allclose(Line.of(grid).eval(grid.grids[0]), grid.seconds, rtol=1e-12)
+
+
+def test_interpolation_is_linear_monotone_and_extrapolates_straight_lines():
+    from blocksim.cost.profile_file import Grid
+    x = np.array([1.0, 4.0, 16.0, 64.0])
+    line = Line.of(Grid("cache_write", ("tokens",), (x,), 3e-4 + 2e-6 * x))  # a floor plus a slope
+    q = np.linspace(1.0, 64.0, 500)
+    y = line.eval(q)
+    assert (np.diff(y) > 0).all(), "monotone grid values give monotone interpolation"
+    np.testing.assert_allclose(y, 3e-4 + 2e-6 * q, rtol=1e-12, err_msg="exact for a floor plus a slope")
+    beyond = np.array([128.0, 1000.0])
+    np.testing.assert_allclose(line.eval(beyond), 3e-4 + 2e-6 * beyond, rtol=1e-12,
+                               err_msg="extrapolation continues the line of the two nearest points")
+    assert line.outside(np.array([0.5, 1.0, 64.0, 65.0])).tolist() == [True, False, False, True]
+    falling = Line.of(Grid("copy", ("blocks",), (np.array([2.0, 4.0]),), np.array([1e-3, 2e-3])))
+    assert falling.eval(np.array([1e-3]))[0] > 0, "a line extrapolated below zero keeps a positive floor"
+
+
+def test_prefill_new_tokens_follow_power_laws_and_cached_tokens_lines():
+    from blocksim.cost.profile_file import Grid
+    new, cached = np.array([16.0, 64.0, 256.0]), np.array([0.0, 100.0])
+    secs = np.array([[[1e-6 * p * p + 1e-6 * c * p for c in cached] for p in new]])  # quadratic in p
+    tab = Table(Grid("attn_prefill", ("batch", "new_tokens", "cached_tokens"), (np.array([1.0]), new, cached), secs))
+    assert tab.power == (False, True, False)
+    assert tab.eval(1.0, 32.0, 0.0)[0] == pytest.approx(1e-6 * 32 * 32, rel=1e-12), "p^2 exact between grid points"
+    assert tab.eval(1.0, 512.0, 0.0)[0] == pytest.approx(1e-6 * 512 * 512, rel=1e-12), "and beyond them"
+    # along cached tokens a straight line at each new-token grid point
+    assert tab.eval(1.0, 16.0, 50.0)[0] == pytest.approx(1e-6 * 256 + 1e-6 * 50 * 16, rel=1e-12)
+    assert tab.point(1.0, 40.0, 30.0) == pytest.approx(tab.eval(1.0, 40.0, 30.0)[0], rel=1e-12)
+
+
+# --- pricing rules --------------------------------------------------------------------------------
+def test_decode_only_steps_pad_to_the_next_captured_graph_size(profile_path):
+    cm = model(profile_path)
+    prof = synthetic_profile()
+    graph = dict(zip(GRAPH_SIZES, prof["components"]["linear"]["graph_seconds"]))
+    assert cm.padded(17) == 24 and cm.padded(256) == 256 and cm.padded(257) is None
+    lin = cm.linear(17, 17, True) - cm.cache_write.eval(np.array([17.0]))[0] - cm.sample.eval(np.array([17.0]))[0]
+    assert lin == pytest.approx(graph[24], rel=1e-12), "a batch of 17 replays the graph captured for 24"
+    eager = cm.linear(17, 17, False) - cm.cache_write.eval(np.array([17.0]))[0] - cm.sample.eval(np.array([17.0]))[0]
+    assert eager == pytest.approx(float(cm.linear_eager.eval(np.array([17.0]))[0]), rel=1e-12)
+    assert cm.overhead(True, 17) == prof["components"]["overhead"]["graph_s"]
+    assert cm.overhead(True, 0) == prof["components"]["overhead"]["eager_s"], "a step with a prompt runs eager"
+    assert cm.overhead(True, 300) == prof["components"]["overhead"]["eager_s"], "beyond the largest graph: eager"
+    assert cm.overhead(False) == 0.0
+
+
+def test_decode_step_table_prices_a_whole_graph_step(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(synthetic_profile(decode_step=True)))
+    cm = model(path)
+    ds = cm.decode_step.eval(np.array([32.0]), np.array([1000.0]))[0]
+    lin = cm.linear(30, 30, True)
+    att = cm.attn_decode(30 * 1000, 30, True)
+    assert lin + att == pytest.approx(ds, rel=1e-12), "linear + attention = the whole step at the padded batch"
+    assert cm.attn_decode(30 * 1000, 30, False) == pytest.approx(
+        cm.decode.eval(np.array([30.0]), np.array([1000.0]))[0], rel=1e-12), "with a prompt: attention alone"
+
+
+def test_prefill_attention_sums_sequences_and_applies_the_batch_efficiency(profile_path):
+    cm = model(profile_path)
+    one = cm.prefill.eval(1.0, np.array([256.0, 1024.0]), np.array([0.0, 512.0]))
+    eff = (cm.prefill.eval(2.0, 640.0, 256.0)[0] / (2 * cm.prefill.eval(1.0, 640.0, 256.0)[0]))
+    got = cm.attn_prefill(np.array([256, 1024]), np.array([0, 512]))
+    assert got == pytest.approx(one.sum() * eff, rel=1e-12)
+    uniform = cm.attn_prefill(np.array([256, 256]), np.array([512, 512]))
+    assert uniform == pytest.approx(cm.prefill.eval(2.0, 256.0, 512.0)[0], rel=1e-12), "a uniform batch reads its grid"
+
+
+def test_swap_and_copy_blocks_are_converted_to_the_profiles_block_size(profile_path):
+    cm16, cm32 = model(profile_path, block_size=16), model(profile_path, block_size=32)
+    assert cm32.swap(4, 0) == pytest.approx(cm16.swap(8, 0), rel=1e-12)
+    assert cm32.copy(2) == pytest.approx(cm16.copy(4), rel=1e-12)
+    assert cm16.swap(3, 5) == pytest.approx(cm16.swap(3, 0) + cm16.swap(0, 5), rel=1e-12)
+
+
+# --- extrapolation ------------------------------------------------------------------------------------
+def test_steps_outside_the_grid_are_counted_per_component_and_warned_once(profile_path):
+    cm = model(profile_path)
+    cm.attn_prefill(np.array([8192]), np.array([0]))   # new_tokens beyond 4096
+    cm.attn_prefill(np.array([100]), np.array([0]))    # inside
+    steps = pd.DataFrame({
+        "num_prefill_seqs": [1, 1, 0, 0, 0], "prefill_tokens": [8192, 100, 0, 0, 0],
+        "num_decode_seqs": [0, 0, 4, 300, 2], "decode_ctx_tokens": [0, 0, 4 * 20000, 300 * 100, 2 * 50],
+        "blocks_swapped_in": [0, 0, 0, 0, 2000], "blocks_swapped_out": [0, 0, 0, 0, 0], "blocks_copied": [0] * 5,
+    })
+    with pytest.warns(ProfileWarning, match="extrapolated") as rec:
+        report = cm.report(steps)
+    assert len(rec) == 1, "one warning at the end of the run"
+    got = report["extrapolated_steps"]
+    assert got["attn_prefill.new_tokens"] == 1
+    assert got["attn_decode.context"] == 1, "mean context 20000 > 16384"
+    assert got["attn_decode.batch"] == 1, "batch 300 > 256"
+    assert got["sample.sequences"] == 1, "300 sequences sample beyond the grid's 256"
+    assert got["swap_in.blocks"] == 1
+    assert "linear.tokens" not in got and "linear.graph_tokens" not in got, "8192 tokens is the grid's last point"
+    assert "cache_write.tokens" not in got
+    assert sum(got.values()) == 5
+
+
+def test_a_run_inside_the_grid_warns_nothing(profile_path):
+    cm = model(profile_path)
+    steps = pd.DataFrame({"num_prefill_seqs": [1], "prefill_tokens": [100], "num_decode_seqs": [3],
+                          "decode_ctx_tokens": [300], "blocks_swapped_in": [0], "blocks_swapped_out": [0],
+                          "blocks_copied": [0]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cm.report(steps)["extrapolated_steps"] == {}
+
+
+# --- refusals -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("key, value, run", [("model", "llama-3-8b", "llama-2-7b"), ("gpu", "h200-141gb", "h100-80gb"),
+                                             ("dtype", "bfloat16", "float16"), ("tensor_parallel", 2, 1)])
+def test_a_profile_of_another_setup_is_refused_naming_both(tmp_path, key, value, run):
+    prof = synthetic_profile()
+    prof[key] = value
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(prof))
+    with pytest.raises(ConfigError) as e:
+        model(path)
+    msg = str(e.value)
+    assert repr(value) in msg and repr(run) in msg and str(path) in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("mutate, where", [
+    (lambda p: p.update(format="blocksim-profile/9"), "format"),
+    (lambda p: p["components"].pop("attn_decode"), "components.attn_decode"),
+    (lambda p: p["components"]["copy"].update(seconds=[1.0, 2.0]), "components.copy.seconds"),
+    (lambda p: p["components"]["swap_in"]["grid"].update(blocks=[4, 1, 16, 64, 256, 1024]), "components.swap_in.grid"),
+    (lambda p: p["components"]["sample"].update(seconds=[0.0, 1, 1, 1, 1]), "components.sample.seconds"),
+    (lambda p: p["components"]["linear"].update(axes=["batch"]), "components.linear.axes"),
+    (lambda p: p.pop("tensor_parallel"), "tensor_parallel"),
+    (lambda p: p["components"].update(overhead={"eager_s": -1, "graph_s": 0}), "components.overhead.eager_s"),
+])
+def test_a_malformed_profile_is_refused_naming_the_field(tmp_path, mutate, where):
+    prof = synthetic_profile()
+    mutate(prof)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(prof))
+    with pytest.raises(ConfigError) as e:
+        load_cost_file(path)
+    assert where in str(e.value) and str(path) in str(e.value)
+
+
+def test_not_json_and_unknown_components(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_cost_file(bad)
+    prof = synthetic_profile()
+    prof["components"]["rotary"] = {"axes": ["tokens"]}
+    with pytest.warns(ProfileWarning, match="rotary"):
+        parse_profile(prof, "p.json")
+
+
+def test_the_format_key_tells_profiles_from_roofline_parameters(tmp_path, profile_path):
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps({"params": {"scale_attn_decode": 1.2}}))
+    assert isinstance(load_cost_file(params), cost_pkg.CostParams)
+    cfg = build_config(cost_model="profiled")
+    with pytest.raises(ConfigError, match="roofline parameters"):
+        make_cost_model(cfg, str(params))
+    roof = make_cost_model(build_config(cost_model="roofline"), str(profile_path))
+    assert isinstance(roof, RooflineCostModel) and "fitted on" in roof.describe()["profile"]
+    auto = make_cost_model(build_config(), str(profile_path))
+    assert isinstance(auto, ProfiledCostModel)
+
+
+def test_default_uses_a_shipped_profile_of_the_runs_setup_else_the_roofline(tmp_path, monkeypatch):
+    monkeypatch.setattr("blocksim.cost.profile_file.PROFILES_DIR", tmp_path)
+    cfg = build_config()
+    assert isinstance(make_cost_model(cfg), RooflineCostModel), "nothing shipped: the roofline"
+    with pytest.raises(ConfigError, match="no shipped profile"):
+        make_cost_model(build_config(cost_model="profiled"))
+    write_profile(tmp_path / profile_name("llama-2-7b", "h100-80gb", "float16", 1))
+    assert isinstance(make_cost_model(cfg), ProfiledCostModel)
+    assert isinstance(make_cost_model(build_config(gpu="h200-141gb")), RooflineCostModel), "another GPU: roofline"
+    res = Engine(cfg, pd.DataFrame({"arrival_s": [0.0], "prompt_tokens": [20], "output_tokens": [3]})).run()
+    assert res.summary["cost_model"]["name"] == "profiled"
+    name = profile_name("llama-2-7b", "h100-80gb", "float16", 1)
+    assert res.summary["cost_model"]["profile"] == f"blocksim/profiles/{name}", "a shipped profile, named portably"
+    assert load_profile(f"blocksim/profiles/{name}").model == "llama-2-7b", "and found again by that name"
+
+
+# --- spans --------------------------------------------------------------------------------------------
+requests = st.integers(1, 20).flatmap(lambda k: st.tuples(
+    st.lists(st.floats(0, 0.05), min_size=k, max_size=k),
+    st.lists(st.integers(1, 300), min_size=k, max_size=k),
+    st.lists(st.integers(1, 80), min_size=k, max_size=k),
+    st.lists(st.sampled_from([1, 1, 2]), min_size=k, max_size=k),
+))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lists=requests, blocks=st.integers(8, 80), block_size=st.sampled_from([8, 16, 32]),
+       preset=st.sampled_from(["vllm", "vllm-prefix", "vllm-chunked", "orca-pow2"]),
+       decode_step=st.booleans(), max_seqs=st.sampled_from([4, 20]),
+       mode=st.sampled_from(["auto", "recompute", "swap"]))
+def test_spans_price_steps_exactly_as_stepping_one_by_one(tmp_path_factory, lists, blocks, block_size, preset,
+                                                         decode_step, max_seqs, mode):
+    arrivals, prompts, outputs, ns = lists
+    trace = pd.DataFrame({"arrival_s": np.cumsum(arrivals), "prompt_tokens": prompts, "output_tokens": outputs,
+                          "n": ns})
+    path = tmp_path_factory.mktemp("prof") / "p.json"
+    path.write_text(json.dumps(synthetic_profile(decode_step=decode_step)))
+    knobs = {} if preset == "orca-pow2" else {"watermark": 0.0, "preemption": mode}
+    cfg = build_config(preset, num_gpu_blocks=blocks, block_size=block_size, max_num_seqs=max_seqs,
+                       cost_model="profiled", **knobs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ProfileWarning)
+        a = Engine(cfg, trace, make_cost_model(cfg, str(path)), spans=True).run()
+        b = Engine(cfg, trace, make_cost_model(cfg, str(path)), spans=False).run()
+    pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=True)
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    assert a.summary["cost_model"] == b.summary["cost_model"], "the same steps counted outside the grid"
+
+
+@settings(max_examples=60, deadline=None)
+@given(b=st.floats(0.5, 20), p=st.floats(1, 20000), c=st.floats(0, 20000))
+def test_the_one_point_path_agrees_with_the_vectorized_one(b, p, c):
+    tab = Table(load_profile_dict(synthetic_profile()).tables["attn_prefill"])
+    assert tab.point(b, p, c) == pytest.approx(float(tab.eval(b, p, c)[0]), rel=1e-12)
+
+
+def load_profile_dict(d):
+    return parse_profile(d, "synthetic.json")

@@ -1,0 +1,188 @@
+"""The paged prefill kernel (kernels.paged_prefill_attention on CUDA) against the float32 PyTorch
+reference of the fast layout, on the GPU (skipped without CUDA).
+
+Grid: plain prefill (c = 0), one new token over a cached context (checked against the decode
+kernel too), chunks whose boundaries fall inside blocks, prefixes whose blocks several sequences
+of the batch share, up to 16k new tokens and 128k cached ones; MHA, GQA and MQA; every head size;
+float16, bfloat16 and fp8 (e4m3) caches with scales; block sizes 8 to 256; every storage order;
+ALiBi. Block tables are random and every cache slot no sequence uses holds NaN (as do unused
+table entries' blocks), so a read of one shows in the output. Tolerances are the decode kernel's
+(tests/kernels/test_fast_decode.py).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+
+import kernels  # noqa: E402
+from kernels.fast import layout as fast_layout  # noqa: E402
+from kernels.fast import reference as fast_reference  # noqa: E402
+from kernels.fast.prefill import PREFILL_CONFIGS  # noqa: E402
+from kernel_cases import assert_attention_close  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+ATOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2, fast_layout.FP8: 1e-3}
+REL = {torch.float16: 1e-3, torch.bfloat16: 8e-3, fast_layout.FP8: 1e-3}
+QUERY_RANGE = 4.0
+
+
+def build(*, cached, new, num_heads=8, num_kv_heads=2, head_size=128, block_size=16, dtype=torch.float16,
+          storage="NHD", shared_blocks=0, alibi=False, seed=0, spare_blocks=7):
+    """A batch whose sequence i has cached[i] + new[i] tokens in random blocks of a NaN-filled cache
+    (the first ``shared_blocks`` blocks of every table are the same blocks: a shared prefix), the
+    new tokens' queries; returns the call's arguments as a dict."""
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(repr((cached, new, num_heads, head_size, block_size,
+                                                                      str(dtype), storage, seed)).encode()))
+    lens = [c + p for c, p in zip(cached, new)]
+    assert all(n >= shared_blocks * block_size for n in lens)
+    own = [-(-n // block_size) - shared_blocks for n in lens]
+    num_blocks = shared_blocks + sum(own) + spare_blocks
+    cache_dtype = dtype
+    q_dtype = torch.float16 if dtype == fast_layout.FP8 else dtype
+    kc, vc = kernels.allocate_fast_kv_cache(num_blocks, block_size, num_kv_heads, head_size, cache_dtype, "cuda",
+                                            storage=storage)
+    kc.view(torch.uint8).fill_(0x7f if dtype == fast_layout.FP8 else 0xff)  # NaN in every storage
+    vc.view(torch.uint8).fill_(0x7f if dtype == fast_layout.FP8 else 0xff)
+    perm = torch.randperm(num_blocks, device="cuda", generator=gen).to(torch.int32)
+    width = max(-(-n // block_size) for n in lens) + 3
+    tables = perm[num_blocks - 1].repeat(len(lens), width)  # unused entries: a NaN block
+    shared, used = perm[:shared_blocks], shared_blocks
+    for s, n in enumerate(lens):
+        tables[s, :shared_blocks] = shared
+        tables[s, shared_blocks:shared_blocks + own[s]] = perm[used:used + own[s]]
+        used += own[s]
+    k_scale = v_scale = 1.0
+    if dtype == fast_layout.FP8:
+        k_scale, v_scale = 0.9 / fast_layout.FP8_MAX, 1.1 / fast_layout.FP8_MAX
+    written = set()
+    for s, n in enumerate(lens):
+        pos = torch.arange(n, device="cuda")
+        slots = tables[s, pos // block_size].long() * block_size + pos % block_size
+        fresh = torch.tensor([int(x) not in written for x in slots.tolist()], device="cuda")
+        written.update(slots.tolist())
+        k = torch.empty(n, num_kv_heads, head_size, device="cuda").uniform_(-1, 1, generator=gen)
+        v = torch.empty(n, num_kv_heads, head_size, device="cuda").uniform_(-1, 1, generator=gen)
+        kernels.reshape_and_cache_fast(k[fresh].to(q_dtype), v[fresh].to(q_dtype), kc, vc, slots[fresh],
+                                       k_scale=k_scale, v_scale=v_scale)
+    query = torch.empty(sum(new), num_heads, head_size, dtype=q_dtype, device="cuda")
+    query.uniform_(-QUERY_RANGE, QUERY_RANGE, generator=gen)
+    loc = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    slopes = torch.rand(num_heads, generator=gen, device="cuda") * 0.1 if alibi else None
+    return dict(query=query, key_cache=kc, value_cache=vc, num_kv_heads=num_kv_heads, scale=head_size ** -0.5,
+                block_tables=tables, query_start_loc=loc, context_lens=torch.tensor(lens, dtype=torch.int32,
+                                                                                     device="cuda"),
+                block_size=block_size, alibi_slopes=slopes, k_scale=k_scale, v_scale=v_scale)
+
+
+def check(a, dtype=None, config=None):
+    dtype = a["key_cache"].dtype if dtype is None else dtype
+    out = torch.full_like(a["query"], float("nan"))
+    kernels.paged_prefill_attention(out, a["query"], a["key_cache"], a["value_cache"], a["num_kv_heads"], a["scale"],
+                                    a["block_tables"], a["query_start_loc"], a["context_lens"], a["block_size"],
+                                    a["alibi_slopes"], k_scale=a["k_scale"], v_scale=a["v_scale"], config=config)
+    want = fast_reference.paged_prefill_attention(None, a["query"].float(), a["key_cache"], a["value_cache"],
+                                                  a["num_kv_heads"], a["scale"], a["block_tables"],
+                                                  a["query_start_loc"], a["context_lens"], a["alibi_slopes"],
+                                                  k_scale=a["k_scale"], v_scale=a["v_scale"])
+    assert_attention_close(out, want, atol=ATOL[dtype], rel=REL[dtype])
+    return out
+
+
+BATCHES = {  # (cached, new)
+    "plain": ([0, 0, 0], [1, 200, 77]),
+    "chunks": ([16, 37, 300, 5], [64, 91, 1, 130]),
+    "decode": ([1000, 5, 33], [1, 1, 1]),
+}
+
+
+@pytest.mark.parametrize("config", [0, 1])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_size", kernels.PREFILL_HEAD_SIZES)
+@pytest.mark.parametrize("heads", [(8, 8), (8, 2), (4, 1)])
+@pytest.mark.parametrize("batch", sorted(BATCHES))
+def test_head_sizes_and_groups(config, dtype, head_size, heads, batch):
+    cached, new = BATCHES[batch]
+    check(build(cached=cached, new=new, num_heads=heads[0], num_kv_heads=heads[1], head_size=head_size, dtype=dtype),
+          config=config)
+
+
+@pytest.mark.parametrize("config", sorted(PREFILL_CONFIGS))
+def test_every_tile_configuration(config):
+    check(build(cached=[0, 700, 33, 2000], new=[300, 64, 1, 129], num_heads=32, num_kv_heads=8, alibi=True),
+          config=config)
+
+
+@pytest.mark.parametrize("block_size", fast_layout.FAST_BLOCK_SIZES)
+@pytest.mark.parametrize("storage", fast_layout.STORAGES)
+def test_block_sizes_and_storages(block_size, storage):
+    check(build(cached=[3 * block_size + 5, 0, block_size], new=[block_size + 3, 2 * block_size - 1, 1],
+                block_size=block_size, storage=storage, num_heads=32, num_kv_heads=8))
+
+
+@pytest.mark.parametrize("config", [0, 1])
+@pytest.mark.parametrize("head_size", [64, 120, 128, 256])
+@pytest.mark.parametrize("alibi", [False, True])
+def test_fp8_caches_with_scales(config, head_size, alibi):
+    check(build(cached=[0, 123, 700], new=[150, 40, 1], head_size=head_size, dtype=fast_layout.FP8, alibi=alibi),
+          config=config)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(8, 8), (32, 8)])
+def test_alibi(dtype, heads):
+    check(build(cached=[0, 77, 1024], new=[300, 19, 64], num_heads=heads[0], num_kv_heads=heads[1], dtype=dtype,
+                alibi=True))
+
+
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_prefix_blocks_shared_by_the_batch(block_size):
+    shared = 5
+    c0 = shared * block_size
+    check(build(cached=[c0, c0 + 7, c0 + block_size, c0], new=[33, 1, 200, 64], shared_blocks=shared,
+                block_size=block_size, num_heads=32, num_kv_heads=8))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_chunks_not_aligned_to_blocks(seed):
+    gen = torch.Generator().manual_seed(seed)
+    cached = torch.randint(0, 3000, (6,), generator=gen).tolist()
+    new = torch.randint(1, 700, (6,), generator=gen).tolist()
+    check(build(cached=cached, new=new, num_heads=32, num_kv_heads=8, block_size=[8, 16, 32, 128][seed], seed=seed))
+
+
+def test_one_new_token_equals_the_decode_kernel():
+    a = build(cached=[4000, 17, 130, 1], new=[1, 1, 1, 1], num_heads=32, num_kv_heads=8, alibi=True)
+    out = check(a)
+    dec = kernels.paged_attention(None, a["query"], a["key_cache"], a["value_cache"], 8, a["scale"],
+                                  a["block_tables"], a["context_lens"], 16, None, a["alibi_slopes"], impl="fast")
+    torch.testing.assert_close(out.float(), dec.float(), atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("config", [0, 1])
+@pytest.mark.parametrize("cached,new", [([0], [16384]), ([131072], [512]), ([120000, 3000], [16384, 100])])
+def test_long_contexts(config, cached, new):
+    check(build(cached=cached, new=new, num_heads=8, num_kv_heads=2, block_size=64), config=config)
+
+
+def test_graph_capture_with_given_lengths():
+    a = build(cached=[100, 0], new=[50, 300], num_heads=32, num_kv_heads=8)
+    out = torch.full_like(a["query"], float("nan"))
+    args = (out, a["query"], a["key_cache"], a["value_cache"], 8, a["scale"], a["block_tables"], a["query_start_loc"],
+            a["context_lens"], 16)
+    kernels.paged_prefill_attention(*args, max_query_len=300, max_context_len=400, validate=False)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    want = out.clone()
+    out.fill_(float("nan"))
+    with torch.cuda.graph(graph):
+        kernels.paged_prefill_attention(*args, max_query_len=300, max_context_len=400, validate=False)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, want, atol=0, rtol=0)

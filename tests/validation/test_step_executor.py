@@ -1,0 +1,67 @@
+"""validation.step_executor: `blocksim replay --executor` runs every step with the model (here the
+CPU path with a tiny model): one measured row per engine step, the step's duration is the
+measured time, swaps and copy-on-write copies execute, and bad runs are refused before starting."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("torch")
+
+from blocksim.cli import main  # noqa: E402
+from validation.model import ModelDims  # noqa: E402
+from validation.step_executor import ExecutorError, memory_check  # noqa: E402
+
+TINY = """models:
+  tiny: {num_layers: 2, hidden_size: 256, num_heads: 4, num_kv_heads: 2, head_size: 64, num_params: 1.0e6,
+         max_model_len: 256, intermediate_size: 256, vocab_size: 512}
+"""
+
+
+def trace(path, n=1, requests=12, seed=1):
+    rng = np.random.default_rng(seed)
+    pd.DataFrame({"arrival_s": np.sort(rng.uniform(0, 0.05, requests)),
+                  "prompt_tokens": rng.integers(5, 60, requests), "output_tokens": rng.integers(2, 20, requests),
+                  "n": n}).to_parquet(path, index=False)
+    return path
+
+
+@pytest.mark.parametrize("extra, n", [((), 1), (("--preemption", "swap", "--num-gpu-blocks", "16"), 2),
+                                      (("--policy", "vllm-chunked", "--max-num-batched-tokens", "32"), 1)])
+def test_every_step_is_executed_and_lasts_its_measured_time(tmp_path, extra, n):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    out = tmp_path / "run"
+    args = ["replay", str(trace(tmp_path / "t.parquet", n)), "--out", str(out), "--catalog", str(tmp_path / "tiny.yaml"),
+            "--model", "tiny", "--executor", "cpu", "--quiet", "--no-report"]
+    if "--num-gpu-blocks" not in extra:
+        args += ["--num-gpu-blocks", "12"]
+    assert main(args + list(extra)) == 0
+    steps = pd.read_parquet(out / "steps.parquet")
+    ex = pd.read_parquet(out / "executor_steps.parquet")
+    assert len(ex) == len(steps) and (ex["step"].to_numpy() == np.arange(len(steps))).all()
+    np.testing.assert_allclose(steps["duration_s"].to_numpy(), ex["measured_s"].to_numpy())
+    assert (ex["num_tokens"] == steps["prefill_tokens"] + steps["num_decode_seqs"]).all() or n > 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["finished"] == 12 and summary["executor"]["model"] == "tiny"
+    if n == 2:
+        assert steps["blocks_swapped_out"].sum() > 0
+
+
+def test_a_run_that_does_not_fit_is_refused_naming_the_sizes():
+    dims = ModelDims("m", 32, 4096, 32, 32, 128, 11008, 32000, 4096)
+    with pytest.raises(ExecutorError, match=r"needs .* GiB \(weights .* KV cache 10000 blocks .* GiB free"):
+        memory_check(dims, 10000, 16, 2, 40 << 30)
+    memory_check(dims, 1000, 16, 2, 40 << 30)
+
+
+def test_cuda_executor_without_a_gpu_is_a_configuration_error(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    rc = main(["replay", str(trace(tmp_path / "t.parquet")), "--out", str(tmp_path / "r"), "--catalog",
+               str(tmp_path / "tiny.yaml"), "--model", "tiny", "--executor", "cuda", "--quiet", "--no-report"])
+    assert rc == 2 and "no CUDA device" in capsys.readouterr().err

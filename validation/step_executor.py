@@ -1,0 +1,274 @@
+"""Executes the engine's steps on a GPU as they are scheduled: the GPU-in-the-loop replay.
+
+`ModelStepExecutor` implements `blocksim.engine.executor.StepExecutor`. For each step the engine
+schedules, it runs, in vLLM v0 worker order, the swaps in and out and the copy-on-write copies,
+then the model's forward pass over the step's tokens (`validation.model.ModelRunner`): each
+prefill (chunk) once per sequence group (a group's sequences share their prompt blocks), one
+token per decoding sequence. Pure-decode steps replay the CUDA graph captured at the padded
+batch size; steps with a prefill or a block move run eagerly. The step's duration is its GPU
+work timed with CUDA events: a graph replay whole, an eager step segment by segment (block moves,
+embedding, each layer, sampling; `validation.model.SegmentTimer`: a sleep queued before each
+segment keeps the host's launch gaps out). The engine's clock advances by it instead of the cost
+model's prediction; the host's own time per step is recorded beside it.
+
+Token ids: a prompt position's id comes from its content key (`validation.kv.content_seeds`, so
+positions that a prefix cache shares have equal ids and equal K/V), a decode step's input is the
+token the sequence sampled in its previous step, a recomputed generated position's the one it
+sampled then.
+
+Checks, every step, on the host before anything is launched: every slot written lies inside the
+GPU cache, no two tokens of one step write one slot with different content (a block shared
+without copy-on-write), block moves stay inside their caches and no destination repeats.
+`blocksim validate` checks a recorded plan's cache contents and attention outputs exactly.
+
+Measured per step (`executor_steps.parquet` in the run directory): `measured_s` (the events'
+time), its parts `m_swap_s`, `m_copy_s` and `m_forward_s`, `host_s` (the host's time for the
+step: inputs built and uploaded, launches, waiting for the GPU), `graph` and `padded_batch`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from blocksim.sequence import SeqStatus
+from validation.kv import content_seeds
+from validation.model import (GRAPH_BATCH_SIZES, ModelDims, ModelRunner, PrefillSeq, SegmentTimer, StepBatch,
+                              padded_batch_size)
+
+WORKSPACE_BYTES = 6 << 30  # activations, CUDA graphs and the allocator's slack
+LEAD_S = 1.2e-3         # sleep queued before each eager segment (one layer): covers its launches
+GRAPH_LEAD_S = 50e-6    # before a graph replay (one launch)
+
+
+class ExecutorError(RuntimeError):
+    """A step the executor cannot run as scheduled (a plan inconsistency), or a run that does not fit."""
+
+
+def memory_check(dims: ModelDims, num_blocks: int, block_size: int, dtype_bytes: int, free_bytes: int) -> None:
+    """Refuse a run whose weights + KV cache + workspace exceed the device's free memory."""
+    weights = dims.weight_bytes(dtype_bytes)
+    cache = (num_blocks + 1) * dims.kv_block_bytes(block_size, dtype_bytes)
+    need = weights + cache + WORKSPACE_BYTES
+    if need > free_bytes:
+        gib = 1 << 30
+        raise ExecutorError(
+            f"--executor cuda: {dims.name} needs {need / gib:.1f} GiB (weights {weights / gib:.1f} GiB + KV cache "
+            f"{num_blocks} blocks = {cache / gib:.1f} GiB + workspace {WORKSPACE_BYTES / gib:.0f} GiB) but the GPU has "
+            f"{free_bytes / gib:.1f} GiB free; lower --num-gpu-blocks or --gpu-memory-utilization")
+
+
+class ModelStepExecutor:
+    """Runs each scheduled step on the GPU and returns its measured time (seconds)."""
+
+    def __init__(self, config, *, dtype: str = "float16", attention: str = "fast", prefill: str = "auto",
+                 graphs: bool = True, device: str = "cuda", seed: int = 0) -> None:
+        import torch
+        self.torch = torch
+        if config.tensor_parallel != 1:
+            raise ExecutorError(f"--executor cuda runs one GPU: tensor_parallel must be 1, got {config.tensor_parallel}")
+        self.dims = ModelDims.of(config.model)
+        self.bs = config.cache.block_size
+        self.num_gpu_blocks, self.num_cpu_blocks = config.num_gpu_blocks, config.num_cpu_blocks
+        self.cuda = device.startswith("cuda")
+        if self.cuda:
+            if not torch.cuda.is_available():
+                raise ExecutorError("--executor cuda: no CUDA device is visible to this torch")
+            memory_check(self.dims, self.num_gpu_blocks, self.bs, torch.finfo(getattr(torch, dtype)).bits // 8,
+                         torch.cuda.mem_get_info()[0])
+        self.runner = ModelRunner(self.dims, num_blocks=self.num_gpu_blocks, num_cpu_blocks=self.num_cpu_blocks,
+                                  block_size=self.bs, dtype=dtype, device=device, attention=attention,
+                                  prefill=prefill, seed=seed)
+        self.runner.warm_up(min(config.scheduler.max_num_batched_tokens, 16384))
+        self.graph_sizes: list[int] = []
+        if graphs and self.cuda:
+            self.graph_sizes = sorted(self.runner.capture_decode_graphs(config.scheduler.max_num_seqs))
+        self.max_graph_batch = max(self.graph_sizes, default=0)
+        self.config = config
+        self.describe = {"device": torch.cuda.get_device_name() if self.cuda else "cpu", "torch": torch.__version__,
+                         "dtype": dtype, "attention": attention, "prefill": self.runner.prefill_impl,
+                         "cuda_graph_batch_sizes": self.graph_sizes, "model": self.dims.name,
+                         "num_gpu_blocks": self.num_gpu_blocks, "num_cpu_blocks": self.num_cpu_blocks}
+        self._last_token: dict[int, int] = {}     # seq_id -> the token it sampled last
+        self._generated: dict[int, list[int]] = {}  # seq_id -> tokens sampled so far (for recomputation)
+        self._prompt_ids: dict[int, np.ndarray] = {}
+        self.rows: list[dict] = []
+
+    # --- token ids ------------------------------------------------------------------------------------
+    def _ids(self, g, seq, positions: np.ndarray) -> np.ndarray:
+        vocab = self.dims.vocab_size
+        ids = np.empty(len(positions), np.int64)
+        prompt = positions < g.prompt_tokens
+        if prompt.any():
+            p = self._prompt_ids.get(g.request_id)
+            if p is None:
+                keys = np.asarray(g.block_keys or [], dtype=np.int64)
+                p = content_seeds(g.request_id, seq.seq_id, g.prompt_tokens, keys, np.arange(g.prompt_tokens),
+                                  self.bs) % vocab
+                self._prompt_ids[g.request_id] = p
+            ids[prompt] = p[positions[prompt]]
+        if (~prompt).any():
+            gen = self._generated.get(seq.seq_id, [])
+            k = positions[~prompt] - g.prompt_tokens
+            ids[~prompt] = [gen[i] if i < len(gen) else (seq.seq_id * 7919 + i) % vocab for i in k.tolist()]
+        return ids
+
+    # --- the step's batch -----------------------------------------------------------------------------
+    def batch(self, step: int, out) -> tuple[StepBatch, list[tuple[int, ...]]]:
+        """The step's `StepBatch` and, per sampling position, the seq_ids that take its token."""
+        bs = self.bs
+        ids, pos, slots, prefills, takers = [], [], [], [], []
+        for g, start, stop in out.prefills:
+            running = [s for s in g.seqs if s.status is SeqStatus.RUNNING]
+            if not running or stop <= start:
+                continue
+            seq = running[0]
+            table = np.asarray(seq.block_table, dtype=np.int64)
+            p = np.arange(start, stop, dtype=np.int64)
+            self._check_table(step, g, seq, table, stop)
+            ids.append(self._ids(g, seq, p))
+            pos.append(p)
+            slots.append(table[p // bs] * bs + p % bs)
+            done = stop >= seq.num_tokens
+            prefills.append(PrefillSeq(int(start), int(stop), table, sample=done))
+            if done:
+                takers.append(tuple(s.seq_id for s in running))
+        dec_tables, dec_ctx = [], []
+        for g in out.decode_groups:
+            for seq in g.seqs:
+                if seq.status is not SeqStatus.RUNNING:
+                    continue
+                n = seq.num_tokens
+                table = np.asarray(seq.block_table, dtype=np.int64)
+                self._check_table(step, g, seq, table, n)
+                p = n - 1
+                last = self._last_token.get(seq.seq_id)
+                ids.append(np.asarray([last], np.int64) if last is not None else self._ids(g, seq, np.asarray([p])))
+                pos.append(np.asarray([p], np.int64))
+                slots.append(np.asarray([table[p // bs] * bs + p % bs], np.int64))
+                dec_tables.append(table[: -(-n // bs)])
+                dec_ctx.append(n)
+                takers.append((seq.seq_id,))
+        cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64))
+        b = StepBatch(cat(ids), cat(pos), cat(slots), prefills, dec_tables, np.asarray(dec_ctx, np.int64))
+        self._check_slots(step, b)
+        return b, takers
+
+    def _check_table(self, step: int, g, seq, table: np.ndarray, upto: int) -> None:
+        need = -(-upto // self.bs)
+        if len(table) < need:
+            raise ExecutorError(f"step {step}: request {g.request_id} sequence {seq.seq_id}: block table of "
+                                f"{len(table)} blocks cannot hold position {upto - 1}")
+        bad = (table[:need] < 0) | (table[:need] >= self.num_gpu_blocks)
+        if bad.any():
+            raise ExecutorError(f"step {step}: request {g.request_id} sequence {seq.seq_id}: physical block "
+                                f"{int(table[:need][bad][0])} outside the GPU cache's {self.num_gpu_blocks} blocks")
+
+    def _check_slots(self, step: int, b: StepBatch) -> None:
+        """Two tokens of one step in one slot: allowed only for equal content (same id, same position)."""
+        if len(b.slots) < 2:
+            return
+        order = np.argsort(b.slots, kind="stable")
+        s = b.slots[order]
+        same = s[1:] == s[:-1]
+        if same.any():
+            clash = same & ((b.token_ids[order][1:] != b.token_ids[order][:-1])
+                            | (b.positions[order][1:] != b.positions[order][:-1]))
+            if clash.any():
+                j = int(np.argmax(clash))
+                raise ExecutorError(f"step {step}: two tokens write different K/V to slot {int(s[j])} (block "
+                                    f"{int(s[j]) // self.bs}): a block shared without copy-on-write")
+
+    def _moves(self, step: int, what: str, pairs, n_src: int, n_dst: int) -> np.ndarray:
+        m = np.asarray(list(pairs), dtype=np.int64).reshape(-1, 2)
+        for col, n, side in ((0, n_src, "source"), (1, n_dst, "destination")):
+            bad = (m[:, col] < 0) | (m[:, col] >= n)
+            if bad.any():
+                raise ExecutorError(f"step {step}: {what}: {side} block {int(m[bad][0, col])} outside the cache's "
+                                    f"{n} blocks")
+        if len(np.unique(m[:, 1])) != len(m):
+            raise ExecutorError(f"step {step}: {what}: a destination block appears twice")
+        return m
+
+    # --- one step -------------------------------------------------------------------------------------
+    def execute(self, step: int, out, predicted: dict[str, float]) -> float:
+        r = self.runner
+        t_host = time.perf_counter()
+        G, C = self.num_gpu_blocks, self.num_cpu_blocks
+        swap_in = self._moves(step, "swap in", out.blocks_to_swap_in.items(), C, G)
+        swap_out = self._moves(step, "swap out", out.blocks_to_swap_out.items(), G, C)
+        copy = self._moves(step, "copy-on-write", out.blocks_to_copy, G, G)
+        batch, takers = self.batch(step, out)
+        moves = len(swap_in) + len(swap_out) + len(copy)
+        padded = None
+        if (self.graph_sizes and not batch.prefills and not moves and batch.num_decodes
+                and batch.num_decodes <= self.max_graph_batch):
+            padded = padded_batch_size(batch.num_decodes, self.graph_sizes)
+        if padded is not None:
+            r.load_decode(batch, padded)
+            inp = None
+        elif batch.num_tokens:
+            inp = r.prepare(batch)
+        tokens = None
+        if self.cuda:
+            t_swap, t_copy, t_fwd = SegmentTimer(LEAD_S), SegmentTimer(LEAD_S), SegmentTimer(LEAD_S)
+            r.swap(swap_in, True, t_swap)
+            r.swap(swap_out, False, t_swap)
+            r.copy(copy, t_copy)
+            if padded is not None:
+                t_fwd.begin(GRAPH_LEAD_S)
+                tokens = r.replay_decode(padded)[: batch.num_decodes]
+                t_fwd.end()
+            elif batch.num_tokens:
+                tokens = r.forward(inp, timer=t_fwd)
+            fwd_s, swap_s, copy_s = t_fwd.seconds(), t_swap.seconds(), t_copy.seconds()
+        else:
+            t0 = time.perf_counter()
+            r.swap(swap_in, True)
+            r.swap(swap_out, False)
+            t1 = time.perf_counter()
+            r.copy(copy)
+            t2 = time.perf_counter()
+            if batch.num_tokens:
+                tokens = r.forward(inp)
+            swap_s, copy_s, fwd_s = t1 - t0, t2 - t1, time.perf_counter() - t2
+        sampled = tokens.tolist() if tokens is not None else []
+        for seq_ids, tok in zip(takers, sampled):
+            for sid in seq_ids:
+                self._last_token[sid] = tok
+                self._generated.setdefault(sid, []).append(tok)
+        measured = swap_s + copy_s + fwd_s
+        self.rows.append({"step": step, "measured_s": measured, "m_swap_s": swap_s, "m_copy_s": copy_s,
+                          "m_forward_s": fwd_s, "host_s": time.perf_counter() - t_host,
+                          "graph": padded is not None, "padded_batch": int(padded or 0),
+                          "num_tokens": batch.num_tokens, "num_decodes": batch.num_decodes,
+                          "num_prefills": len(batch.prefills),
+                          "predicted_s": float(sum(predicted.values()))})
+        return measured
+
+    # --- results --------------------------------------------------------------------------------------
+    def save(self, out_dir) -> None:
+        import pandas as pd
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        df = pd.DataFrame(self.rows)
+        df.to_parquet(out / "executor_steps.parquet", index=False)
+        summary = {**self.describe, "steps": len(df),
+                   "graph_steps": int(df["graph"].sum()) if len(df) else 0,
+                   "measured_s": float(df["measured_s"].sum()) if len(df) else 0.0,
+                   "host_s": float(df["host_s"].sum()) if len(df) else 0.0}
+        (out / "executor.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def make_executor(kind: str, **kw):
+    """A factory `config -> StepExecutor` for `blocksim replay --executor KIND` ("cuda" or "cpu", the
+    latter running the same code on the CPU: for tests with tiny models)."""
+    def build(config):
+        return ModelStepExecutor(config, device="cuda" if kind == "cuda" else "cpu", **kw)
+    return build
+
+
+__all__ = ["ExecutorError", "GRAPH_BATCH_SIZES", "ModelStepExecutor", "make_executor", "memory_check"]
