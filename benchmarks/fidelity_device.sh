@@ -6,7 +6,9 @@
 #       bash benchmarks/fidelity_device.sh
 #
 # Writes the profiles to blocksim/profiles/ (the shipped location), the executed runs to
-# runs/fidelity/exec/, and packs both into $OUT/fidelity-$GPU.tgz when $OUT is set.
+# runs/fidelity/exec/, and packs both into $OUT/fidelity-$GPU.tgz when $OUT is set. BUDGET_S
+# (seconds from the start, kernel build included) stops starting new runs. The machine needs
+# simpy: a wheel under .whl/ or runs/fidelity/whl/ is installed when it lacks it.
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
 GPU=${GPU:-h200-141gb}
@@ -21,14 +23,17 @@ if ! python -c "import simpy" 2>/dev/null; then   # simpy as a carried wheel whe
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+t0=$(date +%s)
 build() { python -c "from kernels._build import extension; e = extension(); print('kernels built; paged prefill kernel:', hasattr(e, 'paged_prefill'))"; }
 if ! build && [ -d runs/fidelity/kernels_head/kernels ]; then  # a carried copy of the committed kernels
   echo "the working tree's kernels do not build: using runs/fidelity/kernels_head"
   rm -rf kernels && cp -r runs/fidelity/kernels_head/kernels kernels && build || exit 1
 fi
-t0=$(date +%s)
+echo "kernels: $(( $(date +%s) - t0 )) s"
 for m in $PROFILE_MODELS; do
-  python -m validation.profile --model "$m" --gpu-name "$GPU" --out "blocksim/profiles/${m}__${GPU}__float16__tp1.json" || echo "profile $m failed"
+  f="blocksim/profiles/${m}__${GPU}__float16__tp1.json"
+  python -m validation.profile --model "$m" --gpu-name "$GPU" --out "$f" || echo "profile $m failed"
+  [ -n "${OUT:-}" ] && [ -f "$f" ] && cp "$f" "$OUT/"   # each profile comes back even if a later step runs out of time
 done
 echo "profiles: $(( $(date +%s) - t0 )) s"
 left=$(( BUDGET_S - ($(date +%s) - t0) ))

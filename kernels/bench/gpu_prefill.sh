@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The paged prefill kernel on a GPU: build, its GPU tests, the decode kernel's GPU tests, and the
-# benchmark's prefill_tiles and prefill sections, with every log and the raw JSON under $OUT (default: ./prefill-run).
-# Usage: bash kernels/bench/gpu_prefill.sh [NAME]   (NAME names the files, e.g. h100; default: the GPU)
+# The paged prefill kernel on a GPU, from the repository root: the build, its GPU tests with the
+# decode kernel's, and the benchmark's prefill_tiles and prefill sections. Writes NAME-build.log,
+# NAME-prefill-tests.log, NAME-prefill.json (every figure) and NAME-prefill.txt (the tables) under
+# $OUT (default: ./prefill-run).
+# Usage: bash kernels/bench/gpu_prefill.sh [NAME]   (e.g. h100; default: the GPU's model, lower case)
 set -o pipefail
 OUT=${OUT:-prefill-run}
 mkdir -p "$OUT"

@@ -9,16 +9,18 @@
 // Keys. The block streams the keys its rows see, BN at a time, through a ring of STAGES
 // shared-memory stages filled with cp.async: each 16-byte chunk (8 elements) of a key or value
 // row is gathered through the block table (any block size from 8), so the K/V of the cached
-// prefix and of the new tokens are read in place. Rows are stored with their chunks XOR-swizzled
-// by the row (chunk c of row r at c ^ (r % 8), rows a multiple of 128 bytes), which makes both the
-// copies and the ldmatrix reads of 8 rows conflict-free. Head sizes that are no multiple of 16
+// prefix and of the new tokens are read in place; each thread reads its rows' block ids one tile
+// ahead. Rows are stored with their chunks XOR-swizzled by the row (chunk c of row r at
+// c ^ (r % 8), rows a multiple of 128 bytes), which makes both the copies and the ldmatrix reads
+// of 8 rows conflict-free; a lane's fragment addresses are one XOR and one add from a few lane
+// constants, derived per tile (held across the loop they cost spills). Head sizes that are no multiple of 16
 // (120) read zero-filled padding chunks. fp8 caches are copied raw (8-byte chunks) into the ring
 // and converted to float16 once per tile into a separate buffer; k_scale is folded into the
 // softmax scale and v_scale into the output.
 //
 // Per tile, for each warp's 16-row tiles: S = Q K^T (ldmatrix of Q and K, mma.sync.m16n8k16,
 // float accumulators), the causal mask on the tiles that cross a row's position only, the online
-// softmax in the log2 domain (exp2), and O += P V with P taken from S's accumulators as the A
+// softmax in the log2 domain (ex2; the output rescaled only where a row's max moved), and O += P V with P taken from S's accumulators as the A
 // fragment (probabilities never leave registers) and V read with ldmatrix.trans. Tiles past the
 // block's last position are never loaded; keys past a row's position get -inf. Chunks past the
 // context or of an invalid block id are zero-filled without reading memory, so unused cache slots

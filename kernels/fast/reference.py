@@ -81,7 +81,7 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
     ``out``."""
     if out is None:
         out = torch.empty_like(query)
-    num_heads, head_size = query.shape[1], query.shape[2]
+    num_heads = query.shape[1]
     group = num_heads // num_kv_heads
     starts = query_start_loc.tolist()
     lens = context_lens.tolist()

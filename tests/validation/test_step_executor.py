@@ -65,3 +65,22 @@ def test_cuda_executor_without_a_gpu_is_a_configuration_error(tmp_path, capsys):
     rc = main(["replay", str(trace(tmp_path / "t.parquet")), "--out", str(tmp_path / "r"), "--catalog",
                str(tmp_path / "tiny.yaml"), "--model", "tiny", "--executor", "cuda", "--quiet", "--no-report"])
     assert rc == 2 and "no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_cuda_executor_replays_decodes_as_graphs(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    out = tmp_path / "run"
+    assert main(["replay", str(trace(tmp_path / "t.parquet", 2)), "--out", str(out), "--catalog",
+                 str(tmp_path / "tiny.yaml"), "--model", "tiny", "--gpu", "h200-141gb", "--num-gpu-blocks", "16",
+                 "--preemption", "swap", "--max-num-seqs", "8", "--swap-space-gib", "0.0625", "--executor", "cuda",
+                 "--quiet", "--no-report"]) == 0
+    ex = pd.read_parquet(out / "executor_steps.parquet")
+    steps = pd.read_parquet(out / "steps.parquet")
+    assert len(ex) == len(steps) and ex["graph"].any() and (~ex["graph"]).any()
+    assert (ex.loc[ex.graph, "padded_batch"] >= ex.loc[ex.graph, "num_decodes"]).all()
+    assert (ex["measured_s"] > 0).all()
+    np.testing.assert_allclose(steps["duration_s"].to_numpy(), ex["measured_s"].to_numpy())
