@@ -10,7 +10,10 @@ this with an interpreter that has vLLM 0.11.0 and sees blocksim, e.g.
     /tmp/venv-vllm/bin/pip install --no-deps vllm==0.11.0
     /tmp/venv-vllm/bin/pip install cachetools cbor2 psutil setproctitle pyzmq transformers aiohttp \\
         blake3 msgspec prometheus_client fastapi openai openai_harmony pybase64 diskcache
-    PYTHONPATH=. /tmp/venv-vllm/bin/python benchmarks/vllm_v1_check.py
+    PYTHONPATH=. /tmp/venv-vllm/bin/python benchmarks/vllm_v1_check.py [--random N]
+
+`--random N` adds N random configurations (requests, GPU blocks, block size, budget,
+max_num_seqs, threshold, policy) to the fixed ones.
 
 Block contents: request i's prompt is made of blocks drawn from a few shared prefixes (equal
 content ids give equal token blocks on both sides), its other tokens and its outputs are unique
@@ -162,9 +165,23 @@ CONFIGS = [  # (seed, requests, GPU blocks, block size, budget, max_num_seqs, lo
 ]
 
 
+def random_configs(n: int, seed: int = 7) -> list[tuple]:
+    """`n` random configurations (those vLLM accepts: max_num_seqs <= the token budget)."""
+    rng = random.Random(seed)
+    out = []
+    for k in range(n):
+        cfg = (100 + k, rng.choice([40, 80, 120]), rng.choice([30, 50, 100, 300]), rng.choice([8, 16, 32]),
+               rng.choice([64, 128, 256, 1024]), rng.choice([4, 16, 64]), rng.choice([0, 0, 32]),
+               rng.choice(["fcfs", "fcfs", "priority"]))
+        if cfg[5] <= cfg[4]:
+            out.append(cfg)
+    return out
+
+
 def main() -> int:
     bad = 0
-    for cfg in CONFIGS:
+    configs = CONFIGS + (random_configs(int(sys.argv[2])) if sys.argv[1:2] == ["--random"] else [])
+    for cfg in configs:
         diff, steps, stats = run(*cfg)
         print(f"seed={cfg[0]} requests={cfg[1]} blocks={cfg[2]} block_size={cfg[3]} budget={cfg[4]} "
               f"max_num_seqs={cfg[5]} threshold={cfg[6]} policy={cfg[7]}: {steps} steps equal "

@@ -52,6 +52,7 @@ class V1Scheduler(Scheduler):
         self.prompt_limit = max_model_len
         self.long_prefill_token_threshold = config.long_prefill_token_threshold
         self.waiting: deque[SequenceGroup] | list[SequenceGroup] = [] if self.priority_policy else deque()
+        self._order: list[SequenceGroup] = []  # the last step's requests in scheduling order
 
     # --- queues ------------------------------------------------------------------------------
     def sort_key(self, group: SequenceGroup) -> tuple:
@@ -108,7 +109,7 @@ class V1Scheduler(Scheduler):
     # --- one step ----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutputs:
         out = SchedulerOutputs()
-        self._order: list[SequenceGroup] = []  # the step's requests in scheduling order
+        self._order = []
         budget = self.config.max_num_batched_tokens
         budget = self._schedule_running(budget, out)
         if not out.preempted:
@@ -241,7 +242,8 @@ class V1Scheduler(Scheduler):
 
 
 class V1PriorityScheduler(V1Scheduler):
-    """vLLM V1's priority policy: waiting ordered by (priority, arrival), the victim the running
-    request of lowest priority (largest value), latest arrival among equals."""
+    """vLLM V1's priority policy, in vLLM's convention that a smaller `priority` value is served
+    first: waiting ordered by (priority, arrival), the victim the running request of the largest
+    value, latest arrival among equals. (blocksim's v0 `priority` scheduler serves larger values first.)"""
 
     priority_policy = True
