@@ -29,7 +29,7 @@ def main() -> None:
     p.add_argument("trace", nargs="?", default=str(FULL) if FULL.exists() else str(traces.bundled("azure-conv")))
     p.add_argument("--model", default="llama-2-7b")
     p.add_argument("--gpu", default="h100-80gb")
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--block-size", type=int, default=None, help="default 16 (the sglang preset: its page size, 1)")
     p.add_argument("--policy", default="vllm")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no-spans", action="store_true", help="step one by one (the exact reference)")
@@ -51,7 +51,7 @@ def main() -> None:
     tokens = int((fin.prompt_tokens + fin.output_tokens * fin.n).sum())
     wall = statistics.median(walls)
     print(f"trace {Path(a.trace).name}: {len(tr)} requests, read in {read_s:.2f} s")
-    print(f"{a.model} / {a.gpu} / block {a.block_size} / policy {a.policy}: {s['steps']} steps, "
+    print(f"{a.model} / {a.gpu} / block {cfg.cache.block_size} / policy {a.policy}: {s['steps']} steps, "
           f"{s['finished']} finished, {s['rejected']} rejected, {s['simulated_s']:.0f} simulated s, "
           f"cost model {s['cost_model']['name']} ({s['cost_model'].get('profile') or 'default constants'})")
     print(f"wall {wall:.2f} s (median of {a.repeat}: {', '.join(f'{w:.2f}' for w in walls)}), "

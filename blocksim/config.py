@@ -141,6 +141,7 @@ V0_RELEASES = ("0.1", "0.2", "0.4", "0.6.4")
 FREE_ORDERS = ("lifo", "fifo")
 RESERVATION_MODES = ("max", "pow2", "oracle")
 ADDRESS_SPACES = ("buddy", "first-fit")
+SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")  # SGLang's --schedule-policy
 
 
 @dataclass(frozen=True)
@@ -198,9 +199,19 @@ class PolicyConfig:
     victim: str = "newest"
     watermark_blocks: int | None = None
     cost_model: str = "auto"
+    # SGLang (allocator=radix, scheduler=sglang): its server arguments and their defaults
+    schedule_policy: str = "fcfs"
+    page_size: int = 1
+    chunked_prefill_size: int = 8192
+    max_prefill_tokens: int = 16384
+    max_running_requests: int | None = None
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio_factor: float = 0.14
+    new_token_ratio_decay_steps: int = 600
     v0_release: str = "0.1"
 
     def __post_init__(self) -> None:
+        self._check_sglang()
         for f in ("prefix_caching", "chunked_prefill"):
             _typed(f"policy.{f}", getattr(self, f), bool)
         for f in ("allocator", "free_order", "reservation", "address_space", "scheduler", "victim", "cost_model"):
@@ -233,6 +244,33 @@ class PolicyConfig:
         if self.scheduler in ("orca", "static") and self.allocator == "paged":
             raise ConfigError(f"policy.scheduler: {self.scheduler} never preempts, so it needs an allocator that "
                               f"reserves each request's maximum up front (allocator=contiguous)")
+
+
+    def _check_sglang(self) -> None:
+        _require(self.schedule_policy in SCHEDULE_POLICIES, "policy.schedule_policy",
+                 f"must be one of {', '.join(SCHEDULE_POLICIES)}, got {self.schedule_policy!r}")
+        for f in ("page_size", "chunked_prefill_size", "max_prefill_tokens", "new_token_ratio_decay_steps"):
+            _typed(f"policy.{f}", getattr(self, f), int)
+        for f in ("init_new_token_ratio", "min_new_token_ratio_factor"):
+            _typed(f"policy.{f}", getattr(self, f), float)
+        _require(_is_pow2(self.page_size), "policy.page_size",
+                 f"must be a positive power of two (1 is SGLang's token-granular pool), got {self.page_size!r}")
+        _require(self.chunked_prefill_size == -1 or self.chunked_prefill_size >= self.page_size,
+                 "policy.chunked_prefill_size",
+                 f"must be -1 (no chunking) or at least the page size {self.page_size}, got {self.chunked_prefill_size!r}")
+        _require(self.max_prefill_tokens > 0, "policy.max_prefill_tokens", "must be positive")
+        _require(self.new_token_ratio_decay_steps > 0, "policy.new_token_ratio_decay_steps", "must be positive")
+        _require(0 < self.init_new_token_ratio <= 1, "policy.init_new_token_ratio",
+                 f"must be in (0, 1] (SGLang's default 0.7), got {self.init_new_token_ratio!r}")
+        _require(0 < self.min_new_token_ratio_factor <= 1, "policy.min_new_token_ratio_factor",
+                 f"must be in (0, 1] (SGLang's default 0.14), got {self.min_new_token_ratio_factor!r}")
+        if self.max_running_requests is not None:
+            _typed("policy.max_running_requests", self.max_running_requests, int)
+            _require(self.max_running_requests > 0, "policy.max_running_requests", "must be positive")
+        radix, sglang = self.allocator == "radix", self.scheduler == "sglang"
+        if radix != sglang and ":" not in self.allocator + self.scheduler:
+            raise ConfigError("policy.scheduler: the sglang scheduler and the radix allocator only work together "
+                              "(SGLang's scheduler admits through the radix tree); use --policy sglang, or neither")
 
 
 @dataclass(frozen=True)

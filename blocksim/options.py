@@ -26,6 +26,7 @@ from blocksim.config import (
     FREE_ORDERS,
     PREEMPTION_MODES,
     RESERVATION_MODES,
+    SCHEDULE_POLICIES,
     V0_RELEASES,
     CacheConfig,
     SchedulerConfig,
@@ -48,6 +49,8 @@ PREEMPTING = "preempting"  # a scheduler that preempts (not orca, not static) by
 BLOCKS = "blocks"          # a paged manager: vLLM v0's (allocator=paged) or vLLM V1's (allocator=v1)
 V0 = "v0"                  # anything but vLLM V1's engine (allocator=v1), which neither swaps nor watermarks
 V1 = "v1"                  # vLLM V1's engine only
+VLLM_ENGINE = "vllm-engine"  # vLLM's engine parts (v0 and V1): every preset but sglang
+SGLANG = "sglang"          # SGLang's scheduler and radix cache (allocator=radix, scheduler=sglang)
 
 GROUP_TITLES = {
     "preset": "policy preset",
@@ -117,14 +120,14 @@ _tp = _field_default(SimConfig, "tensor_parallel")
 OPTIONS: tuple[Option, ...] = (
     Option("policy", str, DEFAULT_POLICY, "preset: vllm (default), vllm-prefix, vllm-chunked, vllm-0.6, vllm-v1, "
            "orca-max, "
-           "orca-pow2, orca-oracle, static (`blocksim policies`)", "preset"),
+           "orca-pow2, orca-oracle, static, sglang (`blocksim policies`)", "preset"),
     # model, GPU and cache
     Option("model", str, DEFAULT_MODEL, f"model name from the catalog (default {DEFAULT_MODEL})", "model"),
     Option("gpu", str, DEFAULT_GPU, f"GPU name from the catalog (default {DEFAULT_GPU})", "model"),
     Option("catalog", tuple, (), "YAML/TOML file adding models and GPUs; repeatable", "model", metavar="FILE"),
     Option("tensor_parallel", int, _tp, None, "model", short="tp", flags=("--tensor-parallel", "--tp")),
     Option("block_size", int, _cache.block_size, f"tokens per KV block (default {_cache.block_size})", "model",
-           short="bs"),
+           short="bs", applies_to=VLLM_ENGINE),
     Option("gpu_memory_utilization", float, _cache.gpu_memory_utilization,
            f"default {_cache.gpu_memory_utilization:g}", "model", short="util"),
     Option("swap_space_gib", float, _cache.swap_space_gib, f"CPU swap GiB (default {_cache.swap_space_gib:g})",
@@ -135,11 +138,12 @@ OPTIONS: tuple[Option, ...] = (
            short="gpub"),
     # scheduler
     Option("max_num_seqs", int, _sched.max_num_seqs, f"default {_sched.max_num_seqs} (vllm-v1: vLLM V1's default for the GPU, "
-           f"{V1_DEFAULTS['large'][1]} on >= 70 GiB, else {V1_DEFAULTS['small'][1]})", "scheduler", short="seqs"),
+           f"{V1_DEFAULTS['large'][1]} on >= 70 GiB, else {V1_DEFAULTS['small'][1]})", "scheduler", short="seqs",
+           applies_to=VLLM_ENGINE),
     Option("max_num_batched_tokens", int, None, "per-step token budget, decodes included; default "
            f"max(max_model_len, 2048) + max_num_seqs ({CHUNKED_BUDGET_TOKENS} with chunked prefill; vllm-v1: "
            f"{V1_DEFAULTS['large'][0]} on GPUs of >= 70 GiB but A100s, else {V1_DEFAULTS['small'][0]})", "scheduler",
-           short="mbt"),
+           short="mbt", applies_to=VLLM_ENGINE),
     Option("long_prefill_token_threshold", int, None, "vllm-v1: most prompt tokens a request gets per step "
            "(default 0: no cap)", "scheduler", short="lpt", applies_to=V1),
     Option("preemption", str, _sched.preemption_mode, f"default {_sched.preemption_mode} (vLLM's rule)",
@@ -156,13 +160,30 @@ OPTIONS: tuple[Option, ...] = (
     Option("address_space", str, None, "contiguous placement", "policy", choices=ADDRESS_SPACES,
            applies_to=CONTIGUOUS),
     Option("prefix_caching", bool, None, None, "policy", applies_to=BLOCKS),
-    Option("chunked_prefill", bool, None, None, "policy"),
-    Option("scheduler", str, None, "fcfs | priority | sjf | orca | static | v1 | v1-priority", "policy"),
+    Option("chunked_prefill", bool, None, None, "policy", applies_to=VLLM_ENGINE),
+    Option("scheduler", str, None, "fcfs | priority | sjf | orca | static | v1 | v1-priority | sglang", "policy"),
     Option("victim", str, None, "preemption victim: newest | largest | fewest-blocks", "policy",
            applies_to=PREEMPTING),
     Option("watermark_blocks", int, None, "absolute watermark (replaces --watermark)", "policy", applies_to=PAGED),
     Option("cost_model", str, None, "auto (default: the shipped profile of the run's model, GPU, dtype and TP "
            "when blocksim/profiles has one, else roofline) | roofline | profiled | a plugin", "policy"),
+    # SGLang's server arguments (policy sglang); defaults are SGLang's (blocksim.config.PolicyConfig)
+    Option("schedule_policy", str, None, "SGLang waiting-queue order (default fcfs)", "policy",
+           choices=SCHEDULE_POLICIES, short="sp", applies_to=SGLANG),
+    Option("page_size", int, None, "SGLang tokens per KV page (default 1: token-granular)", "policy", short="ps",
+           parse=positive_int, applies_to=SGLANG),
+    Option("chunked_prefill_size", int, None, "SGLang chunk budget in tokens, -1 disables (default 8192)", "policy",
+           short="cps", applies_to=SGLANG),
+    Option("max_prefill_tokens", int, None, "SGLang input tokens per prefill batch (default 16384)", "policy",
+           short="mpt", parse=positive_int, applies_to=SGLANG),
+    Option("max_running_requests", int, None, "SGLang running-batch limit (default from the pool size)", "policy",
+           short="mrr", parse=positive_int, applies_to=SGLANG),
+    Option("init_new_token_ratio", float, None, "SGLang initial new-token ratio (default 0.7)", "policy",
+           short="ntr", parse=positive_float, applies_to=SGLANG),
+    Option("min_new_token_ratio_factor", float, None, "SGLang minimum ratio as a fraction of the initial one "
+           "(default 0.14)", "policy", short="ntrmin", parse=positive_float, applies_to=SGLANG),
+    Option("new_token_ratio_decay_steps", int, None, "SGLang decode steps from the initial to the minimum ratio "
+           "(default 600)", "policy", short="ntrdecay", parse=positive_int, applies_to=SGLANG),
     Option("v0_release", str, None, "vLLM v0 release whose step rules apply: 0.1 (mixed steps), 0.2 (prompt-only "
            "steps), 0.4 (+ swap-ins charged to the token budget), 0.6.4 (+ admission on uncached tokens)", "policy",
            choices=V0_RELEASES, short="rel", applies_to=PREEMPTING),

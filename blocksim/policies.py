@@ -13,6 +13,8 @@ orca-max       contiguous reservation of max_model_len per request, buddy alloca
 orca-pow2      reservation = next power of two of prompt + output
 orca-oracle    reservation = exactly prompt + output
 static         FasterTransformer-like static batching over max-length reservations
+sglang         SGLang's scheduler and radix cache: token-granular pool (page size 1), fcfs order,
+               admission by the new-token-ratio estimate, retraction, chunked prefill of 8192
 =============  =====================================================================================
 """
 
@@ -28,10 +30,12 @@ from blocksim.cost import BUILTIN_COST_MODELS, ProfiledCostModel, RooflineCostMo
 from blocksim.memory.kv_cache_manager import KVCacheManager
 from blocksim.memory.paged import BlockSpaceManager
 from blocksim.memory.prefix_cache import PrefixCachingBlockManager
+from blocksim.memory.radix_manager import RadixCacheManager
 from blocksim.memory.reservation import ContiguousManager
-from blocksim.options import BLOCKS, BY_NAME, CONTIGUOUS, PAGED, PREEMPTING, V0, V1
+from blocksim.options import BLOCKS, BY_NAME, CONTIGUOUS, PAGED, PREEMPTING, SGLANG, V0, V1, VLLM_ENGINE
 from blocksim.scheduling import variants
 from blocksim.scheduling.scheduler import Scheduler
+from blocksim.scheduling.sglang_scheduler import SGLangScheduler
 from blocksim.scheduling.v1_scheduler import V1PriorityScheduler, V1Scheduler
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -44,6 +48,20 @@ PRESETS: dict[str, dict[str, Any]] = {
     "orca-pow2": {"allocator": "contiguous", "reservation": "pow2", "scheduler": "orca"},
     "orca-oracle": {"allocator": "contiguous", "reservation": "oracle", "scheduler": "orca"},
     "static": {"allocator": "contiguous", "reservation": "max", "scheduler": "static"},
+    "sglang": {"allocator": "radix", "scheduler": "sglang"},
+}
+#: What SGLang calls a vLLM knob, for the message refusing it under the sglang preset.
+SGLANG_EQUIVALENT = {
+    "block_size": "--page-size", "max_num_seqs": "--max-running-requests",
+    "max_num_batched_tokens": "--chunked-prefill-size or --max-prefill-tokens",
+    "chunked_prefill": "--chunked-prefill-size (-1 disables chunking)",
+    "prefix_caching": "nothing: the radix cache always shares prefixes",
+    "preemption": "nothing: SGLang retracts (recomputes) running requests, it never swaps",
+    "victim": "nothing: SGLang retracts the request with the fewest outputs",
+    "swap_space_gib": "nothing: SGLang never swaps, it retracts",
+    "v0_release": "nothing: the sglang preset follows SGLang v0.4's scheduler",
+    "watermark": "--init-new-token-ratio (admission keeps room by estimating outputs, not by a watermark)",
+    "watermark_blocks": "--init-new-token-ratio (admission keeps room by estimating outputs, not by a watermark)",
 }
 PLUGGABLE = ("allocator", "scheduler", "victim", "cost_model")
 
@@ -71,8 +89,15 @@ def _preempts(scheduler_name: str) -> bool:
     return getattr(plugins.resolve("scheduler", scheduler_name), "preempts", True)
 
 
-def _why_ignored(applies_to: str, policy: str, config: PolicyConfig) -> tuple[str, str] | None:
+def _why_ignored(applies_to: str, policy: str, config: PolicyConfig, name: str = "") -> tuple[str, str] | None:
     """(reason, fix) when the chosen allocator or scheduler is not the part a knob `applies_to`, else None."""
+    radix = config.allocator == "radix"
+    if applies_to == SGLANG and not radix:
+        return (f"it is an SGLang server argument and policy {policy!r} does not use SGLang's scheduler and "
+                f"radix cache", "choose --policy sglang")
+    if radix and applies_to in (PAGED, CONTIGUOUS, PREEMPTING, VLLM_ENGINE, BLOCKS, V0, V1):
+        return (f"policy {policy!r} is SGLang's scheduler and radix cache, which ignore this vLLM knob",
+                f"use SGLang's {SGLANG_EQUIVALENT.get(name, 'server arguments')}")
     v1 = config.allocator == "v1"
     if v1 and applies_to in (PAGED, PREEMPTING, V0):
         return (f"policy {policy!r} follows vLLM V1, whose KV cache manager has no watermark, free-list order or "
@@ -105,7 +130,7 @@ def refuse_ignored_knobs(policy: str, config: PolicyConfig, knobs: Iterable[str]
         option = BY_NAME.get(name)
         if option is None or option.applies_to is None:
             continue
-        why = _why_ignored(option.applies_to, policy, config)
+        why = _why_ignored(option.applies_to, policy, config, name)
         if why:
             reason, fix = why
             raise ConfigError(f"{name} ({option.flag}): {reason}; drop {option.flag}, or {fix}")
@@ -129,6 +154,11 @@ def make_contiguous(config: SimConfig):
                              config.model.max_model_len)
 
 
+def make_radix(config: SimConfig):
+    """SGLang's pool: `num_gpu_blocks` pages of `page_size` tokens (the cache's block size)."""
+    return RadixCacheManager(config.cache.block_size, config.num_gpu_blocks)
+
+
 def make_memory_manager(config: SimConfig):
     return plugins.resolve("allocator", config.policy_config.allocator)(config)
 
@@ -149,12 +179,13 @@ def make_cost_model(config: SimConfig, cost_profile=None):
     return plugins.resolve("cost_model", name)(config, loaded)
 
 
-for _name, _obj in (("paged", make_paged), ("v1", make_v1), ("contiguous", make_contiguous)):
+for _name, _obj in (("paged", make_paged), ("v1", make_v1), ("contiguous", make_contiguous),
+                    ("radix", make_radix)):
     plugins.register("allocator", _name, _obj)
 for _name, _obj in (("fcfs", Scheduler), ("priority", variants.PriorityScheduler),
                     ("sjf", variants.SJFScheduler), ("orca", variants.OrcaScheduler),
                     ("static", variants.StaticScheduler), ("v1", V1Scheduler),
-                    ("v1-priority", V1PriorityScheduler)):
+                    ("v1-priority", V1PriorityScheduler), ("sglang", SGLangScheduler)):
     plugins.register("scheduler", _name, _obj)
 for _name, _obj in (("roofline", RooflineCostModel), ("profiled", ProfiledCostModel), ("auto", build_cost_model)):
     plugins.register("cost_model", _name, _obj)

@@ -120,6 +120,7 @@ class Engine:
         self._hashes = None
         if "prefix_hashes" in df.columns and self.bm.hashes_prefixes:
             h, bs = getattr(trace, "hash_block_tokens", None), self.bm.block_size
+            self.bm.hash_block_tokens = h  # a manager may refuse it with its own reason (the radix pool's page size)
             if h and h % bs and bs % h:
                 raise ConfigError(f"block_size (--block-size) {bs} neither divides nor is a multiple of the "
                                   f"{h} tokens each of the trace's prefix hashes covers, so no block's content is "

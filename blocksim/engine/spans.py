@@ -195,6 +195,7 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
     else:
         for d in span.durations_s[:k].tolist():
             yield env.timeout(d)
+    sched.on_span_steps(k - 1)
     finished = sched.complete_step(out, env.now)
     fin = np.zeros(k, dtype=np.int64)
     fin[-1] = len(finished)

@@ -48,10 +48,15 @@ def build_config(policy: str = DEFAULT_POLICY, **options: Any) -> SimConfig:
         max_tokens = max(model.max_model_len, 2048)
     else:
         max_tokens = max(model.max_model_len, 2048) + seqs
+    block_size = o["block_size"]
+    if policy_cfg.allocator == "radix":  # SGLang: pages of page_size tokens; the largest prefill batch sizes
+        block_size = policy_cfg.page_size  # the activation estimate
+        chunk = policy_cfg.chunked_prefill_size
+        max_tokens = min(chunk, policy_cfg.max_prefill_tokens) if chunk > 0 else policy_cfg.max_prefill_tokens
     return SimConfig(
         model=model,
         gpu=gpu,
-        cache=CacheConfig(block_size=o["block_size"], gpu_memory_utilization=o["gpu_memory_utilization"],
+        cache=CacheConfig(block_size=block_size, gpu_memory_utilization=o["gpu_memory_utilization"],
                           swap_space_gib=o["swap_space_gib"], watermark=o["watermark"],
                           num_gpu_blocks_override=o["num_gpu_blocks"]),
         scheduler=SchedulerConfig(max_num_seqs=o["max_num_seqs"], max_num_batched_tokens=max_tokens,

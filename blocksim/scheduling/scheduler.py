@@ -114,6 +114,10 @@ class Scheduler:
         same refuses."""
         return True
 
+    def on_span_steps(self, steps: int) -> None:
+        """`steps` further plain decode steps ran in a span (`engine.spans`) without `schedule()`;
+        a policy with per-step state (SGLang's new-token ratio) advances it here."""
+
     def _reject(self, group: SequenceGroup, reason: str, out: SchedulerOutputs) -> None:
         for s in group.seqs:
             if s.status is not SeqStatus.FINISHED:

@@ -40,6 +40,13 @@ def test_every_policy_conserves_memory_and_loses_no_request(lists, preset, block
     contiguous = allocator == "contiguous"  # orca-* and static: never preempt
     if allocator == "v1":  # vLLM V1: no victim choice and no swap space; its own priority policy
         knobs = {"scheduler": "v1-priority"} if scheduler else {}
+    elif allocator == "radix":  # SGLang: its own knobs (tests/blocksim/test_sglang_engine.py varies them)
+        cfg = build_config(preset, num_gpu_blocks=blocks * 4, max_running_requests=6)
+        res = Engine(cfg, frame(lists).assign(n=1), check_invariants=True).run()
+        assert set(res.requests.status) <= {"finished", "rejected"}
+        assert (res.steps[MEM].sum(axis=1) == blocks * 4).all(), "the five categories sum to capacity"
+        assert (res.steps[MEM] >= 0).all().all()
+        return
     else:
         knobs = {"address_space": address} if contiguous else {"victim": victim, "swap_space_gib": 1.0}
         if scheduler and not contiguous:
@@ -188,6 +195,10 @@ def test_no_preset_and_no_knob_its_parts_read_is_refused(preset):
     elif PRESETS[preset].get("allocator") == "v1":
         cfg = build_config(preset, long_prefill_token_threshold=64, prefix_caching=False, scheduler="v1-priority")
         assert cfg.scheduler.long_prefill_token_threshold == 64 and not cfg.policy_config.prefix_caching
+    elif PRESETS[preset].get("allocator") == "radix":
+        cfg = build_config(preset, schedule_policy="lpm", page_size=16, chunked_prefill_size=-1,
+                           max_running_requests=8, init_new_token_ratio=0.5)
+        assert (cfg.cache.block_size, cfg.policy_config.schedule_policy) == (16, "lpm")
     else:
         cfg = build_config(preset, watermark=0.0, watermark_blocks=2, free_order="fifo", victim="largest",
                            preemption="swap")
