@@ -7,7 +7,7 @@ D=${1:?usage: reference_runs.sh DIR}
 T=$(dirname "$0")/../../shared/traces
 conv=$T/azure_llm_2023/AzureLLMInferenceTrace_conv.csv
 code=$T/azure_llm_2023/AzureLLMInferenceTrace_code.csv
-q="--quiet --no-report"
+q="--quiet --no-report --cost-profile $(dirname "$0")/roofline_defaults.json"  # the built-in roofline
 blocksim replay $conv --out $D/vllm $q
 blocksim replay $conv --out $D/chunked --policy vllm-chunked $q
 blocksim replay $T/mooncake/synthetic_trace.jsonl --out $D/prefix --policy vllm-prefix $q --clip-to-model

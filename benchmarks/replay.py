@@ -3,6 +3,7 @@
     python benchmarks/replay.py [TRACE] [--model M --gpu G --block-size B --repeat N --no-spans]
                                 [--cost-model auto|roofline|profiled --cost-profile FILE]
 
+Steps are priced by the roofline with its built-in constants unless ``--cost-profile`` says otherwise.
 Prints wall seconds and the process's CPU seconds (medians of the repeats; on a shared machine CPU
 seconds vary less) and simulated tokens (prompt + output) per wall second.
 The trace defaults to ../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv beside the
@@ -21,6 +22,7 @@ from blocksim.engine import Engine
 from blocksim.experiments.runner import build_config
 from blocksim.policies import make_cost_model
 
+ROOFLINE_DEFAULTS = Path(__file__).resolve().parent / "roofline_defaults.json"
 FULL = Path(__file__).resolve().parents[2] / "shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
 
 
@@ -34,7 +36,10 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no-spans", action="store_true", help="step one by one (the exact reference)")
     p.add_argument("--cost-model", default=None, help="auto (default), roofline or profiled")
-    p.add_argument("--cost-profile", default=None, metavar="FILE", help="a profile or roofline parameters")
+    p.add_argument("--cost-profile", default=str(ROOFLINE_DEFAULTS), metavar="FILE",
+                   help="a profile or roofline parameters (default: the roofline's built-in constants, "
+                        "benchmarks/roofline_defaults.json, so the measured work does not change when a "
+                        "profile ships; 'shipped' for the run's default cost model)")
     a = p.parse_args()
     t0 = time.perf_counter()
     tr = traces.read_trace(a.trace)
@@ -43,7 +48,8 @@ def main() -> None:
     walls, cpus, res = [], [], None
     for _ in range(a.repeat):
         t, c = time.perf_counter(), time.process_time()
-        res = Engine(cfg, tr, make_cost_model(cfg, a.cost_profile), spans=not a.no_spans).run()
+        profile = None if a.cost_profile == "shipped" else a.cost_profile
+        res = Engine(cfg, tr, make_cost_model(cfg, profile), spans=not a.no_spans).run()
         walls.append(time.perf_counter() - t)
         cpus.append(time.process_time() - c)
     s = res.summary

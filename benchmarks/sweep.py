@@ -7,7 +7,8 @@ max_num_seqs (4) = 1,000 points, each replaying the trace's first ``--max-reques
 Prints points per second for the fresh sweep (simulation, run directories, sweep.parquet; no
 report), the share of worker time spent in the engine's step loop (the runs' ``wall_s``; the rest
 is building and writing records, reading them back for metrics, and scheduling), and the time of a
-rerun that finds every point complete.
+rerun that finds every point complete. Steps are priced by the roofline with its built-in constants
+(`roofline_defaults.json`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import os
 import tempfile
 import time
+from pathlib import Path
 
 from analysis.sweep_report import write_sweep_report
 from blocksim.experiments.spec import parse_spec
@@ -38,7 +40,8 @@ def main() -> None:
     p.add_argument("--report", action="store_true", help="also time the report")
     a = p.parse_args()
     spec = parse_spec({"name": "benchmark", "trace": ["bundled:azure-conv", "bundled:azure-code"],
-                       "base": {"max_requests": a.max_requests}, "axes": GRID, "slo": "ttft=2s,tpot=100ms"})
+                       "base": {"max_requests": a.max_requests,
+                                "cost_profile": str(Path(__file__).resolve().parent / "roofline_defaults.json")}, "axes": GRID, "slo": "ttft=2s,tpot=100ms"})
     points = len(spec.points())
     with tempfile.TemporaryDirectory() as tmp:
         out = a.out or os.path.join(tmp, "sweep")
