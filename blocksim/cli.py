@@ -6,13 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
-import traces
 from analysis.cli import add_analysis_commands
 from blocksim import options, plugins
 from blocksim.catalog import Catalog, read_mapping
 from blocksim.config import ConfigError
 from blocksim.engine import EngineError
-from blocksim.experiments.runner import build_config, replay
+from blocksim.experiments.runner import build_config, rejection_warning, replay
 from blocksim.experiments.compare import add_compare_command
 from blocksim.experiments.sweep import add_sweep_command
 from blocksim.policies import PRESETS, policy_config
@@ -110,6 +109,9 @@ def settings_from_args(args: argparse.Namespace) -> tuple[str, dict]:
 
 def _run_and_report(trace, args, out: Path, *, progress: bool) -> int:
     policy, options = settings_from_args(args)
+    warning = rejection_warning(trace, policy, options)
+    if warning:
+        print(f"blocksim: {warning}", file=sys.stderr)
     summary = replay(trace, out, policy=policy, overrides=options, progress=progress,
                      record_plan=getattr(args, "record_plan", False))
     print(f"\nblocksim: {summary['config']['model']['name']} on {summary['config']['gpu']['name']}, "
@@ -132,11 +134,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    path = traces.bundled("azure-conv")
-    print(f"blocksim demo: replaying {path.name} (Azure LLM inference 2023, conversation; CC BY 4.0)")
-    trace = traces.read_trace(path)
-    args.clip_to_model = None if args.no_clip else True
-    return _run_and_report(trace, args, Path(args.out), progress=not args.quiet)
+    from blocksim.experiments.demo import run_demo
+
+    summary = run_demo(args.out, workers=args.workers, progress=not args.quiet, report=not args.no_report)
+    return 1 if (summary["status"] != "ok").any() else 0
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
@@ -184,14 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_trace_read_options(r)
     r.set_defaults(func=cmd_replay)
 
-    d = sub.add_parser("demo", help="replay the bundled Azure conversation trace slice and write a report")
+    d = sub.add_parser("demo", help="compare KV-cache policies on a bundled trace slice where memory is the "
+                                    "bottleneck, print the findings and write a report")
     d.add_argument("--out", default="blocksim-demo", metavar="DIR", help="default ./blocksim-demo")
-    add_option(d, "policy", help=f"preset (default {options.DEFAULT_POLICY})")
+    d.add_argument("--workers", type=int, default=None, help="parallel runs (default: local cores)")
     d.add_argument("--no-report", action="store_true")
-    d.add_argument("--no-clip", action="store_true",
-                   help="reject requests longer than the model instead of clipping them")
-    d.add_argument("--quiet", action="store_true")
-    add_config_options(d)
+    d.add_argument("--quiet", action="store_true", help="no progress bar")
     d.set_defaults(func=cmd_demo)
 
     c = sub.add_parser("catalog", help="list built-in and user models and GPUs")

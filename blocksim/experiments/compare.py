@@ -25,6 +25,7 @@ import yaml
 
 import traces
 from analysis.cli import slo_type
+from analysis.headline import RUN_KEYS, headline_frame, text_table
 from analysis.slo import format_slo
 from analysis.table import parquet_safe
 from blocksim.experiments.backends import BACKENDS, GridSource, Job, run_jobs
@@ -67,6 +68,7 @@ def compare(
     report: bool = True,
     backend: str = "local",
     address: str | None = None,
+    reference_rate_scale: float | None = None,
     **common,
 ) -> pd.DataFrame:
     """Run every (policy, rate scale) on ``trace`` and return the combined summary.
@@ -77,8 +79,10 @@ def compare(
     ``backend="ray"`` runs on Ray (``address``: a cluster to join). ``runner`` replaces the
     simulator (same signature as ``blocksim.experiments.runner.replay``; it receives the trace
     already read and cut to ``max_requests``); without one, every policy and option is checked
-    before any run starts. Writes ``summary.parquet``, ``compare.json`` and (with
-    ``report=True``) the report.
+    before any run starts, and a warning is printed when more than 1% of the requests will be
+    rejected as too long. ``reference_rate_scale`` (one of ``rate_scales``; default: the one
+    closest to 1) is the rate whose runs the report's time series show. Writes
+    ``summary.parquet``, ``compare.json`` and (with ``report=True``) the report.
     """
     policies = list(dict.fromkeys(policies))
     rate_scales = list(dict.fromkeys(float(r) for r in rate_scales))
@@ -90,6 +94,8 @@ def compare(
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    if reference_rate_scale is not None and float(reference_rate_scale) not in rate_scales:
+        raise ValueError(f"reference rate scale {reference_rate_scale} is not one of the rate scales {rate_scales}")
     is_path = isinstance(trace, (str, Path))
     if is_path and not Path(trace).exists():
         raise FileNotFoundError(f"trace {trace} not found")
@@ -99,6 +105,13 @@ def compare(
     if runner is None:  # the simulator: refuse a bad policy or option before any run starts
         validate_points(points)
     loaded = traces.read_trace(trace) if is_path else trace
+    if runner is None:
+        from blocksim.experiments.runner import rejection_warning  # the simulator: loaded when a comparison runs
+
+        warnings = {rejection_warning(loaded, p, overrides, clip_hint="--set clip_to_model=true")
+                    for p in policies}
+        for line in sorted(w for w in warnings if w):
+            print(f"blocksim compare: {line}", file=sys.stderr)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     slo = slo or {}
@@ -121,6 +134,8 @@ def compare(
     setup = {"trace": str(trace) if is_path else label, "policies": policies, "rate_scales": rate_scales,
              "slo": format_slo(slo), "overrides": overrides, "backend": backend, "workers": workers,
              "address": address}
+    if reference_rate_scale is not None:
+        setup["reference_rate_scale"] = float(reference_rate_scale)
     (out_dir / COMPARE_SETUP).write_text(json.dumps(setup, indent=2, default=str))
     if report:
         write_report(out_dir)
@@ -158,9 +173,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"blocksim compare: {exc}", file=sys.stderr)
         return 2
-    cols = [c for c in ("policy", "rate_scale", "status", "requests_per_s", "norm_latency_mean_s",
-                        "goodput_requests_per_s", "token_states_frac", "error") if c in summary.columns]
-    print(summary[cols].to_string(index=False))
+    print(text_table(headline_frame(summary, RUN_KEYS)))
+    for row in summary[summary["status"] != "ok"].itertuples():
+        print(f"  {row.policy} x{row.rate_scale:g} failed: {row.error}")
+    if "rejected" in summary and summary["rejected"].fillna(0).gt(0).any():
+        worst = summary.loc[summary["rejected"].fillna(0).idxmax()]
+        print(f"rejected requests: up to {int(worst['rejected']):,} of {int(worst['requests']):,} per run "
+              f"(the requests table of each run directory holds the reasons)")
     reused = int((summary["attempts"] == 0).sum())
     if reused:
         print(f"{reused} of {len(summary)} runs reused from an earlier compare into {args.out}")

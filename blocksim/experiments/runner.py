@@ -52,7 +52,54 @@ def build_config(policy: str = DEFAULT_POLICY, **options: Any) -> SimConfig:
 
 def check_options(policy: str, overrides: dict[str, Any]) -> SimConfig:
     """Validate a policy and replay options as `replay` would, without running anything."""
+    unknown = set(overrides) - set(DEFAULTS) - set(RUN_OPTIONS)
+    if unknown:
+        raise ConfigError(f"unknown option(s) {sorted(unknown)}; known: {sorted({*DEFAULTS, *RUN_OPTIONS})}")
     return build_config(policy, **{k: v for k, v in overrides.items() if k not in RUN_OPTIONS})
+
+
+#: Share of a trace's requests above which `rejection_warning` speaks.
+REJECTION_WARNING_SHARE = 0.01
+
+
+def rejected_on_arrival(trace, config: SimConfig) -> tuple[int, int]:
+    """How many of `trace`'s requests the scheduler will reject as never schedulable, by its own
+    `NEVER` rules: (prompt + output longer than the model's max_model_len, prompt over the step's
+    token budget without chunked prefill). A request counts once, under the first rule it breaks."""
+    df = trace.df
+    too_long = (df["prompt_tokens"] + df["output_tokens"]) > config.model.max_model_len
+    over_budget = too_long & False
+    if not config.policy_config.chunked_prefill:
+        limit = min(config.model.max_model_len, config.scheduler.max_num_batched_tokens)
+        over_budget = ~too_long & (df["prompt_tokens"] > limit)
+    return int(too_long.sum()), int(over_budget.sum())
+
+
+def rejection_warning(trace, policy: str = DEFAULT_POLICY, overrides: dict[str, Any] | None = None,
+                      clip_hint: str = "--clip-to-model", model_hint: str = "--model") -> str | None:
+    """A one-line warning when more than 1% of `trace`'s requests will be rejected under these
+    options, naming the fixes (`clip_hint` and `model_hint` spell the options where it is read);
+    None otherwise, and always with `clip_to_model` set."""
+    overrides = dict(overrides or {})
+    if overrides.get("clip_to_model") or len(trace) == 0:
+        return None
+    config = check_options(policy, overrides)
+    if overrides.get("max_requests"):
+        trace = traces.head(trace, overrides["max_requests"])
+    too_long, over_budget = rejected_on_arrival(trace, config)
+    rejected = too_long + over_budget
+    if rejected <= REJECTION_WARNING_SHARE * len(trace):
+        return None
+    model = config.model
+    why = []
+    if too_long:
+        why.append(f"{too_long:,} longer than {model.name}'s {model.max_model_len:,}-token context")
+    if over_budget:
+        why.append(f"{over_budget:,} with prompts over the step budget of "
+                   f"{config.scheduler.max_num_batched_tokens:,} tokens (raise --max-num-batched-tokens)")
+    fixes = f"; {clip_hint} clips them to fit, or a longer-context model ({model_hint}) serves them" if too_long else ""
+    return (f"warning: {rejected:,} of {len(trace):,} requests ({rejected / len(trace):.1%}) will be rejected: "
+            f"{', '.join(why)}{fixes}")
 
 
 def load_trace(trace, *, rate_scale: float = 1.0, max_requests: int | None = None,

@@ -59,6 +59,22 @@ def load_traces(spec: SweepSpec) -> dict:
     return {ref.label: traces.read_trace(ref.path()) for ref in spec.traces}
 
 
+def rejection_warnings(points: list[Point], loaded: dict) -> list[str]:
+    """The distinct rejection warnings of the points (`runner.rejection_warning`), each naming its
+    trace, for the start of a sweep."""
+    # the runner imports the whole simulator: loaded when a sweep runs, not when the CLI starts
+    from blocksim.experiments.runner import rejection_warning
+
+    seen: dict[str, None] = {}
+    for p in points:
+        overrides = {**p.overrides(), "max_requests": p.max_requests}
+        line = rejection_warning(loaded[p.trace], p.policy, overrides, clip_hint="clip_to_model: true in 'base'",
+                                   model_hint="'model:'")
+        if line:
+            seen.setdefault(f"trace {p.trace}: {line}")
+    return list(seen)
+
+
 def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, backend: str = "local",
               workers: int | None = None, address: str | None = None, slo: str | None = None,
               find: str | None = None, goodput_threshold: float = 0.9, bisect_steps: int = 6,
@@ -95,6 +111,9 @@ def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, backend: str
             raise SpecError(f"bisect steps must be >= 0, got {bisect_steps}")
     validate_points(points)
     loaded = load_traces(spec)
+    if runner is None:
+        for line in rejection_warnings(points, loaded):
+            print(f"blocksim sweep: {line}", file=sys.stderr)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     setup = {**spec.to_dict(), "slo": slo_text, "backend": backend, "workers": workers, "address": address,
@@ -156,6 +175,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     failed = df[df["status"] != "ok"]
     reused = int((df["attempts"] == 0).sum())
     print(f"{len(df)} runs: {len(df) - len(failed)} ok ({reused} reused), {len(failed)} failed")
+    rejecting = df[df["rejected"].fillna(0) > 0] if "rejected" in df else df.iloc[:0]
+    if len(rejecting):
+        worst = rejecting.loc[rejecting["rejected"].idxmax()]
+        print(f"{len(rejecting)} runs rejected requests, up to {int(worst['rejected']):,} of "
+              f"{int(worst['requests']):,} ({worst['name']})")
     if "max_rate" in df.attrs:
         mr = df.attrs["max_rate"]
         cols = [c for c in mr.columns if c not in ("error", "max_rate_run_dir", "requests_per_s")]
