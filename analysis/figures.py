@@ -77,13 +77,33 @@ def _figure(nrows: int = 1, ncols: int = 1, width: float = 9.0, row_height: floa
     return fig, axes
 
 
+def legend_below(fig: Figure, handles: list, labels: list[str]):
+    """A figure legend under the axes, in as many columns as fit the figure's width (one row if
+    they all fit), so no entry is cut off at the figure's edges."""
+    for ncols in range(len(handles), 0, -1):
+        legend = fig.legend(handles, labels, loc="outside lower center", ncols=ncols)
+        fig.draw_without_rendering()
+        box = legend.get_window_extent()
+        if ncols == 1 or (box.x0 >= 0 and box.x1 <= fig.bbox.width):
+            return legend
+        legend.remove()
+    return None
+
+
+def _category_patches(categories) -> list[Patch]:
+    return [Patch(facecolor=CATEGORY_STYLE[c][0], hatch=CATEGORY_STYLE[c][1], edgecolor="#333333",
+                  label=CATEGORY_STYLE[c][2]) for c in categories]
+
+
 def _category_legend(fig: Figure, categories=MEMORY_CATEGORIES) -> None:
-    handles = [
-        Patch(facecolor=CATEGORY_STYLE[c][0], hatch=CATEGORY_STYLE[c][1], edgecolor="#333333",
-              label=CATEGORY_STYLE[c][2])
-        for c in categories
-    ]
-    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles))
+    handles = _category_patches(categories)
+    legend_below(fig, handles, [h.get_label() for h in handles])
+
+
+def _category_legend_right(fig: Figure, categories=MEMORY_CATEGORIES) -> None:
+    """The categories beside the axes, top of the stack first, as the bars read."""
+    handles = _category_patches(categories)[::-1]
+    fig.legend(handles=handles, loc="outside right upper", ncols=1)
 
 
 def _stack(ax, x: np.ndarray, layers: dict[str, np.ndarray]) -> None:
@@ -117,8 +137,8 @@ def memory_bars(fracs: pd.DataFrame, label_col: str, facet_col: str | None = Non
     most_bars = max(len(fracs) if f is None else int((fracs[facet_col] == f).sum()) for f in facets)
     ncols = min(len(facets), 2)
     nrows = math.ceil(len(facets) / ncols)
-    fig, axes = _figure(nrows, ncols, width=max(5.0, ncols * (1.4 + 1.2 * most_bars)),
-                        row_height=4.2, sharey=True)
+    fig, axes = _figure(nrows, ncols, width=2.4 + max(3.0, ncols * (1.4 + 1.0 * most_bars)),
+                        row_height=3.8, sharey=True)
     for ax in axes.flat[len(facets):]:
         ax.set_visible(False)
     for ax, facet in zip(axes.flat, facets):
@@ -140,7 +160,7 @@ def memory_bars(fracs: pd.DataFrame, label_col: str, facet_col: str | None = Non
         ax.set(ylim=(0, 100), ylabel="KV capacity, time-averaged (%)", xlabel=label_col)
         if facet is not None:
             ax.set_title(f"{facet_col} = {facet}")
-    _category_legend(fig)
+    _category_legend_right(fig)
     return fig
 
 
@@ -191,7 +211,7 @@ def latency_cdfs(requests: dict[str, pd.DataFrame]) -> Figure:
         ax.set(xlabel=xlabel, ylabel="requests (cumulative %)", ylim=(0, 101))
     handles, labels = axes[0, 0].get_legend_handles_labels()
     if handles:
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 6))
+        legend_below(fig, handles, labels)
     return fig
 
 

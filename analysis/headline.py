@@ -81,3 +81,27 @@ def text_table(frame: pd.DataFrame, indent: str = "  ") -> str:
 
     lines = [line(labels)] + ([line(units)] if any(units) else [])
     return "\n".join(lines + [line(row) for row in zip(*cells)])
+
+
+def comparison_findings(rows: pd.DataFrame) -> str:
+    """What a comparison at one rate shows, read off its rows (``run_row`` columns, one per policy):
+    the policies keeping the most and the least of their used KV memory for token states, and
+    what that did to the batch, the queue, TTFT and throughput. Empty with fewer than two rows."""
+    rows = rows.dropna(subset=["token_states_of_used_frac"])
+    if len(rows) < 2:
+        return ""
+    rows = rows.sort_values("token_states_of_used_frac", ascending=False, kind="stable")
+    best, worst = rows.iloc[0], rows.iloc[-1]
+    text = (f"{best['policy']} keeps {best['token_states_of_used_frac']:.0%} of the KV memory it uses for token "
+            f"states, {worst['policy']} {worst['token_states_of_used_frac']:.0%}: the rest is reserved for "
+            "tokens not generated yet or lost to fragmentation.")
+    if worst["token_states_of_used_frac"] > 0.9 * best["token_states_of_used_frac"]:
+        return text.replace(": the rest", "; the rest")
+    if "running_mean" in rows and worst["running_mean"] < best["running_mean"]:
+        text += (f" So {worst['policy']} runs {worst['running_mean']:.1f} requests at a time on average against "
+                 f"{best['running_mean']:.1f}, {worst['waiting_mean']:.1f} wait against {best['waiting_mean']:.1f},")
+    else:
+        text += f" For {worst['policy']}, against {best['policy']}:"
+    text += (f" TTFT p99 is {worst['ttft_p99_s']:.1f} s against {best['ttft_p99_s']:.1f} s and throughput "
+             f"{worst['requests_per_s']:.2f} against {best['requests_per_s']:.2f} req/s.")
+    return text

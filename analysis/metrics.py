@@ -22,7 +22,7 @@ from blocksim.records.schema import MEMORY_CATEGORIES, MEMORY_COLUMNS
 __all__ = [
     "LATENCY_METRICS", "PERCENTILES", "REQUEST_METRIC_COLUMNS", "goodput_metrics", "memory_fractions",
     "memory_means", "memory_timeseries", "offered_rate", "prefix_hit_rate", "request_metrics", "run_metrics",
-    "slo_met", "time_binned", "time_weights", "token_states_of_used",
+    "queue_means", "slo_met", "time_binned", "time_weights", "token_states_of_used",
 ]
 
 REQUEST_METRIC_COLUMNS = (
@@ -62,6 +62,16 @@ def token_states_of_used(fractions: dict[str, float]) -> float:
     return fractions["token_states_frac"] / used if used > 0 else math.nan
 
 
+def queue_means(run: Run) -> dict[str, float]:
+    """Time-weighted mean request groups running (the batch) and waiting: ``running_mean``,
+    ``waiting_mean`` (NaN without steps)."""
+    steps = run.steps
+    w = time_weights(steps)
+    if len(steps) == 0 or not w.sum() > 0:
+        return {"running_mean": math.nan, "waiting_mean": math.nan}
+    return {f"{c}_mean": float(np.average(steps[c].to_numpy(dtype=float), weights=w)) for c in ("running", "waiting")}
+
+
 def prefix_hit_rate(summary: dict) -> float | None:
     """Prefix-cache hits per query, or None when the run has no prefix cache counters."""
     hits, queries = summary.get("prefix_cache_hits"), summary.get("prefix_cache_queries")
@@ -96,6 +106,7 @@ def run_metrics(run: Run, slo: dict[str, float] | None = None) -> dict[str, floa
     fractions = memory_fractions(run)
     m.update(fractions)
     m["token_states_of_used_frac"] = token_states_of_used(fractions)
+    m.update(queue_means(run))
     return m
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 import traces
-from analysis.headline import RUN_KEYS, headline_frame, text_table
+from analysis.headline import RUN_KEYS, comparison_findings, headline_frame, text_table
 
 TRACE = "azure-conv"
 MODEL = "llama-2-7b"
@@ -61,38 +61,6 @@ def _setup_lines(trace: traces.Trace, clipped: int, max_len: int) -> list[str]:
     return lines
 
 
-def mean_batch_and_queue(run_dir: Path) -> tuple[float, float]:
-    """Time-weighted mean running and waiting request groups of one run."""
-    from analysis.metrics import time_binned
-    from analysis.rundir import load_run
-
-    steps = load_run(run_dir).steps
-    means = time_binned(steps, ["running", "waiting"], bins=1)
-    return float(means["running"].iloc[0]), float(means["waiting"].iloc[0])
-
-
-def findings(summary: pd.DataFrame, out_dir: Path) -> str:
-    """A paragraph read off the headline-rate rows: the policies with the most and the least of
-    the used KV memory holding token states, and what that did to the batch, the queue, TTFT and
-    throughput."""
-    rows = summary[(summary["rate_scale"] == HEADLINE_RATE) & (summary["status"] == "ok")]
-    if len(rows) < 2:
-        return ""
-    rows = rows.sort_values("token_states_of_used_frac", ascending=False)
-    best, worst = rows.iloc[0], rows.iloc[-1]
-    (best_batch, best_wait), (worst_batch, worst_wait) = (
-        mean_batch_and_queue(out_dir / r["run_dir"]) for r in (best, worst))
-    text = (
-        f"{best['policy']} keeps {best['token_states_of_used_frac']:.0%} of the KV memory it uses for token "
-        f"states, {worst['policy']} {worst['token_states_of_used_frac']:.0%}: the rest is reserved for tokens "
-        f"not generated yet or lost to fragmentation. So {worst['policy']} runs {worst_batch:.1f} requests at a "
-        f"time on average against {best_batch:.1f}, {worst_wait:.0f} wait against {best_wait:.1f}, TTFT p99 is "
-        f"{worst['ttft_p99_s']:.1f} s against {best['ttft_p99_s']:.1f} s and throughput "
-        f"{worst['requests_per_s']:.2f} against {best['requests_per_s']:.2f} req/s."
-    )
-    return textwrap.fill(text, width=100)
-
-
 def ttft_by_rate(summary: pd.DataFrame) -> pd.DataFrame:
     """TTFT p99 (s, formatted) per policy (rows) and rate scale (columns)."""
     ok = summary[summary["status"] == "ok"]
@@ -115,7 +83,8 @@ def run_demo(out_dir: str | Path = "blocksim-demo", *, workers: int | None = Non
                       "gpu": GPU}, progress=progress, report=report, reference_rate_scale=HEADLINE_RATE)
     print(f"\nat {HEADLINE_RATE:g}x the trace's rate:")
     print(text_table(headline_frame(summary[summary["rate_scale"] == HEADLINE_RATE], RUN_KEYS[:1])))
-    print("\n" + findings(summary, Path(out_dir)))
+    at = summary[(summary["rate_scale"] == HEADLINE_RATE) & (summary["status"] == "ok")]
+    print("\n" + textwrap.fill(comparison_findings(at), width=100))
     print("\nTTFT p99 as the rate grows:")
     print(text_table(ttft_by_rate(summary)))
     failed = summary[summary["status"] != "ok"]

@@ -78,7 +78,7 @@ def test_a_failed_run_is_reported_and_the_others_complete(tmp_path, trace_file):
     assert "out of KV blocks" in (out / "broken_x2" / "error.txt").read_text(), "traceback kept"
     assert df.loc[df["status"] == "ok", "goodput_requests"].tolist() == [2, 2, 2]
     md = (out / "report.md").read_text()
-    assert "3 of 4 runs ok." in md and "Failed runs: broken x2." in md
+    assert "3 of 4 runs ok." in md and "Failed runs: broken x2 " in md
 
 
 def test_a_run_without_its_files_is_failed(tmp_path, trace_file):
