@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import logging
+import os
 import sys
+import traceback
+import warnings
 from pathlib import Path
 
 from analysis.cli import add_analysis_commands
@@ -11,6 +16,7 @@ from blocksim import options, plugins
 from blocksim.catalog import Catalog, read_mapping
 from blocksim.config import ConfigError
 from blocksim.engine import EngineError
+from blocksim.experiments.rundir import check_out_dir
 from blocksim.experiments.runner import build_config, rejection_warning, replay
 from blocksim.experiments.compare import add_compare_command
 from blocksim.experiments.sweep import add_sweep_command
@@ -113,7 +119,8 @@ def _run_and_report(trace, args, out: Path, *, progress: bool) -> int:
     if warning:
         print(f"blocksim: {warning}", file=sys.stderr)
     summary = replay(trace, out, policy=policy, overrides=options, progress=progress,
-                     record_plan=getattr(args, "record_plan", False))
+                     record_plan=getattr(args, "record_plan", False), write_report=not args.no_report,
+                     overwrite=getattr(args, "overwrite", False))
     print(f"\nblocksim: {summary['config']['model']['name']} on {summary['config']['gpu']['name']}, "
           f"policy {summary['config']['policy']}, block size {summary['block_size']}")
     print(format_summary(summary))
@@ -121,14 +128,13 @@ def _run_and_report(trace, args, out: Path, *, progress: bool) -> int:
     for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1])[:3]:
         print(f"  rejected x{count}: {reason}")
     if not args.no_report:
-        from analysis import write_report  # loads matplotlib: only when a report is drawn
-        html, md = write_report(out)
-        print(f"\nreport: {html}\n        {md}")
+        print(f"\nreport: {out / 'report.html'}\n        {out / 'report.md'}")
     print(f"run directory: {out}")
     return 0
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    check_out_dir(args.out, args.overwrite)
     trace = read_trace_from_args(args.trace, args)
     return _run_and_report(trace, args, Path(args.out), progress=not args.quiet)
 
@@ -168,18 +174,38 @@ def cmd_policies(args: argparse.Namespace) -> int:
     return 0
 
 
+class Parser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one line: the command, the problem, where to look."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}; see `{self.prog} --help`\n")
+
+
+def add_verbose_option(p: argparse.ArgumentParser, top: bool = False) -> None:
+    """-v / --verbose: log what is read and written (-v), and tracebacks of handled errors (-vv)."""
+    p.add_argument("-v", "--verbose", action="count", default=0 if top else argparse.SUPPRESS,
+                   help="say more on stderr: -v logs what is read and written, -vv adds tracebacks of "
+                        "handled errors (default: warnings and errors only)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="blocksim", description="KV-cache memory management simulator for LLM serving")
+    p = Parser(prog="blocksim", description="KV-cache memory management simulator for LLM serving")
+    p.add_argument("--version", action="version", version=f"blocksim {version()}")
+    add_verbose_option(p, top=True)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     r = sub.add_parser("replay", help="replay a trace through the simulated engine")
     r.add_argument("trace", help="trace file (Azure, BurstGPT, Mooncake, generic CSV/JSONL/Parquet)")
-    r.add_argument("--out", required=True, metavar="DIR")
+    r.add_argument("--out", required=True, metavar="DIR",
+                   help="run directory to write (summary.json, requests/steps tables, report); built aside and "
+                        "renamed into place when complete")
+    r.add_argument("--overwrite", action="store_true",
+                   help="replace an existing non-empty --out whole (default: refuse it)")
     add_option(r, "policy")
     r.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
     r.add_argument("--record-plan", action="store_true",
                    help="write the execution plan (plan/) for `blocksim validate`; steps one by one")
-    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--quiet", action="store_true", help="no progress bar (drawn only when stderr is a terminal)")
     add_option_group(r, "run")
     add_config_options(r)
     add_trace_read_options(r)
@@ -189,14 +215,16 @@ def build_parser() -> argparse.ArgumentParser:
                                     "bottleneck, print the findings and write a report")
     d.add_argument("--out", default="blocksim-demo", metavar="DIR", help="default ./blocksim-demo")
     d.add_argument("--workers", type=int, default=None, help="parallel runs (default: local cores)")
-    d.add_argument("--no-report", action="store_true")
-    d.add_argument("--quiet", action="store_true", help="no progress bar")
+    d.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
+    d.add_argument("--quiet", action="store_true", help="no progress bar (drawn only when stderr is a terminal)")
     d.set_defaults(func=cmd_demo)
 
     c = sub.add_parser("catalog", help="list built-in and user models and GPUs")
-    c.add_argument("--catalog", action="append", default=[], metavar="FILE")
-    c.add_argument("--model", default=None, help="also print this model's block counts")
-    c.add_argument("--gpu", default=options.DEFAULT_GPU)
+    c.add_argument("--catalog", action="append", default=[], metavar="FILE",
+                   help="YAML/TOML file adding models and GPUs; repeatable")
+    c.add_argument("--model", default=None, help="also print this model's block counts on --gpu")
+    c.add_argument("--gpu", default=options.DEFAULT_GPU,
+                   help=f"GPU for --model's block counts (default {options.DEFAULT_GPU})")
     c.set_defaults(func=cmd_catalog)
 
     pol = sub.add_parser("policies", help="list policy presets and the registered plug-ins")
@@ -207,19 +235,74 @@ def build_parser() -> argparse.ArgumentParser:
     add_compare_command(sub)
     add_sweep_command(sub)
     add_validate_command(sub)  # validation imports torch only when a validation runs
+    for command in sub.choices.values():
+        add_verbose_option(command)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def version() -> str:
     try:
-        return args.func(args) or 0
+        return importlib.metadata.version("blocksim")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed; run `pip install -e .`)"
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    text = " ".join(str(message).split())
+    print(f"blocksim: warning: {text}", file=sys.stderr if file is None else file)
+
+
+def _setup_logging(verbosity: int) -> None:
+    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="blocksim: %(levelname)s: %(message)s", stream=sys.stderr, force=True)
+
+
+def _fail(message: str, exc: BaseException, verbosity: int) -> int:
+    """Print `message` as one line (the traceback too with -vv) and return exit status 2."""
+    if verbosity >= 2:
+        traceback.print_exception(exc)
+    print(f"blocksim: {' '.join(str(message).split())}", file=sys.stderr)
+    return 2
+
+
+def _quiet_broken_pipe() -> int:
+    """stdout's reader went away (`blocksim ... | head`): stop quietly, as command-line tools do."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 141  # 128 + SIGPIPE, the status of a tool killed by a broken pipe
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `blocksim` command. Exit status: 0 done, 1 some runs failed, 2 bad input (one line on
+    stderr naming the file, field or option and the fix), 130 interrupted (Ctrl-C), 141 broken pipe."""
+    verbosity = 0
+    try:
+        args = build_parser().parse_args(argv)
+        verbosity = getattr(args, "verbose", 0) or 0
+        _setup_logging(verbosity)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning
+            return args.func(args) or 0
+    except KeyboardInterrupt:
+        print("blocksim: interrupted; nothing half-written is left and earlier output is unchanged",
+              file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    except plugins.PluginError as e:
+        return _fail(f"plugin error: {e}", e, verbosity)
     except ConfigError as e:
-        print(f"blocksim: configuration error: {e}", file=sys.stderr)
-        return 2
+        return _fail(f"configuration error: {e}", e, verbosity)
     except (TraceError, FileNotFoundError, EngineError) as e:  # errors that carry a user-facing message
-        print(f"blocksim: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e), e, verbosity)
+    except Exception as e:
+        which = plugins.blame(e)
+        if which is None:
+            raise
+        return _fail(f"plugin error: {which}", e, verbosity)
 
 
 if __name__ == "__main__":

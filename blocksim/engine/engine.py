@@ -274,7 +274,8 @@ class Engine:
             return None
         from tqdm.auto import tqdm
         total = float(self._arrivals[-1]) if len(self._arrivals) else 0.0
-        return tqdm(total=math.ceil(total), unit="sim-s", desc="replay", dynamic_ncols=True, mininterval=0.5)
+        return tqdm(total=math.ceil(total), unit="sim-s", desc="replay", dynamic_ncols=True, mininterval=0.5,
+                    disable=None)  # None: drawn only when stderr is a terminal
 
     # --- run -----------------------------------------------------------------------------------
     def run(self) -> "RunResult":

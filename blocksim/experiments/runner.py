@@ -13,6 +13,7 @@ from blocksim.catalog import Catalog
 from blocksim.config import CacheConfig, ConfigError, SchedulerConfig, SimConfig
 from blocksim.cost import CostParams
 from blocksim.engine import Engine
+from blocksim.experiments.rundir import check_out_dir, staged
 from blocksim.options import CHUNKED_BUDGET_TOKENS, DEFAULT_POLICY, DEFAULTS, POLICY_KEYS, RUN_DEFAULTS, RUN_OPTIONS
 from blocksim.policies import make_cost_model, policy_config, refuse_ignored_knobs
 from blocksim.records.result import RunResult
@@ -131,8 +132,13 @@ def simulate(trace, config: SimConfig, *, cost_profile: str | None = None, progr
 
 def replay(trace, out_dir: str | Path, *, policy: str = DEFAULT_POLICY, rate_scale: float | None = None,
            overrides: dict[str, Any] | None = None, progress: bool = False, write_report: bool = False,
-           max_requests: int | None = None, record_plan: bool = False, clip_to_model: bool | None = None) -> dict:
+           max_requests: int | None = None, record_plan: bool = False, clip_to_model: bool | None = None,
+           overwrite: bool = False) -> dict:
     """Run one replay into `out_dir` and return its summary (the content of summary.json).
+
+    The run directory is built in a temporary sibling and renamed to `out_dir` when complete
+    (`blocksim.experiments.rundir.staged`): an error or Ctrl-C leaves `out_dir` as it was. An
+    existing non-empty `out_dir` is refused (`ConfigError`) unless `overwrite`, which replaces it whole.
 
     The run options (`blocksim.options.RUN_OPTIONS`) come from `overrides` when present there, else
     from the keywords, else from their defaults (all requests, rate x1, no clipping).
@@ -148,14 +154,16 @@ def replay(trace, out_dir: str | Path, *, policy: str = DEFAULT_POLICY, rate_sca
     max_requests, rate_scale, clip_to_model = run["max_requests"], run["rate_scale"], run["clip_to_model"]
     cost_profile = options.get("cost_profile")
     config = build_config(policy, **options)
+    check_out_dir(out_dir, overwrite)
     tr = load_trace(trace, rate_scale=rate_scale, max_requests=max_requests,
                     clip_max_len=config.model.max_model_len if clip_to_model else None)
-    result = simulate(tr, config, cost_profile=cost_profile, progress=progress,
-                      plan_dir=out_dir if record_plan else None)
-    result.summary["rate_scale"] = rate_scale
-    result.summary["trace"] = str(trace) if isinstance(trace, (str, Path)) else getattr(trace, "name", "")
-    result.save(out_dir)
-    if write_report:
-        from analysis import write_report as _write  # loads matplotlib: only when a report is drawn
-        _write(out_dir)
+    with staged(out_dir, overwrite=overwrite) as tmp:
+        result = simulate(tr, config, cost_profile=cost_profile, progress=progress,
+                          plan_dir=tmp if record_plan else None)
+        result.summary["rate_scale"] = rate_scale
+        result.summary["trace"] = str(trace) if isinstance(trace, (str, Path)) else getattr(trace, "name", "")
+        result.save(tmp)
+        if write_report:
+            from analysis import write_report as _write  # loads matplotlib: only when a report is drawn
+            _write(tmp)
     return result.summary
