@@ -241,3 +241,24 @@ def test_a_run_option_the_point_does_not_apply_reaches_the_runner(tmp_path, trac
     compare(trace_file, ["vllm"], [1.0], tmp_path / "cmp", workers=1, runner=runner, report=False,
             clip_to_model=True, max_requests=10)
     assert seen == [{"clip_to_model": True}], "clip_to_model goes to replay; max_requests cuts the trace"
+
+
+def test_compare_warns_up_front_and_counts_rejections_in_its_table_and_report(tmp_path, capsys):
+    from blocksim.cli import main
+
+    out = tmp_path / "cmp"
+    code = main(["compare", str(traces.bundled("azure-conv")), "--policy", "vllm", "--policy", "orca-max",
+                 "--max-requests", "300", "--workers", "1", "--out", str(out), "--no-progress"])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("will be rejected") == 1, "one warning for both policies (same model)"
+    assert "--set clip_to_model=true clips them" in captured.err
+    header, units, *rows = captured.out.splitlines()[:4]
+    assert header.split()[-1] == "rejected" and all(r.split()[-1] == "12" for r in rows)
+    assert "rejected requests: up to 12 of 300 per run" in captured.out
+    md = (out / "report.md").read_text()
+    assert "Runs rejected requests too long for the model, up to 12 of 300" in md
+    clipped = main(["compare", str(traces.bundled("azure-conv")), "--policy", "vllm", "--max-requests", "300",
+                    "--workers", "1", "--set", "clip_to_model=true", "--out", str(tmp_path / "clip"),
+                    "--no-progress"])
+    assert clipped == 0 and "will be rejected" not in capsys.readouterr().err
