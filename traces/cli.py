@@ -28,6 +28,7 @@ from .shaping import (
 from .stats import describe
 from .synth import multi_turn_trace, shared_prefix_trace, synth_trace
 from .trace import Trace
+from .write import OUTPUT_FORMATS, output_format, write_trace
 
 
 def add_trace_read_options(parser: argparse.ArgumentParser) -> None:
@@ -90,18 +91,36 @@ def add_traces_command(subparsers) -> argparse.ArgumentParser:
     add_trace_read_options(info)
     info.set_defaults(func=run_info)
 
-    convert = commands.add_parser("convert", help="read any format, shape it, write canonical Parquet")
-    convert.add_argument("file")
-    convert.add_argument("out", metavar="OUT.parquet")
+    convert = commands.add_parser("convert", help="read any format, shape it, write it as Parquet, CSV or JSONL")
+    convert.add_argument("file", help="trace to read (Azure, BurstGPT, Mooncake, generic CSV/JSONL/Parquet)")
+    convert.add_argument("out", metavar="OUT", help="file to write, in the format its extension names "
+                                                   "(.parquet, .csv, .jsonl) or --to")
+    _add_output_option(convert)
     add_trace_read_options(convert)
     _add_shaping_options(convert)
     convert.set_defaults(func=run_convert)
 
-    synth = commands.add_parser("synth", help="write a synthetic workload as canonical Parquet")
-    synth.add_argument("out", metavar="OUT.parquet")
+    synth = commands.add_parser("synth", help="write a synthetic workload as Parquet, CSV or JSONL")
+    synth.add_argument("out", metavar="OUT", help="file to write, in the format its extension names "
+                                                 "(.parquet, .csv, .jsonl) or --to")
+    _add_output_option(synth)
     _add_synth_options(synth)
     synth.set_defaults(func=run_synth)
     return parser
+
+
+def _add_output_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--to", choices=OUTPUT_FORMATS, default=None,
+                        help="output format (default: the one OUT's extension names)")
+
+
+def _write(trace: Trace, args: argparse.Namespace) -> str:
+    """Write the trace as asked; a note when the block size of its prefix hashes must be given again."""
+    fmt = write_trace(trace, args.out, args.to)
+    if fmt != "parquet" and trace.has_hashes:
+        print(f"note: {args.out} holds prefix hashes of {trace.hash_block_tokens}-token blocks; read it back "
+              f"with --hash-block-tokens {trace.hash_block_tokens}", file=sys.stderr)
+    return fmt
 
 
 def _add_shaping_options(parser: argparse.ArgumentParser) -> None:
@@ -159,6 +178,7 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def run_convert(args: argparse.Namespace) -> int:
+    output_format(args.out, args.to)  # refuse an unknown output format before reading
     trace = read_trace_from_args(args.file, args)
     if args.window:
         trace = window(trace, *args.window)
@@ -174,9 +194,9 @@ def run_convert(args: argparse.Namespace) -> int:
     if args.clip_max_len is not None:
         trace, changed = clip_to_max_len(trace, args.clip_max_len)
         print(f"clipped {changed} of {len(trace)} requests to {args.clip_max_len} tokens", file=sys.stderr)
-    trace.to_parquet(args.out)
+    fmt = _write(trace, args)
     note = trace.report.summary()
-    print(f"wrote {len(trace)} requests to {args.out}" + (f" ({note})" if note else ""))
+    print(f"wrote {len(trace)} requests to {args.out} as {fmt}" + (f" ({note})" if note else ""))
     return 0
 
 
@@ -195,8 +215,8 @@ def run_synth(args: argparse.Namespace) -> int:
                                  hash_block_tokens=args.hash_block_tokens or 16, **common)
     if args.name:
         trace = Trace(trace.df, trace.hash_block_tokens, args.name)
-    trace.to_parquet(args.out)
-    print(f"wrote {len(trace)} requests to {args.out}")
+    fmt = _write(trace, args)
+    print(f"wrote {len(trace)} requests to {args.out} as {fmt}")
     return 0
 
 

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from .columns import RowProblem, is_text, to_counts, to_hashes, to_integers, to_seconds
 from .errors import ReadReport, TraceError, TraceWarning
 from .formats import FormatSpec, resolve_format
-from .tables import RawTable, container_of, load_table, peek_columns
+from .tables import RawTable, _parquet_error, container_of, load_table, peek_columns
 from .timespan import check_span
 from .trace import Trace
 
@@ -50,7 +52,13 @@ def read_trace(
     spec = resolve_format(path, columns, format, mapping, time_unit, hash_block_tokens)
     written_by_us = container == "parquet" and spec.name == "canonical" and format is None and not mapping
     if written_by_us and b"blocksim.trace" in (_parquet_metadata(path) or {}):
-        return Trace.from_parquet(path)
+        try:
+            return Trace.from_parquet(path)
+        except (pa.ArrowException, OSError) as e:
+            raise _parquet_error(path, e) from None
+        except ValueError as e:
+            raise TraceError(path, f"not a valid trace ({e})",
+                             hint="write it again with blocksim traces convert or traces.Trace.to_parquet") from None
     sources = _present_sources(path, spec, columns)
     table = load_table(path, container, list(dict.fromkeys(sources.values())), lenient=lenient)
     values, problems = _convert(table, spec, sources)
@@ -68,8 +76,10 @@ def read_trace(
 
 
 def _parquet_metadata(path: Path):
-    import pyarrow.parquet as pq
-    return pq.read_schema(str(path)).metadata
+    try:
+        return pq.read_schema(str(path)).metadata
+    except (pa.ArrowException, OSError) as e:
+        raise _parquet_error(path, e) from None
 
 
 def _present_sources(path: Path, spec: FormatSpec, columns: list[str]) -> dict[str, str]:
@@ -96,7 +106,9 @@ def _convert(table: RawTable, spec: FormatSpec, sources: dict[str, str]):
     values["arrival_s"], found = to_seconds(arrival_raw, sources["arrival_s"], unit)
     problems += found
     for f in ("prompt_tokens", "output_tokens"):
-        values[f], found = to_counts(df[sources[f]], sources[f])
+        # a request has at least one prompt and one output token; BurstGPT's zero outputs are failed requests
+        minimum = 0 if f == "output_tokens" and spec.zero_output_is_failure else 1
+        values[f], found = to_counts(df[sources[f]], sources[f], minimum=minimum)
         problems += found
     for f, minimum in (("n", 1), ("beam_width", 1)):
         if f in sources:

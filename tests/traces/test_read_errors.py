@@ -156,5 +156,5 @@ def test_milliseconds_read_as_seconds_warn_naming_the_column(write):
 def test_seconds_read_as_milliseconds_warn(write):
     rows = "".join(f"{i},5,1\n" for i in range(2000))
     path = write("g.csv", "ts,in,out\n" + rows)
-    with pytest.warns(TraceWarning, match="column 'ts'.*implausibly fast"):
+    with pytest.warns(TraceWarning, match="column 'ts'.*faster than a serving trace"):
         read_trace(path, mapping={"arrival_s": "ts", "prompt_tokens": "in", "output_tokens": "out"}, time_unit="us")
