@@ -79,12 +79,12 @@ def _figure(nrows: int = 1, ncols: int = 1, width: float = 9.0, row_height: floa
 
 def legend_below(fig: Figure, handles: list, labels: list[str]):
     """A figure legend under the axes, in as many columns as fit the figure's width (one row if
-    they all fit), so no entry is cut off at the figure's edges."""
+    they all fit), so no entry is cut off at the figure's edges. A legend's size does not depend
+    on where the layout puts it, so each try measures the legend alone, not the whole figure."""
+    renderer = fig.canvas.get_renderer()
     for ncols in range(len(handles), 0, -1):
         legend = fig.legend(handles, labels, loc="outside lower center", ncols=ncols)
-        fig.draw_without_rendering()
-        box = legend.get_window_extent()
-        if ncols == 1 or (box.x0 >= 0 and box.x1 <= fig.bbox.width):
+        if ncols == 1 or legend.get_window_extent(renderer).width <= fig.bbox.width - 4:
             return legend
         legend.remove()
     return None
