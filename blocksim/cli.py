@@ -13,9 +13,10 @@ from pathlib import Path
 
 from analysis.cli import add_analysis_commands
 from blocksim import options, plugins
-from blocksim.catalog import Catalog, read_mapping
+from blocksim.catalog import Catalog
 from blocksim.config import ConfigError
 from blocksim.engine import EngineError
+from blocksim.experiments.configfile import read_config_file
 from blocksim.experiments.rundir import check_out_dir
 from blocksim.experiments.runner import build_config, rejection_warning, replay
 from blocksim.experiments.compare import add_compare_command
@@ -85,18 +86,6 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
         add_option_group(p, group)
     p.add_argument("--config", default=None, metavar="FILE",
                    help="YAML/TOML file of the options above (policy, model, block_size, ...); flags override it")
-
-
-def read_config_file(path: str) -> dict:
-    """Options from a YAML or TOML file: the option names of `blocksim replay` with underscores."""
-    data = read_mapping(Path(path), "config file")
-    known = set(options.FILE_KEYS)
-    unknown = set(data) - known
-    if unknown:
-        raise ConfigError(f"config file {path}: unknown option(s) {sorted(unknown)}; known: {sorted(known)}")
-    if isinstance(data.get("catalog"), str):
-        data["catalog"] = [data["catalog"]]
-    return data
 
 
 def settings_from_args(args: argparse.Namespace) -> tuple[str, dict]:

@@ -29,6 +29,8 @@ from analysis.headline import RUN_KEYS, headline_frame, text_table
 from analysis.slo import format_slo
 from analysis.table import parquet_safe
 from blocksim.experiments.backends import BACKENDS, GridSource, Job, run_jobs
+from blocksim.experiments.configfile import read_config_file
+from blocksim.experiments.rundir import resumable
 from blocksim.experiments.points import RunLayout, replay_runner
 from blocksim.experiments.spec import Point, validate_points
 
@@ -162,16 +164,24 @@ def _setting(text: str) -> tuple[str, object]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    overrides = dict(args.set or [])
-    for key in ("max_requests", "model", "gpu"):
-        if getattr(args, key) is not None:
-            overrides[key] = getattr(args, key)
     try:
-        summary = compare(args.trace, args.policy, args.rate_scale, args.out, args.workers, slo=args.slo,
-                          overrides=overrides, progress=not args.no_progress, backend=args.backend,
-                          address=args.address)
+        overrides = read_config_file(args.config) if args.config else {}
+        policies = args.policy or ([overrides["policy"]] if overrides.get("policy") else [])
+        overrides.pop("policy", None)
+        if not policies:
+            raise ValueError("compare needs --policy (repeat it for several), or 'policy' in the --config file")
+        overrides.update(dict(args.set or []))
+        for key in ("max_requests", "model", "gpu"):
+            if getattr(args, key) is not None:
+                overrides[key] = getattr(args, key)
+        from analysis.report import COMPARE_SETUP  # loads matplotlib: only when a comparison runs
+
+        with resumable(args.out, marker=COMPARE_SETUP, overwrite=args.overwrite):
+            summary = compare(args.trace, policies, args.rate_scale, args.out, args.workers, slo=args.slo,
+                              overrides=overrides, progress=not args.quiet, backend=args.backend,
+                              address=args.address)
     except (ValueError, OSError, RuntimeError) as exc:
-        print(f"blocksim compare: {exc}", file=sys.stderr)
+        print(f"blocksim compare: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     print(text_table(headline_frame(summary, RUN_KEYS)))
     for row in summary[summary["status"] != "ok"].itertuples():
@@ -198,8 +208,8 @@ def add_compare_command(subparsers) -> None:
                                           "OUT/summary.parquet and OUT/report.html. Rerunning into the same "
                                           "OUT reuses complete runs. Exit status 1 if any run failed.")
     p.add_argument("trace", metavar="TRACE")
-    p.add_argument("--policy", action="append", required=True, metavar="P",
-                   help="policy preset or plugin (repeat for several)")
+    p.add_argument("--policy", action="append", default=None, metavar="P",
+                   help="policy preset or plugin (repeat for several; default: 'policy' of the --config file)")
     p.add_argument("--rate-scale", type=_rate_scales, default=[1.0], metavar="R[,R...]",
                    help="arrival-rate multipliers, e.g. 0.5,1,2,4 (default 1)")
     p.add_argument("--slo", type=slo_type, default=None, metavar="SLO",
@@ -210,11 +220,19 @@ def add_compare_command(subparsers) -> None:
                    help="local: a process pool (default); ray: Ray tasks (pip install 'blocksim[ray]')")
     p.add_argument("--address", default=None,
                    help="Ray cluster address (e.g. ray://host:10001 or auto); default: start a local Ray")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory (complete runs reused on rerun)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output directory: new, empty or an earlier compare's (its complete runs are reused)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out whole instead of reusing its runs (default: reuse an earlier "
+                        "compare's, refuse anything else)")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="YAML/TOML file of run options for every run (the keys of `blocksim replay --config`); "
+                        "--policy, --set and the flags here override it")
     p.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--model", default=None, help="model name from the catalog")
     p.add_argument("--gpu", default=None, help="GPU name from the catalog")
     p.add_argument("--set", type=_setting, action="append", metavar="KEY=VALUE",
                    help="any other simulator override for every run (repeatable; VALUE parsed as YAML)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (drawn only when stderr is a terminal)")
+    p.add_argument("--no-progress", dest="quiet", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_compare)

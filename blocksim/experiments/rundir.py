@@ -61,3 +61,43 @@ def place(tmp: Path, out: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     shutil.rmtree(aside, ignore_errors=True)
+
+
+def is_earlier_output(out: Path, marker: str) -> bool:
+    """Whether `out` holds an earlier output of a driver that reuses complete runs: its `marker`
+    file, or only run directories (with their ``point.json``) and hidden leftovers."""
+    if (out / marker).exists():
+        return True
+    entries = [e for e in out.iterdir() if not e.name.startswith(".")]
+    return bool(entries) and all(e.is_dir() and (e / "point.json").exists() for e in entries)
+
+
+@contextmanager
+def resumable(out: str | Path, *, marker: str, overwrite: bool = False, flag: str = "--out") -> Iterator[Path]:
+    """The output directory of a driver that reuses complete runs (`compare`, `sweep`).
+
+    `out` may be new, empty, or an earlier output of the same driver (`is_earlier_output`);
+    anything else is refused unless `overwrite`. With `overwrite` an existing `out` is moved aside,
+    deleted when the block completes, and put back when it raises (an error, Ctrl-C).
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{flag} {out}: is a file, not a directory; name a directory")
+    aside = None
+    if out.is_dir() and any(out.iterdir()):
+        if overwrite:
+            aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.rmdir(aside)
+            os.replace(out, aside)
+        elif not is_earlier_output(out, marker):
+            raise ConfigError(f"{flag} {out}: the directory is not empty and is not an earlier output of this "
+                              f"command (no {marker}); pass --overwrite to replace it whole, or name a new directory")
+    try:
+        yield out
+    except BaseException:
+        if aside is not None:
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(aside, out)
+        raise
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)

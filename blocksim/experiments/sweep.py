@@ -15,6 +15,7 @@ Rerunning into the same ``out_dir`` reuses every complete run directory. See doc
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -27,7 +28,10 @@ import traces
 from analysis.slo import parse_slo
 from analysis.sweep_report import write_sweep_report
 from analysis.table import parquet_safe
+from blocksim.config import ConfigError
 from blocksim.experiments.backends import BACKENDS, GridSource, Job, run_jobs
+from blocksim.experiments.configfile import read_config_file
+from blocksim.experiments.rundir import resumable
 from blocksim.experiments.points import RunLayout, replay_runner
 from blocksim.experiments.search import MaxRateSource
 from blocksim.experiments.spec import Point, SpecError, SweepSpec, load_spec, validate_points
@@ -148,6 +152,12 @@ def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, backend: str
 
 # ---------------------------------------------------------------- command line
 
+def with_config_file(spec: SweepSpec, path: str) -> SweepSpec:
+    """`spec` with the options of a config file under its ``base`` (the spec's own base wins)."""
+    config = read_config_file(path)
+    return dataclasses.replace(spec, base={**config, **spec.base})
+
+
 def _fail(message: str) -> int:
     print(f"blocksim sweep: {message}", file=sys.stderr)
     return 2
@@ -156,6 +166,8 @@ def _fail(message: str) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         spec = load_spec(args.spec)
+        if args.config:
+            spec = with_config_file(spec, args.config)
         if args.dry_run:
             points = spec.points()
             validate_points(points)
@@ -165,11 +177,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             if len(points) > 10:
                 print(f"  ... and {len(points) - 10} more")
             return 0
-        df = run_sweep(spec, args.out, backend=args.backend, workers=args.workers, address=args.address,
-                       slo=args.slo, find=args.find, goodput_threshold=args.goodput_threshold,
-                       bisect_steps=args.bisect_steps, progress=not args.quiet, report=not args.no_report)
-    except SpecError as exc:
-        return _fail(str(exc))
+        with resumable(args.out, marker=SETUP_FILE, overwrite=args.overwrite):
+            df = run_sweep(spec, args.out, backend=args.backend, workers=args.workers, address=args.address,
+                           slo=args.slo, find=args.find, goodput_threshold=args.goodput_threshold,
+                           bisect_steps=args.bisect_steps, progress=not args.quiet, report=not args.no_report)
+    except (SpecError, ConfigError) as exc:
+        return _fail(" ".join(str(exc).split()))
     except (FileNotFoundError, RuntimeError) as exc:
         return _fail(str(exc))
     failed = df[df["status"] != "ok"]
@@ -201,7 +214,14 @@ def add_sweep_command(subparsers) -> None:
                     "write OUT/sweep.parquet and OUT/sweep_report.html. Rerunning skips complete points. "
                     "Exit status 1 if any point failed, 2 for an invalid spec. See docs/sweeps.md.")
     p.add_argument("spec", metavar="SPEC.yaml")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory (reused on rerun)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output directory: new, empty or an earlier sweep's (its complete points are reused)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out whole instead of reusing its points (default: reuse an earlier "
+                        "sweep's, refuse anything else)")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="YAML/TOML file of run options (the keys of `blocksim replay --config`) under the spec's "
+                        "'base'; the spec's own base and axes win")
     p.add_argument("--backend", choices=BACKENDS, default="local",
                    help="local: a process pool (default); ray: Ray tasks (pip install 'blocksim[ray]')")
     p.add_argument("--workers", type=int, default=None,
@@ -217,5 +237,5 @@ def add_sweep_command(subparsers) -> None:
     p.add_argument("--bisect-steps", type=int, default=6, help="with --find: bisection steps (default 6)")
     p.add_argument("--dry-run", action="store_true", help="validate the spec and list the points")
     p.add_argument("--no-report", action="store_true", help="skip sweep_report.html / .md")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (drawn only when stderr is a terminal)")
     p.set_defaults(func=cmd_sweep)

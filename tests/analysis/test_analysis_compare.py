@@ -180,7 +180,6 @@ def test_compare_arguments():
 
 
 @pytest.mark.parametrize("argv", [
-    ["compare", "t.csv", "--out", "o"],                                     # no policy
     ["compare", "t.csv", "--policy", "vllm", "--out", "o", "--rate-scale", "1,x"],
     ["compare", "t.csv", "--policy", "vllm", "--out", "o", "--rate-scale", "-1"],
     ["compare", "t.csv", "--policy", "vllm", "--out", "o", "--slo", "ttft=2"],
