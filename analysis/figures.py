@@ -245,17 +245,20 @@ def queues_over_time(binned: dict[str, pd.DataFrame]) -> Figure:
 
 
 @_themed
-def events_over_time(binned: dict[str, pd.DataFrame]) -> Figure:
-    """Per run: preemptions per second and blocks swapped in / out per second, over time."""
-    fig, axes = _figure(len(binned), 2, row_height=2.6)
-    for (label, ts), (left, right) in zip(binned.items(), axes):
+def events_over_time(binned: dict[str, pd.DataFrame], swaps: bool = True) -> Figure:
+    """Per run: preemptions per second and (with ``swaps``) blocks swapped in / out per second, over time."""
+    fig, axes = _figure(len(binned), 2 if swaps else 1, width=9.0 if swaps else 6.0, row_height=2.6)
+    for (label, ts), row in zip(binned.items(), axes):
+        left = row[0]
         _lines(left, ts, {"preempted": "preemptions"})
         left.set(xlabel="simulated time (s)", ylabel="preemptions (groups/s)",
                  title=f"{label}: preemptions")
-        _lines(right, ts, {"blocks_swapped_out": "swapped out", "blocks_swapped_in": "swapped in"})
-        right.set(xlabel="simulated time (s)", ylabel="swap traffic (blocks/s)",
-                  title=f"{label}: swaps")
-        _side_legend(right)
+        if swaps:
+            right = row[1]
+            _lines(right, ts, {"blocks_swapped_out": "swapped out", "blocks_swapped_in": "swapped in"})
+            right.set(xlabel="simulated time (s)", ylabel="swap traffic (blocks/s)",
+                      title=f"{label}: swaps")
+            _side_legend(right)
     return fig
 
 

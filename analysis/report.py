@@ -76,13 +76,18 @@ def _time_sections(runs: dict[str, Run], note: str) -> list[Section]:
         queues[label] = q.assign(batch_seqs=q["num_prefill_seqs"] + q["num_decode_seqs"])
     moved = {label: int(r.steps[_EVENT_COLUMNS].to_numpy().sum()) for label, r in runs.items()}
     if any(moved.values()):
-        events = {label: time_binned(r.steps, _EVENT_COLUMNS, bins=_EVENT_BINS, how="rate")
-                  for label, r in runs.items()}
-        quiet = [label for label, n in moved.items() if n == 0]
-        event_items: list = [note, Image(figures.events_over_time(events), "preemptions and swaps over time",
-                                         "Events per second of simulated time, per time bin.")]
+        active = [label for label, n in moved.items() if n]
+        swapped = any(int(runs[label].steps[_EVENT_COLUMNS[1:]].to_numpy().sum()) for label in active)
+        events = {label: time_binned(runs[label].steps, _EVENT_COLUMNS, bins=_EVENT_BINS, how="rate")
+                  for label in active}
+        event_items: list = [note]
+        quiet = [label for label in runs if label not in active]
         if quiet:
-            event_items.insert(1, f"No preemptions or swaps in: {', '.join(quiet)}.")
+            event_items.append(f"No preemptions or swaps in: {', '.join(quiet)}.")
+        if not swapped:
+            event_items.append("No block was swapped: every preemption recomputed its sequences.")
+        event_items.append(Image(figures.events_over_time(events, swaps=swapped), "preemptions and swaps over time",
+                                 "Events per second of simulated time, per time bin."))
     else:
         event_items = [f"{note} No request was preempted and no block swapped"
                        + (" in any run." if len(runs) > 1 else "."),
