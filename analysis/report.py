@@ -223,8 +223,8 @@ def compare_sections(compare_dir: Path) -> list[Section]:
                         "--set clip_to_model=true clips them instead.")
     headline.append(Table(headline_frame(summary, RUN_KEYS)))
     if len(failed):
-        headline.append(f"Failed runs: {', '.join(f'{p} x{r:g}' for p, r in zip(failed['policy'], failed['rate_scale']))}"
-                        " (the appendix's error column and each run's error.txt say why).")
+        names = ", ".join(f"{p} x{r:g}" for p, r in zip(failed["policy"], failed["rate_scale"]))
+        headline.append(f"Failed runs: {names} (the appendix's error column and each run's error.txt say why).")
     note = ("Per policy, the run at the reference rate scale: "
             f"{', '.join(runs) or 'none (no run succeeded)'}.")
     sections = [
