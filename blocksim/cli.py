@@ -58,7 +58,7 @@ def add_option(p, name: str, **changes) -> None:
     `changes` override argparse keywords (e.g. another help text). The flag's default is None
     (or [] for a file list), so an unset flag never hides a config-file value."""
     o = options.BY_NAME[name]
-    kw: dict = {"dest": o.name, "default": None, "help": o.help}
+    kw: dict = {"dest": o.name, "default": None, "help": o.help_text}
     if o.type is bool:
         kw["action"] = argparse.BooleanOptionalAction if o.negatable else "store_true"
     elif o.type is tuple:
@@ -274,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         _setup_logging(verbosity)
         with warnings.catch_warnings():
             warnings.showwarning = _one_line_warning
-            return args.func(args) or 0
+            code = args.func(args) or 0
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
     except KeyboardInterrupt:
         print("blocksim: interrupted; nothing half-written is left and earlier output is unchanged",
               file=sys.stderr)

@@ -94,6 +94,22 @@ class Option:
         return self.flags or ("--" + self.name.replace("_", "-"),)
 
     @property
+    def help_text(self) -> str:
+        """`help`, ending with the default: the value, or for a policy knob the preset's."""
+        text = self.help or ""
+        if "default" in text:
+            return text
+        if self.group == "policy":
+            default = "the --policy preset's"
+        elif self.type is bool:
+            default = "off" if not self.default else "on"
+        elif self.default in (None, ()):
+            default = "none"
+        else:
+            default = f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
+        return f"{text} (default {default})" if text else f"default {default}"
+
+    @property
     def flag(self) -> str:
         """The main CLI spelling, for messages."""
         return self.cli_flags[0]
@@ -114,25 +130,29 @@ OPTIONS: tuple[Option, ...] = (
     Option("model", str, DEFAULT_MODEL, f"model name from the catalog (default {DEFAULT_MODEL})", "model"),
     Option("gpu", str, DEFAULT_GPU, f"GPU name from the catalog (default {DEFAULT_GPU})", "model"),
     Option("catalog", tuple, (), "YAML/TOML file adding models and GPUs; repeatable", "model", metavar="FILE"),
-    Option("tensor_parallel", int, _tp, None, "model", short="tp", flags=("--tensor-parallel", "--tp")),
+    Option("tensor_parallel", int, _tp, f"GPUs the model is split over; each holds 1/TP of the weights and KV heads "
+           f"(default {_tp})", "model", short="tp", flags=("--tensor-parallel", "--tp")),
     Option("block_size", int, _cache.block_size, f"tokens per KV block (default {_cache.block_size})", "model",
            short="bs"),
     Option("gpu_memory_utilization", float, _cache.gpu_memory_utilization,
-           f"default {_cache.gpu_memory_utilization:g}", "model", short="util"),
+           f"share of GPU memory for weights, activations and the KV cache (default {_cache.gpu_memory_utilization:g})",
+           "model", short="util"),
     Option("swap_space_gib", float, _cache.swap_space_gib, f"CPU swap GiB (default {_cache.swap_space_gib:g})",
            "model", short="swap", flags=("--swap-space",)),
     Option("watermark", float, _cache.watermark, f"fraction of GPU blocks kept free (default {_cache.watermark:g})",
            "model", short="wm", applies_to=PAGED),
-    Option("num_gpu_blocks", int, _cache.num_gpu_blocks_override, "fix the GPU block count", "model",
+    Option("num_gpu_blocks", int, _cache.num_gpu_blocks_override, "fix the GPU block count (default: derived from GPU memory as vLLM does)", "model",
            short="gpub"),
     # scheduler
-    Option("max_num_seqs", int, _sched.max_num_seqs, f"default {_sched.max_num_seqs}", "scheduler", short="seqs"),
+    Option("max_num_seqs", int, _sched.max_num_seqs, f"most sequences running in one step (default {_sched.max_num_seqs})", "scheduler", short="seqs"),
     Option("max_num_batched_tokens", int, None, "per-step token budget, decodes included; default "
            f"max(max_model_len, 2048) + max_num_seqs ({CHUNKED_BUDGET_TOKENS} with chunked prefill)", "scheduler",
            short="mbt"),
-    Option("preemption", str, _sched.preemption_mode, f"default {_sched.preemption_mode} (vLLM's rule)",
+    Option("preemption", str, _sched.preemption_mode, "how a preempted group gives back its memory: recompute, swap, or auto (vLLM's rule: recompute a "
+           f"single sequence, swap a group of several) (default {_sched.preemption_mode})",
            "scheduler", choices=PREEMPTION_MODES, short="pre", applies_to=PREEMPTING),
-    Option("cost_profile", str, None, "calibrated cost-model parameters", "scheduler", metavar="JSON"),
+    Option("cost_profile", str, None, "calibrated cost-model parameters, e.g. from python -m validation.profile (default: the "
+           "catalog's roofline numbers)", "scheduler", metavar="JSON"),
     # policy knobs: None keeps the preset's value (see blocksim.config.PolicyConfig)
     Option("allocator", str, None, "paged | contiguous", "policy"),
     Option("free_order", str, None, "paged free-list reuse order", "policy", choices=FREE_ORDERS,
@@ -141,15 +161,16 @@ OPTIONS: tuple[Option, ...] = (
            applies_to=CONTIGUOUS),
     Option("address_space", str, None, "contiguous placement", "policy", choices=ADDRESS_SPACES,
            applies_to=CONTIGUOUS),
-    Option("prefix_caching", bool, None, None, "policy", applies_to=PAGED),
-    Option("chunked_prefill", bool, None, None, "policy"),
+    Option("prefix_caching", bool, None, "share full prompt blocks with equal prefix hashes (automatic prefix "
+           "caching)", "policy", applies_to=PAGED),
+    Option("chunked_prefill", bool, None, "split long prompts over steps under the token budget", "policy"),
     Option("scheduler", str, None, "fcfs | priority | sjf | orca | static", "policy"),
     Option("victim", str, None, "preemption victim: newest | largest | fewest-blocks", "policy",
            applies_to=PREEMPTING),
     Option("watermark_blocks", int, None, "absolute watermark (replaces --watermark)", "policy", applies_to=PAGED),
     Option("cost_model", str, None, "roofline, or a plugin", "policy"),
     # run shaping: applied to the trace by `replay`, not part of the configuration
-    Option("max_requests", int, None, "replay only the first N requests", "run", short="n", parse=positive_int),
+    Option("max_requests", int, None, "replay only the first N requests (default: all)", "run", short="n", parse=positive_int),
     Option("rate_scale", float, 1.0, "multiply the request rate (default 1)", "run", short="x",
            parse=positive_float),
     Option("clip_to_model", bool, False, "clip requests longer than the model's max length (reports how many) "

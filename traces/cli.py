@@ -86,7 +86,7 @@ def add_traces_command(subparsers) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="traces_command", metavar="{info,convert,synth}", required=True)
 
     info = commands.add_parser("info", help="summary statistics of a trace file")
-    info.add_argument("file")
+    info.add_argument("file", help="trace to read (Azure, BurstGPT, Mooncake, generic CSV/JSONL/Parquet)")
     info.add_argument("--json", action="store_true", help="print the statistics as JSON")
     add_trace_read_options(info)
     info.set_defaults(func=run_info)
@@ -136,33 +136,35 @@ def _add_shaping_options(parser: argparse.ArgumentParser) -> None:
                        help="replace arrivals by a Poisson process at PER_S requests per second")
     group.add_argument("--clip-max-len", type=int, metavar="TOKENS",
                        help="clip prompt + output to TOKENS (a model's max length); reports how many changed")
-    group.add_argument("--seed", type=int, default=0, help="seed for --subsample and --poisson-rate")
+    group.add_argument("--seed", type=int, default=0, help="seed for --subsample and --poisson-rate (default %(default)s)")
 
 
 def _add_synth_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", choices=("plain", "shared-prefix", "multi-turn"), default="plain",
                         help="plain: independent requests; shared-prefix: k-shot prompts sharing a prefix; "
-                             "multi-turn: conversations whose turns extend the context")
-    parser.add_argument("--requests", type=int, default=1000, help="requests (multi-turn: conversations)")
+                             "multi-turn: conversations whose turns extend the context (default %(default)s)")
+    parser.add_argument("--requests", type=int, default=1000, help="requests (multi-turn: conversations) (default %(default)s)")
     parser.add_argument("--rate", type=float, default=1.0, metavar="PER_S",
-                        help="mean arrival rate, requests (multi-turn: conversations) per second")
-    parser.add_argument("--arrivals", choices=("poisson", "gamma"), default="poisson")
+                        help="mean arrival rate, requests (multi-turn: conversations) per second (default %(default)s)")
+    parser.add_argument("--arrivals", choices=("poisson", "gamma"), default="poisson",
+                        help="inter-arrival process (default %(default)s)")
     parser.add_argument("--cv", type=float, default=2.0,
-                        help="coefficient of variation of inter-arrival times for gamma arrivals (>1 is bursty)")
+                        help="coefficient of variation of inter-arrival times for gamma arrivals (>1 is bursty; "
+                             "default %(default)s)")
     parser.add_argument("--prompt-len", default="lognormal:1000:1.0", metavar="DIST",
                         help="prompt (shared-prefix: suffix; multi-turn: user message) length: fixed:N, "
-                             "uniform:LOW:HIGH, lognormal:MEAN:CV[:MAX], empirical:FILE[:prompt|output]")
-    parser.add_argument("--output-len", default="lognormal:200:1.0", metavar="DIST", help="output length, same forms")
-    parser.add_argument("--n", type=int, default=1, help="parallel samples per request")
-    parser.add_argument("--beam-width", type=int, default=1, help="beam search width (sets n to it)")
+                             "uniform:LOW:HIGH, lognormal:MEAN:CV[:MAX], empirical:FILE[:prompt|output] (default %(default)s)")
+    parser.add_argument("--output-len", default="lognormal:200:1.0", metavar="DIST", help="output length, same forms (default %(default)s)")
+    parser.add_argument("--n", type=int, default=1, help="parallel samples per request (default %(default)s)")
+    parser.add_argument("--beam-width", type=int, default=1, help="beam search width (sets n to it; default %(default)s)")
     parser.add_argument("--hash-block-tokens", type=int, default=None, metavar="N",
                         help="tokens per prefix-hash block (default 16 for shared-prefix and multi-turn, none for plain)")
     parser.add_argument("--prefix-tokens", type=int, default=1024,
-                        help="shared-prefix: tokens of the shared prefix (system prompt + k examples)")
-    parser.add_argument("--prefixes", type=int, default=1, help="shared-prefix: number of distinct shared prefixes")
-    parser.add_argument("--turns", type=int, default=4, help="multi-turn: turns per conversation")
-    parser.add_argument("--think-s", type=float, default=10.0, help="multi-turn: mean seconds between turns")
-    parser.add_argument("--seed", type=int, default=0)
+                        help="shared-prefix: tokens of the shared prefix (system prompt + k examples; default %(default)s)")
+    parser.add_argument("--prefixes", type=int, default=1, help="shared-prefix: number of distinct shared prefixes (default %(default)s)")
+    parser.add_argument("--turns", type=int, default=4, help="multi-turn: turns per conversation (default %(default)s)")
+    parser.add_argument("--think-s", type=float, default=10.0, help="multi-turn: mean seconds between turns (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
     parser.add_argument("--name", default=None, help="trace name stored in the Parquet file")
 
 

@@ -7,6 +7,7 @@ convert each to canonical units while collecting bad rows, then either raise a
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from .timespan import check_span
 from .trace import Trace
 
 _FIRST_LINES_REPORTED = 10
+log = logging.getLogger(__name__)
 
 
 def read_trace(
@@ -71,6 +73,8 @@ def read_trace(
         raise TraceError(path, "no valid requests left after skipping bad rows", hint="check the file and the column mapping")
     check_span(frame["arrival_s"].to_numpy(), path=path, column=sources["arrival_s"], unit=spec.time_unit)
     frame = _sort_and_rebase(frame)
+    log.info("read %d requests from %s (%s, format %s, arrivals in %s)", len(frame), path, container, spec.name,
+             spec.time_unit or "s / date-times")
     hbt = spec.hash_block_tokens if "prefix_hashes" in frame else None
     return Trace(frame, hbt, name if name is not None else path.name.split(".")[0], report)
 

@@ -276,8 +276,9 @@ def add_validate_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=None, help="validate the first N layers")
     p.add_argument("--kv-heads", type=int, default=None, help="KV heads to validate")
     p.add_argument("--heads", type=int, default=None, help="query heads (a multiple of --kv-heads)")
-    p.add_argument("--head-size", type=int, default=None)
-    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
+    p.add_argument("--head-size", type=int, default=None, help="head size to validate (default: the plan's)")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
+                   help="cache and activation dtype (default: float32 on reference, float16 on cuda)")
     p.add_argument("--check-layers", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    metavar="I,J", help="layers whose cache and outputs are checked (default: all on reference, "
                                        "first and last on cuda)")
@@ -287,7 +288,7 @@ def add_validate_command(subparsers) -> argparse.ArgumentParser:
                         "write RUN_DIR/cost_profile.json")
     p.add_argument("--report-only", action="store_true", help="rewrite validation.md from saved timings")
     p.add_argument("--out", default=None, metavar="DIR", help="where to write (default RUN_DIR)")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=cmd_validate)
     return p
 

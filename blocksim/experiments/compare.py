@@ -207,7 +207,7 @@ def add_compare_command(subparsers) -> None:
                                           "cores or on Ray, each into OUT/<policy>_x<rate>/; then "
                                           "OUT/summary.parquet and OUT/report.html. Rerunning into the same "
                                           "OUT reuses complete runs. Exit status 1 if any run failed.")
-    p.add_argument("trace", metavar="TRACE")
+    p.add_argument("trace", metavar="TRACE", help="trace file (any format `blocksim replay` reads)")
     p.add_argument("--policy", action="append", default=None, metavar="P",
                    help="policy preset or plugin (repeat for several; default: 'policy' of the --config file)")
     p.add_argument("--rate-scale", type=_rate_scales, default=[1.0], metavar="R[,R...]",

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,8 @@ def check_options(policy: str, overrides: dict[str, Any]) -> SimConfig:
         raise ConfigError(f"unknown option(s) {sorted(unknown)}; known: {sorted({*DEFAULTS, *RUN_OPTIONS})}")
     return build_config(policy, **{k: v for k, v in overrides.items() if k not in RUN_OPTIONS})
 
+
+log = logging.getLogger(__name__)
 
 #: Share of a trace's requests above which `rejection_warning` speaks.
 REJECTION_WARNING_SHARE = 0.01
@@ -157,7 +160,11 @@ def replay(trace, out_dir: str | Path, *, policy: str = DEFAULT_POLICY, rate_sca
     check_out_dir(out_dir, overwrite)
     tr = load_trace(trace, rate_scale=rate_scale, max_requests=max_requests,
                     clip_max_len=config.model.max_model_len if clip_to_model else None)
+    log.info("replay: %d requests, policy %s, %s on %s (TP %d), %d GPU and %d CPU blocks of %d tokens",
+             len(tr), policy, config.model.name, config.gpu.name, config.tensor_parallel, config.num_gpu_blocks,
+             config.num_cpu_blocks, config.cache.block_size)
     with staged(out_dir, overwrite=overwrite) as tmp:
+        log.info("writing %s (in %s until complete)", out_dir, tmp.parent)
         result = simulate(tr, config, cost_profile=cost_profile, progress=progress,
                           plan_dir=tmp if record_plan else None)
         result.summary["rate_scale"] = rate_scale
@@ -166,4 +173,5 @@ def replay(trace, out_dir: str | Path, *, policy: str = DEFAULT_POLICY, rate_sca
         if write_report:
             from analysis import write_report as _write  # loads matplotlib: only when a report is drawn
             _write(tmp)
+    log.info("wrote %s", out_dir)
     return result.summary

@@ -213,7 +213,7 @@ def add_sweep_command(subparsers) -> None:
         description="Run every point of a YAML sweep spec (traces x axes x seeds) into OUT/runs/, then "
                     "write OUT/sweep.parquet and OUT/sweep_report.html. Rerunning skips complete points. "
                     "Exit status 1 if any point failed, 2 for an invalid spec. See docs/sweeps.md.")
-    p.add_argument("spec", metavar="SPEC.yaml")
+    p.add_argument("spec", metavar="SPEC.yaml", help="sweep spec: traces, base options, axes (docs/sweeps.md)")
     p.add_argument("--out", required=True, metavar="DIR",
                    help="output directory: new, empty or an earlier sweep's (its complete points are reused)")
     p.add_argument("--overwrite", action="store_true",
