@@ -136,7 +136,12 @@ def blame(exc: BaseException) -> str | None:
     traceback), or None when no plugin code is on the traceback."""
     if isinstance(exc, PluginError) or not _LOADED:
         return None
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+    frames, seen, cause = [], set(), exc
+    while cause is not None and id(cause) not in seen:  # SimPy re-raises a process's error as a new one
+        seen.add(id(cause))
+        frames = traceback.extract_tb(cause.__traceback__) + frames
+        cause = cause.__cause__ or cause.__context__
+    for frame in reversed(frames):
         try:
             which = _LOADED.get(str(Path(frame.filename).resolve()))
         except OSError:
