@@ -39,8 +39,9 @@ CALLED_AS: dict[str, tuple[str, ...]] = {
     "cost_model": ("config", "params"),
 }
 
-#: Plugin strings loaded so far, by the source file of their module (for `blame`).
-_LOADED: dict[str, dict[str, None]] = {}
+#: Plugin strings loaded so far, by the source file of their module: (first line, last line, label)
+#: of each plugin's source (for `blame`).
+_LOADED: dict[str, dict[tuple[int, int, str], None]] = {}
 
 
 class PluginError(ConfigError):
@@ -80,7 +81,12 @@ def resolve(kind: str, name: str) -> Any:
         check_signature(kind, name, obj)
         source = getattr(module, "__file__", None)
         if source:
-            _LOADED.setdefault(str(Path(source).resolve()), {})[f"{kind} {name!r}"] = None
+            try:
+                lines, first = inspect.getsourcelines(obj)
+                span = (first, first + len(lines) - 1)
+            except (OSError, TypeError):
+                span = (0, 0)
+            _LOADED.setdefault(str(Path(source).resolve()), {})[(*span, f"{kind} {name!r}")] = None
         return _checked_victim(name, obj) if kind == "victim" else obj
     registry = _REGISTRIES[kind]
     if not registry:
@@ -104,7 +110,8 @@ def check_signature(kind: str, name: str, obj: Any) -> None:
     params = CALLED_AS[kind]
     wanted = f"{kind} plugins are called as f({', '.join(params)})"
     if not callable(obj):
-        raise PluginError(f"{kind} {name!r}: is a {type(obj).__name__}, not a class or function; {wanted}")
+        raise PluginError(f"{kind} {name!r}: is an object of type {type(obj).__name__}, not a class or function; "
+                          f"{wanted}")
     try:
         signature = inspect.signature(obj)
     except (TypeError, ValueError):  # some built-ins have no signature: accepted
@@ -147,7 +154,8 @@ def blame(exc: BaseException) -> str | None:
         except OSError:
             which = None
         if which:
-            which = " or ".join(which)
+            inside = [label for first, last, label in which if first <= (frame.lineno or 0) <= last]
+            which = " or ".join(inside or [label for _, _, label in which])
             text = " ".join(str(exc).split())
             return (f"{which} raised {type(exc).__name__}: {text} (at {frame.filename}:{frame.lineno}, "
                     f"in {frame.name}); fix the plugin, or run with -vv for the traceback")

@@ -36,7 +36,7 @@ def add_trace_read_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("trace reading (see traces/FORMATS.md)")
     group.add_argument("--format", dest="trace_format", default=None, metavar="NAME",
                        help=f"trace format, detected from the columns when omitted: {', '.join(format_names())}")
-    group.add_argument("--map", dest="trace_map", action="append", default=[], metavar="FIELD=COLUMN",
+    group.add_argument("--map", dest="trace_map", action="append", default=[], metavar="FIELD=COLUMN", type=_map_item,
                        help="read canonical FIELD (arrival_s, prompt_tokens, output_tokens, request_id, n, priority, "
                             "beam_width, prefix_hashes) from source COLUMN; repeatable")
     group.add_argument("--time-unit", dest="trace_time_unit", default=None, choices=TIME_UNITS,
@@ -47,6 +47,15 @@ def add_trace_read_options(parser: argparse.ArgumentParser) -> None:
                        help="skip bad rows (reported with their line numbers) instead of failing")
     group.add_argument("--keep-failed", dest="trace_keep_failed", action="store_true",
                        help="keep failed requests (BurstGPT rows with zero response tokens); dropped and counted otherwise")
+
+
+def _map_item(text: str) -> str:
+    """Argparse type of ``--map``: ``FIELD=COLUMN``."""
+    try:
+        parse_mapping([text])
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def parse_mapping(items) -> dict[str, str]:

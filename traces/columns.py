@@ -41,7 +41,12 @@ def _problem(column: str, kind: str, mask, hint: str, raw: pd.Series | None = No
         return []
     if raw is None:
         return [RowProblem(column, kind, mask, hint, lambda i: kind)]
-    return [RowProblem(column, kind, mask, hint, lambda i: f"{kind} {raw.iloc[i]!r}")]
+    return [RowProblem(column, kind, mask, hint, lambda i: f"{kind} {_shown(raw.iloc[i])}")]
+
+
+def _shown(value) -> str:
+    """A source value as written in a message: numpy scalars as plain numbers."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
 
 
 def to_counts(raw: pd.Series, column: str, *, minimum: int = 0, what: str = "token count") -> tuple[np.ndarray, list[RowProblem]]:

@@ -29,6 +29,7 @@ class TraceError(ValueError):
         self.line = line
         self.column = column
         self.hint = hint
+        self.where = where
         parts = [self.path or "<trace>"]
         if line is not None:
             parts.append(f"{where} {line}")

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from .columns import RowProblem, is_text, to_counts, to_hashes, to_integers, to_seconds
 from .errors import ReadReport, TraceError, TraceWarning
 from .formats import FormatSpec, resolve_format
-from .tables import RawTable, _parquet_error, container_of, load_table, peek_columns
+from .tables import RawTable, _parquet_error, container_of, load_table, name_mismatch, peek_columns
 from .timespan import check_span
 from .trace import Trace
 
@@ -50,6 +50,21 @@ def read_trace(
     """
     path = Path(path)
     container = container_of(path) if path.exists() else "csv"
+    mismatch = name_mismatch(path, container)
+    try:
+        trace = _read(path, container, format, mapping, lenient, keep_failed, time_unit, hash_block_tokens, name)
+    except TraceError as e:
+        if mismatch:  # one message: the mismatch may be the cause
+            raise TraceError(e.path, f"{mismatch}; {e.problem}", line=e.line, column=e.column, hint=e.hint,
+                             where=e.where) from None
+        raise
+    if mismatch:
+        warnings.warn(f"{path}: {mismatch}", TraceWarning, stacklevel=2)
+    return trace
+
+
+def _read(path: Path, container: str, format, mapping, lenient, keep_failed, time_unit, hash_block_tokens,
+          name) -> Trace:
     columns = peek_columns(path, container)
     spec = resolve_format(path, columns, format, mapping, time_unit, hash_block_tokens)
     written_by_us = container == "parquet" and spec.name == "canonical" and format is None and not mapping

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.json as pj
 import pyarrow.parquet as pq
 
-from .errors import TraceError, TraceWarning
+from .errors import TraceError
 
 CONTAINERS = ("csv", "jsonl", "parquet")
 _COMPRESSION = {".gz", ".bz2", ".xz", ".zst", ".zip"}
@@ -50,9 +50,9 @@ class RawTable:
 def container_of(path: Path) -> str:
     """``csv``, ``jsonl`` or ``parquet``, from the file's first bytes.
 
-    Parquet starts with ``PAR1``, JSONL with ``{``; anything else is read as CSV. When the
-    name's extension says otherwise, a :class:`TraceWarning` names the mismatch; a file named
-    ``.parquet`` that holds neither Parquet nor text is refused as corrupt.
+    Parquet starts with ``PAR1``, JSONL with ``{``; anything else is read as CSV
+    (`name_mismatch` words a disagreement with the extension). A file named ``.parquet`` that holds
+    neither Parquet nor text is refused as corrupt.
     """
     suffixes = [s.lower() for s in path.suffixes]
     if suffixes and suffixes[-1] in _COMPRESSION:
@@ -71,10 +71,19 @@ def container_of(path: Path) -> str:
             raise TraceError(path, "not a Parquet file (it does not start with the Parquet magic bytes PAR1)",
                              hint="the file is corrupt or not a trace; write it again "
                                   "(blocksim traces convert IN OUT.parquet)")
-    if named is not None and named != found:
-        warnings.warn(f"{path}: the name says {named.upper()} but the content is {found.upper()}; read as "
-                      f"{found.upper()} (rename it to end in .{found})", TraceWarning, stacklevel=3)
     return found
+
+
+def name_mismatch(path: Path, container: str) -> str | None:
+    """Words for an extension that names another container than the content, or None."""
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] in _COMPRESSION:
+        suffixes.pop()
+    named = _SUFFIX.get(suffixes[-1]) if suffixes else None
+    if named is None or named == container:
+        return None
+    return (f"the name says {named.upper()} but the content is {container.upper()}, read as {container.upper()} "
+            f"(rename it to end in .{container})")
 
 
 def _head_bytes(path: Path, size: int = 4096) -> bytes:

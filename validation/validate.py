@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from blocksim.records.plan import PlanError
+
 MODEL_DTYPE_BYTES = 2  # the plan's predictions assume 16-bit KV (the catalog's models)
 WORKSPACE_BYTES = 6 << 30  # GPU memory kept free for the checks' temporaries
 
@@ -300,8 +302,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
                              progress=not args.quiet, layers=args.layers, kv_heads=args.kv_heads, heads=args.heads,
                              head_size=args.head_size, dtype=args.dtype, check_layers=args.check_layers)
         s = report(args.run_dir, out_dir=args.out, calibrate_with=args.calibrate_with)
-    except (ValidationSetupError, FileNotFoundError) as e:
-        print(f"blocksim validate: {e}", file=sys.stderr)
+    except (ValidationSetupError, FileNotFoundError, PlanError) as e:
+        print(f"blocksim validate: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     print(f"validate: {s['subset']}")
     for n in s["subset_notes"]:

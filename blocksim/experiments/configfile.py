@@ -6,6 +6,7 @@ The keys are option names with underscores (``block_size``, ``swap_space_gib``, 
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 from blocksim import options
@@ -19,7 +20,10 @@ def read_config_file(path: str | Path) -> dict:
     known = set(options.FILE_KEYS)
     unknown = set(data) - known
     if unknown:
-        raise ConfigError(f"config file {path}: unknown option(s) {sorted(unknown)}; known: {sorted(known)}")
+        close = {k: difflib.get_close_matches(k, known, n=1) for k in sorted(unknown)}
+        hints = [f"{m[0]!r} for {k!r}" for k, m in close.items() if m]
+        use = f"; write {', '.join(hints)}" if hints else ""
+        raise ConfigError(f"config file {path}: unknown option(s) {sorted(unknown)}{use}; known: {sorted(known)}")
     if isinstance(data.get("catalog"), str):
         data["catalog"] = [data["catalog"]]
     return data
