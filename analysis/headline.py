@@ -87,7 +87,10 @@ def comparison_findings(rows: pd.DataFrame) -> str:
     """What a comparison at one rate shows, read off its rows (``run_row`` columns, one per policy):
     the policies keeping the most and the least of their used KV memory for token states, and
     what that did to the batch, the queue, TTFT and throughput. Empty with fewer than two rows."""
-    rows = rows.dropna(subset=["token_states_of_used_frac"])
+    needed = ["token_states_of_used_frac", "ttft_p99_s", "requests_per_s"]
+    if not set(needed) <= set(rows.columns):  # a table written before these columns existed
+        return ""
+    rows = rows.dropna(subset=needed[:1])
     if len(rows) < 2:
         return ""
     rows = rows.sort_values("token_states_of_used_frac", ascending=False, kind="stable")
@@ -97,7 +100,7 @@ def comparison_findings(rows: pd.DataFrame) -> str:
             "tokens not generated yet or lost to fragmentation.")
     if worst["token_states_of_used_frac"] > 0.9 * best["token_states_of_used_frac"]:
         return text.replace(": the rest", "; the rest")
-    if "running_mean" in rows and worst["running_mean"] < best["running_mean"]:
+    if {"running_mean", "waiting_mean"} <= set(rows.columns) and worst["running_mean"] < best["running_mean"]:
         text += (f" So {worst['policy']} runs {worst['running_mean']:.1f} requests at a time on average against "
                  f"{best['running_mean']:.1f}, {worst['waiting_mean']:.1f} wait against {best['waiting_mean']:.1f},")
     else:

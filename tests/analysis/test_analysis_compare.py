@@ -261,3 +261,15 @@ def test_compare_warns_up_front_and_counts_rejections_in_its_table_and_report(tm
                     "--workers", "1", "--set", "clip_to_model=true", "--out", str(tmp_path / "clip"),
                     "--no-progress"])
     assert clipped == 0 and "will be rejected" not in capsys.readouterr().err
+
+
+def test_a_comparison_table_from_before_the_headline_columns_still_reports(tmp_path, trace_file):
+    out = tmp_path / "cmp"
+    compare(trace_file, ["vllm", "orca-max"], [1.0], out, workers=1, runner=fake_replay, report=False)
+    old = pd.read_parquet(out / "summary.parquet").drop(columns=["token_states_of_used_frac", "running_mean",
+                                                                 "waiting_mean"])
+    old.to_parquet(out / "summary.parquet")
+    from analysis.report import write_report
+
+    _, md = write_report(out)
+    assert "| vllm | x1 | 0.38 |" in md.read_text() and "| - |" in md.read_text(), "missing columns read '-'"
