@@ -125,3 +125,10 @@ def test_readme_examples_run(tmp_path, capsys, monkeypatch):
     argv[argv.index("--out") + 1] = str(tmp_path / "run")
     code = main([*argv, "--max-requests", "50", "--clip-to-model", "--no-report", "--quiet"])
     assert code == 0 and (tmp_path / "run" / "summary.json").exists()
+
+
+def test_very_verbose_adds_the_traceback_before_the_one_line(tmp_path, capsys, restore_logging):
+    code = main(["replay", str(ROOT / "traces/data/azure_conv_2023_sample.csv"), "--out", str(tmp_path / "run"),
+                 "--victim", "os:getcwd", "--quiet", "-vv"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[0].startswith("Traceback") and err[-1].startswith("blocksim: plugin error: victim")
