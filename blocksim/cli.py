@@ -203,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="compare KV-cache policies on a bundled trace slice where memory is the "
                                     "bottleneck, print the findings and write a report")
     d.add_argument("--out", default="blocksim-demo", metavar="DIR", help="default ./blocksim-demo")
-    d.add_argument("--workers", type=int, default=None, help="parallel runs (default: local cores)")
+    d.add_argument("--workers", type=options.positive_int, default=None,
+                   help="parallel runs (default: local cores)")
     d.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
     d.add_argument("--quiet", action="store_true", help="no progress bar (drawn only when stderr is a terminal)")
     d.set_defaults(func=cmd_demo)
