@@ -131,4 +131,5 @@ def test_very_verbose_adds_the_traceback_before_the_one_line(tmp_path, capsys, r
     code = main(["replay", str(ROOT / "traces/data/azure_conv_2023_sample.csv"), "--out", str(tmp_path / "run"),
                  "--victim", "os:getcwd", "--quiet", "-vv"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err[0].startswith("Traceback") and err[-1].startswith("blocksim: plugin error: victim")
+    assert code == 2 and any(line.startswith("Traceback") for line in err), err
+    assert err[-1].startswith("blocksim: plugin error: victim 'os:getcwd'"), err
