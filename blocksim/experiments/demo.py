@@ -94,6 +94,9 @@ def run_demo(out_dir: str | Path = "blocksim-demo", *, workers: int | None = Non
     for row in failed.itertuples():
         print(f"  {row.policy} x{row.rate_scale:g} failed: {row.error}")
     out = Path(out_dir)
+    reused = int((summary["attempts"] == 0).sum()) if "attempts" in summary else 0
+    if reused:
+        print(f"\n{reused} of {len(summary)} runs reused from an earlier demo in {out} (delete it to run them again)")
     if report:
         print(f"\nreport:  {out / 'report.html'} (figures: memory breakdown, latency vs rate, queues, CDFs)")
     print(f"runs:    {out}/<policy>_x<rate>/   table: {out / 'summary.parquet'}")
