@@ -19,6 +19,7 @@ from blocksim.engine import EngineError
 from blocksim.experiments.configfile import read_config_file
 from blocksim.experiments.rundir import check_out_dir
 from blocksim.experiments.runner import build_config, rejection_warning, replay
+from blocksim.experiments import demo
 from blocksim.experiments.compare import add_compare_command
 from blocksim.experiments.sweep import add_sweep_command
 from blocksim.policies import PRESETS, policy_config
@@ -129,9 +130,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from blocksim.experiments.demo import run_demo
-
-    summary = run_demo(args.out, workers=args.workers, progress=not args.quiet, report=not args.no_report)
+    summary = demo.run_demo(args.out, workers=args.workers, progress=not args.quiet, report=not args.no_report)
     return 1 if (summary["status"] != "ok").any() else 0
 
 
@@ -201,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_replay)
 
     d = sub.add_parser("demo", help="compare KV-cache policies on a bundled trace slice where memory is the "
-                                    "bottleneck, print the findings and write a report")
+                                    "bottleneck, print the findings and write a report",
+                       description=demo.DESCRIPTION)
     d.add_argument("--out", default="blocksim-demo", metavar="DIR", help="default ./blocksim-demo")
     d.add_argument("--workers", type=options.positive_int, default=None,
                    help="parallel runs (default: local cores)")

@@ -34,6 +34,11 @@ POLICY_NOTES = {
     "orca-max": "one contiguous reservation per request, of the model's maximum length",
 }
 
+DESCRIPTION = (f"Replays the bundled Azure LLM 2023 conversation slice on {MODEL} on one {GPU} under "
+               f"{', '.join(POLICIES)} at {', '.join(f'{r:g}x' for r in RATE_SCALES)} the trace's rate, where the "
+               f"KV cache is the bottleneck; prints the comparison at {HEADLINE_RATE:g}x and writes OUT/report.html. "
+               "Rerunning into the same OUT reuses its runs. `blocksim compare` runs such a comparison on any trace.")
+
 
 def demo_trace() -> tuple[traces.Trace, int, int]:
     """The bundled slice clipped to the model's context: (trace, requests clipped, max length)."""
