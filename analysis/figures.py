@@ -135,7 +135,7 @@ def memory_bars(fracs: pd.DataFrame, label_col: str, facet_col: str | None = Non
     """Time-averaged breakdown as stacked bars, one per row of ``fracs`` (percent annotated)."""
     facets = [None] if facet_col is None else list(dict.fromkeys(fracs[facet_col]))
     most_bars = max(len(fracs) if f is None else int((fracs[facet_col] == f).sum()) for f in facets)
-    ncols = min(len(facets), 2)
+    ncols = min(len(facets), 3 if most_bars <= 3 else 2)
     nrows = math.ceil(len(facets) / ncols)
     fig, axes = _figure(nrows, ncols, width=2.4 + max(3.0, ncols * (1.4 + 1.0 * most_bars)),
                         row_height=3.8, sharey=True)
