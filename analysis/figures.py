@@ -173,7 +173,13 @@ def latency_vs_rate(df: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str) 
         rows = rows.sort_values(x)
         ax.plot(rows[x], rows[y], label=policy, markersize=6, **series_style(i))
     ax.set(xlabel=xlabel, ylabel=ylabel)
-    ax.set_ylim(bottom=0)
+    values = df[y].to_numpy(dtype=float)
+    positive = values[values > 0]
+    if len(positive) and positive.max() / positive.min() > 30:  # a linear axis would flatten the low lines
+        ax.set_yscale("log")
+        ax.set_ylabel(f"{ylabel}, log scale")
+    else:
+        ax.set_ylim(bottom=0)
     ax.legend(title="policy")
     return fig
 

@@ -86,3 +86,10 @@ def test_latency_vs_rate_and_wasted_memory(runs):
     windows = pd.DataFrame({"rank": [1, 2], "start_s": [1.0, 3.0], "end_s": [2.0, 4.0]})
     assert _legends_outside(_drawn(figures.wasted_over_time, ts, run.capacity_tokens, windows)) == []
     assert np.isfinite(run.capacity_tokens)
+
+
+def test_latency_vs_rate_turns_logarithmic_when_lines_differ_by_orders_of_magnitude():
+    df = pd.DataFrame({"policy": ["a", "a", "b", "b"], "rate": [1, 2, 1, 2], "lat": [0.02, 0.04, 0.03, 6.7]})
+    assert _drawn(figures.latency_vs_rate, df, "rate", "lat", "rate", "latency").axes[0].get_yscale() == "log"
+    df["lat"] = [0.02, 0.04, 0.03, 0.3]
+    assert _drawn(figures.latency_vs_rate, df, "rate", "lat", "rate", "latency").axes[0].get_yscale() == "linear"
