@@ -90,6 +90,16 @@ def legend_below(fig: Figure, handles: list, labels: list[str]):
     return None
 
 
+def _shared_time_axis(fig: Figure, series) -> None:
+    """One time range on every panel of a figure with several runs, so their timelines compare."""
+    frames = [ts for ts in series if len(ts)]
+    if len(frames) > 1:
+        lo, hi = min(float(ts.index.min()) for ts in frames), max(float(ts.index.max()) for ts in frames)
+        if hi > lo:
+            for ax in fig.axes:
+                ax.set_xlim(lo, hi)
+
+
 def _category_patches(categories) -> list[Patch]:
     return [Patch(facecolor=CATEGORY_STYLE[c][0], hatch=CATEGORY_STYLE[c][1], edgecolor="#333333",
                   label=CATEGORY_STYLE[c][2]) for c in categories]
@@ -126,6 +136,7 @@ def memory_area(series: dict[str, pd.DataFrame], capacity: dict[str, int]) -> Fi
         ax.set(ylim=(0, 100), ylabel="KV capacity (%)", xlabel="simulated time (s)",
                title=f"{label} (capacity {capacity[label]:,} token slots)")
         ax.margins(x=0)
+    _shared_time_axis(fig, series.values())
     _category_legend(fig)
     return fig
 
@@ -247,6 +258,7 @@ def queues_over_time(binned: dict[str, pd.DataFrame]) -> Figure:
                   title=f"{label}: batch size")
         _side_legend(left)
         _side_legend(right)
+    _shared_time_axis(fig, binned.values())
     return fig
 
 
@@ -265,6 +277,7 @@ def events_over_time(binned: dict[str, pd.DataFrame], swaps: bool = True) -> Fig
             right.set(xlabel="simulated time (s)", ylabel="swap traffic (blocks/s)",
                       title=f"{label}: swaps")
             _side_legend(right)
+    _shared_time_axis(fig, binned.values())
     return fig
 
 
