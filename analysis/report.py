@@ -90,8 +90,7 @@ def _time_sections(runs: dict[str, Run], note: str) -> list[Section]:
                                  "Events per second of simulated time, per time bin."))
     else:
         event_items = [f"{note} No request was preempted and no block swapped"
-                       + (" in any run." if len(runs) > 1 else "."),
-                       "The KV cache always had room for the running batch's next tokens."]
+                       + (" in any run." if len(runs) > 1 else ".")]
     return [
         Section("memory-over-time", "Memory breakdown over time", [
             note, Image(figures.memory_area(memory, capacity), "stacked memory breakdown over time",
@@ -137,8 +136,8 @@ def run_findings(metrics: dict, requests: pd.DataFrame) -> list[str]:
                    "request was preempted. A higher rate (--rate-scale), a smaller GPU or a larger model puts "
                    "it under pressure (`blocksim demo` shows such a case).")
     elif metrics["preemptions"]:
-        out.append(f"The cache ran out of free blocks: {metrics['preemptions']:,} preemptions "
-                   f"({metrics.get('swap_outs', 0):,} by swapping), {free:.0%} of it free on average.")
+        out.append(f"{metrics['preemptions']:,} preemptions ({metrics.get('swap_outs', 0):,} by swapping); on "
+                   f"average {free:.0%} of the KV cache was free.")
     return out
 
 
