@@ -290,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"configuration error: {e}", e, verbosity)
     except (TraceError, FileNotFoundError, EngineError) as e:  # errors that carry a user-facing message
         return _fail(str(e), e, verbosity)
+    except OSError as e:
+        if e.filename is None:
+            raise
+        return _fail(f"{e.filename}: {e.strerror or e}; check the path and its permissions", e, verbosity)
     except Exception as e:
         which = plugins.blame(e)
         if which is None:

@@ -137,6 +137,8 @@ CASES = [
     # run directories and flags
     ("out-is-a-file", REPLAY[:3] + ["{d}/out_is_a_file"] + REPLAY[4:], ["out_is_a_file", "is a file"],
      "name a directory"),
+    ("out-under-a-file", REPLAY[:3] + ["{d}/out_is_a_file/run"] + REPLAY[4:], ["out_is_a_file", "is a file"],
+     "name a directory"),
     ("out-not-empty", REPLAY[:3] + ["{d}"] + REPLAY[4:], ["bad_inputs", "not empty"], "--overwrite"),
     ("compare-out-foreign", ["compare", "{trace}", "--policy", "vllm", "--out", "{d}"],
      ["bad_inputs", "not an earlier output"], "--overwrite"),

@@ -25,6 +25,9 @@ def check_out_dir(out: str | Path, overwrite: bool = False, flag: str = "--out")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{flag} {out}: is a file, not a directory; name a directory")
+    above = next((p for p in out.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ConfigError(f"{flag} {out}: {above} is a file, not a directory; name a directory elsewhere")
     if out.is_dir() and not overwrite and any(out.iterdir()):
         raise ConfigError(f"{flag} {out}: the directory exists and is not empty; pass --overwrite to replace it "
                           f"whole, or name a new directory")
