@@ -70,12 +70,17 @@ def _read(path: Path, container: str, format, mapping, lenient, keep_failed, tim
     written_by_us = container == "parquet" and spec.name == "canonical" and format is None and not mapping
     if written_by_us and b"blocksim.trace" in (_parquet_metadata(path) or {}):
         try:
-            return Trace.from_parquet(path)
+            trace = Trace.from_parquet(path)
         except (pa.ArrowException, OSError) as e:
             raise _parquet_error(path, e) from None
         except ValueError as e:
             raise TraceError(path, f"not a valid trace ({e})",
                              hint="write it again with blocksim traces convert or traces.Trace.to_parquet") from None
+        df = trace.df
+        if (df["prompt_tokens"] > 0).all() and (df["output_tokens"] > 0).all():
+            return trace
+        # zero-length requests (a Trace may hold them): read row by row, naming or skipping them
+        spec = resolve_format(path, columns, format, mapping, time_unit, hash_block_tokens or trace.hash_block_tokens)
     sources = _present_sources(path, spec, columns)
     table = load_table(path, container, list(dict.fromkeys(sources.values())), lenient=lenient)
     values, problems = _convert(table, spec, sources)
@@ -178,7 +183,8 @@ def _apply_problems(table: RawTable, problems: list[RowProblem], lenient: bool) 
         key = f"{p.column}: {p.kind}" if p.column else p.kind
         reasons[key] = reasons.get(key, 0) + int(p.mask.sum())
     skipped_lines = np.sort(np.concatenate([table.lines[bad], np.array([n for n, _ in table.unparsed], np.int64)]))
-    report = ReadReport(len(skipped_lines), tuple(int(x) for x in skipped_lines[:_FIRST_LINES_REPORTED]), reasons)
+    report = ReadReport(len(skipped_lines), tuple(int(x) for x in skipped_lines[:_FIRST_LINES_REPORTED]), reasons,
+                        where=table.where)
     if report.skipped_rows:
         warnings.warn(f"{table.path}: {report.summary()}", TraceWarning, stacklevel=3)
     return ~bad, report
@@ -194,7 +200,8 @@ def _handle_failed(frame: pd.DataFrame, spec: FormatSpec, report: ReadReport, ke
         return frame, report
     failed = frame["output_tokens"].to_numpy() == 0
     n_failed = int(failed.sum())
-    report = ReadReport(report.skipped_rows, report.skipped_lines, report.skip_reasons, n_failed, keep_failed)
+    report = ReadReport(report.skipped_rows, report.skipped_lines, report.skip_reasons, n_failed, keep_failed,
+                        report.where)
     if n_failed:
         verb = "kept" if keep_failed else "dropped (pass keep_failed=True / --keep-failed to keep them)"
         warnings.warn(f"{path}: {n_failed} failed requests (zero response tokens) {verb}", TraceWarning, stacklevel=3)
