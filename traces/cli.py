@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 
 from .columns import TIME_UNITS
@@ -237,7 +238,15 @@ def main(argv: list[str] | None = None) -> int:
     add_traces_command(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["traces", *(sys.argv[1:] if argv is None else argv)])
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()
+        return code
     except (TraceError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted; no output file was written", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141

@@ -123,3 +123,24 @@ def test_ctrl_c_during_a_plan_recording_rerun_exits_130_in_one_line_and_keeps_th
     assert [p.name for p in tmp_path.iterdir()] == ["run"], "no partial directory is left"
     assert (out / "plan" / "meta.json").read_text() == '{"earlier": true}', "the earlier plan is intact"
     assert sorted(p.name for p in (out / "plan").iterdir()) == ["meta.json"]
+
+
+def test_ctrl_c_during_a_compare_with_overwrite_puts_the_earlier_output_back(tmp_path):
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "compare.json").write_text('{"earlier": true}')
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "blocksim", "compare", str(TRACE), "--policy", "vllm",
+                             "--policy", "orca-max", "--policy", "vllm-prefix", "--rate-scale", "0.5,1,2",
+                             "--out", str(out), "--overwrite", "--workers", "2", "--set", "clip_to_model=true"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (out / ".partial").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the comparison should still be running"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert [p.name for p in out.iterdir()] == ["compare.json"], "the earlier comparison is back, alone"
+    assert (out / "compare.json").read_text() == '{"earlier": true}'
+    assert [p.name for p in tmp_path.iterdir()] == ["cmp"], "nothing left beside it"
