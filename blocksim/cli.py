@@ -18,7 +18,7 @@ from blocksim.config import ConfigError
 from blocksim.engine import EngineError
 from blocksim.experiments.configfile import read_config_file
 from blocksim.experiments.rundir import check_out_dir
-from blocksim.experiments.runner import build_config, rejection_warning, replay
+from blocksim.experiments.runner import build_config, check_options, rejection_warning, replay
 from blocksim.experiments import demo
 from blocksim.experiments.compare import add_compare_command
 from blocksim.experiments.sweep import add_sweep_command
@@ -125,6 +125,7 @@ def _run_and_report(trace, args, out: Path, *, progress: bool) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     check_out_dir(args.out, args.overwrite)
+    check_options(*settings_from_args(args))  # bad options are refused before a large trace is read
     trace = read_trace_from_args(args.trace, args)
     return _run_and_report(trace, args, Path(args.out), progress=not args.quiet)
 

@@ -84,6 +84,9 @@ CASES = [
      "known presets"),
     ("config-latin1", REPLAY + ["--config", "{d}/config_latin1.yaml"], ["config_latin1.yaml", "not UTF-8"],
      "save the file as UTF-8"),
+    ("config-before-trace", REPLAY[:1] + ["{d}/milliseconds.csv"] + REPLAY[2:] + ["--config",
+                                                                           "{d}/config_unknown_key.yaml"],
+     ["config_unknown_key.yaml"], "swap_space_gib"),  # refused before the trace is read (and warned about)
     ("config-not-found", REPLAY + ["--config", "{d}/no_such.yaml"], ["no_such.yaml", "not found"], "config file"),
     ("compare-config-unknown-key", ["compare", "{trace}", "--out", "{tmp}/cmp", "--config",
                                     "{d}/config_unknown_key.yaml"], ["config_unknown_key.yaml", "'swap_space'"],

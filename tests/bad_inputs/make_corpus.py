@@ -32,6 +32,7 @@ TEXT = {
     "blank_line_inside.csv": AZ + AZ_ROW + "\n" + AZ_ROW,
     "duplicate_ids.csv": "request_id," + CANON + "7,0,10,3\n7,1,10,3\n",
     "missing_value.csv": CANON + "0,10,3\n1,,3\n",
+    "milliseconds.csv": CANON + "".join(f"{i * 300},100,10\n" for i in range(100)),  # read as seconds: a warning
     # traces: JSONL
     "empty.jsonl": "",
     "not_json.jsonl": moon() + "{timestamp: 5}\n",
