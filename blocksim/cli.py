@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.metadata
 import logging
 import os
@@ -168,6 +169,26 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())}; see `{self.prog} --help`\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, and an unknown flag is answered with the closest known one."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            unknown = " ".join(extras)
+            flags = sorted({f for p in _parsers(self) for a in p._actions for f in a.option_strings})
+            close = [m for e in extras if e.startswith("--")
+                     for m in difflib.get_close_matches(e.split("=")[0], flags, n=1)]
+            self.error(f"unrecognized arguments: {unknown}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+        return parsed
+
+
+def _parsers(parser: argparse.ArgumentParser):
+    """`parser` and every sub-command parser below it."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
 
 
 def add_verbose_option(p: argparse.ArgumentParser, top: bool = False) -> None:

@@ -138,7 +138,7 @@ OPTIONS: tuple[Option, ...] = (
            f"share of GPU memory for weights, activations and the KV cache (default {_cache.gpu_memory_utilization:g})",
            "model", short="util"),
     Option("swap_space_gib", float, _cache.swap_space_gib, f"CPU swap GiB (default {_cache.swap_space_gib:g})",
-           "model", short="swap", flags=("--swap-space",)),
+           "model", short="swap", flags=("--swap-space-gib", "--swap-space"), metavar="GIB"),
     Option("watermark", float, _cache.watermark, f"fraction of GPU blocks kept free (default {_cache.watermark:g})",
            "model", short="wm", applies_to=PAGED),
     Option("num_gpu_blocks", int, _cache.num_gpu_blocks_override, "fix the GPU block count (default: derived from GPU memory as vLLM does)", "model",

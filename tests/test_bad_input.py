@@ -148,7 +148,7 @@ CASES = [
     ("compare-no-policy", ["compare", "{trace}", "--out", "{tmp}/cmp"], ["--policy"], "--config"),
     ("flag-bad-number", REPLAY + ["--block-size", "sixteen"], ["--block-size", "'sixteen'"], "--help"),
     ("flag-zero-rate", REPLAY + ["--rate-scale", "0"], ["--rate-scale", "positive"], "--help"),
-    ("flag-unknown", REPLAY + ["--swap-space-gib", "8"], ["--swap-space-gib"], "--help"),
+    ("flag-unknown", REPLAY + ["--blocksize", "8"], ["--blocksize"], "did you mean --block-size?"),
 ]
 
 
