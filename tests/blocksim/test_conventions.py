@@ -53,11 +53,11 @@ def test_python_dash_m_blocksim_is_the_command():
 
 def test_a_closed_pipe_ends_quietly():
     """`blocksim policies | head -0`: the reader is gone before anything is written."""
-    proc = subprocess.Popen([sys.executable, "-m", "blocksim", "policies"], cwd=ROOT, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    proc.stdout.close()
-    err = proc.stderr.read().decode()
-    proc.wait(timeout=60)
+    with subprocess.Popen([sys.executable, "-m", "blocksim", "policies"], cwd=ROOT, env=ENV,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        proc.wait(timeout=60)
     assert proc.returncode == 141 and err == "", err
 
 
