@@ -57,7 +57,7 @@ def add_analysis_commands(subparsers) -> None:
     p = subparsers.add_parser("report", help="(re)write report.html and report.md for a run or compare directory",
                               description="Write report.html (self-contained) and report.md into RUN_DIR, "
                                           "a run directory or a `blocksim compare` output directory.")
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (blocksim replay --out) or a compare output")
     p.add_argument("--slo", type=slo_type, default=None, metavar="SLO",
                    help="add goodput under this SLO, e.g. ttft=2s,tpot=100ms,e2e=30s (units s or ms)")
     p.set_defaults(func=cmd_report)
@@ -66,7 +66,7 @@ def add_analysis_commands(subparsers) -> None:
                               description="Breakdown of KV memory, the worst windows by wasted slots with "
                                           "the requests resident then, and free-extent sizes where recorded. "
                                           "Writes fragmentation.md and fragmentation.html into RUN_DIR.")
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (blocksim replay --out)")
     p.add_argument("--top-k", type=int, default=5, help="worst windows to list (default 5)")
     p.add_argument("--window-s", type=float, default=None,
                    help="window length in seconds (default: the run split into 50 windows)")

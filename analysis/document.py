@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+import re
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,7 @@ th, td { border: 1px solid #ccc; padding: .2rem .5rem; text-align: right; }
 th { background: #f0f0f0; }
 td:first-child, th:first-child { text-align: left; }
 .scroll { overflow-x: auto; }
+code { font-size: .9em; background: #f3f3f3; padding: 0 .2em; }
 figure { margin: 1rem 0; }
 figure img { max-width: 100%; height: auto; border: 1px solid #ddd; }
 figcaption, .caption { font-size: .85rem; color: #555; }
@@ -93,6 +95,11 @@ def _html_image(image: Image) -> str:
     )
 
 
+def _inline_code(text: str) -> str:
+    """Markdown's `code` spans as <code> (the text is already escaped)."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+
+
 def render_html(title: str, sections: list[Section]) -> str:
     parts = [
         "<!DOCTYPE html>",
@@ -111,7 +118,7 @@ def render_html(title: str, sections: list[Section]) -> str:
             elif isinstance(item, Image):
                 parts.append(_html_image(item))
             else:
-                parts.append(f"<p>{html.escape(str(item))}</p>")
+                parts.append(f"<p>{_inline_code(html.escape(str(item)))}</p>")
         parts.append("</section>")
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -77,13 +77,43 @@ def _figure(nrows: int = 1, ncols: int = 1, width: float = 9.0, row_height: floa
     return fig, axes
 
 
+def legend_below(fig: Figure, handles: list, labels: list[str]):
+    """A figure legend under the axes, in as many columns as fit the figure's width (one row if
+    they all fit), so no entry is cut off at the figure's edges. A legend's size does not depend
+    on where the layout puts it, so each try measures the legend alone, not the whole figure."""
+    renderer = fig.canvas.get_renderer()
+    for ncols in range(len(handles), 0, -1):
+        legend = fig.legend(handles, labels, loc="outside lower center", ncols=ncols)
+        if ncols == 1 or legend.get_window_extent(renderer).width <= fig.bbox.width - 4:
+            return legend
+        legend.remove()
+    return None
+
+
+def _shared_time_axis(fig: Figure, series) -> None:
+    """One time range on every panel of a figure with several runs, so their timelines compare."""
+    frames = [ts for ts in series if len(ts)]
+    if len(frames) > 1:
+        lo, hi = min(float(ts.index.min()) for ts in frames), max(float(ts.index.max()) for ts in frames)
+        if hi > lo:
+            for ax in fig.axes:
+                ax.set_xlim(lo, hi)
+
+
+def _category_patches(categories) -> list[Patch]:
+    return [Patch(facecolor=CATEGORY_STYLE[c][0], hatch=CATEGORY_STYLE[c][1], edgecolor="#333333",
+                  label=CATEGORY_STYLE[c][2]) for c in categories]
+
+
 def _category_legend(fig: Figure, categories=MEMORY_CATEGORIES) -> None:
-    handles = [
-        Patch(facecolor=CATEGORY_STYLE[c][0], hatch=CATEGORY_STYLE[c][1], edgecolor="#333333",
-              label=CATEGORY_STYLE[c][2])
-        for c in categories
-    ]
-    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles))
+    handles = _category_patches(categories)
+    legend_below(fig, handles, [h.get_label() for h in handles])
+
+
+def _category_legend_right(fig: Figure, categories=MEMORY_CATEGORIES) -> None:
+    """The categories beside the axes, top of the stack first, as the bars read."""
+    handles = _category_patches(categories)[::-1]
+    fig.legend(handles=handles, loc="outside right upper", ncols=1)
 
 
 def _stack(ax, x: np.ndarray, layers: dict[str, np.ndarray]) -> None:
@@ -106,6 +136,7 @@ def memory_area(series: dict[str, pd.DataFrame], capacity: dict[str, int]) -> Fi
         ax.set(ylim=(0, 100), ylabel="KV capacity (%)", xlabel="simulated time (s)",
                title=f"{label} (capacity {capacity[label]:,} token slots)")
         ax.margins(x=0)
+    _shared_time_axis(fig, series.values())
     _category_legend(fig)
     return fig
 
@@ -115,10 +146,10 @@ def memory_bars(fracs: pd.DataFrame, label_col: str, facet_col: str | None = Non
     """Time-averaged breakdown as stacked bars, one per row of ``fracs`` (percent annotated)."""
     facets = [None] if facet_col is None else list(dict.fromkeys(fracs[facet_col]))
     most_bars = max(len(fracs) if f is None else int((fracs[facet_col] == f).sum()) for f in facets)
-    ncols = min(len(facets), 2)
+    ncols = min(len(facets), 3 if most_bars <= 3 else 2)
     nrows = math.ceil(len(facets) / ncols)
-    fig, axes = _figure(nrows, ncols, width=max(5.0, ncols * (1.4 + 1.2 * most_bars)),
-                        row_height=4.2, sharey=True)
+    fig, axes = _figure(nrows, ncols, width=2.4 + max(3.0, ncols * (1.4 + 1.0 * most_bars)),
+                        row_height=3.8, sharey=True)
     for ax in axes.flat[len(facets):]:
         ax.set_visible(False)
     for ax, facet in zip(axes.flat, facets):
@@ -140,7 +171,7 @@ def memory_bars(fracs: pd.DataFrame, label_col: str, facet_col: str | None = Non
         ax.set(ylim=(0, 100), ylabel="KV capacity, time-averaged (%)", xlabel=label_col)
         if facet is not None:
             ax.set_title(f"{facet_col} = {facet}")
-    _category_legend(fig)
+    _category_legend_right(fig)
     return fig
 
 
@@ -153,7 +184,13 @@ def latency_vs_rate(df: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str) 
         rows = rows.sort_values(x)
         ax.plot(rows[x], rows[y], label=policy, markersize=6, **series_style(i))
     ax.set(xlabel=xlabel, ylabel=ylabel)
-    ax.set_ylim(bottom=0)
+    values = df[y].to_numpy(dtype=float)
+    positive = values[values > 0]
+    if len(positive) and positive.max() / positive.min() > 30:  # a linear axis would flatten the low lines
+        ax.set_yscale("log")
+        ax.set_ylabel(f"{ylabel}, log scale")
+    else:
+        ax.set_ylim(bottom=0)
     ax.legend(title="policy")
     return fig
 
@@ -191,7 +228,7 @@ def latency_cdfs(requests: dict[str, pd.DataFrame]) -> Figure:
         ax.set(xlabel=xlabel, ylabel="requests (cumulative %)", ylim=(0, 101))
     handles, labels = axes[0, 0].get_legend_handles_labels()
     if handles:
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 6))
+        legend_below(fig, handles, labels)
     return fig
 
 
@@ -221,21 +258,26 @@ def queues_over_time(binned: dict[str, pd.DataFrame]) -> Figure:
                   title=f"{label}: batch size")
         _side_legend(left)
         _side_legend(right)
+    _shared_time_axis(fig, binned.values())
     return fig
 
 
 @_themed
-def events_over_time(binned: dict[str, pd.DataFrame]) -> Figure:
-    """Per run: preemptions per second and blocks swapped in / out per second, over time."""
-    fig, axes = _figure(len(binned), 2, row_height=2.6)
-    for (label, ts), (left, right) in zip(binned.items(), axes):
+def events_over_time(binned: dict[str, pd.DataFrame], swaps: bool = True) -> Figure:
+    """Per run: preemptions per second and (with ``swaps``) blocks swapped in / out per second, over time."""
+    fig, axes = _figure(len(binned), 2 if swaps else 1, width=9.0 if swaps else 6.0, row_height=2.6)
+    for (label, ts), row in zip(binned.items(), axes):
+        left = row[0]
         _lines(left, ts, {"preempted": "preemptions"})
         left.set(xlabel="simulated time (s)", ylabel="preemptions (groups/s)",
                  title=f"{label}: preemptions")
-        _lines(right, ts, {"blocks_swapped_out": "swapped out", "blocks_swapped_in": "swapped in"})
-        right.set(xlabel="simulated time (s)", ylabel="swap traffic (blocks/s)",
-                  title=f"{label}: swaps")
-        _side_legend(right)
+        if swaps:
+            right = row[1]
+            _lines(right, ts, {"blocks_swapped_out": "swapped out", "blocks_swapped_in": "swapped in"})
+            right.set(xlabel="simulated time (s)", ylabel="swap traffic (blocks/s)",
+                      title=f"{label}: swaps")
+            _side_legend(right)
+    _shared_time_axis(fig, binned.values())
     return fig
 
 

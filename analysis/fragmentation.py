@@ -22,7 +22,9 @@ from analysis.rundir import MEMORY_CATEGORIES, Run, load_run
 WASTE_COLUMNS = ("mem_reservation", "mem_internal_frag", "mem_external_frag")
 DEFAULT_WINDOWS = 50
 #: Resident requests listed per window in the written reports (the DataFrame holds all).
-RESIDENTS_SHOWN = 15
+RESIDENTS_SHOWN = 3
+#: Below this share of capacity at its worst window, waste is stated in a sentence, not charted.
+NEGLIGIBLE_WASTE_FRAC = 0.01
 RESIDENT_COLUMNS = (
     "request_id", "arrival_s", "prompt_tokens", "output_tokens", "n",
     "first_scheduled_s", "finish_s", "preemptions",
@@ -142,23 +144,28 @@ def fragmentation_sections(run: Run, rep: FragmentationReport, window_s: float) 
          "Means are weighted by step duration."),
         Table(rep.breakdown),
     ])]
-    items: list = [
-        (f"Top {len(rep.windows)} windows of {window_s:.4g} s by mean wasted slots "
-         "(reservation + internal + external fragmentation)."),
-        Table(rep.windows),
-    ]
-    if len(run.steps):
-        ts = time_binned(run.steps, list(WASTE_COLUMNS))
-        ts.columns = [c.removeprefix("mem_") for c in ts.columns]
-        items.append(Image(figures.wasted_over_time(ts, run.capacity_tokens, rep.windows),
-                           "wasted KV capacity over time with the worst windows shaded",
-                           "Wasted capacity over time; shaded: the worst windows, by rank."))
-    for w in rep.windows.itertuples():
-        res = rep.resident[rep.resident["window"] == w.rank].drop(columns="window")
-        shown = res.head(RESIDENTS_SHOWN)
-        more = f"; the {len(shown)} with the most tokens shown" if len(res) > len(shown) else ""
-        items.append(Table(shown, f"Window #{w.rank} ({w.start_s:.4g}-{w.end_s:.4g} s): "
-                                  f"{len(res)} resident requests{more}."))
+    worst = float(rep.windows["wasted_frac"].max()) if len(rep.windows) else 0.0
+    if worst < NEGLIGIBLE_WASTE_FRAC:
+        items: list = [f"Wasted capacity (reservation + internal + external fragmentation) never exceeds "
+                       f"{worst:.2%} of the KV cache in any {window_s:.4g} s window: no window stands out."]
+    else:
+        items = [
+            (f"Top {len(rep.windows)} windows of {window_s:.4g} s by mean wasted slots "
+             "(reservation + internal + external fragmentation)."),
+            Table(rep.windows),
+        ]
+        if len(run.steps):
+            ts = time_binned(run.steps, list(WASTE_COLUMNS))
+            ts.columns = [c.removeprefix("mem_") for c in ts.columns]
+            items.append(Image(figures.wasted_over_time(ts, run.capacity_tokens, rep.windows),
+                               "wasted KV capacity over time with the worst windows shaded",
+                               "Wasted capacity over time; shaded: the worst windows, by rank."))
+        largest = rep.resident.groupby("window", sort=True).head(RESIDENTS_SHOWN)
+        counts = rep.resident["window"].value_counts()
+        spans = "; ".join(f"#{w.rank} {w.start_s:.4g}-{w.end_s:.4g} s: {counts.get(w.rank, 0)}"
+                          for w in rep.windows.itertuples())
+        items.append(Table(largest, f"The {RESIDENTS_SHOWN} resident requests with the most tokens per window "
+                                    f"(resident requests per window: {spans})."))
     sections.append(Section("worst-windows", "Fragmentation: worst windows", items))
     extent_items: list
     if rep.extents is None:

@@ -22,7 +22,7 @@ from blocksim.records.schema import MEMORY_CATEGORIES, MEMORY_COLUMNS
 __all__ = [
     "LATENCY_METRICS", "PERCENTILES", "REQUEST_METRIC_COLUMNS", "goodput_metrics", "memory_fractions",
     "memory_means", "memory_timeseries", "offered_rate", "prefix_hit_rate", "request_metrics", "run_metrics",
-    "slo_met", "time_binned", "time_weights",
+    "queue_means", "slo_met", "time_binned", "time_weights", "token_states_of_used",
 ]
 
 REQUEST_METRIC_COLUMNS = (
@@ -53,6 +53,23 @@ def memory_fractions(run: Run) -> dict[str, float]:
     The five sum to 1 when every step's categories sum to the capacity.
     """
     return metrics.memory_fractions(run.steps, run.capacity_tokens)
+
+
+def token_states_of_used(fractions: dict[str, float]) -> float:
+    """Share of the used KV capacity (all but ``free``) that holds token states, from time-averaged
+    fractions: ``token_states_frac / (1 - free_frac)``; NaN when nothing was used."""
+    used = 1.0 - fractions["free_frac"]
+    return fractions["token_states_frac"] / used if used > 0 else math.nan
+
+
+def queue_means(run: Run) -> dict[str, float]:
+    """Time-weighted mean request groups running (the batch) and waiting: ``running_mean``,
+    ``waiting_mean`` (NaN without steps)."""
+    steps = run.steps
+    w = time_weights(steps)
+    if len(steps) == 0 or not w.sum() > 0:
+        return {"running_mean": math.nan, "waiting_mean": math.nan}
+    return {f"{c}_mean": float(np.average(steps[c].to_numpy(dtype=float), weights=w)) for c in ("running", "waiting")}
 
 
 def prefix_hit_rate(summary: dict) -> float | None:
@@ -86,7 +103,10 @@ def run_metrics(run: Run, slo: dict[str, float] | None = None) -> dict[str, floa
     hit_rate = prefix_hit_rate(run.summary)
     if hit_rate is not None:
         m["prefix_hit_rate"] = hit_rate
-    m.update(memory_fractions(run))
+    fractions = memory_fractions(run)
+    m.update(fractions)
+    m["token_states_of_used_frac"] = token_states_of_used(fractions)
+    m.update(queue_means(run))
     return m
 
 

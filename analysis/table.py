@@ -8,13 +8,24 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.metrics import goodput_metrics, memory_fractions, offered_rate, prefix_hit_rate
+from analysis.metrics import (
+    goodput_metrics,
+    memory_fractions,
+    offered_rate,
+    prefix_hit_rate,
+    queue_means,
+    token_states_of_used,
+)
 from analysis.rundir import Run
+
+#: Changes whenever `run_row`'s columns do, so saved rows of earlier runs are recomputed.
+ROW_VERSION = 2
 
 
 def run_row(run: Run, slo: dict[str, float] | None = None) -> dict:
-    """One run as a flat row: its summary's scalars, offered rate, prefix hit rate, memory fractions,
-    and goodput under ``slo`` when given."""
+    """One run as a flat row: its summary's scalars, offered rate, prefix hit rate, memory fractions
+    (and the share of used memory holding token states), mean running and waiting groups, and
+    goodput under ``slo`` when given."""
     row = {k: v for k, v in run.summary.items() if not isinstance(v, (dict, list))}
     row["offered_rate_req_s"] = offered_rate(run.requests)
     hit_rate = prefix_hit_rate(run.summary)
@@ -22,7 +33,10 @@ def run_row(run: Run, slo: dict[str, float] | None = None) -> dict:
         row["prefix_hit_rate"] = hit_rate
     if slo:
         row.update(goodput_metrics(run, slo))
-    row.update(memory_fractions(run))
+    fractions = memory_fractions(run)
+    row.update(fractions)
+    row["token_states_of_used_frac"] = token_states_of_used(fractions)
+    row.update(queue_means(run))
     return row
 
 

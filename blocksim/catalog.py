@@ -56,7 +56,13 @@ def read_mapping(path: Path, what: str = "catalog file") -> dict[str, Any]:
     """A YAML or TOML mapping; errors name the file as `what`."""
     if not path.exists():
         raise ConfigError(f"{what} {path}: not found")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} {path}: byte {e.object[e.start]:#04x} at offset {e.start} is not UTF-8 text; "
+                          f"save the file as UTF-8") from None
+    except OSError as e:
+        raise ConfigError(f"{what} {path}: cannot read it ({e.strerror or e}); name a readable file") from None
     try:
         if path.suffix in (".yaml", ".yml"):
             data = yaml.safe_load(text) or {}

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib.metadata
+import logging
+import os
 import sys
+import traceback
 import warnings
 from pathlib import Path
 
-import traces
 from analysis.cli import add_analysis_commands
 from analysis.fidelity_report import add_fidelity_command
 from blocksim import options, plugins
-from blocksim.catalog import Catalog, read_mapping
+from blocksim.catalog import Catalog
 from blocksim.config import ConfigError
-from blocksim.cost import ProfileWarning
 from blocksim.engine import EngineError
-from blocksim.experiments.runner import build_config, replay
+from blocksim.experiments.configfile import read_config_file
+from blocksim.experiments.rundir import check_out_dir
+from blocksim.experiments.runner import build_config, check_options, rejection_warning, replay
+from blocksim.experiments import demo
 from blocksim.experiments.compare import add_compare_command
 from blocksim.experiments.cost_fit import add_cost_fit_command
 from blocksim.experiments.sweep import add_sweep_command
@@ -59,7 +65,7 @@ def add_option(p, name: str, **changes) -> None:
     `changes` override argparse keywords (e.g. another help text). The flag's default is None
     (or [] for a file list), so an unset flag never hides a config-file value."""
     o = options.BY_NAME[name]
-    kw: dict = {"dest": o.name, "default": None, "help": o.help}
+    kw: dict = {"dest": o.name, "default": None, "help": o.help_text}
     if o.type is bool:
         kw["action"] = argparse.BooleanOptionalAction if o.negatable else "store_true"
     elif o.type is tuple:
@@ -89,18 +95,6 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
                    help="YAML/TOML file of the options above (policy, model, block_size, ...); flags override it")
 
 
-def read_config_file(path: str) -> dict:
-    """Options from a YAML or TOML file: the option names of `blocksim replay` with underscores."""
-    data = read_mapping(Path(path), "config file")
-    known = set(options.FILE_KEYS)
-    unknown = set(data) - known
-    if unknown:
-        raise ConfigError(f"config file {path}: unknown option(s) {sorted(unknown)}; known: {sorted(known)}")
-    if isinstance(data.get("catalog"), str):
-        data["catalog"] = [data["catalog"]]
-    return data
-
-
 def settings_from_args(args: argparse.Namespace) -> tuple[str, dict]:
     """(policy, options) from the --config file, then the command-line flags over it."""
     o = read_config_file(args.config) if getattr(args, "config", None) else {}
@@ -122,12 +116,13 @@ def add_executor_options(p: argparse.ArgumentParser) -> None:
                    help="execute every step with the model (random weights) and advance the clock by its measured "
                         "time: cuda (CUDA events; CUDA graphs for pure decodes), cpu (the same code on the CPU, "
                         "for tiny catalog models)")
-    g.add_argument("--executor-dtype", choices=("float16", "bfloat16"), default="float16")
+    g.add_argument("--executor-dtype", choices=("float16", "bfloat16"), default="float16",
+                   help="the executed model's dtype (default float16)")
     g.add_argument("--executor-attention", choices=("fast", "vllm"), default="fast",
                    help="decode attention: the fast kernel (default) or the vLLM-layout v1/v2 kernels")
     g.add_argument("--executor-prefill", choices=("auto", "kernel", "sdpa"), default="auto",
-                   help="prefill attention: the paged prefill kernel, or gather + torch SDPA (auto: the kernel "
-                        "when the kernels package has it)")
+                   help="prefill attention: the paged prefill kernel, or gather + torch SDPA "
+                        "(default auto: the kernel when the kernels package has it)")
     g.add_argument("--executor-eager", action="store_true", help="no CUDA graphs: every step runs eagerly")
 
 
@@ -151,8 +146,12 @@ def executor_from_args(args: argparse.Namespace):
 
 def _run_and_report(trace, args, out: Path, *, progress: bool) -> int:
     policy, options = settings_from_args(args)
+    warning = rejection_warning(trace, policy, options)
+    if warning:
+        print(f"blocksim: {warning}", file=sys.stderr)
     summary = replay(trace, out, policy=policy, overrides=options, progress=progress,
-                     record_plan=getattr(args, "record_plan", False), executor=executor_from_args(args))
+                     record_plan=getattr(args, "record_plan", False), write_report=not args.no_report,
+                     overwrite=getattr(args, "overwrite", False), executor=executor_from_args(args))
     cm = summary.get("cost_model") or {}
     print(f"\nblocksim: {summary['config']['model']['name']} on {summary['config']['gpu']['name']}, "
           f"policy {summary['config']['policy']}, block size {summary['block_size']}, cost model {cm.get('name')}"
@@ -162,24 +161,21 @@ def _run_and_report(trace, args, out: Path, *, progress: bool) -> int:
     for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1])[:3]:
         print(f"  rejected x{count}: {reason}")
     if not args.no_report:
-        from analysis import write_report  # loads matplotlib: only when a report is drawn
-        html, md = write_report(out)
-        print(f"\nreport: {html}\n        {md}")
+        print(f"\nreport: {out / 'report.html'}\n        {out / 'report.md'}")
     print(f"run directory: {out}")
     return 0
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    check_out_dir(args.out, args.overwrite)
+    check_options(*settings_from_args(args))  # bad options are refused before a large trace is read
     trace = read_trace_from_args(args.trace, args)
     return _run_and_report(trace, args, Path(args.out), progress=not args.quiet)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    path = traces.bundled("azure-conv")
-    print(f"blocksim demo: replaying {path.name} (Azure LLM inference 2023, conversation; CC BY 4.0)")
-    trace = traces.read_trace(path)
-    args.clip_to_model = None if args.no_clip else True
-    return _run_and_report(trace, args, Path(args.out), progress=not args.quiet)
+    summary = demo.run_demo(args.out, workers=args.workers, progress=not args.quiet, report=not args.no_report)
+    return 1 if (summary["status"] != "ok").any() else 0
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
@@ -210,38 +206,80 @@ def cmd_policies(args: argparse.Namespace) -> int:
     return 0
 
 
+class Parser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one line: the command, the problem, where to look."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}; see `{self.prog} --help`\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, and an unknown flag is answered with the closest known one."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            unknown = " ".join(extras)
+            flags = sorted({f for p in _parsers(self) for a in p._actions for f in a.option_strings})
+            close = [m for e in extras if e.startswith("--")
+                     for m in difflib.get_close_matches(e.split("=")[0], flags, n=1)]
+            self.error(f"unrecognized arguments: {unknown}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+        return parsed
+
+
+def _parsers(parser: argparse.ArgumentParser):
+    """`parser` and every sub-command parser below it."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+def add_verbose_option(p: argparse.ArgumentParser, top: bool = False) -> None:
+    """-v / --verbose: log what is read and written (-v), and tracebacks of handled errors (-vv)."""
+    p.add_argument("-v", "--verbose", action="count", default=0 if top else argparse.SUPPRESS,
+                   help="say more on stderr: -v logs what is read and written, -vv adds tracebacks of "
+                        "handled errors (default: warnings and errors only)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="blocksim", description="KV-cache memory management simulator for LLM serving")
+    p = Parser(prog="blocksim", description="KV-cache memory management simulator for LLM serving")
+    p.add_argument("--version", action="version", version=f"blocksim {version()}")
+    add_verbose_option(p, top=True)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     r = sub.add_parser("replay", help="replay a trace through the simulated engine")
     r.add_argument("trace", help="trace file (Azure, BurstGPT, Mooncake, generic CSV/JSONL/Parquet)")
-    r.add_argument("--out", required=True, metavar="DIR")
+    r.add_argument("--out", required=True, metavar="DIR",
+                   help="run directory to write (summary.json, requests/steps tables, report); built aside and "
+                        "renamed into place when complete")
+    r.add_argument("--overwrite", action="store_true",
+                   help="replace an existing non-empty --out whole (default: refuse it)")
     add_option(r, "policy")
     r.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
     r.add_argument("--record-plan", action="store_true",
                    help="write the execution plan (plan/) for `blocksim validate`; steps one by one")
-    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--quiet", action="store_true", help="no progress bar (drawn only when stderr is a terminal)")
     add_option_group(r, "run")
     add_config_options(r)
     add_trace_read_options(r)
     add_executor_options(r)
     r.set_defaults(func=cmd_replay)
 
-    d = sub.add_parser("demo", help="replay the bundled Azure conversation trace slice and write a report")
+    d = sub.add_parser("demo", help="compare KV-cache policies on a bundled trace slice where memory is the "
+                                    "bottleneck, print the findings and write a report",
+                       description=demo.DESCRIPTION)
     d.add_argument("--out", default="blocksim-demo", metavar="DIR", help="default ./blocksim-demo")
-    add_option(d, "policy", help=f"preset (default {options.DEFAULT_POLICY})")
-    d.add_argument("--no-report", action="store_true")
-    d.add_argument("--no-clip", action="store_true",
-                   help="reject requests longer than the model instead of clipping them")
-    d.add_argument("--quiet", action="store_true")
-    add_config_options(d)
+    d.add_argument("--workers", type=options.positive_int, default=None,
+                   help="parallel runs (default: local cores)")
+    d.add_argument("--no-report", action="store_true", help="skip report.html / report.md")
+    d.add_argument("--quiet", action="store_true", help="no progress bar (drawn only when stderr is a terminal)")
     d.set_defaults(func=cmd_demo)
 
     c = sub.add_parser("catalog", help="list built-in and user models and GPUs")
-    c.add_argument("--catalog", action="append", default=[], metavar="FILE")
-    c.add_argument("--model", default=None, help="also print this model's block counts")
-    c.add_argument("--gpu", default=options.DEFAULT_GPU)
+    c.add_argument("--catalog", action="append", default=[], metavar="FILE",
+                   help="YAML/TOML file adding models and GPUs; repeatable")
+    c.add_argument("--model", default=None, help="also print this model's block counts on --gpu")
+    c.add_argument("--gpu", default=options.DEFAULT_GPU,
+                   help=f"GPU for --model's block counts (default {options.DEFAULT_GPU})")
     c.set_defaults(func=cmd_catalog)
 
     pol = sub.add_parser("policies", help="list policy presets and the registered plug-ins")
@@ -255,31 +293,80 @@ def build_parser() -> argparse.ArgumentParser:
     add_sweep_command(sub)
     add_validate_command(sub)  # validation imports torch only when a validation runs
     add_profile_command(sub)
+    for command in sub.choices.values():
+        add_verbose_option(command)
     return p
 
 
-_SHOW_WARNING = warnings.showwarning
+def version() -> str:
+    try:
+        return importlib.metadata.version("blocksim")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed; run `pip install -e .`)"
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """A cost profile's warnings (extrapolated steps, ignored components) as one line each."""
-    if issubclass(category, ProfileWarning):
-        print(f"blocksim: warning: {message}", file=sys.stderr)
-    else:
-        _SHOW_WARNING(message, category, filename, lineno, file, line)
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    text = " ".join(str(message).split())
+    print(f"blocksim: warning: {text}", file=sys.stderr if file is None else file)
+
+
+def _setup_logging(verbosity: int) -> None:
+    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="blocksim: %(levelname)s: %(message)s", stream=sys.stderr, force=True)
+
+
+def _fail(message: str, exc: BaseException, verbosity: int) -> int:
+    """Print `message` as one line (the traceback too with -vv) and return exit status 2."""
+    if verbosity >= 2:
+        traceback.print_exception(exc)
+    print(f"blocksim: {' '.join(str(message).split())}", file=sys.stderr)
+    return 2
+
+
+def _quiet_broken_pipe() -> int:
+    """stdout's reader went away (`blocksim ... | head`): stop quietly, as command-line tools do."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 141  # 128 + SIGPIPE, the status of a tool killed by a broken pipe
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    warnings.showwarning = _show_warning
+    """The `blocksim` command. Exit status: 0 done, 1 some runs failed, 2 bad input (one line on
+    stderr naming the file, field or option and the fix), 130 interrupted (Ctrl-C), 141 broken pipe."""
+    verbosity = 0
     try:
-        return args.func(args) or 0
+        args = build_parser().parse_args(argv)
+        verbosity = getattr(args, "verbose", 0) or 0
+        _setup_logging(verbosity)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning
+            code = args.func(args) or 0
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except KeyboardInterrupt:
+        print("blocksim: interrupted; nothing half-written is left and earlier output is unchanged",
+              file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    except plugins.PluginError as e:
+        return _fail(f"plugin error: {e}", e, verbosity)
     except ConfigError as e:
-        print(f"blocksim: configuration error: {e}", file=sys.stderr)
-        return 2
+        return _fail(f"configuration error: {e}", e, verbosity)
     except (TraceError, FileNotFoundError, EngineError) as e:  # errors that carry a user-facing message
-        print(f"blocksim: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e), e, verbosity)
+    except OSError as e:
+        if e.filename is None:
+            raise
+        return _fail(f"{e.filename}: {e.strerror or e}; check the path and its permissions", e, verbosity)
+    except Exception as e:
+        which = plugins.blame(e)
+        if which is None:
+            raise
+        return _fail(f"plugin error: {which}", e, verbosity)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,22 @@ class Option:
         return self.flags or ("--" + self.name.replace("_", "-"),)
 
     @property
+    def help_text(self) -> str:
+        """`help`, ending with the default: the value, or for a policy knob the preset's."""
+        text = self.help or ""
+        if "default" in text:
+            return text
+        if self.group == "policy":
+            default = "the --policy preset's"
+        elif self.type is bool:
+            default = "off" if not self.default else "on"
+        elif self.default in (None, ()):
+            default = "none"
+        else:
+            default = f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
+        return f"{text} (default {default})" if text else f"default {default}"
+
+    @property
     def flag(self) -> str:
         """The main CLI spelling, for messages."""
         return self.cli_flags[0]
@@ -125,19 +141,21 @@ OPTIONS: tuple[Option, ...] = (
     Option("model", str, DEFAULT_MODEL, f"model name from the catalog (default {DEFAULT_MODEL})", "model"),
     Option("gpu", str, DEFAULT_GPU, f"GPU name from the catalog (default {DEFAULT_GPU})", "model"),
     Option("catalog", tuple, (), "YAML/TOML file adding models and GPUs; repeatable", "model", metavar="FILE"),
-    Option("tensor_parallel", int, _tp, None, "model", short="tp", flags=("--tensor-parallel", "--tp")),
+    Option("tensor_parallel", int, _tp, f"GPUs the model is split over; each holds 1/TP of the weights and KV heads "
+           f"(default {_tp})", "model", short="tp", flags=("--tensor-parallel", "--tp")),
     Option("block_size", int, _cache.block_size, f"tokens per KV block (default {_cache.block_size})", "model",
            short="bs", applies_to=VLLM_ENGINE),
     Option("gpu_memory_utilization", float, _cache.gpu_memory_utilization,
-           f"default {_cache.gpu_memory_utilization:g}", "model", short="util"),
+           f"share of GPU memory for weights, activations and the KV cache (default {_cache.gpu_memory_utilization:g})",
+           "model", short="util"),
     Option("swap_space_gib", float, _cache.swap_space_gib, f"CPU swap GiB (default {_cache.swap_space_gib:g})",
-           "model", short="swap", flags=("--swap-space",), applies_to=V0),
+           "model", short="swap", flags=("--swap-space-gib", "--swap-space"), metavar="GIB", applies_to=V0),
     Option("watermark", float, _cache.watermark, f"fraction of GPU blocks kept free (default {_cache.watermark:g})",
            "model", short="wm", applies_to=PAGED),
-    Option("num_gpu_blocks", int, _cache.num_gpu_blocks_override, "fix the GPU block count", "model",
+    Option("num_gpu_blocks", int, _cache.num_gpu_blocks_override, "fix the GPU block count (default: derived from GPU memory as vLLM does)", "model",
            short="gpub"),
     # scheduler
-    Option("max_num_seqs", int, _sched.max_num_seqs, f"default {_sched.max_num_seqs} (vllm-v1: vLLM V1's default for the GPU, "
+    Option("max_num_seqs", int, _sched.max_num_seqs, f"most sequences running in one step (default {_sched.max_num_seqs}; vllm-v1: vLLM V1's default for the GPU, "
            f"{V1_DEFAULTS['large'][1]} on >= 70 GiB, else {V1_DEFAULTS['small'][1]})", "scheduler", short="seqs",
            applies_to=VLLM_ENGINE),
     Option("max_num_batched_tokens", int, None, "per-step token budget, decodes included; default "
@@ -146,7 +164,8 @@ OPTIONS: tuple[Option, ...] = (
            short="mbt", applies_to=VLLM_ENGINE),
     Option("long_prefill_token_threshold", int, None, "vllm-v1: most prompt tokens a request gets per step "
            "(default 0: no cap)", "scheduler", short="lpt", applies_to=V1),
-    Option("preemption", str, _sched.preemption_mode, f"default {_sched.preemption_mode} (vLLM's rule)",
+    Option("preemption", str, _sched.preemption_mode, "how a preempted group gives back its memory: recompute, swap, or auto (vLLM's rule: recompute a "
+           f"single sequence, swap a group of several) (default {_sched.preemption_mode})",
            "scheduler", choices=PREEMPTION_MODES, short="pre", applies_to=PREEMPTING),
     Option("cost_profile", str, None, "a measured profile (format blocksim-profile/1, from `blocksim profile`) "
            "for the profiled cost model, or roofline parameters (no format key, or blocksim-roofline/1); "
@@ -159,8 +178,10 @@ OPTIONS: tuple[Option, ...] = (
            applies_to=CONTIGUOUS),
     Option("address_space", str, None, "contiguous placement", "policy", choices=ADDRESS_SPACES,
            applies_to=CONTIGUOUS),
-    Option("prefix_caching", bool, None, None, "policy", applies_to=BLOCKS),
-    Option("chunked_prefill", bool, None, None, "policy", applies_to=VLLM_ENGINE),
+    Option("prefix_caching", bool, None, "share full prompt blocks with equal prefix hashes "
+           "(automatic prefix caching)", "policy", applies_to=BLOCKS),
+    Option("chunked_prefill", bool, None, "split long prompts over steps under the token budget", "policy",
+           applies_to=VLLM_ENGINE),
     Option("scheduler", str, None, "fcfs | priority | sjf | orca | static | v1 | v1-priority | sglang", "policy"),
     Option("victim", str, None, "preemption victim: newest | largest | fewest-blocks", "policy",
            applies_to=PREEMPTING),
@@ -188,7 +209,7 @@ OPTIONS: tuple[Option, ...] = (
            "steps), 0.4 (+ swap-ins charged to the token budget), 0.6.4 (+ admission on uncached tokens)", "policy",
            choices=V0_RELEASES, short="rel", applies_to=PREEMPTING),
     # run shaping: applied to the trace by `replay`, not part of the configuration
-    Option("max_requests", int, None, "replay only the first N requests", "run", short="n", parse=positive_int),
+    Option("max_requests", int, None, "replay only the first N requests (default: all)", "run", short="n", parse=positive_int),
     Option("rate_scale", float, 1.0, "multiply the request rate (default 1)", "run", short="x",
            parse=positive_float),
     Option("clip_to_model", bool, False, "clip requests longer than the model's max length (reports how many) "

@@ -16,8 +16,9 @@ from .shaping import (
     window,
 )
 from .trace import Trace
+from .write import write_trace
 
 __all__ = [
     "ReadReport", "Trace", "TraceError", "TraceWarning", "bundled", "bundled_names", "clip_to_max_len",
-    "head", "poisson_retime", "read_trace", "scale_rate", "subsample", "window",
+    "head", "poisson_retime", "read_trace", "scale_rate", "subsample", "window", "write_trace",
 ]

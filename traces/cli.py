@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 
 from .columns import TIME_UNITS
@@ -28,6 +29,7 @@ from .shaping import (
 from .stats import describe
 from .synth import multi_turn_trace, shared_prefix_trace, synth_trace
 from .trace import Trace
+from .write import OUTPUT_FORMATS, output_format, write_trace
 
 
 def add_trace_read_options(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +37,7 @@ def add_trace_read_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("trace reading (see traces/FORMATS.md)")
     group.add_argument("--format", dest="trace_format", default=None, metavar="NAME",
                        help=f"trace format, detected from the columns when omitted: {', '.join(format_names())}")
-    group.add_argument("--map", dest="trace_map", action="append", default=[], metavar="FIELD=COLUMN",
+    group.add_argument("--map", dest="trace_map", action="append", default=[], metavar="FIELD=COLUMN", type=_map_item,
                        help="read canonical FIELD (arrival_s, prompt_tokens, output_tokens, request_id, n, priority, "
                             "beam_width, prefix_hashes) from source COLUMN; repeatable")
     group.add_argument("--time-unit", dest="trace_time_unit", default=None, choices=TIME_UNITS,
@@ -46,6 +48,15 @@ def add_trace_read_options(parser: argparse.ArgumentParser) -> None:
                        help="skip bad rows (reported with their line numbers) instead of failing")
     group.add_argument("--keep-failed", dest="trace_keep_failed", action="store_true",
                        help="keep failed requests (BurstGPT rows with zero response tokens); dropped and counted otherwise")
+
+
+def _map_item(text: str) -> str:
+    """Argparse type of ``--map``: ``FIELD=COLUMN``."""
+    try:
+        parse_mapping([text])
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def parse_mapping(items) -> dict[str, str]:
@@ -85,23 +96,41 @@ def add_traces_command(subparsers) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="traces_command", metavar="{info,convert,synth}", required=True)
 
     info = commands.add_parser("info", help="summary statistics of a trace file")
-    info.add_argument("file")
+    info.add_argument("file", help="trace to read (Azure, BurstGPT, Mooncake, generic CSV/JSONL/Parquet)")
     info.add_argument("--json", action="store_true", help="print the statistics as JSON")
     add_trace_read_options(info)
     info.set_defaults(func=run_info)
 
-    convert = commands.add_parser("convert", help="read any format, shape it, write canonical Parquet")
-    convert.add_argument("file")
-    convert.add_argument("out", metavar="OUT.parquet")
+    convert = commands.add_parser("convert", help="read any format, shape it, write it as Parquet, CSV or JSONL")
+    convert.add_argument("file", help="trace to read (Azure, BurstGPT, Mooncake, generic CSV/JSONL/Parquet)")
+    convert.add_argument("out", metavar="OUT", help="file to write, in the format its extension names "
+                                                   "(.parquet, .csv, .jsonl) or --to")
+    _add_output_option(convert)
     add_trace_read_options(convert)
     _add_shaping_options(convert)
     convert.set_defaults(func=run_convert)
 
-    synth = commands.add_parser("synth", help="write a synthetic workload as canonical Parquet")
-    synth.add_argument("out", metavar="OUT.parquet")
+    synth = commands.add_parser("synth", help="write a synthetic workload as Parquet, CSV or JSONL")
+    synth.add_argument("out", metavar="OUT", help="file to write, in the format its extension names "
+                                                 "(.parquet, .csv, .jsonl) or --to")
+    _add_output_option(synth)
     _add_synth_options(synth)
     synth.set_defaults(func=run_synth)
     return parser
+
+
+def _add_output_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--to", choices=OUTPUT_FORMATS, default=None,
+                        help="output format (default: the one OUT's extension names)")
+
+
+def _write(trace: Trace, args: argparse.Namespace) -> str:
+    """Write the trace as asked; a note when the block size of its prefix hashes must be given again."""
+    fmt = write_trace(trace, args.out, args.to)
+    if fmt != "parquet" and trace.has_hashes:
+        print(f"note: {args.out} holds prefix hashes of {trace.hash_block_tokens}-token blocks; read it back "
+              f"with --hash-block-tokens {trace.hash_block_tokens}", file=sys.stderr)
+    return fmt
 
 
 def _add_shaping_options(parser: argparse.ArgumentParser) -> None:
@@ -117,33 +146,35 @@ def _add_shaping_options(parser: argparse.ArgumentParser) -> None:
                        help="replace arrivals by a Poisson process at PER_S requests per second")
     group.add_argument("--clip-max-len", type=int, metavar="TOKENS",
                        help="clip prompt + output to TOKENS (a model's max length); reports how many changed")
-    group.add_argument("--seed", type=int, default=0, help="seed for --subsample and --poisson-rate")
+    group.add_argument("--seed", type=int, default=0, help="seed for --subsample and --poisson-rate (default %(default)s)")
 
 
 def _add_synth_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", choices=("plain", "shared-prefix", "multi-turn"), default="plain",
                         help="plain: independent requests; shared-prefix: k-shot prompts sharing a prefix; "
-                             "multi-turn: conversations whose turns extend the context")
-    parser.add_argument("--requests", type=int, default=1000, help="requests (multi-turn: conversations)")
+                             "multi-turn: conversations whose turns extend the context (default %(default)s)")
+    parser.add_argument("--requests", type=int, default=1000, help="requests (multi-turn: conversations) (default %(default)s)")
     parser.add_argument("--rate", type=float, default=1.0, metavar="PER_S",
-                        help="mean arrival rate, requests (multi-turn: conversations) per second")
-    parser.add_argument("--arrivals", choices=("poisson", "gamma"), default="poisson")
+                        help="mean arrival rate, requests (multi-turn: conversations) per second (default %(default)s)")
+    parser.add_argument("--arrivals", choices=("poisson", "gamma"), default="poisson",
+                        help="inter-arrival process (default %(default)s)")
     parser.add_argument("--cv", type=float, default=2.0,
-                        help="coefficient of variation of inter-arrival times for gamma arrivals (>1 is bursty)")
+                        help="coefficient of variation of inter-arrival times for gamma arrivals (>1 is bursty; "
+                             "default %(default)s)")
     parser.add_argument("--prompt-len", default="lognormal:1000:1.0", metavar="DIST",
                         help="prompt (shared-prefix: suffix; multi-turn: user message) length: fixed:N, "
-                             "uniform:LOW:HIGH, lognormal:MEAN:CV[:MAX], empirical:FILE[:prompt|output]")
-    parser.add_argument("--output-len", default="lognormal:200:1.0", metavar="DIST", help="output length, same forms")
-    parser.add_argument("--n", type=int, default=1, help="parallel samples per request")
-    parser.add_argument("--beam-width", type=int, default=1, help="beam search width (sets n to it)")
+                             "uniform:LOW:HIGH, lognormal:MEAN:CV[:MAX], empirical:FILE[:prompt|output] (default %(default)s)")
+    parser.add_argument("--output-len", default="lognormal:200:1.0", metavar="DIST", help="output length, same forms (default %(default)s)")
+    parser.add_argument("--n", type=int, default=1, help="parallel samples per request (default %(default)s)")
+    parser.add_argument("--beam-width", type=int, default=1, help="beam search width (sets n to it; default %(default)s)")
     parser.add_argument("--hash-block-tokens", type=int, default=None, metavar="N",
                         help="tokens per prefix-hash block (default 16 for shared-prefix and multi-turn, none for plain)")
     parser.add_argument("--prefix-tokens", type=int, default=1024,
-                        help="shared-prefix: tokens of the shared prefix (system prompt + k examples)")
-    parser.add_argument("--prefixes", type=int, default=1, help="shared-prefix: number of distinct shared prefixes")
-    parser.add_argument("--turns", type=int, default=4, help="multi-turn: turns per conversation")
-    parser.add_argument("--think-s", type=float, default=10.0, help="multi-turn: mean seconds between turns")
-    parser.add_argument("--seed", type=int, default=0)
+                        help="shared-prefix: tokens of the shared prefix (system prompt + k examples; default %(default)s)")
+    parser.add_argument("--prefixes", type=int, default=1, help="shared-prefix: number of distinct shared prefixes (default %(default)s)")
+    parser.add_argument("--turns", type=int, default=4, help="multi-turn: turns per conversation (default %(default)s)")
+    parser.add_argument("--think-s", type=float, default=10.0, help="multi-turn: mean seconds between turns (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
     parser.add_argument("--name", default=None, help="trace name stored in the Parquet file")
 
 
@@ -159,6 +190,7 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def run_convert(args: argparse.Namespace) -> int:
+    output_format(args.out, args.to)  # refuse an unknown output format before reading
     trace = read_trace_from_args(args.file, args)
     if args.window:
         trace = window(trace, *args.window)
@@ -174,9 +206,9 @@ def run_convert(args: argparse.Namespace) -> int:
     if args.clip_max_len is not None:
         trace, changed = clip_to_max_len(trace, args.clip_max_len)
         print(f"clipped {changed} of {len(trace)} requests to {args.clip_max_len} tokens", file=sys.stderr)
-    trace.to_parquet(args.out)
+    fmt = _write(trace, args)
     note = trace.report.summary()
-    print(f"wrote {len(trace)} requests to {args.out}" + (f" ({note})" if note else ""))
+    print(f"wrote {len(trace)} requests to {args.out} as {fmt}" + (f" ({note})" if note else ""))
     return 0
 
 
@@ -195,8 +227,8 @@ def run_synth(args: argparse.Namespace) -> int:
                                  hash_block_tokens=args.hash_block_tokens or 16, **common)
     if args.name:
         trace = Trace(trace.df, trace.hash_block_tokens, args.name)
-    trace.to_parquet(args.out)
-    print(f"wrote {len(trace)} requests to {args.out}")
+    fmt = _write(trace, args)
+    print(f"wrote {len(trace)} requests to {args.out} as {fmt}")
     return 0
 
 
@@ -206,7 +238,15 @@ def main(argv: list[str] | None = None) -> int:
     add_traces_command(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["traces", *(sys.argv[1:] if argv is None else argv)])
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()
+        return code
     except (TraceError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted; no output file was written", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141

@@ -6,6 +6,7 @@ and a list of :class:`RowProblem`, one per kind of problem, each with a row mask
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,7 +41,12 @@ def _problem(column: str, kind: str, mask, hint: str, raw: pd.Series | None = No
         return []
     if raw is None:
         return [RowProblem(column, kind, mask, hint, lambda i: kind)]
-    return [RowProblem(column, kind, mask, hint, lambda i: f"{kind} {raw.iloc[i]!r}")]
+    return [RowProblem(column, kind, mask, hint, lambda i: f"{kind} {_shown(raw.iloc[i])}")]
+
+
+def _shown(value) -> str:
+    """A source value as written in a message: numpy scalars as plain numbers."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
 
 
 def to_counts(raw: pd.Series, column: str, *, minimum: int = 0, what: str = "token count") -> tuple[np.ndarray, list[RowProblem]]:
@@ -54,12 +60,21 @@ def to_counts(raw: pd.Series, column: str, *, minimum: int = 0, what: str = "tok
     fractional = finite & (values != np.floor(values))
     too_small = finite & (values < minimum)
     bad_value = f"expected a non-negative integer {what}" if minimum == 0 else f"expected an integer {what} >= {minimum}"
+    if minimum == 1 and what == "token count":  # a request's prompt and output: zero is a row of its own kind
+        zero = too_small & (values == 0)
+        too_small = too_small & ~zero
+        zero_problem = _problem(column, "zero token count", zero, "a request needs at least 1 prompt token and "
+                                "1 output token; remove the row")
+    else:
+        zero_problem = []
+    small_kind = "negative value" if minimum in (0, 1) and what == "token count" else "value too small"
     problems = (
         _problem(column, "missing value", missing, f"every row needs a {what} in this column")
         + _problem(column, "non-numeric value", non_numeric, bad_value, raw)
         + _problem(column, "non-finite value", ~finite & ~missing & ~non_numeric, bad_value, raw)
         + _problem(column, "fractional value", fractional, bad_value, raw)
-        + _problem(column, "negative value" if minimum == 0 else "value too small", too_small, bad_value, raw)
+        + _problem(column, small_kind, too_small, bad_value, raw)
+        + zero_problem
     )
     ints = np.where(finite, values, 0).astype(np.int64)
     return ints, problems
@@ -156,6 +171,8 @@ def _hash_array(raw: pd.Series) -> tuple[pa.Array, np.ndarray]:
         if array.type == HASH_TYPE:
             return array, np.zeros(len(raw), dtype=bool)
     values = raw.tolist()
+    if is_text(raw):  # CSV: JSON lists as text, "[1, 2]"
+        values = [_json_list(v) for v in values]
     try:
         return pa.array(values, type=HASH_TYPE, from_pandas=True), np.zeros(len(raw), dtype=bool)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
@@ -164,6 +181,16 @@ def _hash_array(raw: pd.Series) -> tuple[pa.Array, np.ndarray]:
     not_list = np.array([not (_is_null(v) or _is_int_list(v)) for v in values], dtype=bool)
     cleaned = [None if bad else v for v, bad in zip(values, not_list)]
     return pa.array(cleaned, type=HASH_TYPE, from_pandas=True), not_list
+
+
+def _json_list(value):
+    """A JSON list held as text, parsed; anything else as it is."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _is_null(value) -> bool:

@@ -29,6 +29,7 @@ class TraceError(ValueError):
         self.line = line
         self.column = column
         self.hint = hint
+        self.where = where
         parts = [self.path or "<trace>"]
         if line is not None:
             parts.append(f"{where} {line}")
@@ -52,6 +53,7 @@ class ReadReport:
     holds the line (or row) numbers of the first few, ``skip_reasons`` counts them by
     ``"column: problem"``. ``failed_rows`` counts rows the format marks as failed requests
     (BurstGPT: zero response tokens); ``failed_kept`` says whether they are in the trace.
+    ``where`` says what the numbers count: ``line`` (CSV, JSONL) or ``row`` (Parquet).
     """
 
     skipped_rows: int = 0
@@ -59,6 +61,7 @@ class ReadReport:
     skip_reasons: dict[str, int] = field(default_factory=dict)
     failed_rows: int = 0
     failed_kept: bool = False
+    where: str = "line"
 
     def summary(self) -> str:
         """One line for humans; empty when nothing was skipped or failed."""
@@ -67,7 +70,7 @@ class ReadReport:
             lines = ", ".join(map(str, self.skipped_lines))
             more = ", ..." if self.skipped_rows > len(self.skipped_lines) else ""
             reasons = "; ".join(f"{n} x {r}" for r, n in self.skip_reasons.items())
-            parts.append(f"skipped {self.skipped_rows} bad rows (lines {lines}{more}): {reasons}")
+            parts.append(f"skipped {self.skipped_rows} bad rows ({self.where}s {lines}{more}): {reasons}")
         if self.failed_rows:
             verb = "kept" if self.failed_kept else "dropped"
             parts.append(f"{verb} {self.failed_rows} failed requests (zero output tokens)")

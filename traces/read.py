@@ -7,20 +7,24 @@ convert each to canonical units while collecting bad rows, then either raise a
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from .columns import RowProblem, is_text, to_counts, to_hashes, to_integers, to_seconds
 from .errors import ReadReport, TraceError, TraceWarning
 from .formats import FormatSpec, resolve_format
-from .tables import RawTable, container_of, load_table, peek_columns
+from .tables import RawTable, _parquet_error, container_of, load_table, name_mismatch, peek_columns
 from .timespan import check_span
 from .trace import Trace
 
 _FIRST_LINES_REPORTED = 10
+log = logging.getLogger(__name__)
 
 
 def read_trace(
@@ -46,11 +50,37 @@ def read_trace(
     """
     path = Path(path)
     container = container_of(path) if path.exists() else "csv"
+    mismatch = name_mismatch(path, container)
+    try:
+        trace = _read(path, container, format, mapping, lenient, keep_failed, time_unit, hash_block_tokens, name)
+    except TraceError as e:
+        if mismatch:  # one message: the mismatch may be the cause
+            raise TraceError(e.path, f"{mismatch}; {e.problem}", line=e.line, column=e.column, hint=e.hint,
+                             where=e.where) from None
+        raise
+    if mismatch:
+        warnings.warn(f"{path}: {mismatch}", TraceWarning, stacklevel=2)
+    return trace
+
+
+def _read(path: Path, container: str, format, mapping, lenient, keep_failed, time_unit, hash_block_tokens,
+          name) -> Trace:
     columns = peek_columns(path, container)
     spec = resolve_format(path, columns, format, mapping, time_unit, hash_block_tokens)
     written_by_us = container == "parquet" and spec.name == "canonical" and format is None and not mapping
     if written_by_us and b"blocksim.trace" in (_parquet_metadata(path) or {}):
-        return Trace.from_parquet(path)
+        try:
+            trace = Trace.from_parquet(path)
+        except (pa.ArrowException, OSError) as e:
+            raise _parquet_error(path, e) from None
+        except ValueError as e:
+            raise TraceError(path, f"not a valid trace ({e})",
+                             hint="write it again with blocksim traces convert or traces.Trace.to_parquet") from None
+        df = trace.df
+        if (df["prompt_tokens"] > 0).all() and (df["output_tokens"] > 0).all():
+            return trace
+        # zero-length requests (a Trace may hold them): read row by row, naming or skipping them
+        spec = resolve_format(path, columns, format, mapping, time_unit, hash_block_tokens or trace.hash_block_tokens)
     sources = _present_sources(path, spec, columns)
     table = load_table(path, container, list(dict.fromkeys(sources.values())), lenient=lenient)
     values, problems = _convert(table, spec, sources)
@@ -63,13 +93,17 @@ def read_trace(
         raise TraceError(path, "no valid requests left after skipping bad rows", hint="check the file and the column mapping")
     check_span(frame["arrival_s"].to_numpy(), path=path, column=sources["arrival_s"], unit=spec.time_unit)
     frame = _sort_and_rebase(frame)
+    log.info("read %d requests from %s (%s, format %s, arrivals in %s)", len(frame), path, container, spec.name,
+             spec.time_unit or "s / date-times")
     hbt = spec.hash_block_tokens if "prefix_hashes" in frame else None
     return Trace(frame, hbt, name if name is not None else path.name.split(".")[0], report)
 
 
 def _parquet_metadata(path: Path):
-    import pyarrow.parquet as pq
-    return pq.read_schema(str(path)).metadata
+    try:
+        return pq.read_schema(str(path)).metadata
+    except (pa.ArrowException, OSError) as e:
+        raise _parquet_error(path, e) from None
 
 
 def _present_sources(path: Path, spec: FormatSpec, columns: list[str]) -> dict[str, str]:
@@ -96,7 +130,9 @@ def _convert(table: RawTable, spec: FormatSpec, sources: dict[str, str]):
     values["arrival_s"], found = to_seconds(arrival_raw, sources["arrival_s"], unit)
     problems += found
     for f in ("prompt_tokens", "output_tokens"):
-        values[f], found = to_counts(df[sources[f]], sources[f])
+        # a request has at least one prompt and one output token; BurstGPT's zero outputs are failed requests
+        minimum = 0 if f == "output_tokens" and spec.zero_output_is_failure else 1
+        values[f], found = to_counts(df[sources[f]], sources[f], minimum=minimum)
         problems += found
     for f, minimum in (("n", 1), ("beam_width", 1)):
         if f in sources:
@@ -147,7 +183,8 @@ def _apply_problems(table: RawTable, problems: list[RowProblem], lenient: bool) 
         key = f"{p.column}: {p.kind}" if p.column else p.kind
         reasons[key] = reasons.get(key, 0) + int(p.mask.sum())
     skipped_lines = np.sort(np.concatenate([table.lines[bad], np.array([n for n, _ in table.unparsed], np.int64)]))
-    report = ReadReport(len(skipped_lines), tuple(int(x) for x in skipped_lines[:_FIRST_LINES_REPORTED]), reasons)
+    report = ReadReport(len(skipped_lines), tuple(int(x) for x in skipped_lines[:_FIRST_LINES_REPORTED]), reasons,
+                        where=table.where)
     if report.skipped_rows:
         warnings.warn(f"{table.path}: {report.summary()}", TraceWarning, stacklevel=3)
     return ~bad, report
@@ -163,7 +200,8 @@ def _handle_failed(frame: pd.DataFrame, spec: FormatSpec, report: ReadReport, ke
         return frame, report
     failed = frame["output_tokens"].to_numpy() == 0
     n_failed = int(failed.sum())
-    report = ReadReport(report.skipped_rows, report.skipped_lines, report.skip_reasons, n_failed, keep_failed)
+    report = ReadReport(report.skipped_rows, report.skipped_lines, report.skip_reasons, n_failed, keep_failed,
+                        report.where)
     if n_failed:
         verb = "kept" if keep_failed else "dropped (pass keep_failed=True / --keep-failed to keep them)"
         warnings.warn(f"{path}: {n_failed} failed requests (zero response tokens) {verb}", TraceWarning, stacklevel=3)

@@ -48,26 +48,106 @@ class RawTable:
 
 
 def container_of(path: Path) -> str:
-    """``csv``, ``jsonl`` or ``parquet``, from the file name, else from the first bytes."""
+    """``csv``, ``jsonl`` or ``parquet``, from the file's first bytes.
+
+    Parquet starts with ``PAR1``, JSONL with ``{``; anything else is read as CSV
+    (`name_mismatch` words a disagreement with the extension). A file named ``.parquet`` that holds
+    neither Parquet nor text is refused as corrupt.
+    """
     suffixes = [s.lower() for s in path.suffixes]
     if suffixes and suffixes[-1] in _COMPRESSION:
         suffixes.pop()
-    if suffixes and suffixes[-1] in _SUFFIX:
-        return _SUFFIX[suffixes[-1]]
-    with open(path, "rb") as f:
-        head = f.read(4096)
+    named = _SUFFIX.get(suffixes[-1]) if suffixes else None
+    head = _head_bytes(path)
+    if not head.strip():  # empty: the reader says so
+        return named or "csv"
     if head.startswith(b"PAR1"):
-        return "parquet"
-    return "jsonl" if head.lstrip().startswith(b"{") else "csv"
+        found = "parquet"
+    elif head.lstrip().startswith(b"{"):
+        found = "jsonl"
+    else:
+        found = "csv"
+        if named == "parquet" and head and not _looks_like_text(head):
+            raise TraceError(path, "not a Parquet file (it does not start with the Parquet magic bytes PAR1)",
+                             hint="the file is corrupt or not a trace; write it again "
+                                  "(blocksim traces convert IN OUT.parquet)")
+    return found
+
+
+def name_mismatch(path: Path, container: str) -> str | None:
+    """Words for an extension that names another container than the content, or None."""
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] in _COMPRESSION:
+        suffixes.pop()
+    named = _SUFFIX.get(suffixes[-1]) if suffixes else None
+    if named is None or named == container:
+        return None
+    return (f"the name says {named.upper()} but the content is {container.upper()}, read as {container.upper()} "
+            f"(rename it to end in .{container})")
+
+
+def _head_bytes(path: Path, size: int = 4096) -> bytes:
+    try:
+        if path.suffix.lower() == ".gz":
+            with gzip.open(path, "rb") as f:
+                return f.read(size)
+        with open(path, "rb") as f:
+            return f.read(size)
+    except (OSError, EOFError) as e:
+        raise TraceError(path, f"cannot read the file ({e})", hint="check that it is a complete, readable file") from None
+
+
+def _looks_like_text(head: bytes) -> bool:
+    if b"\0" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start >= len(head) - 4  # a character cut by the end of the sample
+    return True
+
+
+def _parquet_error(path: Path, e: Exception) -> TraceError:
+    reason = " ".join(str(e).split())
+    return TraceError(path, f"not a readable Parquet file ({reason})",
+                      hint="the file is truncated or corrupt; write it again (blocksim traces convert IN OUT.parquet)")
+
+
+def _encoding_error(path: Path, e: UnicodeDecodeError) -> TraceError:
+    """Where the first byte that is not UTF-8 is, as a 1-based line."""
+    try:
+        data = _read_bytes(path)
+        data.decode("utf-8")
+        line, byte = None, None
+    except UnicodeDecodeError as found:
+        line = data.count(b"\n", 0, found.start) + 1
+        byte = data[found.start]
+    except OSError:
+        line, byte = None, None
+    what = f"byte 0x{byte:02x} is not UTF-8 text" if byte is not None else f"not UTF-8 text ({e.reason})"
+    return TraceError(path, what, line=line,
+                      hint="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 IN > OUT), or pass lenient=True "
+                           "(--lenient) to read such bytes as replacement characters and skip rows they break")
 
 
 def peek_columns(path: Path, container: str) -> list[str]:
     """Column names of the file, reading as little as possible."""
     _check_not_empty(path)
     if container == "parquet":
-        return list(pq.read_schema(str(path)).names)
+        try:
+            return list(pq.read_schema(str(path)).names)
+        except (pa.ArrowException, OSError) as e:
+            raise _parquet_error(path, e) from None
     if container == "csv":
-        return [str(c) for c in pd.read_csv(path, nrows=0).columns]
+        try:
+            return [str(c) for c in pd.read_csv(path, nrows=0).columns]
+        except UnicodeDecodeError as e:
+            raise _encoding_error(path, e) from None
+        except pd.errors.EmptyDataError:
+            raise TraceError(path, "the file is empty", hint="a trace needs a header and at least one request") from None
+        except (pd.errors.ParserError, ValueError) as e:
+            raise TraceError(path, f"cannot read the CSV header ({' '.join(str(e).split())})", line=1,
+                             hint="the first line must name the columns, separated by commas") from None
     for lineno, raw in enumerate(_read_bytes(path).split(b"\n"), 1):
         if raw.strip():
             try:
@@ -88,7 +168,10 @@ def load_table(path: Path, container: str, columns: list[str], *, lenient: bool)
     elif container == "jsonl":
         table = _load_jsonl(path, columns, lenient)
     else:
-        frame = pq.read_table(str(path), columns=columns).to_pandas(types_mapper=_list_mapper)
+        try:
+            frame = pq.read_table(str(path), columns=columns).to_pandas(types_mapper=_list_mapper)
+        except (pa.ArrowException, OSError) as e:
+            raise _parquet_error(path, e) from None
         table = RawTable(path, frame, np.arange(1, len(frame) + 1), where="row")
     if len(table.df) == 0 and not table.unparsed:
         raise TraceError(path, "the file has no requests (no data rows)", hint="a trace needs at least one request")
@@ -121,7 +204,10 @@ def _load_csv(path: Path, columns: list[str], lenient: bool) -> RawTable:
         warnings.simplefilter("always", pd.errors.ParserWarning)
         try:
             # all columns are parsed (not usecols) so that lines with too many fields are caught
-            df = pd.read_csv(path, skip_blank_lines=False, on_bad_lines="warn" if lenient else "error")
+            df = pd.read_csv(path, skip_blank_lines=False, on_bad_lines="warn" if lenient else "error",
+                             encoding_errors="replace" if lenient else "strict")
+        except UnicodeDecodeError as e:
+            raise _encoding_error(path, e) from None
         except pd.errors.EmptyDataError:
             raise TraceError(path, "the file is empty", hint="a trace needs a header and at least one request") from None
         except pd.errors.ParserError as e:
@@ -197,8 +283,11 @@ def _load_jsonl_by_line(path: Path, data: bytes, columns: list[str], lenient: bo
             continue
         try:
             obj = json.loads(raw)
+        except UnicodeDecodeError as e:
+            unparsed.append((lineno, f"byte 0x{raw[e.start]:02x} is not UTF-8 text"))
+            continue
         except ValueError as e:
-            unparsed.append((lineno, f"not valid JSON ({e.msg})"))
+            unparsed.append((lineno, f"not valid JSON ({getattr(e, 'msg', e)})"))
             continue
         if not isinstance(obj, dict):
             unparsed.append((lineno, "not a JSON object"))

@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from blocksim.records.plan import PlanError
+
 MODEL_DTYPE_BYTES = 2  # the plan's predictions assume 16-bit KV (the catalog's models)
 WORKSPACE_BYTES = 6 << 30  # GPU memory kept free for the checks' temporaries
 
@@ -276,8 +278,9 @@ def add_validate_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=None, help="validate the first N layers")
     p.add_argument("--kv-heads", type=int, default=None, help="KV heads to validate")
     p.add_argument("--heads", type=int, default=None, help="query heads (a multiple of --kv-heads)")
-    p.add_argument("--head-size", type=int, default=None)
-    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
+    p.add_argument("--head-size", type=int, default=None, help="head size to validate (default: the plan's)")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
+                   help="cache and activation dtype (default: float32 on reference, float16 on cuda)")
     p.add_argument("--check-layers", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    metavar="I,J", help="layers whose cache and outputs are checked (default: all on reference, "
                                        "first and last on cuda)")
@@ -287,7 +290,7 @@ def add_validate_command(subparsers) -> argparse.ArgumentParser:
                         "write RUN_DIR/cost_profile.json")
     p.add_argument("--report-only", action="store_true", help="rewrite validation.md from saved timings")
     p.add_argument("--out", default=None, metavar="DIR", help="where to write (default RUN_DIR)")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=cmd_validate)
     return p
 
@@ -299,8 +302,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
                              progress=not args.quiet, layers=args.layers, kv_heads=args.kv_heads, heads=args.heads,
                              head_size=args.head_size, dtype=args.dtype, check_layers=args.check_layers)
         s = report(args.run_dir, out_dir=args.out, calibrate_with=args.calibrate_with)
-    except (ValidationSetupError, FileNotFoundError) as e:
-        print(f"blocksim validate: {e}", file=sys.stderr)
+    except (ValidationSetupError, FileNotFoundError, PlanError) as e:
+        print(f"blocksim validate: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     print(f"validate: {s['subset']}")
     for n in s["subset_notes"]:

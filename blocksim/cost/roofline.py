@@ -98,7 +98,10 @@ class CostParams:
         unknown = set(params) - known
         if unknown:
             raise ConfigError(f"cost profile {p}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**params)
+        try:
+            return cls(**params)
+        except ConfigError as e:
+            raise ConfigError(f"cost profile {p}: {e}") from None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -72,8 +72,9 @@ def requests_frame(trace) -> pd.DataFrame:
     for col, mask in bad.items():
         if mask.any():
             i = int(np.argmax(mask.to_numpy()))
-            raise EngineError(f"trace row {i}: {col}={out[col].iloc[i].item()!r} is invalid "
-                              f"(lengths and n must be >= 1, arrivals finite and >= 0)")
+            raise EngineError(f"trace row {i + 1} (request_id {out.request_id.iloc[i].item()}): "
+                              f"{col}={out[col].iloc[i].item()!r} is invalid (lengths and n must be >= 1, arrivals "
+                              f"finite and >= 0); remove the row (traces.read_trace skips such rows with --lenient)")
     if (np.diff(out.arrival_s.to_numpy()) < 0).any():
         out = out.sort_values("arrival_s", kind="stable").reset_index(drop=True)
     if len(out) and out.arrival_s.iloc[0] != 0.0:  # rebased as traces.read_trace does: every path alike
@@ -295,7 +296,8 @@ class Engine:
             return None
         from tqdm.auto import tqdm
         total = float(self._arrivals[-1]) if len(self._arrivals) else 0.0
-        return tqdm(total=math.ceil(total), unit="sim-s", desc="replay", dynamic_ncols=True, mininterval=0.5)
+        return tqdm(total=math.ceil(total), unit="sim-s", desc="replay", dynamic_ncols=True, mininterval=0.5,
+                    disable=None)  # None: drawn only when stderr is a terminal
 
     # --- run -----------------------------------------------------------------------------------
     def run(self) -> "RunResult":

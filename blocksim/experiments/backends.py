@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 from collections import deque
 from collections.abc import Callable
@@ -46,6 +47,13 @@ def _init_worker(layout: RunLayout, traces: dict, runner: Callable, slo_text: st
     _WORKER.update(layout=layout, traces=traces, runner=runner, slo=slo_text)
 
 
+def _init_pool_worker(*args) -> None:
+    """Pool initializer: Ctrl-C is the driver's to handle (it stops the workers), so a worker
+    ignores SIGINT instead of printing its own traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _init_worker(*args)
+
+
 def _local_task(name: str, point: Point) -> tuple:
     w = _WORKER
     return run_point_into(w["layout"], name, point, w["traces"][point.trace], w["slo"], w["runner"])
@@ -79,7 +87,7 @@ class LocalBackend:
             self.serial.append(job)
             return
         if self.pool is None:
-            self.pool = ProcessPoolExecutor(self.capacity, initializer=_init_worker, initargs=self.args)
+            self.pool = ProcessPoolExecutor(self.capacity, initializer=_init_pool_worker, initargs=self.args)
         self.futures[self.pool.submit(_local_task, job.name, job.point)] = job
 
     def wait(self) -> list[tuple[Job, tuple]]:
@@ -105,8 +113,13 @@ class LocalBackend:
         return out
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+        """Shut the pool down; points still running (the driver was interrupted) are stopped."""
+        if self.pool is None:
+            return
+        if any(not f.done() for f in self.futures):
+            for process in list(getattr(self.pool, "_processes", {}).values()):
+                process.terminate()
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 # ---------------------------------------------------------------- Ray backend
@@ -253,7 +266,8 @@ def drive(source, backend, layout: RunLayout, slo_text: str, *, progress: bool =
     rows: list[dict] = []
     counts = {"ok": 0, "failed": 0, "cached": 0}
     running = 0
-    bar = tqdm(total=source.estimated_total(), desc=desc, unit="run", disable=not progress, smoothing=0.05)
+    bar = tqdm(total=source.estimated_total(), desc=desc, unit="run", 
+               disable=None if progress else True, smoothing=0.05)  # None: only on a terminal
 
     def finish(job: Job, outcome: tuple) -> None:
         row = {"name": job.name, "status": "ok" if outcome[0] == "ok" else "failed", "error": "",

@@ -25,9 +25,12 @@ import yaml
 
 import traces
 from analysis.cli import slo_type
+from analysis.headline import RUN_KEYS, headline_frame, text_table
 from analysis.slo import format_slo
 from analysis.table import parquet_safe
 from blocksim.experiments.backends import BACKENDS, GridSource, Job, run_jobs
+from blocksim.experiments.configfile import read_config_file
+from blocksim.experiments.rundir import resumable
 from blocksim.experiments.points import RunLayout, replay_runner
 from blocksim.experiments.spec import Point, validate_points
 
@@ -67,6 +70,7 @@ def compare(
     report: bool = True,
     backend: str = "local",
     address: str | None = None,
+    reference_rate_scale: float | None = None,
     **common,
 ) -> pd.DataFrame:
     """Run every (policy, rate scale) on ``trace`` and return the combined summary.
@@ -77,8 +81,10 @@ def compare(
     ``backend="ray"`` runs on Ray (``address``: a cluster to join). ``runner`` replaces the
     simulator (same signature as ``blocksim.experiments.runner.replay``; it receives the trace
     already read and cut to ``max_requests``); without one, every policy and option is checked
-    before any run starts. Writes ``summary.parquet``, ``compare.json`` and (with
-    ``report=True``) the report.
+    before any run starts, and a warning is printed when more than 1% of the requests will be
+    rejected as too long. ``reference_rate_scale`` (one of ``rate_scales``; default: the one
+    closest to 1) is the rate whose runs the report's time series show. Writes
+    ``summary.parquet``, ``compare.json`` and (with ``report=True``) the report.
     """
     policies = list(dict.fromkeys(policies))
     rate_scales = list(dict.fromkeys(float(r) for r in rate_scales))
@@ -90,6 +96,8 @@ def compare(
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    if reference_rate_scale is not None and float(reference_rate_scale) not in rate_scales:
+        raise ValueError(f"reference rate scale {reference_rate_scale} is not one of the rate scales {rate_scales}")
     is_path = isinstance(trace, (str, Path))
     if is_path and not Path(trace).exists():
         raise FileNotFoundError(f"trace {trace} not found")
@@ -99,6 +107,13 @@ def compare(
     if runner is None:  # the simulator: refuse a bad policy or option before any run starts
         validate_points(points)
     loaded = traces.read_trace(trace) if is_path else trace
+    if runner is None:
+        from blocksim.experiments.runner import rejection_warning  # the simulator: loaded when a comparison runs
+
+        warnings = {rejection_warning(loaded, p, overrides, clip_hint="--set clip_to_model=true")
+                    for p in policies}
+        for line in sorted(w for w in warnings if w):
+            print(f"blocksim compare: {line}", file=sys.stderr)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     slo = slo or {}
@@ -121,6 +136,8 @@ def compare(
     setup = {"trace": str(trace) if is_path else label, "policies": policies, "rate_scales": rate_scales,
              "slo": format_slo(slo), "overrides": overrides, "backend": backend, "workers": workers,
              "address": address}
+    if reference_rate_scale is not None:
+        setup["reference_rate_scale"] = float(reference_rate_scale)
     (out_dir / COMPARE_SETUP).write_text(json.dumps(setup, indent=2, default=str))
     if report:
         write_report(out_dir)
@@ -147,20 +164,32 @@ def _setting(text: str) -> tuple[str, object]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    overrides = dict(args.set or [])
-    for key in ("max_requests", "model", "gpu"):
-        if getattr(args, key) is not None:
-            overrides[key] = getattr(args, key)
     try:
-        summary = compare(args.trace, args.policy, args.rate_scale, args.out, args.workers, slo=args.slo,
-                          overrides=overrides, progress=not args.no_progress, backend=args.backend,
-                          address=args.address)
+        overrides = read_config_file(args.config) if args.config else {}
+        policies = args.policy or ([overrides["policy"]] if overrides.get("policy") else [])
+        overrides.pop("policy", None)
+        if not policies:
+            raise ValueError("compare needs --policy (repeat it for several), or 'policy' in the --config file")
+        overrides.update(dict(args.set or []))
+        for key in ("max_requests", "model", "gpu"):
+            if getattr(args, key) is not None:
+                overrides[key] = getattr(args, key)
+        from analysis.report import COMPARE_SETUP  # loads matplotlib: only when a comparison runs
+
+        with resumable(args.out, marker=COMPARE_SETUP, overwrite=args.overwrite):
+            summary = compare(args.trace, policies, args.rate_scale, args.out, args.workers, slo=args.slo,
+                              overrides=overrides, progress=not args.quiet, backend=args.backend,
+                              address=args.address)
     except (ValueError, OSError, RuntimeError) as exc:
-        print(f"blocksim compare: {exc}", file=sys.stderr)
+        print(f"blocksim compare: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
-    cols = [c for c in ("policy", "rate_scale", "status", "requests_per_s", "norm_latency_mean_s",
-                        "goodput_requests_per_s", "token_states_frac", "error") if c in summary.columns]
-    print(summary[cols].to_string(index=False))
+    print(text_table(headline_frame(summary, RUN_KEYS)))
+    for row in summary[summary["status"] != "ok"].itertuples():
+        print(f"  {row.policy} x{row.rate_scale:g} failed: {row.error}")
+    if "rejected" in summary and summary["rejected"].fillna(0).gt(0).any():
+        worst = summary.loc[summary["rejected"].fillna(0).idxmax()]
+        print(f"rejected requests: up to {int(worst['rejected']):,} of {int(worst['requests']):,} per run "
+              f"(the requests table of each run directory holds the reasons)")
     reused = int((summary["attempts"] == 0).sum())
     if reused:
         print(f"{reused} of {len(summary)} runs reused from an earlier compare into {args.out}")
@@ -178,9 +207,9 @@ def add_compare_command(subparsers) -> None:
                                           "cores or on Ray, each into OUT/<policy>_x<rate>/; then "
                                           "OUT/summary.parquet and OUT/report.html. Rerunning into the same "
                                           "OUT reuses complete runs. Exit status 1 if any run failed.")
-    p.add_argument("trace", metavar="TRACE")
-    p.add_argument("--policy", action="append", required=True, metavar="P",
-                   help="policy preset or plugin (repeat for several)")
+    p.add_argument("trace", metavar="TRACE", help="trace file (any format `blocksim replay` reads)")
+    p.add_argument("--policy", action="append", default=None, metavar="P",
+                   help="policy preset or plugin (repeat for several; default: 'policy' of the --config file)")
     p.add_argument("--rate-scale", type=_rate_scales, default=[1.0], metavar="R[,R...]",
                    help="arrival-rate multipliers, e.g. 0.5,1,2,4 (default 1)")
     p.add_argument("--slo", type=slo_type, default=None, metavar="SLO",
@@ -191,11 +220,19 @@ def add_compare_command(subparsers) -> None:
                    help="local: a process pool (default); ray: Ray tasks (pip install 'blocksim[ray]')")
     p.add_argument("--address", default=None,
                    help="Ray cluster address (e.g. ray://host:10001 or auto); default: start a local Ray")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory (complete runs reused on rerun)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output directory: new, empty or an earlier compare's (its complete runs are reused)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out whole instead of reusing its runs (default: reuse an earlier "
+                        "compare's, refuse anything else)")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="YAML/TOML file of run options for every run (the keys of `blocksim replay --config`); "
+                        "--policy, --set and the flags here override it")
     p.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--model", default=None, help="model name from the catalog")
     p.add_argument("--gpu", default=None, help="GPU name from the catalog")
     p.add_argument("--set", type=_setting, action="append", metavar="KEY=VALUE",
                    help="any other simulator override for every run (repeatable; VALUE parsed as YAML)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (drawn only when stderr is a terminal)")
+    p.add_argument("--no-progress", dest="quiet", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_compare)

@@ -22,7 +22,7 @@ import numpy as np
 import traces
 from analysis.rundir import REQUESTS_FILE, STEPS_FILE, SUMMARY_FILE, SUMMARY_KEYS, load_run
 from analysis.slo import parse_slo
-from analysis.table import run_row
+from analysis.table import ROW_VERSION, run_row
 from blocksim.experiments.spec import Point
 
 RUNS_DIR = "runs"
@@ -82,9 +82,13 @@ def simulate_point(point: Point, trace, dest: Path, slo_text: str, runner: Calla
     runner(shape_trace(trace, point), dest, policy=point.policy, rate_scale=point.rate_scale,
            overrides=point.overrides() or None, progress=False, write_report=False)
     metrics = point_metrics(dest, parse_slo(slo_text))
-    (dest / POINT_FILE).write_text(json.dumps({"key": point.key(), "slo": slo_text, "metrics": metrics},
-                                              default=_json_default))
+    _write_point_file(dest, point, slo_text, metrics)
     return metrics
+
+
+def _write_point_file(run_dir: Path, point: Point, slo_text: str, metrics: dict) -> None:
+    (run_dir / POINT_FILE).write_text(json.dumps({"key": point.key(), "slo": slo_text, "row_version": ROW_VERSION,
+                                                  "metrics": metrics}, default=_json_default))
 
 
 def _json_default(o):
@@ -144,12 +148,13 @@ def is_complete(run_dir: Path) -> bool:
 
 
 def cached_row(run_dir: Path, point: Point, slo_text: str) -> dict | None:
-    """The metrics of a complete earlier run of ``point`` (recomputed if the SLO changed), else None."""
+    """The metrics of a complete earlier run of ``point`` (recomputed if the SLO or the row's
+    columns (`analysis.table.ROW_VERSION`) changed), else None."""
     if not is_complete(run_dir):
         return None
     try:
         saved = json.loads((run_dir / POINT_FILE).read_text())
-        if saved.get("key") == point.key() and saved.get("slo") == slo_text:
+        if (saved.get("key"), saved.get("slo"), saved.get("row_version")) == (point.key(), slo_text, ROW_VERSION):
             return saved["metrics"]
     except (OSError, ValueError, KeyError):
         pass
@@ -157,6 +162,5 @@ def cached_row(run_dir: Path, point: Point, slo_text: str) -> dict | None:
         metrics = point_metrics(run_dir, parse_slo(slo_text))
     except Exception:  # noqa: BLE001 - unreadable: run it again
         return None
-    (run_dir / POINT_FILE).write_text(json.dumps({"key": point.key(), "slo": slo_text, "metrics": metrics},
-                                                 default=_json_default))
+    _write_point_file(run_dir, point, slo_text, metrics)
     return metrics

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import traces
 from blocksim.catalog import Catalog
 from blocksim.config import GiB, CacheConfig, ConfigError, SchedulerConfig, SimConfig
 from blocksim.engine import Engine
+from blocksim.experiments.rundir import check_out_dir, staged
 from blocksim.options import (CHUNKED_BUDGET_TOKENS, DEFAULT_POLICY, DEFAULTS, POLICY_KEYS, RUN_DEFAULTS, RUN_OPTIONS,
                               V1_DEFAULTS)
 from blocksim.policies import make_cost_model, policy_config, refuse_ignored_knobs
@@ -70,7 +72,56 @@ def build_config(policy: str = DEFAULT_POLICY, **options: Any) -> SimConfig:
 
 def check_options(policy: str, overrides: dict[str, Any]) -> SimConfig:
     """Validate a policy and replay options as `replay` would, without running anything."""
+    unknown = set(overrides) - set(DEFAULTS) - set(RUN_OPTIONS)
+    if unknown:
+        raise ConfigError(f"unknown option(s) {sorted(unknown)}; known: {sorted({*DEFAULTS, *RUN_OPTIONS})}")
     return build_config(policy, **{k: v for k, v in overrides.items() if k not in RUN_OPTIONS})
+
+
+log = logging.getLogger(__name__)
+
+#: Share of a trace's requests above which `rejection_warning` speaks.
+REJECTION_WARNING_SHARE = 0.01
+
+
+def rejected_on_arrival(trace, config: SimConfig) -> tuple[int, int]:
+    """How many of `trace`'s requests the scheduler will reject as never schedulable, by its own
+    `NEVER` rules: (prompt + output longer than the model's max_model_len, prompt over the step's
+    token budget without chunked prefill). A request counts once, under the first rule it breaks."""
+    df = trace.df
+    too_long = (df["prompt_tokens"] + df["output_tokens"]) > config.model.max_model_len
+    over_budget = too_long & False
+    if not config.policy_config.chunked_prefill:
+        limit = min(config.model.max_model_len, config.scheduler.max_num_batched_tokens)
+        over_budget = ~too_long & (df["prompt_tokens"] > limit)
+    return int(too_long.sum()), int(over_budget.sum())
+
+
+def rejection_warning(trace, policy: str = DEFAULT_POLICY, overrides: dict[str, Any] | None = None,
+                      clip_hint: str = "--clip-to-model", model_hint: str = "--model") -> str | None:
+    """A one-line warning when more than 1% of `trace`'s requests will be rejected under these
+    options, naming the fixes (`clip_hint` and `model_hint` spell the options where it is read);
+    None otherwise, and always with `clip_to_model` set."""
+    overrides = dict(overrides or {})
+    if overrides.get("clip_to_model") or len(trace) == 0:
+        return None
+    config = check_options(policy, overrides)
+    if overrides.get("max_requests"):
+        trace = traces.head(trace, overrides["max_requests"])
+    too_long, over_budget = rejected_on_arrival(trace, config)
+    rejected = too_long + over_budget
+    if rejected <= REJECTION_WARNING_SHARE * len(trace):
+        return None
+    model = config.model
+    why = []
+    if too_long:
+        why.append(f"{too_long:,} longer than {model.name}'s {model.max_model_len:,}-token context")
+    if over_budget:
+        why.append(f"{over_budget:,} with prompts over the step budget of "
+                   f"{config.scheduler.max_num_batched_tokens:,} tokens (raise --max-num-batched-tokens)")
+    fixes = f"; {clip_hint} clips them to fit, or a longer-context model ({model_hint}) serves them" if too_long else ""
+    return (f"warning: {rejected:,} of {len(trace):,} requests ({rejected / len(trace):.1%}) will be rejected: "
+            f"{', '.join(why)}{fixes}")
 
 
 def load_trace(trace, *, rate_scale: float = 1.0, max_requests: int | None = None,
@@ -103,8 +154,12 @@ def simulate(trace, config: SimConfig, *, cost_profile: str | None = None, progr
 def replay(trace, out_dir: str | Path, *, policy: str = DEFAULT_POLICY, rate_scale: float | None = None,
            overrides: dict[str, Any] | None = None, progress: bool = False, write_report: bool = False,
            max_requests: int | None = None, record_plan: bool = False, clip_to_model: bool | None = None,
-           executor=None) -> dict:
+           overwrite: bool = False, executor=None) -> dict:
     """Run one replay into `out_dir` and return its summary (the content of summary.json).
+
+    The run directory is built in a temporary sibling and renamed to `out_dir` when complete
+    (`blocksim.experiments.rundir.staged`): an error or Ctrl-C leaves `out_dir` as it was. An
+    existing non-empty `out_dir` is refused (`ConfigError`) unless `overwrite`, which replaces it whole.
 
     `executor`: a factory `config -> StepExecutor` (`blocksim.engine.executor`); each step is then
     executed and lasts its measured time, and the executor writes its records into `out_dir`.
@@ -123,19 +178,26 @@ def replay(trace, out_dir: str | Path, *, policy: str = DEFAULT_POLICY, rate_sca
     max_requests, rate_scale, clip_to_model = run["max_requests"], run["rate_scale"], run["clip_to_model"]
     cost_profile = options.get("cost_profile")
     config = build_config(policy, **options)
+    check_out_dir(out_dir, overwrite)
     tr = load_trace(trace, rate_scale=rate_scale, max_requests=max_requests,
                     clip_max_len=config.model.max_model_len if clip_to_model else None)
+    log.info("replay: %d requests, policy %s, %s on %s (TP %d), %d GPU and %d CPU blocks of %d tokens",
+             len(tr), policy, config.model.name, config.gpu.name, config.tensor_parallel, config.num_gpu_blocks,
+             config.num_cpu_blocks, config.cache.block_size)
     step_executor = executor(config) if executor is not None else None
-    result = simulate(tr, config, cost_profile=cost_profile, progress=progress,
-                      plan_dir=out_dir if record_plan else None, executor=step_executor)
-    result.summary["rate_scale"] = rate_scale
-    result.summary["trace"] = str(trace) if isinstance(trace, (str, Path)) else getattr(trace, "name", "")
-    if step_executor is not None:
-        result.summary["executor"] = getattr(step_executor, "describe", {})
-    result.save(out_dir)
-    if step_executor is not None:
-        step_executor.save(out_dir)
-    if write_report:
-        from analysis import write_report as _write  # loads matplotlib: only when a report is drawn
-        _write(out_dir)
+    with staged(out_dir, overwrite=overwrite) as tmp:
+        log.info("writing %s (in %s until complete)", out_dir, tmp.parent)
+        result = simulate(tr, config, cost_profile=cost_profile, progress=progress,
+                          plan_dir=tmp if record_plan else None, executor=step_executor)
+        result.summary["rate_scale"] = rate_scale
+        result.summary["trace"] = str(trace) if isinstance(trace, (str, Path)) else getattr(trace, "name", "")
+        if step_executor is not None:
+            result.summary["executor"] = getattr(step_executor, "describe", {})
+        result.save(tmp)
+        if step_executor is not None:
+            step_executor.save(tmp)
+        if write_report:
+            from analysis import write_report as _write  # loads matplotlib: only when a report is drawn
+            _write(tmp)
+    log.info("wrote %s", out_dir)
     return result.summary

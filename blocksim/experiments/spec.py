@@ -153,7 +153,8 @@ def _trace_refs(value, base_dir: Path) -> list[TraceRef]:
             path = Path(item).expanduser()
             path = path if path.is_absolute() else (base_dir / path)
             if not path.exists():
-                raise SpecError(f"trace {item!r}: no such file ({path})")
+                raise SpecError(f"trace {item!r}: no such file ({path}); relative paths are read from the "
+                                f"spec's folder, or name a bundled trace (bundled:NAME)")
             label, source = path.stem, str(path.resolve())
         taken = {r.label for r in refs}
         unique, k = label, 2

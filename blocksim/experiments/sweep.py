@@ -15,6 +15,7 @@ Rerunning into the same ``out_dir`` reuses every complete run directory. See doc
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -27,7 +28,10 @@ import traces
 from analysis.slo import parse_slo
 from analysis.sweep_report import write_sweep_report
 from analysis.table import parquet_safe
+from blocksim.config import ConfigError
 from blocksim.experiments.backends import BACKENDS, GridSource, Job, run_jobs
+from blocksim.experiments.configfile import read_config_file
+from blocksim.experiments.rundir import resumable
 from blocksim.experiments.points import RunLayout, replay_runner
 from blocksim.experiments.search import MaxRateSource
 from blocksim.experiments.spec import Point, SpecError, SweepSpec, load_spec, validate_points
@@ -57,6 +61,22 @@ def _table(rows: list[dict]) -> pd.DataFrame:
 def load_traces(spec: SweepSpec) -> dict:
     """Every trace of the spec, read once: label -> `traces.Trace`."""
     return {ref.label: traces.read_trace(ref.path()) for ref in spec.traces}
+
+
+def rejection_warnings(points: list[Point], loaded: dict) -> list[str]:
+    """The distinct rejection warnings of the points (`runner.rejection_warning`), each naming its
+    trace, for the start of a sweep."""
+    # the runner imports the whole simulator: loaded when a sweep runs, not when the CLI starts
+    from blocksim.experiments.runner import rejection_warning
+
+    seen: dict[str, None] = {}
+    for p in points:
+        overrides = {**p.overrides(), "max_requests": p.max_requests}
+        line = rejection_warning(loaded[p.trace], p.policy, overrides, clip_hint="clip_to_model: true in 'base'",
+                                   model_hint="'model:'")
+        if line:
+            seen.setdefault(f"trace {p.trace}: {line}")
+    return list(seen)
 
 
 def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, backend: str = "local",
@@ -95,6 +115,9 @@ def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, backend: str
             raise SpecError(f"bisect steps must be >= 0, got {bisect_steps}")
     validate_points(points)
     loaded = load_traces(spec)
+    if runner is None:
+        for line in rejection_warnings(points, loaded):
+            print(f"blocksim sweep: {line}", file=sys.stderr)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     setup = {**spec.to_dict(), "slo": slo_text, "backend": backend, "workers": workers, "address": address,
@@ -129,6 +152,12 @@ def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path, *, backend: str
 
 # ---------------------------------------------------------------- command line
 
+def with_config_file(spec: SweepSpec, path: str) -> SweepSpec:
+    """`spec` with the options of a config file under its ``base`` (the spec's own base wins)."""
+    config = read_config_file(path)
+    return dataclasses.replace(spec, base={**config, **spec.base})
+
+
 def _fail(message: str) -> int:
     print(f"blocksim sweep: {message}", file=sys.stderr)
     return 2
@@ -137,6 +166,8 @@ def _fail(message: str) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         spec = load_spec(args.spec)
+        if args.config:
+            spec = with_config_file(spec, args.config)
         if args.dry_run:
             points = spec.points()
             validate_points(points)
@@ -146,16 +177,22 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             if len(points) > 10:
                 print(f"  ... and {len(points) - 10} more")
             return 0
-        df = run_sweep(spec, args.out, backend=args.backend, workers=args.workers, address=args.address,
-                       slo=args.slo, find=args.find, goodput_threshold=args.goodput_threshold,
-                       bisect_steps=args.bisect_steps, progress=not args.quiet, report=not args.no_report)
-    except SpecError as exc:
-        return _fail(str(exc))
+        with resumable(args.out, marker=SETUP_FILE, overwrite=args.overwrite):
+            df = run_sweep(spec, args.out, backend=args.backend, workers=args.workers, address=args.address,
+                           slo=args.slo, find=args.find, goodput_threshold=args.goodput_threshold,
+                           bisect_steps=args.bisect_steps, progress=not args.quiet, report=not args.no_report)
+    except (SpecError, ConfigError) as exc:
+        return _fail(" ".join(str(exc).split()))
     except (FileNotFoundError, RuntimeError) as exc:
         return _fail(str(exc))
     failed = df[df["status"] != "ok"]
     reused = int((df["attempts"] == 0).sum())
     print(f"{len(df)} runs: {len(df) - len(failed)} ok ({reused} reused), {len(failed)} failed")
+    rejecting = df[df["rejected"].fillna(0) > 0] if "rejected" in df else df.iloc[:0]
+    if len(rejecting):
+        worst = rejecting.loc[rejecting["rejected"].idxmax()]
+        print(f"{len(rejecting)} runs rejected requests, up to {int(worst['rejected']):,} of "
+              f"{int(worst['requests']):,} ({worst['name']})")
     if "max_rate" in df.attrs:
         mr = df.attrs["max_rate"]
         cols = [c for c in mr.columns if c not in ("error", "max_rate_run_dir", "requests_per_s")]
@@ -176,8 +213,15 @@ def add_sweep_command(subparsers) -> None:
         description="Run every point of a YAML sweep spec (traces x axes x seeds) into OUT/runs/, then "
                     "write OUT/sweep.parquet and OUT/sweep_report.html. Rerunning skips complete points. "
                     "Exit status 1 if any point failed, 2 for an invalid spec. See docs/sweeps.md.")
-    p.add_argument("spec", metavar="SPEC.yaml")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory (reused on rerun)")
+    p.add_argument("spec", metavar="SPEC.yaml", help="sweep spec: traces, base options, axes (docs/sweeps.md)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output directory: new, empty or an earlier sweep's (its complete points are reused)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out whole instead of reusing its points (default: reuse an earlier "
+                        "sweep's, refuse anything else)")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="YAML/TOML file of run options (the keys of `blocksim replay --config`) under the spec's "
+                        "'base'; the spec's own base and axes win")
     p.add_argument("--backend", choices=BACKENDS, default="local",
                    help="local: a process pool (default); ray: Ray tasks (pip install 'blocksim[ray]')")
     p.add_argument("--workers", type=int, default=None,
@@ -193,5 +237,5 @@ def add_sweep_command(subparsers) -> None:
     p.add_argument("--bisect-steps", type=int, default=6, help="with --find: bisection steps (default 6)")
     p.add_argument("--dry-run", action="store_true", help="validate the spec and list the points")
     p.add_argument("--no-report", action="store_true", help="skip sweep_report.html / .md")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (drawn only when stderr is a terminal)")
     p.set_defaults(func=cmd_sweep)

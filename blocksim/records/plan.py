@@ -112,22 +112,46 @@ class PlanRecorder:
         (self.dir / "meta.json").write_text(json.dumps({**self.meta, "chunks": self._chunk}, indent=2) + "\n")
 
 
+class PlanError(ValueError):
+    """A recorded plan that cannot be read: the message names the file and how to fix it."""
+
+
+_RECORD_AGAIN = "record the plan again (blocksim replay ... --record-plan --overwrite)"
+
+
+def _read_table(path: Path):
+    import pandas as pd
+    try:
+        return pd.read_parquet(path)
+    except (pa.ArrowException, OSError) as e:
+        raise PlanError(f"{path}: not a readable Parquet file ({' '.join(str(e).split())}); {_RECORD_AGAIN}") from None
+
+
 def read_plan(run_dir: str | Path):
-    """(meta, steps DataFrame, seqs DataFrame, requests DataFrame) of a recorded plan, with clear errors."""
+    """(meta, steps DataFrame, seqs DataFrame, requests DataFrame) of a recorded plan; a `PlanError`
+    (or `FileNotFoundError` when there is none) names the file at fault."""
     import pandas as pd
     d = Path(run_dir) / "plan"
     meta_path = d / "meta.json"
     if not meta_path.exists():
         raise FileNotFoundError(f"{run_dir}: no execution plan (plan/meta.json); "
                                 f"record one with `blocksim replay ... --record-plan`")
-    meta = json.loads(meta_path.read_text())
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (ValueError, OSError) as e:
+        raise PlanError(f"{meta_path}: not valid JSON ({' '.join(str(e).split())}); {_RECORD_AGAIN}") from None
+    if not isinstance(meta, dict):
+        raise PlanError(f"{meta_path}: expected a JSON object; {_RECORD_AGAIN}")
     if meta.get("plan_version") != PLAN_VERSION:
-        raise ValueError(f"{meta_path}: plan version {meta.get('plan_version')!r}, this blocksim reads "
-                         f"version {PLAN_VERSION}; record the plan again with this version")
-    steps = [pd.read_parquet(p) for p in sorted(d.glob("steps-*.parquet"))]
-    seqs = [pd.read_parquet(p) for p in sorted(d.glob("seqs-*.parquet"))]
+        raise PlanError(f"{meta_path}: plan version {meta.get('plan_version')!r}, this blocksim reads "
+                        f"version {PLAN_VERSION}; record the plan again with this version")
+    steps = [_read_table(p) for p in sorted(d.glob("steps-*.parquet"))]
+    seqs = [_read_table(p) for p in sorted(d.glob("seqs-*.parquet"))]
     if len(steps) != meta.get("chunks"):
-        raise ValueError(f"{d}: {len(steps)} step chunks, meta.json says {meta.get('chunks')}; the plan is incomplete")
-    reqs = pd.read_parquet(d / "requests.parquet")
+        raise PlanError(f"{d}: {len(steps)} step chunks, meta.json says {meta.get('chunks')}; the plan is "
+                        f"incomplete; {_RECORD_AGAIN}")
+    if not (d / "requests.parquet").exists():
+        raise PlanError(f"{d}: requests.parquet is missing; the plan is incomplete; {_RECORD_AGAIN}")
+    reqs = _read_table(d / "requests.parquet")
     return (meta, pd.concat(steps, ignore_index=True) if steps else pd.DataFrame(),
             pd.concat(seqs, ignore_index=True) if seqs else pd.DataFrame(), reqs)

@@ -78,7 +78,7 @@ def test_a_failed_run_is_reported_and_the_others_complete(tmp_path, trace_file):
     assert "out of KV blocks" in (out / "broken_x2" / "error.txt").read_text(), "traceback kept"
     assert df.loc[df["status"] == "ok", "goodput_requests"].tolist() == [2, 2, 2]
     md = (out / "report.md").read_text()
-    assert "3 of 4 runs ok." in md and "Failed runs: broken x2." in md
+    assert "3 of 4 runs ok." in md and "Failed runs: broken x2 " in md
 
 
 def test_a_run_without_its_files_is_failed(tmp_path, trace_file):
@@ -180,7 +180,6 @@ def test_compare_arguments():
 
 
 @pytest.mark.parametrize("argv", [
-    ["compare", "t.csv", "--out", "o"],                                     # no policy
     ["compare", "t.csv", "--policy", "vllm", "--out", "o", "--rate-scale", "1,x"],
     ["compare", "t.csv", "--policy", "vllm", "--out", "o", "--rate-scale", "-1"],
     ["compare", "t.csv", "--policy", "vllm", "--out", "o", "--slo", "ttft=2"],
@@ -241,3 +240,36 @@ def test_a_run_option_the_point_does_not_apply_reaches_the_runner(tmp_path, trac
     compare(trace_file, ["vllm"], [1.0], tmp_path / "cmp", workers=1, runner=runner, report=False,
             clip_to_model=True, max_requests=10)
     assert seen == [{"clip_to_model": True}], "clip_to_model goes to replay; max_requests cuts the trace"
+
+
+def test_compare_warns_up_front_and_counts_rejections_in_its_table_and_report(tmp_path, capsys):
+    from blocksim.cli import main
+
+    out = tmp_path / "cmp"
+    code = main(["compare", str(traces.bundled("azure-conv")), "--policy", "vllm", "--policy", "orca-max",
+                 "--max-requests", "300", "--workers", "1", "--out", str(out), "--no-progress"])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("will be rejected") == 1, "one warning for both policies (same model)"
+    assert "--set clip_to_model=true clips them" in captured.err
+    header, units, *rows = captured.out.splitlines()[:4]
+    assert header.split()[-1] == "rejected" and all(r.split()[-1] == "12" for r in rows)
+    assert "rejected requests: up to 12 of 300 per run" in captured.out
+    md = (out / "report.md").read_text()
+    assert "Runs rejected requests too long for the model, up to 12 of 300" in md
+    clipped = main(["compare", str(traces.bundled("azure-conv")), "--policy", "vllm", "--max-requests", "300",
+                    "--workers", "1", "--set", "clip_to_model=true", "--out", str(tmp_path / "clip"),
+                    "--no-progress"])
+    assert clipped == 0 and "will be rejected" not in capsys.readouterr().err
+
+
+def test_a_comparison_table_from_before_the_headline_columns_still_reports(tmp_path, trace_file):
+    out = tmp_path / "cmp"
+    compare(trace_file, ["vllm", "orca-max"], [1.0], out, workers=1, runner=fake_replay, report=False)
+    old = pd.read_parquet(out / "summary.parquet").drop(columns=["token_states_of_used_frac", "running_mean",
+                                                                 "waiting_mean"])
+    old.to_parquet(out / "summary.parquet")
+    from analysis.report import write_report
+
+    _, md = write_report(out)
+    assert "| vllm | x1 | 0.38 |" in md.read_text() and "| - |" in md.read_text(), "missing columns read '-'"

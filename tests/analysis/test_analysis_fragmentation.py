@@ -63,7 +63,7 @@ def test_report_writes_files_and_returns_tables(tiny_run_extents):
     md = rep.md_path.read_text()
     for heading in ("time-averaged breakdown", "worst windows", "free-extent sizes"):
         assert f"## Fragmentation: {heading}" in md
-    assert "Window #1 (0-2 s): 1 resident requests" in md
+    assert "#1 0-2 s: 1" in md
     for png in ("fragmentation_worst-windows.png", "fragmentation_free-extents.png"):
         assert (tiny_run_extents / png).stat().st_size > 0 and f"]({png})" in md
     html = rep.html_path.read_text()

@@ -4,7 +4,7 @@ import re
 import time
 
 import pytest
-from rundir_fixtures import synthetic_run
+from rundir_fixtures import synthetic_run, tiny_steps, write_run
 
 from analysis.document import format_value
 from analysis.report import SECTION_IDS, write_report
@@ -37,8 +37,30 @@ def test_single_run_report_has_every_section(tiny_run_extents):
     assert (html_path.name, md_path.name) == ("report.html", "report.md")
     _check_html(html_path.read_text(), SECTION_IDS + FRAGMENTATION_IDS)
     _check_md(md_path, SECTION_IDS + FRAGMENTATION_IDS)
-    for heading in ("Configuration", "Summary", "Memory breakdown over time", "Latency CDFs"):
-        assert f"## {heading}" in md_path.read_text()
+    md = md_path.read_text()
+    headings = re.findall(r"^## (.*)$", md, re.MULTILINE)
+    assert headings[:2] == ["Findings", "Time-averaged memory breakdown"], "findings and the breakdown lead"
+    assert headings[-2:] == ["Appendix: all metrics", "Appendix: configuration"], "configuration is an appendix"
+    assert {"Memory breakdown over time", "Latency CDFs"} <= set(headings)
+
+
+def test_findings_state_rejections_with_their_reason_and_the_headline_table(tiny_run):
+    _, md_path = write_report(tiny_run)
+    findings = md_path.read_text().split("## Findings", 1)[1].split("<a id=", 1)[0]
+    assert "4 requests: 3 finished, 1 rejected. 1 rejected: prompt too long." in findings
+    assert "| policy | throughput (req/s) | TTFT p99 (s) | TPOT p99 (ms) | used KV holding tokens (%) |" in findings
+    assert "| vllm | 0.38 | 3.96 | 1990 | 53 | 2 | 1 |" in findings, "preemptions and rejected close the row"
+
+
+def test_a_chart_with_nothing_to_show_is_a_sentence(tmp_path):
+    steps = tiny_steps().assign(preempted=0, blocks_swapped_in=0, blocks_swapped_out=0)
+    _, md_path = write_report(write_run(tmp_path / "calm", steps=steps))
+    md = md_path.read_text()
+    for sid in ("preemptions-over-time", "latency-vs-rate"):
+        section = md.split(f'<a id="{sid}"></a>', 1)[1].split("<a id=", 1)[0]
+        assert "![" not in section, f"{sid}: no empty chart"
+    assert "No request was preempted and no block swapped." in md
+    assert "One run is one point" in md
 
 
 def test_summary_section_shows_exact_metrics_and_goodput(tiny_run):

@@ -79,7 +79,7 @@ def test_a_bundled_trace_replays_with_spans_identical_to_single_steps():
 def test_bad_trace_rows_are_named():
     cfg = build_config()
     bad = pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": [10, 0], "output_tokens": [5, 5]})
-    with pytest.raises(EngineError, match="row 1: prompt_tokens"):
+    with pytest.raises(EngineError, match=r"row 2 \(request_id 1\): prompt_tokens=0"):
         Engine(cfg, bad)
     with pytest.raises(EngineError, match="lacks column"):
         Engine(cfg, pd.DataFrame({"arrival_s": [0.0]}))

@@ -250,6 +250,21 @@ def test_cli_runs_a_sweep_and_exits_2_on_a_bad_spec(tmp_path, capsys):
     assert "blocksim sweep: point [trace=azure-conv blok_size=16]: unknown option" in capsys.readouterr().err
 
 
+def test_a_sweep_warns_about_rejections_up_front_and_counts_them_after(tmp_path, capsys):
+    spec = write_yaml(tmp_path, "trace: bundled:azure-conv\nbase: {max_requests: 300}\naxes: {block_size: [16, 32]}\n")
+    assert run_cli(["sweep", str(spec), "--out", str(tmp_path / "out"), "--quiet", "--no-report"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("will be rejected") == 1, "one warning for the points sharing a model"
+    assert "trace azure-conv: warning: 12 of 300 requests (4.0%)" in captured.err
+    assert "clip_to_model: true in 'base' clips them" in captured.err
+    assert "2 runs rejected requests, up to 12 of 300" in captured.out
+    clipped = write_yaml(tmp_path, "trace: bundled:azure-conv\nbase: {max_requests: 300, clip_to_model: true}\n"
+                                   "axes: {block_size: [16, 32]}\n")
+    assert run_cli(["sweep", str(clipped), "--out", str(tmp_path / "clip"), "--quiet", "--no-report"]) == 0
+    captured = capsys.readouterr()
+    assert "will be rejected" not in captured.err and "rejected requests" not in captured.out
+
+
 # ---------------------------------------------------------------- Ray
 
 def test_ray_backend_on_a_local_ray(tmp_path):

@@ -156,5 +156,25 @@ def test_milliseconds_read_as_seconds_warn_naming_the_column(write):
 def test_seconds_read_as_milliseconds_warn(write):
     rows = "".join(f"{i},5,1\n" for i in range(2000))
     path = write("g.csv", "ts,in,out\n" + rows)
-    with pytest.warns(TraceWarning, match="column 'ts'.*implausibly fast"):
+    with pytest.warns(TraceWarning, match="column 'ts'.*faster than a serving trace"):
         read_trace(path, mapping={"arrival_s": "ts", "prompt_tokens": "in", "output_tokens": "out"}, time_unit="us")
+
+
+def test_zero_length_requests_are_a_bad_row_kind_named_one_based_and_skipped_when_lenient(tmp_path, write):
+    from traces import Trace, bundled, head
+
+    path = write("z.csv", "arrival_s,prompt_tokens,output_tokens\n0,10,3\n1,10,0\n2,0,4\n3,5,5\n")
+    err = raises(path)
+    assert (err.line, err.column) == (3, "output_tokens") and "zero token count" in str(err)
+    assert "2 bad rows in total" in str(err)
+    with pytest.warns(TraceWarning, match="skipped 2 bad rows"):
+        assert len(read_trace(path, lenient=True)) == 2
+    # a Trace may hold zero lengths; written to Parquet, reading names and skips them the same way
+    trace = head(read_trace(bundled("mooncake")), 5)
+    df = trace.df.copy()
+    df.loc[2, "output_tokens"] = 0
+    own = tmp_path / "own.parquet"
+    Trace(df, trace.hash_block_tokens, "own").to_parquet(own)
+    assert raises(own).line == 3
+    with pytest.warns(TraceWarning, match=r"rows 3\)"):
+        assert len(read_trace(own, lenient=True)) == 4
