@@ -353,17 +353,21 @@ def add_profile_command(subparsers) -> argparse.ArgumentParser:
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="catalog model")
     p.add_argument("--gpu-name", default="auto", help="catalog GPU the profile is for (default: from the device)")
-    p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
-    p.add_argument("--tensor-parallel", type=int, default=1)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--attention", choices=("fast", "vllm"), default="fast", help="decode attention kernels")
-    p.add_argument("--prefill", choices=("auto", "kernel", "sdpa"), default="auto", help="prefill attention path")
-    p.add_argument("--catalog", action="append", default=[], metavar="FILE")
+    p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16",
+                   help="weights, activations and KV cache (default float16)")
+    p.add_argument("--tensor-parallel", type=int, default=1, help="tensor-parallel degree profiled (default 1)")
+    p.add_argument("--block-size", type=int, default=16, help="KV cache block size in tokens (default 16)")
+    p.add_argument("--attention", choices=("fast", "vllm"), default="fast",
+                   help="decode attention kernels: the fast kernel (default fast) or the vLLM-layout v1/v2")
+    p.add_argument("--prefill", choices=("auto", "kernel", "sdpa"), default="auto",
+                   help="prefill attention: the paged prefill kernel or gather + SDPA (default auto: the kernel)")
+    p.add_argument("--catalog", action="append", default=[], metavar="FILE",
+                   help="extra models/GPUs (YAML/TOML/JSON); repeatable (default: the built-in catalog only)")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (the same code, for tiny models)")
     p.add_argument("--quick", action="store_true", help="a tiny grid (tests)")
     p.add_argument("--out", default=None, metavar="FILE",
                    help="where to write (default: blocksim/profiles/<model>__<gpu>__<dtype>__tp<N>.json)")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress lines (default: progress on stderr)")
     p.set_defaults(func=cmd_profile)
     return p
 

@@ -170,7 +170,7 @@ IGNORED_KNOBS = [
      "contiguous allocator"),
     ("vllm-v1", {"watermark": 0.02}, "--watermark", "follows vLLM V1, whose KV cache manager has no watermark"),
     ("vllm-v1", {"free_order": "fifo"}, "--free-order", "follows vLLM V1"),
-    ("vllm-v1", {"swap_space_gib": 8.0}, "--swap-space", "follows vLLM V1"),
+    ("vllm-v1", {"swap_space_gib": 8.0}, "--swap-space-gib", "follows vLLM V1"),
     ("vllm-v1", {"preemption": "swap"}, "--preemption", "preempts only the last running request by recomputation"),
     ("vllm-v1", {"victim": "largest"}, "--victim", "follows vLLM V1"),
     ("vllm", {"long_prefill_token_threshold": 64}, "--long-prefill-token-threshold", "not vLLM V1's engine"),
