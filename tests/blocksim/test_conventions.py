@@ -135,3 +135,18 @@ def test_very_verbose_adds_the_traceback_before_the_one_line(tmp_path, capsys, r
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and any(line.startswith("Traceback") for line in err), err
     assert err[-1].startswith("blocksim: plugin error: victim 'os:getcwd'"), err
+
+
+def test_ctrl_c_while_the_command_loads_is_one_line_and_130(monkeypatch, capsys):
+    """The `blocksim` entry point (`blocksim.__main__:run`) catches a Ctrl-C that lands while
+    blocksim.cli and its libraries are being imported, before `main` can catch anything."""
+    from blocksim.__main__ import run
+
+    class Interrupted:
+        def __getattr__(self, name):
+            raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "blocksim.cli", Interrupted())
+    assert run() == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "interrupted" in err and "Traceback" not in err
