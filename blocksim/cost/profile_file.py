@@ -5,8 +5,8 @@
 * ``"blocksim-profile/1"``: step components measured on a GPU by ``blocksim profile`` (tables of
   seconds on grids; the keys are listed in `COMPONENT_AXES`). Read into a :class:`Profile`.
 * ``"blocksim-roofline/1"``, or no ``"format"`` key: the roofline's `CostParams`, as
-  ``{"params": {...}}`` or a flat object (what ``blocksim validate --calibrate-with`` and
-  ``python -m validation.profile`` write).
+  ``{"params": {...}}`` or a flat object (what ``blocksim cost-fit --out`` and
+  ``blocksim validate --calibrate-with`` write).
 
 Any other format string is refused naming the file, the format found and the known ones. A
 profile is checked whole when it is read: every table has its axes, a sorted grid per axis and

@@ -20,8 +20,8 @@ Head size 128, float16, 32 query heads; in one run:
    plotted (effective bandwidth vs context) to ``--plot`` when matplotlib is installed
    (``python -m kernels.bench --plot-from results.json --plot out.png`` plots a saved run).
 
-The ``--json`` file holds every measurement; ``python -m validation.profile`` turns its headline
-rows into a cost profile for ``blocksim replay --cost-profile``.
+The ``--json`` file holds every measurement (cost profiles come from ``blocksim profile``,
+which times whole model steps).
 
 Every sequence has the full context; block tables are random permutations of the cache's blocks.
 Times are medians over ``--iters`` replays of a CUDA graph that calls the implementation once on
