@@ -188,8 +188,7 @@ class BlockSpaceManager:
             for i, c in enumerate(seq.block_table):
                 g = mapping.get(c)
                 if g is None:
-                    g = mapping[c] = self.gpu.allocate()
-                    self.gpu_filled_slots += min(self.block_size, kv_len - i * self.block_size)
+                    g = mapping[c] = self._swap_in_block(c, i, kv_len)
                 else:
                     self.gpu.incref(g)
                 new_table.append(g)
@@ -197,6 +196,13 @@ class BlockSpaceManager:
             seq.block_table = new_table
             seq.status = SeqStatus.RUNNING
         return mapping
+
+    def _swap_in_block(self, cpu_block: int, index: int, kv_len: int) -> int:
+        """The GPU block that receives CPU block `cpu_block`, block `index` of a sequence holding
+        `kv_len` tokens of K/V: a fresh one, whose slots count as filled."""
+        block = self.gpu.allocate()
+        self.gpu_filled_slots += min(self.block_size, kv_len - index * self.block_size)
+        return block
 
     # --- freeing -----------------------------------------------------------------------------
     def _free_gpu_block(self, block: int, kv_len: int, index: int) -> None:

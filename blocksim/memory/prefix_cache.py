@@ -249,37 +249,23 @@ class PrefixCachingBlockManager(BlockSpaceManager):
                 self._cpu_key[c] = key
         return mapping
 
-    def swap_in(self, group: SequenceGroup) -> dict[int, int]:
-        """Bring the group back; a block whose content is cached on the GPU reuses that block."""
+    def _swap_in_block(self, cpu_block: int, index: int, kv_len: int) -> int:
+        """A GPU block cached under the CPU block's key is reused (from the evictor, or shared);
+        else a fresh block, registered under that key."""
         gpu, bs = self.gpu, self.block_size
-        mapping: dict[int, int] = {}
-        for seq in group.seqs_with(SeqStatus.SWAPPED):
-            kv_len = seq.kv_len
-            new_table = []
-            for i, c in enumerate(seq.block_table):
-                g = mapping.get(c)
-                if g is None:
-                    key = self._cpu_key.get(c)
-                    g = gpu.block_of.get(key) if key is not None else None
-                    if g is not None:
-                        if gpu.ref_counts[g] == 0:
-                            self.gpu_filled_slots += min(bs, kv_len - i * bs)
-                        gpu.reuse(g)
-                        gpu.not_computed.discard(g)  # the swap writes its K/V
-                        self.swap_in_reuses += 1
-                    else:
-                        g = gpu.allocate()
-                        self.gpu_filled_slots += min(bs, kv_len - i * bs)
-                        if key is not None:
-                            gpu.register(g, key, i)
-                    mapping[c] = g
-                else:
-                    gpu.incref(g)
-                new_table.append(g)
-                self.cpu.free(c)
-            seq.block_table = new_table
-            seq.status = SeqStatus.RUNNING
-        return mapping
+        key = self._cpu_key.get(cpu_block)
+        g = gpu.block_of.get(key) if key is not None else None
+        if g is None:
+            g = super()._swap_in_block(cpu_block, index, kv_len)
+            if key is not None:
+                gpu.register(g, key, index)
+            return g
+        if gpu.ref_counts[g] == 0:
+            self.gpu_filled_slots += min(bs, kv_len - index * bs)
+        gpu.reuse(g)
+        gpu.not_computed.discard(g)  # the swap writes its K/V
+        self.swap_in_reuses += 1
+        return g
 
     def stats(self) -> dict[str, int]:
         return {"prefix_cache_hits": self.hits, "prefix_cache_queries": self.queries,
