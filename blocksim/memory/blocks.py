@@ -11,6 +11,10 @@ import enum
 from collections import deque
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling of a / b for positive b (blocks needed for a tokens)."""
+    return -(-a // b)
+
 class BlockError(RuntimeError):
     """A block-accounting bug: double free, allocation from an empty pool, bad block number."""
 

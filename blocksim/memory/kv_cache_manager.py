@@ -32,16 +32,12 @@ from __future__ import annotations
 
 from blocksim.interfaces import MemoryBreakdown
 from blocksim.memory.block_pool import NULL_BLOCK, BlockPool
-from blocksim.memory.blocks import BlockError
+from blocksim.memory.blocks import BlockError, cdiv
 from blocksim.memory.prefix_cache import prompt_block_keys
 from blocksim.sequence import Sequence, SequenceGroup, SeqStatus
 
 #: Parent hash of a request's first block (vLLM's NONE_HASH, fixed here so runs are reproducible).
 ROOT_HASH = 0x5EED
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class KVCacheManager:

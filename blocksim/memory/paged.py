@@ -21,12 +21,8 @@ block boundary; no clock, no address-space extents, no prefix hashing.
 from __future__ import annotations
 
 from blocksim.interfaces import AllocStatus, MemoryBreakdown
-from blocksim.memory.blocks import BlockAllocator, BlockError, Device
+from blocksim.memory.blocks import BlockAllocator, BlockError, Device, cdiv
 from blocksim.sequence import Sequence, SequenceGroup, SeqStatus
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class BlockSpaceManager:

@@ -31,13 +31,9 @@ import numpy as np
 
 from blocksim.config import ConfigError
 from blocksim.interfaces import AllocStatus, MemoryBreakdown
-from blocksim.memory.blocks import BlockError
+from blocksim.memory.blocks import BlockError, cdiv
 from blocksim.memory.radix_tree import Content, Node, RadixTree
 from blocksim.sequence import Sequence, SequenceGroup
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class ReqState:
