@@ -322,3 +322,13 @@ def drive(source, backend, layout: RunLayout, slo_text: str, *, progress: bool =
         backend.close()
         shutil.rmtree(layout.partial, ignore_errors=True)
     return rows
+
+
+def add_backend_options(p) -> None:
+    """``--backend``, ``--workers`` and ``--address`` on an argparse parser of a command that runs a grid."""
+    p.add_argument("--backend", choices=BACKENDS, default="local",
+                   help="local: a process pool (default); ray: Ray tasks (pip install 'blocksim[ray]')")
+    p.add_argument("--workers", type=int, default=None,
+                   help="parallel runs (default: local cores; with ray: the cluster's CPUs)")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster address (e.g. ray://host:10001 or auto); default: start a local Ray")

@@ -28,7 +28,7 @@ from analysis.cli import slo_type
 from analysis.headline import RUN_KEYS, headline_frame, text_table
 from analysis.slo import format_slo
 from analysis.table import parquet_safe
-from blocksim.experiments.backends import BACKENDS, GridSource, Job, run_jobs
+from blocksim.experiments.backends import BACKENDS, GridSource, Job, add_backend_options, run_jobs
 from blocksim.experiments.configfile import read_config_file
 from blocksim.experiments.rundir import resumable
 from blocksim.experiments.points import RunLayout, replay_runner
@@ -214,12 +214,7 @@ def add_compare_command(subparsers) -> None:
                    help="arrival-rate multipliers, e.g. 0.5,1,2,4 (default 1)")
     p.add_argument("--slo", type=slo_type, default=None, metavar="SLO",
                    help="goodput SLO, e.g. ttft=2s,tpot=100ms,e2e=30s (units s or ms)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="parallel runs (default: local cores; with ray: the cluster's CPUs)")
-    p.add_argument("--backend", choices=BACKENDS, default="local",
-                   help="local: a process pool (default); ray: Ray tasks (pip install 'blocksim[ray]')")
-    p.add_argument("--address", default=None,
-                   help="Ray cluster address (e.g. ray://host:10001 or auto); default: start a local Ray")
+    add_backend_options(p)
     p.add_argument("--out", required=True, metavar="DIR",
                    help="output directory: new, empty or an earlier compare's (its complete runs are reused)")
     p.add_argument("--overwrite", action="store_true",

@@ -29,7 +29,7 @@ from analysis.slo import parse_slo
 from analysis.sweep_report import write_sweep_report
 from analysis.table import parquet_safe
 from blocksim.config import ConfigError
-from blocksim.experiments.backends import BACKENDS, GridSource, Job, run_jobs
+from blocksim.experiments.backends import BACKENDS, GridSource, Job, add_backend_options, run_jobs
 from blocksim.experiments.configfile import read_config_file
 from blocksim.experiments.rundir import resumable
 from blocksim.experiments.points import RunLayout, replay_runner
@@ -222,12 +222,7 @@ def add_sweep_command(subparsers) -> None:
     p.add_argument("--config", default=None, metavar="FILE",
                    help="YAML/TOML file of run options (the keys of `blocksim replay --config`) under the spec's "
                         "'base'; the spec's own base and axes win")
-    p.add_argument("--backend", choices=BACKENDS, default="local",
-                   help="local: a process pool (default); ray: Ray tasks (pip install 'blocksim[ray]')")
-    p.add_argument("--workers", type=int, default=None,
-                   help="parallel runs (default: local cores; with ray: the cluster's CPUs)")
-    p.add_argument("--address", default=None,
-                   help="Ray cluster address (e.g. ray://host:10001 or auto); default: start a local Ray")
+    add_backend_options(p)
     p.add_argument("--slo", default=None, metavar="SLO",
                    help="e.g. ttft=2s,tpot=100ms (units s or ms); overrides the spec's slo")
     p.add_argument("--find", choices=FIND_MODES, default=None,
