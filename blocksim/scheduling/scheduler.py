@@ -353,19 +353,24 @@ class Scheduler:
         return ""
 
     # --- outcome of a step ------------------------------------------------------------------------
+    @staticmethod
+    def _prompt_done(group: SequenceGroup, stop: int, end_s: float) -> bool:
+        """After a prefill chunk up to token `stop`: False while chunks remain (`prefill_pos` moves
+        on); else the prompt is complete (its first output token stamped at `end_s` if new)."""
+        if stop < group.seqs_with(SeqStatus.RUNNING)[0].num_tokens:
+            group.prefill_pos = stop  # more chunks to go
+            return False
+        group.prefill_pos = None
+        if group.first_token_s != group.first_token_s:  # NaN: first output token
+            group.first_token_s = end_s
+        return True
+
     def complete_step(self, out: SchedulerOutputs, end_s: float) -> list[SequenceGroup]:
         """Decoding sequences and completed prompts gain one token; return groups finished at `end_s`."""
         finished = []
         for group, _, stop in out.prefills:
-            if group.status is not RUNNING:
-                continue
-            if stop < group.seqs_with(SeqStatus.RUNNING)[0].num_tokens:
-                group.prefill_pos = stop  # more chunks to go
-                continue
-            group.prefill_pos = None
-            if group.first_token_s != group.first_token_s:  # NaN: first output token
-                group.first_token_s = end_s
-            self._advance(group, end_s, finished)
+            if group.status is RUNNING and self._prompt_done(group, stop, end_s):
+                self._advance(group, end_s, finished)
         seq_running = SeqStatus.RUNNING
         for group in out.decode_groups:
             if group.status is RUNNING:

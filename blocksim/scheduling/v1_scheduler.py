@@ -127,14 +127,8 @@ class V1Scheduler(Scheduler):
             if group.status is not RUNNING:
                 continue
             stop = stops.get(id(group))
-            if stop is not None:
-                if stop < group.seqs[0].num_tokens:
-                    group.prefill_pos = stop  # more chunks to go
-                    continue
-                group.prefill_pos = None
-                if group.first_token_s != group.first_token_s:  # NaN: first output token
-                    group.first_token_s = end_s
-            self._advance(group, end_s, finished)
+            if stop is None or self._prompt_done(group, stop, end_s):
+                self._advance(group, end_s, finished)
         if finished:
             self.running = [g for g in self.running if g.status is RUNNING]
         return finished
