@@ -89,7 +89,7 @@ def add_option_group(p: argparse.ArgumentParser, group: str) -> None:
 
 def add_config_options(p: argparse.ArgumentParser) -> None:
     """The configuration flags (model, GPU and cache; scheduler; policy knobs) and --config."""
-    for group in ("model", "scheduler", "policy"):
+    for group in ("model", "scheduler", "policy", "tiers"):
         add_option_group(p, group)
     p.add_argument("--config", default=None, metavar="FILE",
                    help="YAML/TOML file of the options above (policy, model, block_size, ...); flags override it")

@@ -273,6 +273,65 @@ class PolicyConfig:
                               "(SGLang's scheduler admits through the radix tree); use --policy sglang, or neither")
 
 
+EVICTION_POLICIES = ("lru", "lfu", "arc")
+WRITE_POLICIES = ("write-through", "write-through-selective", "write-back")
+ONLOAD_MODES = ("wait", "deadline", "recompute")
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """The KV tiers below the GPU: pinned host DRAM and a disk, each off at 0 GiB.
+
+    A tier holds chunks of `chunk_tokens` tokens (a multiple of the block size; None: one block),
+    evicts by `*_eviction` (lru, lfu, arc) and is written by `*_write`: write-through stores a chunk
+    when it becomes computed in the tier above (for the disk: when the host stores it),
+    write-through-selective after `write_hits` hits in the tier above, write-back when the tier above
+    evicts it. Disk transfers take `disk_latency_s` plus bytes over `disk_read_gbps` /
+    `disk_write_gbps`; the host link is the GPU's `host_link_gbps` each way. `onload`: wait (a request
+    waits until its chunks are on the GPU), deadline (chunks landing within `onload_deadline_ms` are
+    loaded, the rest recomputed) or recompute (load or recompute, whichever the cost model prices
+    lower). `disk_path` is where an executor keeps the disk tier (checked writable, not used by the
+    simulator).
+    """
+
+    host_gib: float = 0.0
+    host_eviction: str = "lru"
+    host_write: str = "write-through"
+    disk_gib: float = 0.0
+    disk_eviction: str = "lru"
+    disk_write: str = "write-back"
+    disk_read_gbps: float = 5.0
+    disk_write_gbps: float = 3.0
+    disk_latency_s: float = 100e-6
+    disk_path: str | None = None
+    write_hits: int = 2
+    chunk_tokens: int | None = None
+    onload: str = "wait"
+    onload_deadline_ms: float = 50.0
+
+    def __post_init__(self) -> None:
+        for f in ("host_gib", "disk_gib", "disk_read_gbps", "disk_write_gbps", "disk_latency_s",
+                  "onload_deadline_ms"):
+            _typed(f"tiers.{f} (--tier-{f.replace('_', '-')})", getattr(self, f), float)
+        for f in ("host_gib", "disk_gib", "disk_latency_s"):
+            _require(getattr(self, f) >= 0, f"tiers.{f} (--tier-{f.replace('_', '-')})", "must be >= 0")
+        for f in ("disk_read_gbps", "disk_write_gbps", "onload_deadline_ms"):
+            _require(getattr(self, f) > 0, f"tiers.{f} (--tier-{f.replace('_', '-')})", "must be positive")
+        for f, allowed in (("host_eviction", EVICTION_POLICIES), ("disk_eviction", EVICTION_POLICIES),
+                           ("host_write", WRITE_POLICIES), ("disk_write", WRITE_POLICIES), ("onload", ONLOAD_MODES)):
+            _require(getattr(self, f) in allowed, f"tiers.{f} (--tier-{f.replace('_', '-')})",
+                     f"must be one of {', '.join(allowed)}, got {getattr(self, f)!r}")
+        _typed("tiers.write_hits (--tier-write-hits)", self.write_hits, int)
+        _require(self.write_hits >= 1, "tiers.write_hits (--tier-write-hits)", "must be >= 1")
+        if self.chunk_tokens is not None:
+            _typed("tiers.chunk_tokens (--tier-chunk-tokens)", self.chunk_tokens, int)
+            _require(self.chunk_tokens > 0, "tiers.chunk_tokens (--tier-chunk-tokens)", "must be positive")
+
+    @property
+    def enabled(self) -> bool:
+        return self.host_gib > 0 or self.disk_gib > 0
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """Everything one simulated run needs besides the trace."""
@@ -284,6 +343,7 @@ class SimConfig:
     tensor_parallel: int = 1
     policy: str = "vllm"
     policy_config: PolicyConfig = field(default_factory=PolicyConfig)
+    tiers: TierConfig | None = None
 
     def __post_init__(self) -> None:
         tp = self.tensor_parallel
@@ -306,6 +366,40 @@ class SimConfig:
                      f"{self.cache.gpu_memory_utilization}) cannot hold {self.model.name}'s weights "
                      f"({self.model.weight_bytes / tp / GiB:.1f} GiB per GPU) plus activations and one KV block; "
                      f"use a larger GPU, raise tensor_parallel, or raise gpu_memory_utilization")
+        if self.tiers is not None:
+            self._check_tiers(self.tiers)
+
+    def _check_tiers(self, t: TierConfig) -> None:
+        """Refuse tiers the run cannot use: no prefix caching, a chunk that is not whole blocks, a
+        tier smaller than one chunk, a disk path that cannot be written."""
+        p = self.policy_config
+        _require(p.prefix_caching or p.allocator == "radix", "tiers (--tier-host-gib / --tier-disk-gib)",
+                 f"policy {self.policy!r} runs without prefix caching, so no chunk is ever looked up in a tier; "
+                 f"choose vllm-prefix, vllm-v1 or sglang (or add --prefix-caching), or drop the tier options")
+        bs = self.cache.block_size
+        chunk = self.tier_chunk_tokens
+        _require(chunk % bs == 0, "tiers.chunk_tokens (--tier-chunk-tokens)",
+                 f"{chunk} is not a multiple of the block size {bs}; use a multiple of {bs} (e.g. {bs * max(1, chunk // bs)})")
+        chunk_bytes = chunk * self.kv_bytes_per_token
+        for name in ("host", "disk"):
+            gib = getattr(t, f"{name}_gib")
+            if gib:
+                _require(gib * GiB >= chunk_bytes, f"tiers.{name}_gib (--tier-{name}-gib)",
+                         f"{gib:g} GiB cannot hold one {chunk}-token chunk of {self.model.name}'s KV "
+                         f"({chunk_bytes / GiB:.4f} GiB); give at least {chunk_bytes / GiB:.4f} GiB, or 0 to turn "
+                         f"the {name} tier off")
+        if t.disk_path is not None:
+            import os
+            d = t.disk_path
+            ok = os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK)
+            _require(ok, "tiers.disk_path (--tier-disk-path)",
+                     f"{d!r} is not a writable directory; create it or name a directory you can write")
+
+    @property
+    def tier_chunk_tokens(self) -> int:
+        """Tokens per tier chunk: the configured chunk, else one block."""
+        t = self.tiers
+        return t.chunk_tokens if t is not None and t.chunk_tokens is not None else self.cache.block_size
 
     # --- derived sizes -------------------------------------------------------------------------
     @property

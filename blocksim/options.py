@@ -23,14 +23,18 @@ from typing import Any, Callable
 
 from blocksim.config import (
     ADDRESS_SPACES,
+    EVICTION_POLICIES,
     FREE_ORDERS,
     PREEMPTION_MODES,
     RESERVATION_MODES,
+    ONLOAD_MODES,
     SCHEDULE_POLICIES,
+    WRITE_POLICIES,
     V0_RELEASES,
     CacheConfig,
     SchedulerConfig,
     SimConfig,
+    TierConfig,
 )
 
 DEFAULT_POLICY = "vllm"
@@ -57,6 +61,7 @@ GROUP_TITLES = {
     "model": "model, GPU and cache",
     "scheduler": "scheduler",
     "policy": "policy knobs (override the --policy preset; names or 'package.module:Class')",
+    "tiers": "KV tiers below the GPU (prefix-caching presets; docs/tiers.md)",
     "run": "run shaping",
 }
 
@@ -132,6 +137,7 @@ def _field_default(cls: type, name: str) -> Any:
 _cache = CacheConfig()
 _sched = SchedulerConfig()
 _tp = _field_default(SimConfig, "tensor_parallel")
+_tier = TierConfig()
 
 OPTIONS: tuple[Option, ...] = (
     Option("policy", str, DEFAULT_POLICY, "preset: vllm (default), vllm-prefix, vllm-chunked, vllm-0.6, vllm-v1, "
@@ -208,6 +214,38 @@ OPTIONS: tuple[Option, ...] = (
     Option("v0_release", str, None, "vLLM v0 release whose step rules apply: 0.1 (mixed steps), 0.2 (prompt-only "
            "steps), 0.4 (+ swap-ins charged to the token budget), 0.6.4 (+ admission on uncached tokens)", "policy",
            choices=V0_RELEASES, short="rel", applies_to=PREEMPTING),
+    # KV tiers below the GPU (blocksim.config.TierConfig); a capacity above 0 turns a tier on
+    Option("tier_host_gib", float, _tier.host_gib, "pinned host DRAM tier capacity in GiB (default 0: off)", "tiers",
+           short="host", metavar="GIB"),
+    Option("tier_host_eviction", str, _tier.host_eviction, "host tier eviction", "tiers",
+           choices=EVICTION_POLICIES, short="hev"),
+    Option("tier_host_write", str, _tier.host_write, "when a chunk is written to the host tier: when computed on "
+           "the GPU, after --tier-write-hits GPU hits, or when the GPU evicts it", "tiers", choices=WRITE_POLICIES,
+           short="hwr"),
+    Option("tier_disk_gib", float, _tier.disk_gib, "disk tier capacity in GiB (default 0: off)", "tiers",
+           short="disk", metavar="GIB"),
+    Option("tier_disk_eviction", str, _tier.disk_eviction, "disk tier eviction", "tiers",
+           choices=EVICTION_POLICIES, short="dev"),
+    Option("tier_disk_write", str, _tier.disk_write, "when a chunk is written to the disk: when the tier above "
+           "stores it, after --tier-write-hits hits there, or when it evicts it", "tiers", choices=WRITE_POLICIES,
+           short="dwr"),
+    Option("tier_disk_read_gbps", float, _tier.disk_read_gbps, f"disk read bandwidth, GB/s (default "
+           f"{_tier.disk_read_gbps:g}, an assumed NVMe figure)", "tiers", parse=positive_float, short="drbw"),
+    Option("tier_disk_write_gbps", float, _tier.disk_write_gbps, f"disk write bandwidth, GB/s (default "
+           f"{_tier.disk_write_gbps:g}, an assumed NVMe figure)", "tiers", parse=positive_float, short="dwbw"),
+    Option("tier_disk_latency_s", float, _tier.disk_latency_s, f"fixed cost of one disk read or write, s (default "
+           f"{_tier.disk_latency_s:g})", "tiers", short="dlat"),
+    Option("tier_disk_path", str, _tier.disk_path, "directory the GPU tier executor keeps the disk tier in "
+           "(checked writable)", "tiers", metavar="DIR"),
+    Option("tier_write_hits", int, _tier.write_hits, "hits before write-through-selective writes a chunk "
+           f"(default {_tier.write_hits})", "tiers", parse=positive_int, short="wh"),
+    Option("tier_chunk_tokens", int, _tier.chunk_tokens, "tokens per tier chunk, a multiple of the block size "
+           "(default: one block)", "tiers", short="chunk"),
+    Option("tier_onload", str, _tier.onload, "a request whose prefix is in a tier: waits for it (wait), waits at "
+           "most --tier-onload-deadline-ms and recomputes the rest (deadline), or recomputes when the cost model "
+           "says it is cheaper (recompute)", "tiers", choices=ONLOAD_MODES, short="onl"),
+    Option("tier_onload_deadline_ms", float, _tier.onload_deadline_ms, "deadline of --tier-onload deadline, ms "
+           f"(default {_tier.onload_deadline_ms:g})", "tiers", parse=positive_float, short="ddl"),
     # run shaping: applied to the trace by `replay`, not part of the configuration
     Option("max_requests", int, None, "replay only the first N requests (default: all)", "run", short="n", parse=positive_int),
     Option("rate_scale", float, 1.0, "multiply the request rate (default 1)", "run", short="x",
@@ -225,13 +263,15 @@ def names(*groups: str) -> tuple[str, ...]:
 
 
 #: `build_config` keywords (everything but the preset and the run options).
-CONFIG_OPTIONS = names("model", "scheduler", "policy")
+CONFIG_OPTIONS = names("model", "scheduler", "policy", "tiers")
+#: `TierConfig` fields by option name (``tier_`` + field).
+TIER_KEYS = names("tiers")
 #: `PolicyConfig` fields a user may set over the preset.
 POLICY_KEYS = names("policy")
 #: Options that shape the trace (count, rate, length clipping), not the configuration.
 RUN_OPTIONS = names("run")
 #: Keys a config file may hold.
-FILE_KEYS = names("preset", "model", "scheduler", "policy", "run")
+FILE_KEYS = names("preset", "model", "scheduler", "policy", "tiers", "run")
 #: `build_config` defaults, by option name.
 DEFAULTS: dict[str, Any] = {name: BY_NAME[name].default for name in CONFIG_OPTIONS}
 #: `replay` defaults of the run options.

@@ -29,6 +29,10 @@ class GroupStatus(enum.StrEnum):
     HELD = "held"            # static batching: done, held until its batch ends
 
 
+#: `SequenceGroup.onload_state`: 0 (no tier load), its chunks loading, loaded and waiting to be scheduled.
+ONLOADING, ONLOADED = 1, 2
+
+
 class Sequence:
     __slots__ = ("seq_id", "group", "num_tokens", "status", "block_table")
 
@@ -55,7 +59,9 @@ class SequenceGroup:
     __slots__ = ("request_id", "index", "arrival_s", "prompt_tokens", "output_tokens", "priority", "seqs",
                  "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "swaps",
                  "recomputed_tokens", "status", "reject_reason", "sort_key", "prefix_hashes", "prefill_pos",
-                 "num_cached_tokens", "block_keys", "prefix_hit_tokens", "hit_tokens")
+                 "num_cached_tokens", "block_keys", "prefix_hit_tokens", "hit_tokens", "onload_state",
+                 "onload_issue_s", "onload_ready_s", "onload_wait_s", "tier_tokens", "onload_skipped_tokens",
+                 "onload_ttft_s")
 
     def __init__(self, request_id: int, index: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
                  n: int = 1, priority: int = 0, first_seq_id: int = 0, prefix_hashes=None) -> None:
@@ -81,6 +87,13 @@ class SequenceGroup:
         self.hit_tokens = 0                  # tokens in prefix-cache hit blocks (>= num_cached_tokens)
         self.block_keys = None               # content keys of full prompt blocks (prefix caching)
         self.prefix_hit_tokens = 0
+        # KV tiers (blocksim.memory.tiers): ONLOADING while chunks load, ONLOADED until scheduled after
+        self.onload_state = 0
+        self.onload_issue_s = self.onload_ready_s = float("nan")
+        self.onload_wait_s = 0.0             # seconds spent waiting for loads, all admissions
+        self.onload_ttft_s = 0.0             # of which before the first token
+        self.tier_tokens = None              # [gpu, host, disk] prompt tokens hit, all admissions
+        self.onload_skipped_tokens = 0       # found in a tier, recomputed by the onload mode
 
     def seqs_with(self, status: SeqStatus) -> list[Sequence]:
         return [s for s in self.seqs if s.status is status]

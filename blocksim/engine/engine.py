@@ -32,9 +32,11 @@ from blocksim.cost import cost_record
 from blocksim.engine.executor import StepExecutor
 from blocksim.engine.spans import find_span, run_span
 from blocksim.interfaces import MemoryManager
+from blocksim.memory.tiers import make_tier_store
 from blocksim.policies import make_cost_model, make_memory_manager, make_scheduler
 from blocksim.records.schema import FREE_EXTENT_COLUMNS, FREE_EXTENT_DTYPES
 from blocksim.records.steps import StepRecorder, StepRow
+from blocksim.records.tier_records import TierStepRecorder
 from blocksim.scheduling.outputs import SchedulerOutputs
 from blocksim.sequence import GroupStatus, SequenceGroup
 
@@ -85,7 +87,7 @@ def requests_frame(trace) -> pd.DataFrame:
 class Engine:
     def __init__(self, config: SimConfig, trace, cost_model=None, *, spans: bool = True,
                  check_invariants: bool = False, progress: bool = False, plan_dir=None,
-                 block_manager=None, executor: StepExecutor | None = None) -> None:
+                 block_manager=None, executor: StepExecutor | None = None, log_tier_events: bool = False) -> None:
         self.config = config
         self.reqs = requests_frame(trace)
         self.cost = cost_model or make_cost_model(config)
@@ -106,6 +108,19 @@ class Engine:
         else:
             self.bm = block_manager(config) if callable(block_manager) else block_manager
         self.sched = make_scheduler(config, self.bm)
+        self.tiers = None
+        if config.tiers is not None:
+            self.tiers = make_tier_store(config, log_tier_events)
+            self.tiers.ops_on = log_tier_events or self.plan is not None
+            if not hasattr(self.bm, "attach_tiers") or not hasattr(self.sched, "next_onload_s"):
+                raise ConfigError(f"tiers (--tier-host-gib / --tier-disk-gib): allocator "
+                                  f"{config.policy_config.allocator!r} with scheduler {config.policy_config.scheduler!r} "
+                                  f"has no KV tiers; choose vllm-v1, or drop the tier options")
+            self.bm.attach_tiers(self.tiers)
+            self.tiers.prefill_s = self._prefill_s
+            self.tier_rec = TierStepRecorder()
+            if self.tiers.wants_gpu_evictions:
+                self.spans = False  # a step that evicts from the GPU waits for its write-backs
         # Allocators with address-space extents (contiguous) get their free extents sampled.
         self._extents: list[tuple[int, float, np.ndarray]] | None = [] if self.bm.has_extents else None
         self._next_extent_s = 0.0
@@ -160,7 +175,7 @@ class Engine:
         self._next_arrival_idx = i
 
     def _engine_proc(self):
-        env, sched, bm = self.env, self.sched, self.bm
+        env, sched, bm, tiers = self.env, self.sched, self.bm, self.tiers
         clocked = bm.uses_clock
         bar = self._progress_bar()
         arrivals = self._arrival_list
@@ -177,12 +192,23 @@ class Engine:
             now = env.now
             if clocked:
                 bm.set_clock(now)
+            if tiers is not None:
+                tiers.now_s = now
+                tiers.step = self.rec.num_steps
             out = sched.schedule()
             for p in out.prefills:
                 g = p.group
                 if g.first_scheduled_s != g.first_scheduled_s:
                     g.first_scheduled_s = now
-            span = find_span(sched, bm, self.cost, out, now, arrivals[self._next_arrival_idx]) if self.spans else None
+            if self.spans:
+                next_event = arrivals[self._next_arrival_idx]
+                if tiers is not None:  # a request whose chunks land may be admitted: the span ends before
+                    landing = sched.next_onload_s()
+                    if landing is not None and landing < next_event:
+                        next_event = landing
+                span = find_span(sched, bm, self.cost, out, now, next_event)
+            else:
+                span = None
             if span is not None:
                 yield from run_span(self, out, span)
                 if bar:
@@ -190,7 +216,11 @@ class Engine:
                 continue
             if not out.has_work and not (out.blocks_to_swap_out or out.blocks_to_swap_in):
                 if not (out.preempted or out.rejected):
-                    raise EngineError(self._stall_message())
+                    ready = sched.next_onload_s() if tiers is not None else None
+                    if ready is None:
+                        raise EngineError(self._stall_message())
+                    yield from self._sleep_until(ready)  # every admitted request waits for its chunks
+                    continue
             yield from self._run_step(out)
             if bar and self.rec.num_steps % 256 == 0:
                 bar.update(int(env.now) - bar.n)
@@ -198,6 +228,19 @@ class Engine:
             bar.total = max(bar.total, int(env.now))
             bar.update(int(env.now) - bar.n)
             bar.close()
+
+    def _sleep_until(self, t: float):
+        """Idle until `t` or the next arrival, whichever comes first."""
+        env = self.env
+        self._wake = env.event()
+        yield env.any_of([env.timeout(max(0.0, t - env.now)), self._wake])
+        self._wake = None
+
+    def _prefill_s(self, start_tokens: int, new_tokens: int) -> float:
+        """The cost model's time to prefill `new_tokens` after `start_tokens` of prefix, alone."""
+        cm = self.cost
+        return (cm.linear(new_tokens, 1, False)
+                + cm.attn_prefill(np.array([new_tokens], np.int64), np.array([start_tokens], np.int64)))
 
     # --- steps ---------------------------------------------------------------------------------
     def _step_times(self, out: SchedulerOutputs) -> dict[str, float]:
@@ -223,7 +266,11 @@ class Engine:
         }
 
     def _run_step(self, out: SchedulerOutputs):
-        env, sched = self.env, self.sched
+        env, sched, tiers = self.env, self.sched, self.tiers
+        if tiers is not None:
+            wait = tiers.take_evict_wait()
+            if wait > 0:  # write-back copies of blocks this step overwrites come first
+                yield env.timeout(wait)
         times = self._step_times(out)
         duration = sum(times.values())
         start = env.now
@@ -247,6 +294,8 @@ class Engine:
                 yield env.timeout(rest)
         elif duration > 0:
             yield env.timeout(duration)
+        if tiers is not None:
+            self._tier_step_end(out)
         finished = sched.complete_step(out, env.now)
         self.rec.add(StepRow(
             start_s=start, duration_s=duration, num_prefill_seqs=len(out.prefills),
@@ -260,6 +309,22 @@ class Engine:
             mem_external_frag=mem.external_frag, mem_free=mem.free))
         if self.check:
             self.bm.check_invariants(sched.live_seqs())
+
+    def _tier_step_end(self, out: SchedulerOutputs) -> None:
+        """Report the prompt chunks this step computed to the tiers; record the step's tier moves."""
+        tiers, bm = self.tiers, self.bm
+        tiers.now_s = self.env.now
+        for g, start, stop in out.prefills:
+            bm.tier_computed(g, start, stop)
+        self._tier_record(1)
+
+    def _tier_record(self, steps: int) -> None:
+        """The tier counters after `steps` steps; the moves they issued go to the plan."""
+        tiers = self.tiers
+        self.tier_rec.add(tiers.totals(), len(self.sched.onloading), steps)
+        ops = tiers.take_ops()
+        if self.plan is not None:
+            self.plan.on_tier_ops(ops)
 
     def _pending_prefill(self, out: SchedulerOutputs) -> int:
         """Paged slots allocated to prompt positions a chunked prefill has not written yet (counted

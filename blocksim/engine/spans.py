@@ -199,6 +199,9 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
     finished = sched.complete_step(out, env.now)
     fin = np.zeros(k, dtype=np.int64)
     fin[-1] = len(finished)
+    if engine.tiers is not None:
+        engine.tiers.now_s = env.now
+        engine._tier_record(k)
     times = span.times
     engine.rec.add_many(k, {
         "start_s": span.starts_s[:k], "duration_s": span.durations_s[:k], "num_prefill_seqs": 0,

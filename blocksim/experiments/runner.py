@@ -11,11 +11,11 @@ from typing import Any
 
 import traces
 from blocksim.catalog import Catalog
-from blocksim.config import GiB, CacheConfig, ConfigError, SchedulerConfig, SimConfig
+from blocksim.config import GiB, CacheConfig, ConfigError, SchedulerConfig, SimConfig, TierConfig
 from blocksim.engine import Engine
 from blocksim.experiments.rundir import check_out_dir, staged
-from blocksim.options import (CHUNKED_BUDGET_TOKENS, DEFAULT_POLICY, DEFAULTS, POLICY_KEYS, RUN_DEFAULTS, RUN_OPTIONS,
-                              V1_DEFAULTS)
+from blocksim.options import (BY_NAME, CHUNKED_BUDGET_TOKENS, DEFAULT_POLICY, DEFAULTS, POLICY_KEYS, RUN_DEFAULTS,
+                              RUN_OPTIONS, TIER_KEYS, V1_DEFAULTS)
 from blocksim.policies import make_cost_model, policy_config, refuse_ignored_knobs
 from blocksim.records.result import RunResult
 
@@ -67,7 +67,23 @@ def build_config(policy: str = DEFAULT_POLICY, **options: Any) -> SimConfig:
         tensor_parallel=o["tensor_parallel"],
         policy=policy,
         policy_config=policy_cfg,
+        tiers=tier_config(o),
     )
+
+
+def tier_config(o: dict[str, Any]) -> TierConfig | None:
+    """The tiers of options `o` (by option name), or None when no tier has a capacity (tier
+    options set without a capacity are refused: they would change nothing)."""
+    fields = {k[len("tier_"):]: o[k] for k in TIER_KEYS}
+    t = TierConfig(**fields)
+    if t.enabled:
+        return t
+    changed = [k for k in TIER_KEYS if o[k] != DEFAULTS[k]]
+    if changed:
+        flag = BY_NAME[changed[0]].flag
+        raise ConfigError(f"{changed[0]} ({flag}): no tier is on, so it changes nothing; add --tier-host-gib or "
+                          f"--tier-disk-gib, or drop {flag}")
+    return None
 
 
 def check_options(policy: str, overrides: dict[str, Any]) -> SimConfig:

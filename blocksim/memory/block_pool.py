@@ -107,6 +107,8 @@ class BlockPool:
         self.free_queue = FreeBlockQueue(num_blocks)
         self.free_queue.popleft()  # the null block
         self.evictions = 0
+        #: Called as `on_evict(block, hash)` when a hash leaves the cache with its last block (KV tiers).
+        self.on_evict = None
 
     @property
     def num_free(self) -> int:
@@ -136,6 +138,8 @@ class BlockPool:
                     del cached[h]
                     hashes[b] = None
                     self.evictions += 1
+                    if self.on_evict is not None:
+                        self.on_evict(b, h)
             refs[b] = 1
             b = n_
         q.head = b
@@ -156,6 +160,8 @@ class BlockPool:
                     del self.duplicates[h]
             else:
                 del self.cached[h]
+                if self.on_evict is not None:
+                    self.on_evict(b, h)
         else:
             dups.remove(b)
             if not dups:

@@ -65,6 +65,8 @@ class KVCacheManager:
         self.queries = self.hits = self.requests = 0
         self.preempted_queries = self.preempted_hits = self.preempted_requests = 0
         self.hit_blocks = self.query_blocks = self.saved_tokens = 0
+        self.tiers = None                            # a `blocksim.memory.tiers.TierStore` (attach_tiers)
+        self._tier_chunks: dict[int, tuple] = {}     # chunk key -> its blocks' hashes (write-back tiers)
 
     # --- hashes ------------------------------------------------------------------------------
     def block_hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
@@ -124,9 +126,11 @@ class KVCacheManager:
             self.hits += hit_tokens
 
     def allocate_slots(self, seq: Sequence, num_computed: int, num_new: int,
-                       computed_blocks: list[int] = ()) -> bool:
+                       computed_blocks: list[int] = (), cache: bool = True) -> bool:
         """Blocks for `num_new` tokens after `num_computed` (hits in `computed_blocks` included);
-        False, changing nothing, when the free queue is too short."""
+        False, changing nothing, when the free queue is too short. `cache=False` leaves the new
+        blocks' hashes unrecorded (blocks a tier is still loading: cached when the request is
+        scheduled after the load)."""
         pool, bs, table = self.pool, self.block_size, seq.block_table
         need_tokens = min(num_computed + num_new, self.max_model_len)
         evictable = 0
@@ -144,7 +148,7 @@ class KVCacheManager:
         if num_new_blocks > 0:
             table.extend(pool.get_new_blocks(num_new_blocks))
         self.filled_slots += num_new
-        if self.enable_caching:
+        if self.enable_caching and cache:
             full = min(num_computed + num_new, seq.num_tokens) // bs
             done = self._num_cached.get(seq.seq_id, 0)
             if full > done:
@@ -215,6 +219,81 @@ class KVCacheManager:
                                      for i, b in enumerate(table) if b in released)
         seq.block_table = []
         self._num_cached.pop(seq.seq_id, None)
+
+    # --- KV tiers (blocksim.memory.tiers) ----------------------------------------------------------
+    def attach_tiers(self, tiers) -> None:
+        """Look prefixes up in `tiers` after the GPU, and report computed, hit and evicted chunks."""
+        self.tiers = tiers
+        if tiers.wants_gpu_evictions:
+            self.pool.on_evict = self._tier_evicted
+
+    def _chunk_key(self, hashes: list[int], c: int) -> int:
+        return hashes[(c + 1) * self.tiers.chunk_blocks - 1]
+
+    def tier_match(self, group: SequenceGroup, blocks: list[int]) -> tuple[list[int], list[int], list[int]]:
+        """After `get_computed_blocks`: (the GPU hit blocks kept, the chunk keys that follow them,
+        the tier of each chunk of the leading run found). A GPU hit ending inside a chunk is cut back
+        to the chunk's start when the tiers hold that chunk (a tier loads whole chunks)."""
+        t, bs = self.tiers, self.block_size
+        cb = t.chunk_blocks
+        seq = group.seqs[0]
+        limit = min((seq.num_tokens - 1) // bs, group.prompt_tokens // bs) // cb
+        c0 = len(blocks) // cb
+        if c0 >= limit:
+            return blocks, [], []
+        keys = self._hashes[seq.seq_id][(c0 + 1) * cb - 1:limit * cb:cb]
+        found = t.match(keys)
+        if found and len(blocks) % cb:
+            blocks = blocks[:c0 * cb]
+        return blocks, keys, found
+
+    def tier_gpu_hits(self, group: SequenceGroup, blocks: list[int]) -> None:
+        """Report the whole chunks of an admitted request's GPU hit."""
+        t = self.tiers
+        if not t.wants_gpu_hits:
+            return
+        cb, hashes = t.chunk_blocks, self._hashes[group.seqs[0].seq_id]
+        for c in range(len(blocks) // cb):
+            t.on_gpu_hit(self._chunk_key(hashes, c), blocks[c * cb:(c + 1) * cb])
+
+    def tier_computed(self, group: SequenceGroup, start: int, stop: int) -> None:
+        """Report the prompt chunks a prefill of tokens [start, stop) completed."""
+        t = self.tiers
+        cb = t.chunk_blocks
+        ct = cb * self.block_size
+        last = min(stop, group.prompt_tokens) // ct
+        first = start // ct
+        if last <= first:
+            return
+        seq = group.seqs[0]
+        hashes = self._hashes[seq.seq_id]
+        keys = hashes[(first + 1) * cb - 1:last * cb:cb]
+        if t.wants_gpu_evictions:
+            for c, key in zip(range(first, last), keys):
+                self._tier_chunks[key] = tuple(hashes[c * cb:(c + 1) * cb])
+        t.on_computed(keys, seq.block_table, first * cb)
+
+    def tier_loaded(self, seq: Sequence, keys: list[int], first_block: int) -> None:
+        """Chunks loaded into the table from `first_block` on (write-back tiers store them again when
+        the GPU evicts them)."""
+        if not self.tiers.wants_gpu_evictions:
+            return
+        cb, hashes = self.tiers.chunk_blocks, self._hashes[seq.seq_id]
+        for j, key in enumerate(keys):
+            b0 = first_block + j * cb
+            self._tier_chunks[key] = tuple(hashes[b0:b0 + cb])
+
+    def _tier_evicted(self, block: int, block_hash: int) -> None:
+        chunk = self._tier_chunks.get(block_hash)
+        if chunk is None:
+            return
+        if len(chunk) == 1:
+            self.tiers.on_gpu_evicted(block_hash, (block,))
+            return
+        get = self.pool.cached.get
+        blocks = [block if h == block_hash else get(h) for h in chunk]
+        if None not in blocks:  # a chunk whose other blocks left the GPU already is not stored
+            self.tiers.on_gpu_evicted(block_hash, blocks)
 
     # --- MemoryManager: what the engine calls ----------------------------------------------------
     def free(self, seq: Sequence) -> None:
@@ -314,16 +393,18 @@ class KVCacheManager:
         fill: dict[int, int] = {}
         bs = self.block_size
         for s in live_seqs:
-            if s.status is not SeqStatus.RUNNING:
+            if s.status is not SeqStatus.RUNNING and not s.group.onload_state:
                 raise BlockError(f"sequence {s.seq_id}: {s.status.value} under V1, which never swaps")
             if len(set(s.block_table)) != len(s.block_table) or NULL_BLOCK in s.block_table:
                 raise BlockError(f"sequence {s.seq_id}: bad block table {s.block_table}")
             kv_len = s.kv_len
-            if len(s.block_table) != cdiv(kv_len, bs):
+            # a request holding blocks for tier loads also holds those of its first prefill chunk
+            if len(s.block_table) != cdiv(kv_len, bs) and not (s.group.onload_state
+                                                                and len(s.block_table) > cdiv(kv_len, bs)):
                 raise BlockError(f"sequence {s.seq_id}: {len(s.block_table)} blocks for {kv_len} K/V tokens")
             for i, b in enumerate(s.block_table):
                 refs[b] += 1
-                fill[b] = max(fill.get(b, 0), min(bs, kv_len - i * bs))
+                fill[b] = max(fill.get(b, 0), min(bs, max(0, kv_len - i * bs)))
         pool_refs = list(self.pool.ref_cnt)
         pool_refs[NULL_BLOCK] = 0
         if refs != pool_refs:

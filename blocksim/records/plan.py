@@ -11,6 +11,13 @@ A plan lets `validation.validate` replay a simulated run on real cache tensors. 
 * `seqs-NNNNN.parquet`: one row per scheduled sequence and step: `step`, `request_id`, `seq_id`,
   `prompt_tokens`, `is_prefill`, `context_len` (tokens attended to, the new ones included),
   `new_start`, `new_end` (positions whose K/V this step writes), `block_table` (GPU block ids).
+* `tier_ops.parquet` (with KV tiers): one row per chunk move, in issue order: `step`, `op` (store:
+  down a tier; load: up into GPU blocks), `src`, `dst` (gpu, host, disk), `key` (the chunk's content
+  key; a tier holds one copy per key), `gpu_blocks` (the chunk's GPU blocks, source of a store from the
+  GPU, destination of a load; empty between host and disk), `evict` (the row drops `key` from `src`).
+  A store from the GPU reads K/V that exists at the end of step `step`; a load must land before the
+  attention of step `step` (its blocks are fresh and read by a later step). `meta.json` gains
+  `tier_chunk_tokens` and `tier_chunk_bytes`.
 * `requests.parquet`: per request, `request_id`, `prompt_tokens` and `block_keys` (the content
   identity of each full prompt block when prefix hashes exist, else empty): tokens with equal keys
   have equal K/V, which is what makes shared blocks checkable.
@@ -51,6 +58,10 @@ class PlanRecorder:
                                                         "context_len", "new_start", "new_end", "block_table")}
         self._requests: dict[int, tuple[int, list[int]]] = {}
         self._chunk = 0
+        self._tier_ops: list = []
+        if config.tiers is not None:
+            self.meta["tier_chunk_tokens"] = config.tier_chunk_tokens
+            self.meta["tier_chunk_bytes"] = config.tier_chunk_tokens * config.kv_bytes_per_token
 
     def on_step(self, step: int, out, times: dict[str, float]) -> None:
         row = {"step": step, **{c: times[c] for c in TIME_COLUMNS}}
@@ -66,6 +77,10 @@ class PlanRecorder:
             self._add_group(step, g, None)
         if len(self._steps) >= self.chunk_steps:
             self._flush()
+
+    def on_tier_ops(self, ops) -> None:
+        """Chunk moves of the KV tiers (`blocksim.memory.tiers.TierOp`), in issue order."""
+        self._tier_ops.extend(ops)
 
     def _add_group(self, step: int, g, prefill: tuple[int, int] | None) -> None:
         """One row per running sequence of a scheduled group: a prompt (chunk) writes positions
@@ -109,6 +124,17 @@ class PlanRecorder:
             "prompt_tokens": pa.array([self._requests[i][0] for i in ids], type=pa.int64()),
             "block_keys": pa.array([self._requests[i][1] for i in ids], type=pa.list_(pa.int64())),
         }), self.dir / "requests.parquet")
+        if "tier_chunk_tokens" in self.meta:
+            ops = self._tier_ops
+            pq.write_table(pa.table({
+                "step": pa.array([o.step for o in ops], type=pa.int64()),
+                "op": pa.array([o.op for o in ops], type=pa.string()),
+                "src": pa.array([o.src for o in ops], type=pa.string()),
+                "dst": pa.array([o.dst for o in ops], type=pa.string()),
+                "key": pa.array([o.key for o in ops], type=pa.int64()),
+                "gpu_blocks": pa.array([list(o.gpu_blocks) for o in ops], type=pa.list_(pa.int64())),
+                "evict": pa.array([o.evict for o in ops], type=pa.bool_()),
+            }), self.dir / "tier_ops.parquet")
         (self.dir / "meta.json").write_text(json.dumps({**self.meta, "chunks": self._chunk}, indent=2) + "\n")
 
 

@@ -17,7 +17,10 @@ from blocksim.records.schema import (
     RUN_FORMAT_VERSION,
     STEPS_FILE,
     SUMMARY_FILE,
+    TIER_REQUESTS_FILE,
+    TIER_STEPS_FILE,
 )
+from blocksim.records.tier_records import tier_request_frame
 
 #: Rows per row group of steps.parquet: the Parquet writer buffers one row group at a time, so this
 #: bounds its memory on long runs (one group holds about an hour of a busy engine's steps).
@@ -76,6 +79,8 @@ class RunResult:
     steps: pd.DataFrame
     summary: dict
     free_extents: pd.DataFrame | None = None
+    tier_requests: pd.DataFrame | None = None
+    tier_steps: pd.DataFrame | None = None
 
     @classmethod
     def build(cls, engine, wall_s: float) -> "RunResult":
@@ -85,7 +90,13 @@ class RunResult:
         summary = summarize(reqs, steps, cfg.to_dict(), cfg.block_bytes, wall_s, engine.bm.num_total_gpu_blocks,
                             engine.bm.num_total_cpu_blocks, engine.bm.block_size)
         summary.update(engine.bm.stats())
-        return cls(reqs, steps, summary, engine.extents_frame())
+        tiers = getattr(engine, "tiers", None)
+        if tiers is None:
+            return cls(reqs, steps, summary, engine.extents_frame())
+        summary.update(tiers.stats())
+        tier_reqs = tier_request_frame(engine.groups)
+        summary["tier_onload_wait_mean_s"] = float(tier_reqs.onload_wait_s.mean()) if len(tier_reqs) else 0.0
+        return cls(reqs, steps, summary, engine.extents_frame(), tier_reqs, engine.tier_rec.to_frame())
 
     def save(self, out_dir: str | Path) -> Path:
         out = Path(out_dir)
@@ -94,6 +105,9 @@ class RunResult:
         self.steps.to_parquet(out / STEPS_FILE, index=False, row_group_size=STEP_ROW_GROUP)
         if self.free_extents is not None:
             self.free_extents.to_parquet(out / FREE_EXTENTS_FILE, index=False)
+        if self.tier_requests is not None:
+            self.tier_requests.to_parquet(out / TIER_REQUESTS_FILE, index=False)
+            self.tier_steps.to_parquet(out / TIER_STEPS_FILE, index=False)
         (out / SUMMARY_FILE).write_text(json.dumps(self.summary, indent=2, default=_json_default) + "\n")
         return out
 

@@ -12,7 +12,10 @@ A run directory holds:
 - ``steps.parquet``: one row per engine step (`STEP_DTYPES`);
 - ``summary.json``: the run's configuration and its summary metrics (`SUMMARY_KEYS` at least);
 - ``free_extents.parquet``: free extents sampled over time, contiguous allocators only
-  (`FREE_EXTENT_DTYPES`).
+  (`FREE_EXTENT_DTYPES`);
+- ``tier_requests.parquet`` and ``tier_steps.parquet``: with KV tiers only, per request its hits per
+  tier and its TTFT split, per step the bytes each direction moved (`TIER_REQUEST_DTYPES`,
+  `TIER_STEP_DTYPES`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ REQUESTS_FILE = "requests.parquet"
 STEPS_FILE = "steps.parquet"
 SUMMARY_FILE = "summary.json"
 FREE_EXTENTS_FILE = "free_extents.parquet"
+TIER_REQUESTS_FILE = "tier_requests.parquet"
+TIER_STEPS_FILE = "tier_steps.parquet"
 
 #: The five memory categories, in token slots, in stacking order (bottom to top): the fields of the
 #: memory managers' `MemoryBreakdown`; they sum to the GPU capacity in token slots at every step.
@@ -79,3 +84,23 @@ FREE_EXTENT_COLUMNS = tuple(FREE_EXTENT_DTYPES)
 
 #: The summary.json keys readers need.
 SUMMARY_KEYS = ("version", "config", "capacity_tokens", "simulated_s")
+
+#: tier_requests.parquet (KV tiers only), column -> dtype: prompt tokens hit per tier over all the
+#: request's admissions, tokens found in a tier but recomputed by the onload mode, seconds waiting for
+#: loads, and TTFT split into queueing (`ttft_s - ttft_onload_s - ttft_prefill_s`), onload wait before
+#: the first token, and prefill (first scheduled to first token).
+TIER_REQUEST_DTYPES = {
+    "request_id": "int64", "gpu_hit_tokens": "int64", "host_hit_tokens": "int64", "disk_hit_tokens": "int64",
+    "onload_skipped_tokens": "int64", "onload_wait_s": "float64", "ttft_queue_s": "float64",
+    "ttft_onload_s": "float64", "ttft_prefill_s": "float64",
+}
+TIER_REQUEST_COLUMNS = tuple(TIER_REQUEST_DTYPES)
+#: tier_steps.parquet (KV tiers only): bytes copied by each step, per direction (stores issued at the
+#: step's end and loads and write-backs issued when it was scheduled), chunks dropped from each tier,
+#: and requests holding blocks for loads after it.
+TIER_STEP_DTYPES = {
+    "step": "int64", "bytes_gpu_to_host": "int64", "bytes_gpu_to_disk": "int64", "bytes_host_to_disk": "int64",
+    "bytes_host_to_gpu": "int64", "bytes_disk_to_gpu": "int64", "host_evictions": "int64", "disk_evictions": "int64",
+    "onloading": "int64",
+}
+TIER_STEP_COLUMNS = tuple(TIER_STEP_DTYPES)

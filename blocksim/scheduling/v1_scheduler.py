@@ -25,13 +25,14 @@ n requests before they reach the scheduler.
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import deque
 
 from blocksim.config import PolicyConfig, SchedulerConfig
 from blocksim.memory.kv_cache_manager import KVCacheManager, cdiv
 from blocksim.scheduling.outputs import ScheduledPrefill, SchedulerOutputs
 from blocksim.scheduling.scheduler import Scheduler
-from blocksim.sequence import GroupStatus, SequenceGroup, SeqStatus
+from blocksim.sequence import ONLOADED, ONLOADING, GroupStatus, SequenceGroup, SeqStatus
 
 RUNNING, WAITING = GroupStatus.RUNNING, GroupStatus.WAITING
 
@@ -53,6 +54,8 @@ class V1Scheduler(Scheduler):
         self.long_prefill_token_threshold = config.long_prefill_token_threshold
         self.waiting: deque[SequenceGroup] | list[SequenceGroup] = [] if self.priority_policy else deque()
         self._order: list[SequenceGroup] = []  # the last step's requests in scheduling order
+        self.onloading: list[SequenceGroup] = []  # holding blocks for tier loads (loading, or loaded and waiting)
+        self._landings: list[tuple[float, int, SequenceGroup]] = []  # heap of (ready, index) of loading requests
 
     # --- queues ------------------------------------------------------------------------------
     def sort_key(self, group: SequenceGroup) -> tuple:
@@ -72,6 +75,20 @@ class V1Scheduler(Scheduler):
             self.waiting.appendleft(group)
         else:
             self.waiting.append(group)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.onloading)
+
+    def live_seqs(self):
+        return [s for g in self.running for s in g.seqs if s.status is SeqStatus.RUNNING] + \
+            [g.seqs[0] for g in self.onloading]
+
+    def next_onload_s(self) -> float | None:
+        """When the next loading request's chunks land (None when none is loading)."""
+        h = self._landings
+        while h and (h[0][2].onload_state != ONLOADING or h[0][2].onload_ready_s != h[0][0]):  # released
+            heapq.heappop(h)
+        return h[0][0] if h else None
 
     def _pop_waiting(self) -> SequenceGroup:
         return self.waiting.pop(0) if self.priority_policy else self.waiting.popleft()
@@ -111,6 +128,8 @@ class V1Scheduler(Scheduler):
         out = SchedulerOutputs()
         self._order = []
         budget = self.config.max_num_batched_tokens
+        if self._landings:
+            self._land_onloads()
         budget = self._schedule_running(budget, out)
         if not out.preempted:
             self._schedule_waiting(budget, out)
@@ -203,6 +222,7 @@ class V1Scheduler(Scheduler):
 
     def _schedule_waiting(self, budget: int, out: SchedulerOutputs) -> None:
         kv, waiting, running = self.kv, self.waiting, self.running
+        tiers = kv.tiers
         while waiting and budget > 0 and len(running) < self.config.max_num_seqs:
             group = waiting[0]
             seq = group.seqs[0]
@@ -211,24 +231,108 @@ class V1Scheduler(Scheduler):
                 self._pop_waiting()
                 self._reject(group, reason, out)
                 continue
+            if group.onload_state == ONLOADED:  # its tier chunks have landed: they count as computed
+                hit = group.hit_tokens
+                n = self._num_new(seq.num_tokens, hit, budget)
+                if not kv.allocate_slots(seq, hit, n):
+                    n = min(n, len(seq.block_table) * kv.block_size - hit)  # the blocks it holds suffice
+                    kv.allocate_slots(seq, hit, n)
+                self._pop_waiting()
+                self.onloading.remove(group)
+                group.onload_state = 0
+                self._admit(group, hit, n, out)
+                budget -= n
+                continue
             blocks, hit = kv.get_computed_blocks(group)
+            if tiers is not None:
+                blocks, keys, found = kv.tier_match(group, blocks)
+                hit = len(blocks) * kv.block_size
+                n_load = tiers.plan_onload(keys, found, hit) if found else 0
+                if n_load:
+                    # blocks for the loads and for the first prefill chunk after them, so that a
+                    # request whose chunks have landed can always run
+                    ext = n_load * tiers.chunk_tokens
+                    first = self._num_new(seq.num_tokens, hit + ext, budget)
+                    if not kv.allocate_slots(seq, hit, ext + first, blocks, cache=False):
+                        break
+                    kv.filled_slots -= first  # reserved: no K/V in them before the request runs
+                    self._pop_waiting()
+                    self._start_onload(group, blocks, hit, keys, found, n_load)
+                    continue
             n = self._num_new(seq.num_tokens, hit, budget)
             if not kv.allocate_slots(seq, hit, n, blocks):
                 break
             self._pop_waiting()
             kv.record_hit(group, hit)
-            running.append(group)
-            group.status = RUNNING
-            seq.status = SeqStatus.RUNNING
-            group.num_cached_tokens = group.hit_tokens = hit
             group.prefix_hit_tokens += hit
-            if group.preemptions:
-                group.recomputed_tokens += seq.num_tokens - hit
-            group.prefill_pos = hit
-            self._order.append(group)
-            out.prefills.append(ScheduledPrefill(group, hit, hit + n))
-            out.prefill_tokens += n
+            if tiers is not None:
+                self._tier_lookup(group, blocks, hit, keys, found, 0)
+            self._admit(group, hit, n, out)
             budget -= n
+
+    def _admit(self, group: SequenceGroup, hit: int, n: int, out: SchedulerOutputs) -> None:
+        seq = group.seqs[0]
+        self.running.append(group)
+        group.status = RUNNING
+        seq.status = SeqStatus.RUNNING
+        group.num_cached_tokens = group.hit_tokens = hit
+        if group.preemptions:
+            group.recomputed_tokens += seq.num_tokens - hit
+        group.prefill_pos = hit
+        self._order.append(group)
+        out.prefills.append(ScheduledPrefill(group, hit, hit + n))
+        out.prefill_tokens += n
+
+    # --- KV tiers -----------------------------------------------------------------------------
+    def _tier_lookup(self, group: SequenceGroup, blocks: list[int], hit: int, keys, found, n_load: int) -> float:
+        """Account an admission's lookup in the tiers and load `n_load` chunks into the blocks that
+        follow the GPU hit; returns when they land."""
+        kv, tiers = self.kv, self.kv.tiers
+        seq = group.seqs[0]
+        tiers.count_query(hit, seq.num_tokens)
+        kv.tier_gpu_hits(group, blocks)
+        dest = seq.block_table[len(blocks):]
+        ready, host, disk = tiers.commit(keys, found, n_load, dest)
+        if n_load:
+            kv.tier_loaded(seq, keys[:n_load], len(blocks))
+        if group.tier_tokens is None:
+            group.tier_tokens = [0, 0, 0]
+        t = group.tier_tokens
+        t[0] += hit
+        t[1] += host
+        t[2] += disk
+        group.onload_skipped_tokens += (len(found) - n_load) * tiers.chunk_tokens
+        return ready
+
+    def _start_onload(self, group: SequenceGroup, blocks: list[int], hit: int, keys, found, n_load: int) -> None:
+        """vLLM V1's WAITING_FOR_REMOTE_KVS: the request holds its blocks, out of the waiting queue,
+        until its chunks land; then it goes back to the front of the queue with them computed."""
+        self.kv.record_hit(group, hit)
+        group.prefix_hit_tokens += hit
+        ready = self._tier_lookup(group, blocks, hit, keys, found, n_load)
+        total = hit + n_load * self.kv.tiers.chunk_tokens
+        group.hit_tokens = group.num_cached_tokens = total
+        group.prefill_pos = total
+        group.onload_state = ONLOADING
+        group.onload_issue_s = self.kv.tiers.now_s
+        group.onload_ready_s = ready
+        self.onloading.append(group)
+        heapq.heappush(self._landings, (ready, group.index, group))
+
+    def _land_onloads(self) -> None:
+        """Requests whose chunks have landed go back to the front of the waiting queue, in order."""
+        now, h = self.kv.tiers.now_s, self._landings
+        landed = []
+        while h and h[0][0] <= now:
+            ready, _, g = heapq.heappop(h)
+            if g.onload_state == ONLOADING and g.onload_ready_s == ready:
+                landed.append(g)
+        for g in sorted(landed, key=lambda g: g.sort_key, reverse=True):
+            g.onload_state = ONLOADED
+            g.onload_wait_s += g.onload_ready_s - g.onload_issue_s
+            if g.first_token_s != g.first_token_s:  # no token yet: the wait is part of its TTFT
+                g.onload_ttft_s += g.onload_ready_s - g.onload_issue_s
+            self._to_waiting(g, front=True)
 
     def _finish_seq(self, seq) -> None:
         self.kv.free(seq)

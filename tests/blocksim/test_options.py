@@ -25,7 +25,7 @@ from blocksim.options import (
 def test_every_option_is_declared_once_with_a_known_group():
     names = [o.name for o in OPTIONS]
     assert len(names) == len(set(names))
-    assert {o.group for o in OPTIONS} == {"preset", "model", "scheduler", "policy", "run"}
+    assert {o.group for o in OPTIONS} == {"preset", "model", "scheduler", "policy", "tiers", "run"}
     assert RUN_OPTIONS == ("max_requests", "rate_scale", "clip_to_model")
     assert not set(RUN_OPTIONS) & set(CONFIG_OPTIONS) and "policy" not in CONFIG_OPTIONS
     assert len({s for o in OPTIONS for s in o.cli_flags}) == sum(len(o.cli_flags) for o in OPTIONS), "no shared flag"

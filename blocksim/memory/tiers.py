@@ -1,0 +1,369 @@
+"""KV tiers below the GPU: pinned host DRAM, then a disk, holding chunks by content key.
+
+A chunk is `chunk_tokens` tokens of one prompt (`chunk_tokens // block_size` consecutive blocks,
+starting at a multiple of that count); its key is the content key of its last block, which names
+the whole prefix up to it (chained hashes under vLLM V1, the trace's prefix hashes otherwise). A
+tier holds at most one copy of a key, at most `capacity` chunks, and evicts by its policy
+(`blocksim.memory.eviction`).
+
+The GPU's memory manager reports three events; the tiers react by their write policy
+(`TierConfig.host_write` for the first tier below the GPU, `disk_write` for the disk under the host):
+
+* `on_computed(key, blocks)`: a prompt chunk's K/V has just been computed on the GPU (at a step's
+  end). write-through stores it in the top tier.
+* `on_gpu_hit(key, blocks)`: a request reused the chunk from the GPU's prefix cache.
+  write-through-selective stores it at the `write_hits`-th hit (SGLang HiCache's policy).
+* `on_gpu_evicted(key, blocks)`: the GPU's prefix cache gives the chunk's last block to another use.
+  write-back stores it, and the step that reuses the block waits for the copy (`evict_wait_s`).
+
+Between tiers: a chunk stored in the host goes on to the disk at once under write-through, after
+`write_hits` host hits under write-through-selective, and when the host evicts it under write-back.
+
+After the GPU's own prefix match, `match(keys)` walks the following chunk keys and gives the tier of
+each, for the longest run found (host first, then disk). `plan_onload` decides how many of them to
+load by the onload mode (wait: all; deadline: those that land within the deadline; recompute: all or
+none, whichever is faster by the transfer's end against the cost model's prefill time for those
+tokens); `commit` touches them, issues their loads (disk -> host link -> GPU blocks) and returns
+when the last lands. A load does not copy the chunk into the host tier.
+
+Every move is an operation (`TierOp`) in `ops`, in issue order, for the engine's step records and
+the execution plan; transfer times come from `blocksim.memory.tier_links`. `log`, when enabled,
+records the events above for an independent recount of the hits.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from blocksim.config import GiB, SimConfig, TierConfig
+from blocksim.memory.eviction import make_eviction
+from blocksim.memory.tier_links import Link
+
+GPU, HOST, DISK = "gpu", "host", "disk"
+WRITE_THROUGH, SELECTIVE, WRITE_BACK = "write-through", "write-through-selective", "write-back"
+#: (src, dst) of every copy direction, in the order the step and summary columns list them.
+DIRECTIONS = ((GPU, HOST), (GPU, DISK), (HOST, DISK), (HOST, GPU), (DISK, GPU))
+
+
+class TierOp(NamedTuple):
+    """One chunk move, as the plan's `tier_ops` table records it (`evict`: a drop from `src`)."""
+
+    step: int
+    op: str
+    src: str
+    dst: str
+    key: int
+    gpu_blocks: tuple
+    evict: bool = False
+
+
+class Tier:
+    __slots__ = ("name", "capacity", "cache", "write", "landed_s", "hits", "stored", "evictions", "hit_chunks")
+
+    def __init__(self, name: str, capacity: int, eviction: str, write: str) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.cache = make_eviction(eviction, capacity)
+        self.write = write
+        self.landed_s: dict[int, float] = {}  # key -> when its copy is complete in this tier
+        self.hits: dict[int, int] = {}        # key -> hits here, for a selective tier below
+        self.stored = self.evictions = self.hit_chunks = 0
+
+
+class TierStore:
+    def __init__(self, config: TierConfig, block_size: int, chunk_tokens: int, chunk_bytes: int,
+                 host_link_gbps: float, link_latency_s: float, log_events: bool = False) -> None:
+        self.config = config
+        self.chunk_tokens = chunk_tokens
+        self.chunk_blocks = chunk_tokens // block_size
+        self.chunk_bytes = chunk_bytes
+        self.levels: list[Tier] = []
+        for name in (HOST, DISK):
+            gib = getattr(config, f"{name}_gib")
+            if gib > 0:
+                self.levels.append(Tier(name, int(gib * GiB // chunk_bytes), getattr(config, f"{name}_eviction"),
+                                        getattr(config, f"{name}_write")))
+        self.h2d = Link("h2d", host_link_gbps, link_latency_s)
+        self.d2h = Link("d2h", host_link_gbps, link_latency_s)
+        self.disk_read = Link("disk_read", config.disk_read_gbps, config.disk_latency_s)
+        self.disk_write = Link("disk_write", config.disk_write_gbps, config.disk_latency_s)
+        self.write_hits = config.write_hits
+        self.onload = config.onload
+        self.deadline_s = config.onload_deadline_ms / 1e3
+        self.now_s = 0.0
+        self.step = 0
+        self.ops: list[TierOp] = []
+        self.ops_on = False  # record every move in `ops` (for an execution plan and tests)
+        self.log: list[tuple] | None = [] if log_events else None
+        self.gpu_hits: dict[int, int] = {}
+        self.evict_wait_s = 0.0
+        #: `prefill_s(start_tokens, new_tokens)`: the cost model's time to prefill tokens after a prefix
+        #: (set by the engine; the recompute mode compares it with the transfer).
+        self.prefill_s: Callable[[int, int], float] | None = None
+        self.hit_tokens = {GPU: 0, HOST: 0, DISK: 0}
+        self.query_tokens = self.skipped_tokens = self.lookups = 0
+        self.bytes = {d: 0 for d in DIRECTIONS}
+        top = self.levels[0].write
+        self.wants_gpu_hits = top == SELECTIVE
+        self.wants_gpu_evictions = top == WRITE_BACK
+
+    # --- events from the GPU -----------------------------------------------------------------
+    def on_computed(self, keys: list[int], table: list[int], first_block: int) -> None:
+        """Prompt chunks whose K/V a step has just computed: chunk j is `keys[j]`, in the blocks
+        `table[first_block + j * chunk_blocks:]`. write-through stores those the top tier lacks."""
+        if self.log is not None:
+            self.log.extend(("computed", k) for k in keys)
+        top = self.levels[0]
+        if top.write != WRITE_THROUGH:
+            return
+        cache = top.cache
+        new = [j for j, k in enumerate(keys) if k not in cache]
+        if not new:
+            return
+        if top.name != HOST or len(self.levels) > 1 or self.ops_on:
+            cb = self.chunk_blocks
+            for j in new:
+                b = first_block + j * cb
+                self._store_from_gpu(keys[j], table[b:b + cb], self.step)
+            return
+        # The common case, inlined: a host tier alone, no operations recorded.
+        link, nbytes = self.d2h, self.chunk_bytes
+        per = link.seconds(nbytes)
+        end = max(self.now_s, link.free_s)
+        landed, hits, insert = top.landed_s, top.hits, cache.insert
+        for j in new:
+            key = keys[j]
+            end += per
+            for victim in insert(key):
+                del landed[victim]
+                hits.pop(victim, None)
+                top.evictions += 1
+            landed[key] = end
+        n = len(new)
+        link.free_s = end
+        link.busy_s += n * per
+        link.bytes += n * nbytes
+        top.stored += n
+        self.bytes[(GPU, HOST)] += n * nbytes
+
+    def on_gpu_hit(self, key: int, gpu_blocks) -> None:
+        """A GPU prefix-cache hit on a whole chunk at admission (its K/V exists since the last step)."""
+        top = self.levels[0]
+        if top.write != SELECTIVE:
+            return
+        if self.log is not None:
+            self.log.append(("gpu_hit", key))
+        if key in top.cache:
+            return
+        n = self.gpu_hits.get(key, 0) + 1
+        if n >= self.write_hits:
+            self.gpu_hits.pop(key, None)
+            self._store_from_gpu(key, gpu_blocks, self.step - 1)
+        else:
+            self.gpu_hits[key] = n
+
+    def on_gpu_evicted(self, key: int, gpu_blocks) -> None:
+        """The GPU cache evicts a whole chunk (its K/V exists since the last step, and is overwritten in
+        this one: the step waits for the copy)."""
+        top = self.levels[0]
+        if top.write != WRITE_BACK:
+            return
+        if self.log is not None:
+            self.log.append(("gpu_evict", key))
+        if key in top.cache:
+            return
+        end = self._store_from_gpu(key, gpu_blocks, self.step - 1)
+        if end > self.evict_wait_s:
+            self.evict_wait_s = end
+
+    # --- stores --------------------------------------------------------------------------------
+    def _store_from_gpu(self, key: int, gpu_blocks, step: int) -> float:
+        """Copy a chunk from GPU blocks into the top tier; returns when the GPU copy is done."""
+        top = self.levels[0]
+        d2h_end = end = self.d2h.transfer(self.now_s, self.chunk_bytes)
+        if top.name == DISK:
+            end = self.disk_write.transfer(end, self.chunk_bytes)
+        self.bytes[(GPU, top.name)] += self.chunk_bytes
+        if self.ops_on:
+            self.ops.append(TierOp(step, "store", GPU, top.name, key, tuple(gpu_blocks)))
+        self._insert(0, key, end, step)
+        return d2h_end
+
+    def _insert(self, i: int, key: int, landed_s: float, step: int) -> None:
+        lv = self.levels[i]
+        for victim in lv.cache.insert(key):
+            self._evicted(i, victim, step)
+        lv.landed_s[key] = landed_s
+        lv.stored += 1
+        if i + 1 < len(self.levels):
+            below = self.levels[i + 1]
+            if below.write == WRITE_THROUGH and key not in below.cache:
+                self._store_down(i, key, step)
+
+    def _evicted(self, i: int, key: int, step: int) -> None:
+        lv = self.levels[i]
+        lv.evictions += 1
+        lv.hits.pop(key, None)
+        if i + 1 < len(self.levels):
+            below = self.levels[i + 1]
+            if below.write == WRITE_BACK and key not in below.cache:
+                self._store_down(i, key, step)
+        del lv.landed_s[key]
+        if self.ops_on:
+            self.ops.append(TierOp(step, "store", lv.name, lv.name, key, (), True))
+
+    def _store_down(self, i: int, key: int, step: int) -> None:
+        lv, below = self.levels[i], self.levels[i + 1]
+        start = max(self.now_s, lv.landed_s[key])
+        end = self.disk_write.transfer(start, self.chunk_bytes)
+        self.bytes[(lv.name, below.name)] += self.chunk_bytes
+        if self.ops_on:
+            self.ops.append(TierOp(step, "store", lv.name, below.name, key, ()))
+        self._insert(i + 1, key, end, step)
+
+    # --- lookups and onloads ------------------------------------------------------------------
+    def match(self, keys) -> list[int]:
+        """For the longest run of leading `keys` held by some tier: the index (in `levels`) of the
+        tier holding each, the highest first. Changes nothing."""
+        found = []
+        levels = self.levels
+        for k in keys:
+            for i, lv in enumerate(levels):
+                if k in lv.cache:
+                    found.append(i)
+                    break
+            else:
+                break
+        return found
+
+    def _load_ends(self, keys, found: list[int], n: int, commit: bool) -> list[float]:
+        """When each of the first `n` found chunks would land on the GPU, loaded in order; issued
+        (links advanced) when `commit`."""
+        now, nbytes = self.now_s, self.chunk_bytes
+        h2d_free, read_free = self.h2d.free_s, self.disk_read.free_s
+        ends = []
+        for j in range(n):
+            lv = self.levels[found[j]]
+            ready = max(now, lv.landed_s[keys[j]])
+            if lv.name == DISK:
+                if commit:
+                    ready = self.disk_read.transfer(ready, nbytes)
+                else:
+                    ready = read_free = self.disk_read.end_s(ready, nbytes, read_free)
+            if commit:
+                end = self.h2d.transfer(ready, nbytes)
+            else:
+                end = h2d_free = self.h2d.end_s(ready, nbytes, h2d_free)
+            ends.append(end)
+        return ends
+
+    def plan_onload(self, keys, found: list[int], start_tokens: int) -> int:
+        """How many of the found chunks to load (the rest are recomputed), by the onload mode;
+        `start_tokens` precede the first of them."""
+        n = len(found)
+        if not n or self.onload == "wait":
+            return n
+        ends = self._load_ends(keys, found, n, commit=False)
+        if self.onload == "deadline":
+            limit = self.now_s + self.deadline_s
+            k = 0
+            while k < n and ends[k] <= limit:
+                k += 1
+            return k
+        load_s = ends[-1] - self.now_s
+        return n if load_s < self.prefill_s(start_tokens, n * self.chunk_tokens) else 0
+
+    def count_query(self, gpu_hit_tokens: int, query_tokens: int) -> None:
+        """An admission's prefix lookup: its GPU hit and the tokens it asked for."""
+        self.hit_tokens[GPU] += gpu_hit_tokens
+        self.query_tokens += query_tokens
+
+    def commit(self, keys, found: list[int], n: int, dest_blocks: list[int]) -> tuple[float, int, int]:
+        """Load the first `n` found chunks into `dest_blocks` (theirs, in order): touch each in its
+        tier, issue the transfers. Returns (when the last lands, host tokens, disk tokens)."""
+        if self.log is not None:
+            self.log.append(("lookup", tuple(keys[:len(found) + 1]), n))
+        self.lookups += 1
+        cb, ct = self.chunk_blocks, self.chunk_tokens
+        ends = self._load_ends(keys, found, n, commit=True)
+        tokens = {HOST: 0, DISK: 0}
+        selective = []
+        for j in range(n):
+            lv = self.levels[found[j]]
+            key = keys[j]
+            lv.cache.touch(key)
+            lv.hit_chunks += 1
+            tokens[lv.name] += ct
+            self.bytes[(lv.name, GPU)] += self.chunk_bytes
+            if self.ops_on:
+                self.ops.append(TierOp(self.step, "load", lv.name, GPU, key, tuple(dest_blocks[j * cb:(j + 1) * cb])))
+            if found[j] + 1 < len(self.levels) and self.levels[found[j] + 1].write == SELECTIVE:
+                selective.append((found[j], key))
+        for i, key in selective:  # after the loads: a store below must not evict a chunk being loaded
+            lv = self.levels[i]
+            if key not in lv.cache or key in self.levels[i + 1].cache:
+                continue
+            h = lv.hits.get(key, 0) + 1
+            if h >= self.write_hits:
+                lv.hits.pop(key, None)
+                self._store_down(i, key, self.step)
+            else:
+                lv.hits[key] = h
+        self.hit_tokens[HOST] += tokens[HOST]
+        self.hit_tokens[DISK] += tokens[DISK]
+        self.skipped_tokens += (len(found) - n) * ct
+        return (ends[-1] if ends else self.now_s), tokens[HOST], tokens[DISK]
+
+    def totals(self) -> tuple:
+        """Cumulative bytes per direction (`DIRECTIONS` order) and drops per tier (host, disk)."""
+        b = self.bytes
+        ev = {lv.name: lv.evictions for lv in self.levels}
+        return (b[(GPU, HOST)], b[(GPU, DISK)], b[(HOST, DISK)], b[(HOST, GPU)], b[(DISK, GPU)],
+                ev.get(HOST, 0), ev.get(DISK, 0))
+
+    def take_ops(self) -> list[TierOp]:
+        ops, self.ops = self.ops, []
+        return ops
+
+    def take_evict_wait(self) -> float:
+        """Seconds the next step must wait for write-back copies of blocks it overwrites."""
+        wait = self.evict_wait_s - self.now_s
+        self.evict_wait_s = 0.0
+        return wait if wait > 0 else 0.0
+
+    # --- summary ------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        q = self.query_tokens
+        out: dict = {"tier_query_tokens": q, "tier_lookups": self.lookups,
+                     "tier_onload_skipped_tokens": self.skipped_tokens, "tier_chunk_tokens": self.chunk_tokens}
+        for name in (GPU, HOST, DISK):
+            out[f"tier_{name}_hit_tokens"] = self.hit_tokens[name]
+            out[f"tier_{name}_hit_rate"] = self.hit_tokens[name] / q if q else 0.0
+        for src, dst in DIRECTIONS:
+            out[f"tier_bytes_{src}_to_{dst}"] = self.bytes[(src, dst)]
+        for lv in self.levels:
+            out[f"tier_{lv.name}_capacity_chunks"] = lv.capacity
+            out[f"tier_{lv.name}_stored_chunks"] = lv.stored
+            out[f"tier_{lv.name}_evictions"] = lv.evictions
+            out[f"tier_{lv.name}_hit_chunks"] = lv.hit_chunks
+        for link in (self.h2d, self.d2h, self.disk_read, self.disk_write):
+            out[f"tier_{link.name}_busy_s"] = link.busy_s
+        return out
+
+    def check(self) -> None:
+        """Every tier within its capacity, each key held once, its landing time known (tests)."""
+        for lv in self.levels:
+            keys = lv.cache.keys()
+            if len(keys) > lv.capacity or len(set(keys)) != len(keys):
+                raise AssertionError(f"tier {lv.name}: {len(keys)} chunks ({len(set(keys))} distinct) in "
+                                     f"{lv.capacity} slots")
+            if set(keys) != set(lv.landed_s):
+                raise AssertionError(f"tier {lv.name}: landing times disagree with the held chunks")
+
+
+def make_tier_store(config: SimConfig, log_events: bool = False) -> TierStore:
+    """The tiers of a configuration (`config.tiers` must be set): chunks of `tier_chunk_tokens`,
+    their bytes from the model's K/V per token, the host link of the GPU."""
+    chunk = config.tier_chunk_tokens
+    return TierStore(config.tiers, config.cache.block_size, chunk, chunk * config.kv_bytes_per_token,
+                     config.gpu.host_link_gbps, config.gpu.transfer_latency_s, log_events)

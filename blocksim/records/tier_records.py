@@ -1,0 +1,56 @@
+"""Records of the KV tiers: per step, the bytes each direction moved; per request, hits per tier and
+the TTFT split (`blocksim.records.schema.TIER_STEP_DTYPES`, `TIER_REQUEST_DTYPES`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from blocksim.records.schema import TIER_REQUEST_COLUMNS, TIER_REQUEST_DTYPES, TIER_STEP_COLUMNS, TIER_STEP_DTYPES
+
+class TierStepRecorder:
+    """Per step, the tiers' cumulative counters after it (`TierStore.totals`); `to_frame` takes
+    the differences."""
+
+    def __init__(self) -> None:
+        self._totals: list[tuple] = []
+        self._onloading: list[int] = []
+
+    def add(self, totals: tuple, onloading: int, steps: int = 1) -> None:
+        """`steps` steps (a span's further steps move nothing) ending with these totals."""
+        if steps > 1:
+            last = self._totals[-1] if self._totals else (0,) * len(totals)
+            self._totals.extend([last] * (steps - 1))
+            self._onloading.extend([onloading] * (steps - 1))
+        self._totals.append(totals)
+        self._onloading.append(onloading)
+
+    def to_frame(self) -> pd.DataFrame:
+        n = len(self._totals)
+        tot = np.array(self._totals, np.int64).reshape(n, 7)
+        per = np.diff(tot, axis=0, prepend=np.zeros((1, 7), np.int64))
+        cols = {"step": np.arange(n, dtype=np.int64)}
+        for k, c in enumerate(TIER_STEP_COLUMNS[1:8]):
+            cols[c] = per[:, k]
+        cols["onloading"] = np.array(self._onloading, np.int64)
+        return pd.DataFrame(cols).astype(TIER_STEP_DTYPES)
+
+
+def tier_request_frame(groups) -> pd.DataFrame:
+    """tier_requests.parquet: one row per request, in trace order."""
+    groups = sorted(groups, key=lambda g: g.index)
+    hits = np.array([g.tier_tokens or (0, 0, 0) for g in groups], np.int64).reshape(-1, 3)
+    arrival = np.array([g.arrival_s for g in groups], np.float64)
+    first_sched = np.array([g.first_scheduled_s for g in groups], np.float64)
+    first_token = np.array([g.first_token_s for g in groups], np.float64)
+    onload_ttft = np.array([g.onload_ttft_s for g in groups], np.float64)
+    cols = {
+        "request_id": np.array([g.request_id for g in groups], np.int64),
+        "gpu_hit_tokens": hits[:, 0], "host_hit_tokens": hits[:, 1], "disk_hit_tokens": hits[:, 2],
+        "onload_skipped_tokens": np.array([g.onload_skipped_tokens for g in groups], np.int64),
+        "onload_wait_s": np.array([g.onload_wait_s for g in groups], np.float64),
+        "ttft_queue_s": first_sched - arrival - onload_ttft,
+        "ttft_onload_s": np.where(np.isnan(first_token), np.nan, onload_ttft),
+        "ttft_prefill_s": first_token - first_sched,
+    }
+    return pd.DataFrame({c: cols[c] for c in TIER_REQUEST_COLUMNS}).astype(TIER_REQUEST_DTYPES)
