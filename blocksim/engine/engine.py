@@ -309,6 +309,8 @@ class Engine:
             mem_external_frag=mem.external_frag, mem_free=mem.free))
         if self.check:
             self.bm.check_invariants(sched.live_seqs())
+            if tiers is not None:
+                tiers.check()
 
     def _tier_step_end(self, out: SchedulerOutputs) -> None:
         """Report the prompt chunks this step computed to the tiers; record the step's tier moves."""

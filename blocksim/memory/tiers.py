@@ -278,11 +278,17 @@ class TierStore:
         self.hit_tokens[GPU] += gpu_hit_tokens
         self.query_tokens += query_tokens
 
-    def commit(self, keys, found: list[int], n: int, dest_blocks: list[int]) -> tuple[float, int, int]:
+    def commit(self, keys, found: list[int], n: int, dest_blocks: list[int]) -> tuple[float, int, int, int]:
         """Load the first `n` found chunks into `dest_blocks` (theirs, in order): touch each in its
-        tier, issue the transfers. Returns (when the last lands, host tokens, disk tokens)."""
+        tier, issue the transfers. The keys are matched again first: the GPU blocks taken for the
+        loads may have evicted chunks into the tiers (write-back), and GPU hits stored chunks
+        (write-through-selective), moving or dropping found ones; only a run still held is loaded. Returns (when the last lands, host tokens, disk tokens,
+        chunks loaded)."""
+        if found or self.wants_gpu_evictions or self.wants_gpu_hits:
+            found = self.match(keys)
+            n = min(n, len(found))
         if self.log is not None:
-            self.log.append(("lookup", tuple(keys[:len(found) + 1]), n))
+            self.log.append(("lookup", tuple(keys[:len(found) + 1]), len(found), n))
         self.lookups += 1
         cb, ct = self.chunk_blocks, self.chunk_tokens
         ends = self._load_ends(keys, found, n, commit=True)
@@ -312,7 +318,7 @@ class TierStore:
         self.hit_tokens[HOST] += tokens[HOST]
         self.hit_tokens[DISK] += tokens[DISK]
         self.skipped_tokens += (len(found) - n) * ct
-        return (ends[-1] if ends else self.now_s), tokens[HOST], tokens[DISK]
+        return (ends[-1] if ends else self.now_s), tokens[HOST], tokens[DISK], n
 
     def totals(self) -> tuple:
         """Cumulative bytes per direction (`DIRECTIONS` order) and drops per tier (host, disk)."""

@@ -284,15 +284,17 @@ class V1Scheduler(Scheduler):
         out.prefill_tokens += n
 
     # --- KV tiers -----------------------------------------------------------------------------
-    def _tier_lookup(self, group: SequenceGroup, blocks: list[int], hit: int, keys, found, n_load: int) -> float:
-        """Account an admission's lookup in the tiers and load `n_load` chunks into the blocks that
-        follow the GPU hit; returns when they land."""
+    def _tier_lookup(self, group: SequenceGroup, blocks: list[int], hit: int, keys, found,
+                     n_load: int) -> tuple[float, int]:
+        """Account an admission's lookup in the tiers and load up to `n_load` chunks into the blocks
+        that follow the GPU hit; returns (when they land, chunks loaded)."""
         kv, tiers = self.kv, self.kv.tiers
         seq = group.seqs[0]
+        skipped = tiers.skipped_tokens
         tiers.count_query(hit, seq.num_tokens)
         kv.tier_gpu_hits(group, blocks)
         dest = seq.block_table[len(blocks):]
-        ready, host, disk = tiers.commit(keys, found, n_load, dest)
+        ready, host, disk, n_load = tiers.commit(keys, found, n_load, dest)
         if n_load:
             kv.tier_loaded(seq, keys[:n_load], len(blocks))
         if group.tier_tokens is None:
@@ -301,16 +303,18 @@ class V1Scheduler(Scheduler):
         t[0] += hit
         t[1] += host
         t[2] += disk
-        group.onload_skipped_tokens += (len(found) - n_load) * tiers.chunk_tokens
-        return ready
+        group.onload_skipped_tokens += tiers.skipped_tokens - skipped
+        return ready, n_load
 
     def _start_onload(self, group: SequenceGroup, blocks: list[int], hit: int, keys, found, n_load: int) -> None:
         """vLLM V1's WAITING_FOR_REMOTE_KVS: the request holds its blocks, out of the waiting queue,
         until its chunks land; then it goes back to the front of the queue with them computed."""
         self.kv.record_hit(group, hit)
         group.prefix_hit_tokens += hit
-        ready = self._tier_lookup(group, blocks, hit, keys, found, n_load)
-        total = hit + n_load * self.kv.tiers.chunk_tokens
+        ready, loaded = self._tier_lookup(group, blocks, hit, keys, found, n_load)
+        ct = self.kv.tiers.chunk_tokens
+        self.kv.filled_slots -= (n_load - loaded) * ct  # chunks gone from the tiers meanwhile: prefilled
+        total = hit + loaded * ct
         group.hit_tokens = group.num_cached_tokens = total
         group.prefill_pos = total
         group.onload_state = ONLOADING

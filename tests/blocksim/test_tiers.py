@@ -1,0 +1,250 @@
+"""KV tiers below the GPU (blocksim/memory/tiers.py, eviction.py) under vllm-v1: eviction policies,
+write policies, onload modes, records, and hit counts equal to an independent recount."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import traces
+from blocksim.config import ConfigError
+from blocksim.engine import Engine
+from blocksim.experiments.runner import build_config
+from blocksim.memory.eviction import ARC, LFU, LRU
+from blocksim.records.schema import TIER_REQUEST_COLUMNS, TIER_STEP_COLUMNS
+from tests.blocksim.tier_recount import POLICIES, Recount
+
+H = 16  # tokens per prefix hash = the block size
+KV_BYTES = 2 * 32 * 32 * 128 * 2  # llama-2-7b, bytes of K/V per token
+GIB = 1024**3
+
+
+def workload(arrivals, prompts, outputs, families):
+    """Prompts sharing hash blocks within a family (family f, block j -> hash f * 1000 + j)."""
+    hashes = [[f * 1000 + j for j in range(-(-p // H))] for p, f in zip(prompts, families)]
+    arrival_s = np.cumsum(arrivals)
+    df = pd.DataFrame({"arrival_s": arrival_s - arrival_s[0], "prompt_tokens": prompts, "output_tokens": outputs,
+                       "prefix_hashes": hashes})
+    return traces.Trace(df, hash_block_tokens=H)
+
+
+def chunks_gib(n, chunk_tokens=H):
+    return n * chunk_tokens * KV_BYTES / GIB
+
+
+def run(tr, **tier_options):
+    cfg = build_config("vllm-v1", num_gpu_blocks=tier_options.pop("gpu_blocks", 40), max_num_seqs=4,
+                       max_num_batched_tokens=256, **tier_options)
+    e = Engine(cfg, tr, check_invariants=True, log_tier_events=True)
+    return e, e.run()
+
+
+def recount_of(engine) -> Recount:
+    t = engine.tiers
+    levels = [(lv.name, lv.capacity, getattr(t.config, f"{lv.name}_eviction"), lv.write) for lv in t.levels]
+    return Recount(levels, t.write_hits).replay(engine.tiers.log)
+
+
+def assert_recount_matches(engine, summary):
+    rc = recount_of(engine)
+    for i, name in enumerate(rc.names):
+        assert summary[f"tier_{name}_hit_chunks"] == rc.hits[i], f"{name} hits: run vs recount"
+        assert summary[f"tier_{name}_stored_chunks"] == rc.stores[i], f"{name} stores: run vs recount"
+        assert summary[f"tier_{name}_evictions"] == rc.evictions[i], f"{name} evictions: run vs recount"
+        assert sorted(engine.tiers.levels[i].cache.keys()) == sorted(rc.caches[i].held()), f"{name} contents"
+    return rc
+
+
+# --- eviction policies against the list implementations -------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(["lru", "lfu", "arc"]), capacity=st.integers(1, 6),
+       ops=st.lists(st.tuples(st.booleans(), st.integers(0, 12)), max_size=120))
+def test_each_eviction_policy_evicts_what_the_list_version_evicts(name, capacity, ops):
+    fast = {"lru": LRU, "lfu": LFU, "arc": ARC}[name](capacity)
+    slow = POLICIES[name](capacity)
+    for hit, key in ops:
+        if hit and key in fast:
+            assert slow.has(key)
+            fast.touch(key)
+            slow.hit(key)
+        elif not hit and key not in fast:
+            assert fast.insert(key) == slow.put(key), "same victims in the same order"
+        assert sorted(fast.keys()) == sorted(slow.held()) and len(fast) <= capacity
+
+
+def test_lru_lfu_and_arc_differ_on_a_scan_after_a_hot_key():
+    """A hot key hit often, then a scan of new keys: LRU drops it, LFU and ARC keep it."""
+    for cls, keeps in ((LRU, False), (LFU, True), (ARC, True)):
+        c = cls(3)
+        c.insert(1)
+        c.touch(1)
+        c.touch(1)
+        for k in range(10, 16):
+            c.insert(k)
+        assert (1 in c) is keeps, cls.__name__
+
+
+# --- end to end ----------------------------------------------------------------------------
+def repeated_prefixes(n=24, prompt=160, families=3, gap_s=0.05):
+    return workload([gap_s] * n, [prompt] * n, [4] * n, [i % families for i in range(n)])
+
+
+def test_a_host_tier_serves_prefixes_the_gpu_evicted_and_cuts_prefill():
+    tr = repeated_prefixes()
+    _, base = Engine(build_config("vllm-v1", num_gpu_blocks=30, max_num_seqs=4, max_num_batched_tokens=256),
+                     tr, check_invariants=True).run(), None
+    e, res = run(tr, gpu_blocks=30, tier_host_gib=chunks_gib(200))
+    s = res.summary
+    assert s["tier_host_hit_tokens"] > 0, "30 GPU blocks cannot keep three 10-block prefixes; the host can"
+    assert res.steps.prefill_tokens.sum() < _.steps.prefill_tokens.sum(), "host hits are not prefilled"
+    assert s["tier_bytes_host_to_gpu"] == s["tier_host_hit_tokens"] * KV_BYTES
+    assert s["tier_bytes_gpu_to_host"] == s["tier_host_stored_chunks"] * H * KV_BYTES
+    assert_recount_matches(e, s)
+
+
+def test_records_hold_the_tier_columns_and_add_up():
+    tr = repeated_prefixes()
+    e, res = run(tr, gpu_blocks=30, tier_host_gib=chunks_gib(200))
+    tr_req, tr_steps = res.tier_requests, res.tier_steps
+    assert tuple(tr_req.columns) == TIER_REQUEST_COLUMNS and tuple(tr_steps.columns) == TIER_STEP_COLUMNS
+    assert len(tr_steps) == len(res.steps) and len(tr_req) == len(res.requests)
+    assert tr_steps.bytes_host_to_gpu.sum() == res.summary["tier_bytes_host_to_gpu"]
+    assert tr_steps.bytes_gpu_to_host.sum() == res.summary["tier_bytes_gpu_to_host"]
+    assert tr_req.host_hit_tokens.sum() == res.summary["tier_host_hit_tokens"]
+    ttft = res.requests.ttft_s.to_numpy()
+    parts = (tr_req.ttft_queue_s + tr_req.ttft_onload_s + tr_req.ttft_prefill_s).to_numpy()
+    assert np.allclose(parts, ttft), "TTFT = queueing + onload wait + prefill"
+    assert (tr_req.onload_wait_s >= 0).all() and (tr_req.ttft_onload_s > 0).any()
+
+
+def test_runs_without_tiers_write_no_tier_records():
+    tr = repeated_prefixes()
+    res = Engine(build_config("vllm-v1", num_gpu_blocks=30), tr).run()
+    assert res.tier_requests is None and not any(k.startswith("tier_") for k in res.summary)
+
+
+def test_write_back_stores_only_what_the_gpu_evicts():
+    tr = repeated_prefixes()
+    e, res = run(tr, gpu_blocks=30, tier_host_gib=chunks_gib(200), tier_host_write="write-back")
+    s = res.summary
+    assert 0 < s["tier_host_stored_chunks"] <= s["prefix_cache_evictions"]
+    assert s["tier_host_hit_tokens"] > 0
+    assert_recount_matches(e, s)
+
+
+def test_disk_under_host_by_write_back_catches_host_evictions():
+    tr = repeated_prefixes(n=30, families=5)
+    e, res = run(tr, gpu_blocks=30, tier_host_gib=chunks_gib(12), tier_disk_gib=chunks_gib(200))
+    s = res.summary
+    assert s["tier_host_evictions"] > 0 and s["tier_disk_stored_chunks"] == s["tier_host_evictions"]
+    assert s["tier_disk_hit_tokens"] > 0 and s["tier_bytes_disk_to_gpu"] == s["tier_disk_hit_tokens"] * KV_BYTES
+    assert_recount_matches(e, s)
+
+
+def test_recompute_mode_never_loads_what_prefilling_beats():
+    """A disk 1000x too slow: the recompute mode recomputes every chunk it finds; wait mode loads them."""
+    tr = repeated_prefixes()
+    slow = dict(gpu_blocks=30, tier_disk_gib=chunks_gib(200), tier_disk_read_gbps=0.005, tier_disk_write="write-through")
+    _, waited = run(tr, **slow)
+    e, rec = run(tr, **slow, tier_onload="recompute")
+    assert waited.summary["tier_disk_hit_tokens"] > 0
+    assert rec.summary["tier_disk_hit_tokens"] == 0 and rec.summary["tier_onload_skipped_tokens"] > 0
+    assert rec.summary["ttft_mean_s"] < waited.summary["ttft_mean_s"]
+    assert_recount_matches(e, rec.summary)
+
+
+def test_deadline_mode_waits_at_most_the_deadline():
+    tr = repeated_prefixes()
+    e, res = run(tr, gpu_blocks=30, tier_disk_gib=chunks_gib(200), tier_disk_read_gbps=0.5,
+                 tier_disk_write="write-through", tier_onload="deadline", tier_onload_deadline_ms=5.0)
+    w = res.tier_requests.onload_wait_s
+    assert w.max() <= 5e-3 + 1e-9 and res.summary["tier_onload_skipped_tokens"] > 0
+    assert_recount_matches(e, res.summary)
+
+
+def test_chunks_of_several_blocks_load_whole():
+    tr = repeated_prefixes()
+    e, res = run(tr, gpu_blocks=30, tier_host_gib=chunks_gib(50, 64), tier_chunk_tokens=64)
+    s = res.summary
+    assert s["tier_host_hit_tokens"] > 0 and s["tier_host_hit_tokens"] % 64 == 0
+    assert_recount_matches(e, s)
+
+
+def test_the_plan_records_tier_ops(tmp_path):
+    from blocksim.records.plan import read_plan
+    tr = repeated_prefixes()
+    cfg = build_config("vllm-v1", num_gpu_blocks=30, max_num_seqs=4, max_num_batched_tokens=256,
+                       tier_host_gib=chunks_gib(12), tier_disk_gib=chunks_gib(200))
+    res = Engine(cfg, tr, plan_dir=tmp_path).run()
+    ops = pd.read_parquet(tmp_path / "plan" / "tier_ops.parquet")
+    meta = read_plan(tmp_path)[0]
+    assert meta["tier_chunk_tokens"] == H
+    assert list(ops.columns) == ["step", "op", "src", "dst", "key", "gpu_blocks", "evict"]
+    loads = ops[ops.op == "load"]
+    assert (loads.dst == "gpu").all() and loads.gpu_blocks.map(len).eq(1).all()
+    assert len(loads) * H == res.summary["tier_host_hit_tokens"] + res.summary["tier_disk_hit_tokens"]
+    stores = ops[(ops.op == "store") & ~ops.evict]
+    assert (stores[stores.src == "host"].gpu_blocks.map(len) == 0).all()
+    assert ops.evict.sum() == res.summary["tier_host_evictions"] + res.summary.get("tier_disk_evictions", 0)
+    assert ops.step.is_monotonic_increasing or (ops.step.diff().fillna(0) >= -1).all()
+    # every load reads a key its tier holds: replay the table's stores and drops
+    held = {"host": set(), "disk": set()}
+    for r in ops.itertuples():
+        if r.evict:
+            held[r.src].remove(r.key)
+        elif r.op == "store":
+            held[r.dst].add(r.key)
+        else:
+            assert r.key in held[r.src], f"load of {r.key} from {r.src} which does not hold it"
+
+
+# --- properties ------------------------------------------------------------------------------
+requests = st.integers(2, 30).flatmap(lambda k: st.tuples(
+    st.lists(st.floats(0, 0.05), min_size=k, max_size=k),
+    st.lists(st.integers(1, 200), min_size=k, max_size=k),
+    st.lists(st.integers(1, 30), min_size=k, max_size=k),
+    st.lists(st.integers(0, 4), min_size=k, max_size=k),
+))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=requests, gpu_blocks=st.integers(20, 60), host=st.integers(0, 30), disk=st.integers(0, 60),
+       evictions=st.tuples(st.sampled_from(["lru", "lfu", "arc"]), st.sampled_from(["lru", "lfu", "arc"])),
+       writes=st.tuples(st.sampled_from(["write-through", "write-through-selective", "write-back"]),
+                        st.sampled_from(["write-through", "write-through-selective", "write-back"])),
+       onload=st.sampled_from(["wait", "deadline", "recompute"]), chunk=st.sampled_from([16, 32]),
+       write_hits=st.integers(1, 3))
+def test_tiers_conserve_blocks_respect_capacity_lose_nothing_and_match_the_recount(
+        reqs, gpu_blocks, host, disk, evictions, writes, onload, chunk, write_hits):
+    if host == 0 and disk == 0:
+        host = 4
+    tr = workload(*reqs)
+    opts = dict(gpu_blocks=gpu_blocks, tier_host_eviction=evictions[0], tier_disk_eviction=evictions[1],
+                tier_host_write=writes[0], tier_disk_write=writes[1], tier_onload=onload,
+                tier_chunk_tokens=chunk, tier_write_hits=write_hits, tier_onload_deadline_ms=2.0)
+    if host:
+        opts["tier_host_gib"] = chunks_gib(host, chunk)
+    if disk:
+        opts["tier_disk_gib"] = chunks_gib(disk, chunk)
+    e, res = run(tr, **opts)  # blocks and tiers checked after every step; a lost request raises
+    assert set(res.requests.status) <= {"finished", "rejected"}
+    s = res.summary
+    for lv in e.tiers.levels:
+        assert len(lv.cache) <= lv.capacity
+    assert_recount_matches(e, s)
+    assert s["tier_host_hit_tokens"] + s["tier_disk_hit_tokens"] == \
+        res.tier_requests.host_hit_tokens.sum() + res.tier_requests.disk_hit_tokens.sum()
+
+
+# --- refused configurations ------------------------------------------------------------------
+@pytest.mark.parametrize("policy,options,where", [
+    ("vllm-v1", dict(tier_host_gib=0.001), "tier-host-gib"),
+    ("vllm-v1", dict(tier_host_gib=1.0, tier_chunk_tokens=24), "tier-chunk-tokens"),
+    ("vllm-v1", dict(tier_disk_gib=1.0, tier_disk_path="/nonexistent/dir"), "tier-disk-path"),
+    ("vllm", dict(tier_host_gib=1.0), "prefix caching"),
+    ("vllm-v1", dict(tier_onload="deadline"), "tier-onload"),
+])
+def test_unusable_tiers_are_refused_naming_the_option(policy, options, where):
+    with pytest.raises(ConfigError, match=where):
+        build_config(policy, **options)
