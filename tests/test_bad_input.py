@@ -149,6 +149,16 @@ CASES = [
     ("flag-bad-number", REPLAY + ["--block-size", "sixteen"], ["--block-size", "'sixteen'"], "--help"),
     ("flag-zero-rate", REPLAY + ["--rate-scale", "0"], ["--rate-scale", "positive"], "--help"),
     ("flag-unknown", REPLAY + ["--blocksize", "8"], ["--blocksize"], "did you mean --block-size?"),
+    # KV tiers
+    ("tier-capacity-below-chunk", REPLAY + ["--policy", "vllm-v1", "--tier-host-gib", "0.001"],
+     ["--tier-host-gib", "0.001 GiB", "one 16-token chunk"], "give at least"),
+    ("tier-chunk-not-block-multiple", REPLAY + ["--policy", "vllm-v1", "--tier-host-gib", "4", "--tier-chunk-tokens",
+                                                "24"], ["--tier-chunk-tokens", "24", "block size 16"], "multiple of 16"),
+    ("tier-disk-path-not-writable", REPLAY + ["--policy", "vllm-v1", "--tier-disk-gib", "4", "--tier-disk-path",
+                                              "{d}/out_is_a_file"], ["--tier-disk-path", "out_is_a_file"],
+     "name a directory you can write"),
+    ("tier-without-prefix-caching", REPLAY + ["--config", "{d}/config_tier_no_prefix.yaml"],
+     ["--tier-host-gib", "'vllm'", "without prefix caching"], "choose vllm-prefix, vllm-v1 or sglang"),
 ]
 
 

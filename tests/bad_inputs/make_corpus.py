@@ -47,6 +47,7 @@ TEXT = {
     "config_list.yaml": "- block_size: 16\n",
     "config.json": '{"block_size": 16}\n',
     "config_bad_value.yaml": "block_size: -16\n",
+    "config_tier_no_prefix.yaml": "policy: vllm\ntier_host_gib: 8\n",
     "config_ignored_knob.yaml": "policy: orca-max\nwatermark: 0.05\n",
     "config_unknown_policy.toml": 'policy = "vllm-turbo"\n',
     # catalogs
