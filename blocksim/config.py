@@ -373,9 +373,13 @@ class SimConfig:
         """Refuse tiers the run cannot use: no prefix caching, a chunk that is not whole blocks, a
         tier smaller than one chunk, a disk path that cannot be written."""
         p = self.policy_config
-        _require(p.prefix_caching or p.allocator == "radix", "tiers (--tier-host-gib / --tier-disk-gib)",
+        where = "tiers (--tier-host-gib / --tier-disk-gib)"
+        _require(p.prefix_caching or p.allocator == "radix", where,
                  f"policy {self.policy!r} runs without prefix caching, so no chunk is ever looked up in a tier; "
                  f"choose vllm-prefix, vllm-v1 or sglang (or add --prefix-caching), or drop the tier options")
+        _require(p.allocator == "v1", where,
+                 f"tiers are modelled on vLLM V1's KV cache manager only, and policy {self.policy!r} uses the "
+                 f"{p.allocator} allocator; choose --policy vllm-v1, or drop the tier options")
         bs = self.cache.block_size
         chunk = self.tier_chunk_tokens
         _require(chunk % bs == 0, "tiers.chunk_tokens (--tier-chunk-tokens)",
