@@ -12,7 +12,8 @@ returns the keys evicted to make room, in eviction order) and `touch(key)` (a st
   one from T2 is. A tier's lookups do not insert on a miss (the chunk is stored later, when it is
   computed or evicted above), so a ghost hit happens at `insert`.
 
-Invariant after every call: `len(self) <= capacity`; a key is held at most once.
+Invariant after every call: `len(self) <= capacity`; a key is held at most once; `members` (a
+dict, for fast membership tests) holds exactly the keys held.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class LRU:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._keys: OrderedDict[int, None] = OrderedDict()
+        self.members = self._keys
 
     def __contains__(self, key: int) -> bool:
         return key in self._keys
@@ -49,6 +51,7 @@ class LFU:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._freq: dict[int, int] = {}
+        self.members = self._freq
         self._buckets: dict[int, OrderedDict[int, None]] = {}  # access count -> keys, least recent first
         self._min = 0
 
@@ -103,9 +106,10 @@ class ARC:
         self.t2: OrderedDict[int, None] = OrderedDict()
         self.b1: OrderedDict[int, None] = OrderedDict()
         self.b2: OrderedDict[int, None] = OrderedDict()
+        self.members: dict[int, None] = {}
 
     def __contains__(self, key: int) -> bool:
-        return key in self.t1 or key in self.t2
+        return key in self.members
 
     def __len__(self) -> int:
         return len(self.t1) + len(self.t2)
@@ -130,6 +134,7 @@ class ARC:
         else:
             victim = self.t2.popitem(last=False)[0]
             self.b2[victim] = None
+        del self.members[victim]
         out.append(victim)
 
     def insert(self, key: int) -> list[int]:
@@ -139,12 +144,14 @@ class ARC:
             self._replace(False, out)
             del self.b1[key]
             self.t2[key] = None
+            self.members[key] = None
             return out
         if key in self.b2:
             self.p = max(0.0, self.p - max(len(self.b1) / len(self.b2), 1.0))
             self._replace(True, out)
             del self.b2[key]
             self.t2[key] = None
+            self.members[key] = None
             return out
         l1 = len(self.t1) + len(self.b1)
         if l1 >= c:
@@ -152,7 +159,9 @@ class ARC:
                 self.b1.popitem(last=False)
                 self._replace(False, out)
             else:
-                out.append(self.t1.popitem(last=False)[0])
+                victim = self.t1.popitem(last=False)[0]
+                del self.members[victim]
+                out.append(victim)
         else:
             total = l1 + len(self.t2) + len(self.b2)
             if total >= c:
@@ -160,6 +169,7 @@ class ARC:
                     self.b2.popitem(last=False)
                 self._replace(False, out)
         self.t1[key] = None
+        self.members[key] = None
         return out
 
 

@@ -230,9 +230,9 @@ class KVCacheManager:
     def _chunk_key(self, hashes: list[int], c: int) -> int:
         return hashes[(c + 1) * self.tiers.chunk_blocks - 1]
 
-    def tier_match(self, group: SequenceGroup, blocks: list[int]) -> tuple[list[int], list[int], list[int]]:
+    def tier_match(self, group: SequenceGroup, blocks: list[int]) -> tuple[list[int], list[int], int]:
         """After `get_computed_blocks`: (the GPU hit blocks kept, the chunk keys that follow them,
-        the tier of each chunk of the leading run found). A GPU hit ending inside a chunk is cut back
+        how many of those the tiers hold, leading). A GPU hit ending inside a chunk is cut back
         to the chunk's start when the tiers hold that chunk (a tier loads whole chunks)."""
         t, bs = self.tiers, self.block_size
         cb = t.chunk_blocks
@@ -240,7 +240,7 @@ class KVCacheManager:
         limit = min((seq.num_tokens - 1) // bs, group.prompt_tokens // bs) // cb
         c0 = len(blocks) // cb
         if c0 >= limit:
-            return blocks, [], []
+            return blocks, [], 0
         keys = self._hashes[seq.seq_id][(c0 + 1) * cb - 1:limit * cb:cb]
         found = t.match(keys)
         if found and len(blocks) % cb:

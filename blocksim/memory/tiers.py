@@ -19,8 +19,8 @@ The GPU's memory manager reports three events; the tiers react by their write po
 Between tiers: a chunk stored in the host goes on to the disk at once under write-through, after
 `write_hits` host hits under write-through-selective, and when the host evicts it under write-back.
 
-After the GPU's own prefix match, `match(keys)` walks the following chunk keys and gives the tier of
-each, for the longest run found (host first, then disk). `plan_onload` decides how many of them to
+After the GPU's own prefix match, `match(keys)` counts the following chunk keys that some tier holds
+(the leading run; each loads from the highest tier holding it). `plan_onload` decides how many of them to
 load by the onload mode (wait: all; deadline: those that land within the deadline; recompute: all or
 none, whichever is faster by the transfer's end against the cost model's prefill time for those
 tokens); `commit` touches them, issues their loads (disk -> host link -> GPU blocks) and returns
@@ -116,35 +116,80 @@ class TierStore:
         top = self.levels[0]
         if top.write != WRITE_THROUGH:
             return
-        cache = top.cache
-        new = [j for j, k in enumerate(keys) if k not in cache]
-        if not new:
-            return
-        if top.name != HOST or len(self.levels) > 1 or self.ops_on:
-            cb = self.chunk_blocks
-            for j in new:
-                b = first_block + j * cb
-                self._store_from_gpu(keys[j], table[b:b + cb], self.step)
-            return
-        # The common case, inlined: a host tier alone, no operations recorded.
-        link, nbytes = self.d2h, self.chunk_bytes
-        per = link.seconds(nbytes)
-        end = max(self.now_s, link.free_s)
-        landed, hits, insert = top.landed_s, top.hits, cache.insert
+        members = top.cache.members
+        new = [j for j, k in enumerate(keys) if k not in members]
+        if new:
+            self._store_run(keys, new, table, first_block)
+
+    def _store_run(self, keys: list[int], new: list[int], table: list[int], first_block: int) -> None:
+        """`_store_from_gpu` for chunks `keys[j]`, j in `new`, issued back to back (the same moves,
+        links and records, without a call per chunk and per link)."""
+        levels, nbytes, now, step = self.levels, self.chunk_bytes, self.now_s, self.step
+        top = levels[0]
+        below = levels[1] if len(levels) > 1 else None
+        d2h, dw = self.d2h, self.disk_write
+        t_d2h, t_dw = d2h.seconds(nbytes), dw.seconds(nbytes)
+        d2h_free = max(now, d2h.free_s)
+        dw_free = dw.free_s
+        writes = down = 0
+        top_disk = top.name == DISK
+        wb_below = below is not None and below.write == WRITE_BACK
+        wt_below = below is not None and below.write == WRITE_THROUGH
+        below_members = below.cache.members if below is not None else None
+        landed, hits, insert = top.landed_s, top.hits, top.cache.insert
+        ops = self.ops if self.ops_on else None
+        cb = self.chunk_blocks
         for j in new:
             key = keys[j]
-            end += per
-            for victim in insert(key):
-                del landed[victim]
-                hits.pop(victim, None)
+            d2h_free += t_d2h
+            end = d2h_free
+            if top_disk:
+                end = dw_free = max(end, dw_free) + t_dw
+                writes += 1
+            if ops is not None:
+                b = first_block + j * cb
+                ops.append(TierOp(step, "store", GPU, top.name, key, tuple(table[b:b + cb])))
+            for v in insert(key):
                 top.evictions += 1
+                hits.pop(v, None)
+                v_landed = landed.pop(v)
+                if wb_below and v not in below_members:
+                    dw_free = max(now, v_landed, dw_free) + t_dw
+                    writes += 1
+                    down += 1
+                    if ops is not None:
+                        ops.append(TierOp(step, "store", top.name, below.name, v, ()))
+                    self._put_below(v, dw_free, step)
+                if ops is not None:
+                    ops.append(TierOp(step, "store", top.name, top.name, v, (), True))
             landed[key] = end
+            top.stored += 1
+            if wt_below and key not in below_members:
+                dw_free = max(now, end, dw_free) + t_dw
+                writes += 1
+                down += 1
+                if ops is not None:
+                    ops.append(TierOp(step, "store", top.name, below.name, key, ()))
+                self._put_below(key, dw_free, step)
         n = len(new)
-        link.free_s = end
-        link.busy_s += n * per
-        link.bytes += n * nbytes
-        top.stored += n
-        self.bytes[(GPU, HOST)] += n * nbytes
+        d2h.free_s, d2h.busy_s, d2h.bytes = d2h_free, d2h.busy_s + n * t_d2h, d2h.bytes + n * nbytes
+        if writes:
+            dw.free_s, dw.busy_s, dw.bytes = dw_free, dw.busy_s + writes * t_dw, dw.bytes + writes * nbytes
+        self.bytes[(GPU, top.name)] += n * nbytes
+        if down:
+            self.bytes[(HOST, DISK)] += down * nbytes
+
+    def _put_below(self, key: int, landed_s: float, step: int) -> None:
+        """Insert a chunk into the second (last) tier; its evictions are drops."""
+        lv = self.levels[1]
+        for v in lv.cache.insert(key):
+            lv.evictions += 1
+            lv.hits.pop(v, None)
+            del lv.landed_s[v]
+            if self.ops_on:
+                self.ops.append(TierOp(step, "store", lv.name, lv.name, v, (), True))
+        lv.landed_s[key] = landed_s
+        lv.stored += 1
 
     def on_gpu_hit(self, key: int, gpu_blocks) -> None:
         """A GPU prefix-cache hit on a whole chunk at admission (its K/V exists since the last step)."""
@@ -222,48 +267,69 @@ class TierStore:
         self._insert(i + 1, key, end, step)
 
     # --- lookups and onloads ------------------------------------------------------------------
-    def match(self, keys) -> list[int]:
-        """For the longest run of leading `keys` held by some tier: the index (in `levels`) of the
-        tier holding each, the highest first. Changes nothing."""
-        found = []
-        levels = self.levels
-        for k in keys:
-            for i, lv in enumerate(levels):
-                if k in lv.cache:
-                    found.append(i)
+    def match(self, keys) -> int:
+        """How many leading `keys` some tier holds (the run a lookup can load). Changes nothing."""
+        n = 0
+        if len(self.levels) == 1:
+            m = self.levels[0].cache.members
+            for k in keys:
+                if k not in m:
                     break
-            else:
+                n += 1
+            return n
+        m0, m1 = self.levels[0].cache.members, self.levels[1].cache.members
+        for k in keys:
+            if k not in m0 and k not in m1:
                 break
-        return found
+            n += 1
+        return n
 
-    def _load_ends(self, keys, found: list[int], n: int, commit: bool) -> list[float]:
-        """When each of the first `n` found chunks would land on the GPU, loaded in order; issued
+    def _load_ends(self, keys, n: int, commit: bool) -> tuple[list[float], list[int]]:
+        """When each of the first `n` keys (all held) would land on the GPU, loaded in order from the
+        highest tier holding it (disk reads, then the host link), and that tier's index; issued
         (links advanced) when `commit`."""
-        now, nbytes = self.now_s, self.chunk_bytes
-        h2d_free, read_free = self.h2d.free_s, self.disk_read.free_s
-        ends = []
+        now, nbytes, levels = self.now_s, self.chunk_bytes, self.levels
+        h2d, rd = self.h2d, self.disk_read
+        t_h2d, t_rd = h2d.seconds(nbytes), rd.seconds(nbytes)
+        h2d_free, rd_free = h2d.free_s, rd.free_s
+        m0, landed0 = levels[0].cache.members, levels[0].landed_s
+        landed1 = levels[1].landed_s if len(levels) > 1 else None
+        disk0 = levels[0].name == DISK
+        ends, where = [], []
+        reads = 0
         for j in range(n):
-            lv = self.levels[found[j]]
-            ready = max(now, lv.landed_s[keys[j]])
-            if lv.name == DISK:
-                if commit:
-                    ready = self.disk_read.transfer(ready, nbytes)
-                else:
-                    ready = read_free = self.disk_read.end_s(ready, nbytes, read_free)
-            if commit:
-                end = self.h2d.transfer(ready, nbytes)
+            k = keys[j]
+            if k in m0:
+                i, ready = 0, landed0[k]
+                disk = disk0
             else:
-                end = h2d_free = self.h2d.end_s(ready, nbytes, h2d_free)
-            ends.append(end)
-        return ends
+                i, ready = 1, landed1[k]
+                disk = True
+            if ready < now:
+                ready = now
+            if disk:
+                if rd_free > ready:
+                    ready = rd_free
+                ready = rd_free = ready + t_rd
+                reads += 1
+            if h2d_free > ready:
+                ready = h2d_free
+            h2d_free = ready + t_h2d
+            ends.append(h2d_free)
+            where.append(i)
+        if commit and n:
+            h2d.free_s, h2d.busy_s, h2d.bytes = h2d_free, h2d.busy_s + n * t_h2d, h2d.bytes + n * nbytes
+            if reads:
+                rd.free_s, rd.busy_s, rd.bytes = rd_free, rd.busy_s + reads * t_rd, rd.bytes + reads * nbytes
+        return ends, where
 
-    def plan_onload(self, keys, found: list[int], start_tokens: int) -> int:
-        """How many of the found chunks to load (the rest are recomputed), by the onload mode;
-        `start_tokens` precede the first of them."""
-        n = len(found)
+    def plan_onload(self, keys, found: int, start_tokens: int) -> int:
+        """How many of the `found` leading chunks to load (the rest are recomputed), by the onload
+        mode; `start_tokens` precede the first of them."""
+        n = found
         if not n or self.onload == "wait":
             return n
-        ends = self._load_ends(keys, found, n, commit=False)
+        ends = self._load_ends(keys, n, commit=False)[0]
         if self.onload == "deadline":
             limit = self.now_s + self.deadline_s
             k = 0
@@ -278,36 +344,36 @@ class TierStore:
         self.hit_tokens[GPU] += gpu_hit_tokens
         self.query_tokens += query_tokens
 
-    def commit(self, keys, found: list[int], n: int, dest_blocks: list[int]) -> tuple[float, int, int, int]:
-        """Load the first `n` found chunks into `dest_blocks` (theirs, in order): touch each in its
-        tier, issue the transfers. The keys are matched again first: the GPU blocks taken for the
-        loads may have evicted chunks into the tiers (write-back), and GPU hits stored chunks
-        (write-through-selective), moving or dropping found ones; only a run still held is loaded. Returns (when the last lands, host tokens, disk tokens,
-        chunks loaded)."""
+    def commit(self, keys, found: int, n: int, dest_blocks: list[int]) -> tuple[float, int, int, int]:
+        """Load the first `n` of the `found` leading chunks into `dest_blocks` (theirs, in order):
+        touch each in its tier, issue the transfers. The keys are matched again first: the GPU
+        blocks taken for the loads may have evicted chunks into the tiers (write-back), and GPU hits
+        stored chunks (write-through-selective), moving or dropping found ones; only a run still
+        held is loaded. Returns (when the last lands, host tokens, disk tokens, chunks loaded)."""
         if found or self.wants_gpu_evictions or self.wants_gpu_hits:
             found = self.match(keys)
-            n = min(n, len(found))
+            n = min(n, found)
         if self.log is not None:
-            self.log.append(("lookup", tuple(keys[:len(found) + 1]), len(found), n))
+            self.log.append(("lookup", tuple(keys[:found + 1]), found, n))
         self.lookups += 1
-        cb, ct = self.chunk_blocks, self.chunk_tokens
-        ends = self._load_ends(keys, found, n, commit=True)
-        tokens = {HOST: 0, DISK: 0}
+        cb, ct, levels = self.chunk_blocks, self.chunk_tokens, self.levels
+        ends, where = self._load_ends(keys, n, commit=True)
+        loads = [0, 0]
         selective = []
+        ops = self.ops if self.ops_on else None
+        sel = [i + 1 < len(levels) and levels[i + 1].write == SELECTIVE for i in range(len(levels))]
         for j in range(n):
-            lv = self.levels[found[j]]
+            i = where[j]
             key = keys[j]
-            lv.cache.touch(key)
-            lv.hit_chunks += 1
-            tokens[lv.name] += ct
-            self.bytes[(lv.name, GPU)] += self.chunk_bytes
-            if self.ops_on:
-                self.ops.append(TierOp(self.step, "load", lv.name, GPU, key, tuple(dest_blocks[j * cb:(j + 1) * cb])))
-            if found[j] + 1 < len(self.levels) and self.levels[found[j] + 1].write == SELECTIVE:
-                selective.append((found[j], key))
+            levels[i].cache.touch(key)
+            loads[i] += 1
+            if ops is not None:
+                ops.append(TierOp(self.step, "load", levels[i].name, GPU, key, tuple(dest_blocks[j * cb:(j + 1) * cb])))
+            if sel[i]:
+                selective.append((i, key))
         for i, key in selective:  # after the loads: a store below must not evict a chunk being loaded
-            lv = self.levels[i]
-            if key not in lv.cache or key in self.levels[i + 1].cache:
+            lv = levels[i]
+            if key not in lv.cache.members or key in levels[i + 1].cache.members:
                 continue
             h = lv.hits.get(key, 0) + 1
             if h >= self.write_hits:
@@ -315,9 +381,14 @@ class TierStore:
                 self._store_down(i, key, self.step)
             else:
                 lv.hits[key] = h
+        tokens = {HOST: 0, DISK: 0}
+        for i, lv in enumerate(levels):
+            lv.hit_chunks += loads[i]
+            tokens[lv.name] += loads[i] * ct
+            self.bytes[(lv.name, GPU)] += loads[i] * self.chunk_bytes
         self.hit_tokens[HOST] += tokens[HOST]
         self.hit_tokens[DISK] += tokens[DISK]
-        self.skipped_tokens += (len(found) - n) * ct
+        self.skipped_tokens += (found - n) * ct
         return (ends[-1] if ends else self.now_s), tokens[HOST], tokens[DISK], n
 
     def totals(self) -> tuple:
