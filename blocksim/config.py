@@ -377,9 +377,9 @@ class SimConfig:
         _require(p.prefix_caching or p.allocator == "radix", where,
                  f"policy {self.policy!r} runs without prefix caching, so no chunk is ever looked up in a tier; "
                  f"choose vllm-prefix, vllm-v1 or sglang (or add --prefix-caching), or drop the tier options")
-        _require(p.allocator == "v1", where,
-                 f"tiers are modelled on vLLM V1's KV cache manager only, and policy {self.policy!r} uses the "
-                 f"{p.allocator} allocator; choose --policy vllm-v1, or drop the tier options")
+        _require(p.allocator in ("v1", "paged"), where,
+                 f"tiers are modelled on vLLM's prefix caches (vllm-prefix, vllm-v1), and policy {self.policy!r} "
+                 f"uses the {p.allocator} allocator; choose --policy vllm-v1 or vllm-prefix, or drop the tier options")
         bs = self.cache.block_size
         chunk = self.tier_chunk_tokens
         _require(chunk % bs == 0, "tiers.chunk_tokens (--tier-chunk-tokens)",

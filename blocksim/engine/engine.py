@@ -112,7 +112,7 @@ class Engine:
         if config.tiers is not None:
             self.tiers = make_tier_store(config, log_tier_events)
             self.tiers.ops_on = log_tier_events or self.plan is not None
-            if not hasattr(self.bm, "attach_tiers") or not hasattr(self.sched, "next_onload_s"):
+            if not hasattr(self.bm, "attach_tiers"):
                 raise ConfigError(f"tiers (--tier-host-gib / --tier-disk-gib): allocator "
                                   f"{config.policy_config.allocator!r} with scheduler {config.policy_config.scheduler!r} "
                                   f"has no KV tiers; choose vllm-v1, or drop the tier options")
@@ -203,7 +203,7 @@ class Engine:
             if self.spans:
                 next_event = arrivals[self._next_arrival_idx]
                 if tiers is not None:  # a request whose chunks land may be admitted: the span ends before
-                    landing = sched.next_onload_s()
+                    landing = sched.next_onload_s() if hasattr(sched, "next_onload_s") else None
                     if landing is not None and landing < next_event:
                         next_event = landing
                 span = find_span(sched, bm, self.cost, out, now, next_event)
@@ -216,7 +216,7 @@ class Engine:
                 continue
             if not out.has_work and not (out.blocks_to_swap_out or out.blocks_to_swap_in):
                 if not (out.preempted or out.rejected):
-                    ready = sched.next_onload_s() if tiers is not None else None
+                    ready = getattr(sched, "next_onload_s", lambda: None)() if tiers is not None else None
                     if ready is None:
                         raise EngineError(self._stall_message())
                     yield from self._sleep_until(ready)  # every admitted request waits for its chunks
@@ -267,12 +267,18 @@ class Engine:
 
     def _run_step(self, out: SchedulerOutputs):
         env, sched, tiers = self.env, self.sched, self.tiers
-        if tiers is not None:
-            wait = tiers.take_evict_wait()
-            if wait > 0:  # write-back copies of blocks this step overwrites come first
-                yield env.timeout(wait)
         times = self._step_times(out)
         duration = sum(times.values())
+        if tiers is not None:
+            wait = tiers.take_wait(duration)
+            if wait > 0:  # write-back copies of blocks this step overwrites; loads it outlasts
+                now = env.now
+                for g, _, _ in out.prefills:
+                    if g.onload_issue_s == now:  # loaded inside this step: the wait is its onload wait
+                        g.onload_wait_s += wait
+                        if g.first_token_s != g.first_token_s:
+                            g.onload_ttft_s += wait
+                yield env.timeout(wait)
         start = env.now
         head = sched.waiting[0] if sched.waiting else None
         pending = self._pending_prefill(out) if sched.chunked and not self.bm.reserves_prefill else 0
@@ -323,7 +329,7 @@ class Engine:
     def _tier_record(self, steps: int) -> None:
         """The tier counters after `steps` steps; the moves they issued go to the plan."""
         tiers = self.tiers
-        self.tier_rec.add(tiers.totals(), len(self.sched.onloading), steps)
+        self.tier_rec.add(tiers.totals(), len(getattr(self.sched, "onloading", ())), steps)
         ops = tiers.take_ops()
         if self.plan is not None:
             self.plan.on_tier_ops(ops)

@@ -64,6 +64,7 @@ class CachingBlockAllocator(BlockAllocator):
         self.clock = 0.0
         self.evictions = 0
         self.not_computed: set[int] = set()  # cached blocks whose K/V no scheduled step has written yet
+        self.on_evict = None  # called as on_evict(block, key) when a cached block is evicted (KV tiers)
 
     @property
     def num_free(self) -> int:
@@ -91,6 +92,8 @@ class CachingBlockAllocator(BlockAllocator):
                 self.depth.pop(block, None)
                 self.not_computed.discard(block)
                 self.evictions += 1
+                if self.on_evict is not None:
+                    self.on_evict(block, key)
                 return block
         raise BlockError(f"gpu allocator: out of blocks ({self.num_blocks} all in use)")
 
@@ -144,6 +147,8 @@ class PrefixCachingBlockManager(BlockSpaceManager):
         self.swap_in_reuses = 0
         self._computing: list[int] = []      # blocks this step writes: computed once it is scheduled
         self._cpu_key: dict[int, int] = {}   # CPU block -> content key of the GPU block swapped into it
+        self.tiers = None                    # a `blocksim.memory.tiers.TierStore` (attach_tiers)
+        self._tier_chunks: dict[int, tuple] = {}  # chunk key -> its blocks' keys (write-back tiers)
 
     def set_clock(self, now_s: float) -> None:
         self.gpu.clock = now_s
@@ -203,11 +208,97 @@ class PrefixCachingBlockManager(BlockSpaceManager):
         for s in seqs:
             s.block_table = table.copy()
         cached = min(computed_hits * bs, ((num_tokens - 1) // bs) * bs)
-        group.num_cached_tokens = cached
-        group.hit_tokens = hits * bs
+        self.gpu_filled_slots += written
+        loaded = 0
+        if self.tiers is not None:
+            loaded = self._tier_admit(group, table, keys, hits, computed_hits, cached, filled)
+        group.num_cached_tokens = cached + loaded
+        group.hit_tokens = hits * bs + loaded
         group.prefix_hit_tokens += cached
         self.saved_tokens += cached
-        self.gpu_filled_slots += written
+
+    # --- KV tiers (blocksim.memory.tiers) ------------------------------------------------------
+    def attach_tiers(self, tiers) -> None:
+        """Look prefixes up in `tiers` after the GPU, and report computed, hit and evicted chunks."""
+        self.tiers = tiers
+        if tiers.wants_gpu_evictions:
+            self.gpu.on_evict = self._tier_evicted
+
+    def _tier_admit(self, group: SequenceGroup, table: list[int], keys: list[int], hits: int, computed_hits: int,
+                    cached: int, filled: int | None) -> int:
+        """After `allocate`'s GPU match: load the chunks the tiers hold after the computed hit into the
+        group's fresh blocks (their K/V then counts as computed: the step that prefills the rest waits
+        for the loads, `TierStore.load_wait_s`). Returns the tokens loaded. The tiers are looked up
+        only when every GPU hit was computed and the hit ends on a chunk boundary (always, with
+        one-block chunks)."""
+        t, bs = self.tiers, self.block_size
+        cb, ct = t.chunk_blocks, t.chunk_tokens
+        num_tokens = group.seqs_with(SeqStatus.RUNNING if not group.seqs_with(SeqStatus.WAITING)
+                                     else SeqStatus.WAITING)[0].num_tokens
+        t.count_query(cached, num_tokens)
+        c0 = computed_hits // cb
+        if t.wants_gpu_hits:
+            for c in range(c0):
+                t.on_gpu_hit(keys[(c + 1) * cb - 1], table[c * cb:(c + 1) * cb])
+        limit = min((num_tokens - 1) // bs, len(keys)) // cb
+        tokens = group.tier_tokens
+        if tokens is None:
+            tokens = group.tier_tokens = [0, 0, 0]
+        tokens[0] += cached
+        if hits != computed_hits or computed_hits % cb or c0 >= limit:
+            return 0
+        ckeys = [keys[(c + 1) * cb - 1] for c in range(c0, limit)]
+        found = t.match(ckeys)
+        n = t.plan_onload(ckeys, found, c0 * ct) if found else 0
+        skipped = t.skipped_tokens
+        ready, host, disk, n = t.commit(ckeys, found, n, table[c0 * cb:])
+        group.onload_skipped_tokens += t.skipped_tokens - skipped
+        if not n:
+            return 0
+        loaded = table[c0 * cb:(c0 + n) * cb]
+        self.gpu.not_computed.difference_update(loaded)  # the loads write their K/V
+        if self._computing:
+            done = set(loaded)
+            self._computing = [b for b in self._computing if b not in done]
+        if filled is not None:  # chunked prefill counts slots per chunk: the loaded ones hold K/V now
+            self.gpu_filled_slots += n * ct
+        if t.wants_gpu_evictions:
+            for c in range(c0, c0 + n):
+                self._tier_chunks[keys[(c + 1) * cb - 1]] = tuple(keys[c * cb:(c + 1) * cb])
+        if ready > t.load_wait_s:
+            t.load_wait_s = ready
+        tokens[1] += host
+        tokens[2] += disk
+        group.onload_issue_s = t.now_s  # the engine adds the step's wait for the loads
+        return n * ct
+
+    def tier_computed(self, group: SequenceGroup, start: int, stop: int) -> None:
+        """Report the prompt chunks a prefill of tokens [start, stop) completed."""
+        t = self.tiers
+        cb = t.chunk_blocks
+        ct = cb * self.block_size
+        keys = group.block_keys or ()
+        last = min(min(stop, group.prompt_tokens) // ct, len(keys) // cb)
+        first = start // ct
+        if last <= first:
+            return
+        ckeys = keys[(first + 1) * cb - 1:last * cb:cb]
+        if t.wants_gpu_evictions:
+            for c, key in zip(range(first, last), ckeys):
+                self._tier_chunks[key] = tuple(keys[c * cb:(c + 1) * cb])
+        t.on_computed(ckeys, group.seqs[0].block_table, first * cb)
+
+    def _tier_evicted(self, block: int, key: int) -> None:
+        chunk = self._tier_chunks.get(key)
+        if chunk is None:
+            return
+        if len(chunk) == 1:
+            self.tiers.on_gpu_evicted(key, (block,))
+            return
+        get = self.gpu.block_of.get
+        blocks = [block if k == key else get(k) for k in chunk]
+        if None not in blocks:  # a chunk whose other blocks left the GPU already is not stored
+            self.tiers.on_gpu_evicted(key, blocks)
 
     def num_cached_tokens(self, group: SequenceGroup) -> int:
         """The computed cached prefix `allocate` would skip now (vLLM 0.6.4's uncached-token admission)."""

@@ -97,6 +97,7 @@ class TierStore:
         self.log: list[tuple] | None = [] if log_events else None
         self.gpu_hits: dict[int, int] = {}
         self.evict_wait_s = 0.0
+        self.load_wait_s = 0.0  # loads a step waits for (engines that load inside the step)
         #: `prefill_s(start_tokens, new_tokens)`: the cost model's time to prefill tokens after a prefix
         #: (set by the engine; the recompute mode compares it with the transfer).
         self.prefill_s: Callable[[int, int], float] | None = None
@@ -117,13 +118,14 @@ class TierStore:
         if top.write != WRITE_THROUGH:
             return
         members = top.cache.members
-        new = [j for j, k in enumerate(keys) if k not in members]
-        if new:
-            self._store_run(keys, new, table, first_block)
+        for k in keys:
+            if k not in members:
+                self._store_run(keys, table, first_block)
+                return
 
-    def _store_run(self, keys: list[int], new: list[int], table: list[int], first_block: int) -> None:
-        """`_store_from_gpu` for chunks `keys[j]`, j in `new`, issued back to back (the same moves,
-        links and records, without a call per chunk and per link)."""
+    def _store_run(self, keys: list[int], table: list[int], first_block: int) -> None:
+        """`_store_from_gpu` for each chunk of `keys` the top tier lacks when its turn comes, issued
+        back to back (the same moves, links and records, without a call per chunk and per link)."""
         levels, nbytes, now, step = self.levels, self.chunk_bytes, self.now_s, self.step
         top = levels[0]
         below = levels[1] if len(levels) > 1 else None
@@ -139,8 +141,12 @@ class TierStore:
         landed, hits, insert = top.landed_s, top.hits, top.cache.insert
         ops = self.ops if self.ops_on else None
         cb = self.chunk_blocks
-        for j in new:
-            key = keys[j]
+        members = top.cache.members
+        n = 0
+        for j, key in enumerate(keys):
+            if key in members:
+                continue
+            n += 1
             d2h_free += t_d2h
             end = d2h_free
             if top_disk:
@@ -171,7 +177,6 @@ class TierStore:
                 if ops is not None:
                     ops.append(TierOp(step, "store", top.name, below.name, key, ()))
                 self._put_below(key, dw_free, step)
-        n = len(new)
         d2h.free_s, d2h.busy_s, d2h.bytes = d2h_free, d2h.busy_s + n * t_d2h, d2h.bytes + n * nbytes
         if writes:
             dw.free_s, dw.busy_s, dw.bytes = dw_free, dw.busy_s + writes * t_dw, dw.bytes + writes * nbytes
@@ -402,11 +407,13 @@ class TierStore:
         ops, self.ops = self.ops, []
         return ops
 
-    def take_evict_wait(self) -> float:
-        """Seconds the next step must wait for write-back copies of blocks it overwrites."""
-        wait = self.evict_wait_s - self.now_s
-        self.evict_wait_s = 0.0
-        return wait if wait > 0 else 0.0
+    def take_wait(self, duration_s: float) -> float:
+        """Seconds a step of `duration_s` scheduled now waits before its compute: for write-back
+        copies of blocks it overwrites, and for loads it needs beyond its own duration (loads
+        overlap the step's compute layer by layer, so the step ends when both are done)."""
+        wait = max(self.evict_wait_s - self.now_s, self.load_wait_s - self.now_s - duration_s, 0.0)
+        self.evict_wait_s = self.load_wait_s = 0.0
+        return wait
 
     # --- summary ------------------------------------------------------------------------------
     def stats(self) -> dict:

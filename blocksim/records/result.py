@@ -94,7 +94,7 @@ class RunResult:
         if tiers is None:
             return cls(reqs, steps, summary, engine.extents_frame())
         summary.update(tiers.stats())
-        tier_reqs = tier_request_frame(engine.groups)
+        tier_reqs = tier_request_frame(engine.groups, hasattr(engine.sched, "onloading"))
         summary["tier_onload_wait_mean_s"] = float(tier_reqs.onload_wait_s.mean()) if len(tier_reqs) else 0.0
         return cls(reqs, steps, summary, engine.extents_frame(), tier_reqs, engine.tier_rec.to_frame())
 

@@ -36,8 +36,10 @@ class TierStepRecorder:
         return pd.DataFrame(cols).astype(TIER_STEP_DTYPES)
 
 
-def tier_request_frame(groups) -> pd.DataFrame:
-    """tier_requests.parquet: one row per request, in trace order."""
+def tier_request_frame(groups, onload_before_schedule: bool = True) -> pd.DataFrame:
+    """tier_requests.parquet: one row per request, in trace order. `onload_before_schedule`: a
+    request waits for its loads before it is scheduled (vLLM V1), else inside the step that
+    prefills it (the step lasts until its loads land)."""
     groups = sorted(groups, key=lambda g: g.index)
     hits = np.array([g.tier_tokens or (0, 0, 0) for g in groups], np.int64).reshape(-1, 3)
     arrival = np.array([g.arrival_s for g in groups], np.float64)
@@ -49,8 +51,8 @@ def tier_request_frame(groups) -> pd.DataFrame:
         "gpu_hit_tokens": hits[:, 0], "host_hit_tokens": hits[:, 1], "disk_hit_tokens": hits[:, 2],
         "onload_skipped_tokens": np.array([g.onload_skipped_tokens for g in groups], np.int64),
         "onload_wait_s": np.array([g.onload_wait_s for g in groups], np.float64),
-        "ttft_queue_s": first_sched - arrival - onload_ttft,
+        "ttft_queue_s": first_sched - arrival - (onload_ttft if onload_before_schedule else 0.0),
         "ttft_onload_s": np.where(np.isnan(first_token), np.nan, onload_ttft),
-        "ttft_prefill_s": first_token - first_sched,
+        "ttft_prefill_s": first_token - first_sched - (0.0 if onload_before_schedule else onload_ttft),
     }
     return pd.DataFrame({c: cols[c] for c in TIER_REQUEST_COLUMNS}).astype(TIER_REQUEST_DTYPES)

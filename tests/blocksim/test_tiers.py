@@ -33,8 +33,8 @@ def chunks_gib(n, chunk_tokens=H):
     return n * chunk_tokens * KV_BYTES / GIB
 
 
-def run(tr, **tier_options):
-    cfg = build_config("vllm-v1", num_gpu_blocks=tier_options.pop("gpu_blocks", 40), max_num_seqs=4,
+def run(tr, policy="vllm-v1", **tier_options):
+    cfg = build_config(policy, num_gpu_blocks=tier_options.pop("gpu_blocks", 40), max_num_seqs=4,
                        max_num_batched_tokens=256, **tier_options)
     e = Engine(cfg, tr, check_invariants=True, log_tier_events=True)
     return e, e.run()
@@ -90,22 +90,24 @@ def repeated_prefixes(n=24, prompt=160, families=3, gap_s=0.05):
     return workload([gap_s] * n, [prompt] * n, [4] * n, [i % families for i in range(n)])
 
 
-def test_a_host_tier_serves_prefixes_the_gpu_evicted_and_cuts_prefill():
-    tr = repeated_prefixes()
-    _, base = Engine(build_config("vllm-v1", num_gpu_blocks=30, max_num_seqs=4, max_num_batched_tokens=256),
+@pytest.mark.parametrize("policy", ["vllm-v1", "vllm-prefix"])
+def test_a_host_tier_serves_prefixes_the_gpu_evicted_and_cuts_prefill(policy):
+    tr = repeated_prefixes(n=30, families=5)
+    _, base = Engine(build_config(policy, num_gpu_blocks=30, max_num_seqs=4, max_num_batched_tokens=256),
                      tr, check_invariants=True).run(), None
-    e, res = run(tr, gpu_blocks=30, tier_host_gib=chunks_gib(200))
+    e, res = run(tr, policy, gpu_blocks=30, tier_host_gib=chunks_gib(200))
     s = res.summary
-    assert s["tier_host_hit_tokens"] > 0, "30 GPU blocks cannot keep three 10-block prefixes; the host can"
+    assert s["tier_host_hit_tokens"] > 0, "30 GPU blocks cannot keep five 10-block prefixes; the host can"
     assert res.steps.prefill_tokens.sum() < _.steps.prefill_tokens.sum(), "host hits are not prefilled"
     assert s["tier_bytes_host_to_gpu"] == s["tier_host_hit_tokens"] * KV_BYTES
     assert s["tier_bytes_gpu_to_host"] == s["tier_host_stored_chunks"] * H * KV_BYTES
     assert_recount_matches(e, s)
 
 
-def test_records_hold_the_tier_columns_and_add_up():
-    tr = repeated_prefixes()
-    e, res = run(tr, gpu_blocks=30, tier_host_gib=chunks_gib(200))
+@pytest.mark.parametrize("policy", ["vllm-v1", "vllm-prefix"])
+def test_records_hold_the_tier_columns_and_add_up(policy):
+    tr = repeated_prefixes(n=30, families=5)
+    e, res = run(tr, policy, gpu_blocks=30, tier_host_gib=chunks_gib(200))
     tr_req, tr_steps = res.tier_requests, res.tier_steps
     assert tuple(tr_req.columns) == TIER_REQUEST_COLUMNS and tuple(tr_steps.columns) == TIER_STEP_COLUMNS
     assert len(tr_steps) == len(res.steps) and len(tr_req) == len(res.requests)
@@ -115,7 +117,9 @@ def test_records_hold_the_tier_columns_and_add_up():
     ttft = res.requests.ttft_s.to_numpy()
     parts = (tr_req.ttft_queue_s + tr_req.ttft_onload_s + tr_req.ttft_prefill_s).to_numpy()
     assert np.allclose(parts, ttft), "TTFT = queueing + onload wait + prefill"
-    assert (tr_req.onload_wait_s >= 0).all() and (tr_req.ttft_onload_s > 0).any()
+    assert (tr_req.onload_wait_s >= 0).all() and (tr_req.ttft_onload_s >= 0).all()
+    if policy == "vllm-v1":  # waits for its loads before it is scheduled; vllm-prefix loads inside the
+        assert (tr_req.ttft_onload_s > 0).any()  # step, overlapped with its compute (no wait here)
 
 
 def test_runs_without_tiers_write_no_tier_records():
@@ -208,15 +212,15 @@ requests = st.integers(2, 30).flatmap(lambda k: st.tuples(
 ))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(reqs=requests, gpu_blocks=st.integers(20, 60), host=st.integers(0, 30), disk=st.integers(0, 60),
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=st.sampled_from(["vllm-v1", "vllm-prefix", "vllm-prefix-chunked"]), reqs=requests, gpu_blocks=st.integers(20, 60), host=st.integers(0, 30), disk=st.integers(0, 60),
        evictions=st.tuples(st.sampled_from(["lru", "lfu", "arc"]), st.sampled_from(["lru", "lfu", "arc"])),
        writes=st.tuples(st.sampled_from(["write-through", "write-through-selective", "write-back"]),
                         st.sampled_from(["write-through", "write-through-selective", "write-back"])),
        onload=st.sampled_from(["wait", "deadline", "recompute"]), chunk=st.sampled_from([16, 32]),
        write_hits=st.integers(1, 3))
 def test_tiers_conserve_blocks_respect_capacity_lose_nothing_and_match_the_recount(
-        reqs, gpu_blocks, host, disk, evictions, writes, onload, chunk, write_hits):
+        policy, reqs, gpu_blocks, host, disk, evictions, writes, onload, chunk, write_hits):
     if host == 0 and disk == 0:
         host = 4
     tr = workload(*reqs)
@@ -227,7 +231,9 @@ def test_tiers_conserve_blocks_respect_capacity_lose_nothing_and_match_the_recou
         opts["tier_host_gib"] = chunks_gib(host, chunk)
     if disk:
         opts["tier_disk_gib"] = chunks_gib(disk, chunk)
-    e, res = run(tr, **opts)  # blocks and tiers checked after every step; a lost request raises
+    if policy == "vllm-prefix-chunked":
+        policy, opts["chunked_prefill"] = "vllm-prefix", True
+    e, res = run(tr, policy, **opts)  # blocks and tiers checked after every step; a lost request raises
     assert set(res.requests.status) <= {"finished", "rejected"}
     s = res.summary
     for lv in e.tiers.levels:
@@ -243,6 +249,7 @@ def test_tiers_conserve_blocks_respect_capacity_lose_nothing_and_match_the_recou
     ("vllm-v1", dict(tier_host_gib=1.0, tier_chunk_tokens=24), "tier-chunk-tokens"),
     ("vllm-v1", dict(tier_disk_gib=1.0, tier_disk_path="/nonexistent/dir"), "tier-disk-path"),
     ("vllm", dict(tier_host_gib=1.0), "prefix caching"),
+    ("sglang", dict(tier_host_gib=1.0), "vllm-prefix"),
     ("vllm-v1", dict(tier_onload="deadline"), "tier-onload"),
 ])
 def test_unusable_tiers_are_refused_naming_the_option(policy, options, where):
