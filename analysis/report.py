@@ -176,10 +176,40 @@ def run_sections(run: Run, slo: dict[str, float] | None = None) -> list[Section]
         Section("configuration", "Appendix: configuration", [f"Run directory: {run.path}", _kv_table(facts),
                                                              _kv_table(flatten(run.config))]),
     ]
+    if "tier_query_tokens" in run.summary:
+        sections.append(tier_section(run))
     if len(run.steps):
         window_s = default_window_s(run)
         sections += fragmentation_sections(run, analyze_fragmentation(run, window_s=window_s), window_s)
     return _ordered(sections)
+
+
+def tier_section(run: Run) -> Section:
+    """The KV tiers of a run: per tier, prompt tokens hit, chunks stored and evicted, bytes moved;
+    the TTFT split from tier_requests.parquet."""
+    s = run.summary
+    rows = []
+    for name in ("gpu", "host", "disk"):
+        if name != "gpu" and f"tier_{name}_capacity_chunks" not in s:
+            continue
+        rows.append({"tier": name, "hit tokens": s[f"tier_{name}_hit_tokens"],
+                     "hit rate": f"{s[f'tier_{name}_hit_rate']:.1%}",
+                     "capacity (chunks)": s.get(f"tier_{name}_capacity_chunks", ""),
+                     "stored (chunks)": s.get(f"tier_{name}_stored_chunks", ""),
+                     "evicted (chunks)": s.get(f"tier_{name}_evictions", ""),
+                     "bytes in": sum(v for k, v in s.items() if k.startswith("tier_bytes_") and k.endswith(f"_to_{name}")),
+                     "bytes out": sum(v for k, v in s.items() if k.startswith(f"tier_bytes_{name}_to_"))})
+    items: list = [f"Prompt tokens looked up: {s['tier_query_tokens']:,}; chunks of {s['tier_chunk_tokens']} tokens; "
+                   f"tokens found in a tier but recomputed by the onload mode: {s['tier_onload_skipped_tokens']:,}.",
+                   Table(pd.DataFrame(rows))]
+    path = Path(run.path) / "tier_requests.parquet"
+    if path.is_file():
+        t = pd.read_parquet(path)
+        split = t[["ttft_queue_s", "ttft_onload_s", "ttft_prefill_s"]].mean()
+        items += ["Mean TTFT of finished requests, split (seconds):",
+                  Table(pd.DataFrame([{"queueing": split.ttft_queue_s, "onload wait": split.ttft_onload_s,
+                                       "prefill": split.ttft_prefill_s}]))]
+    return Section("tiers", "KV tiers", items)
 
 
 def _reference_runs(summary: pd.DataFrame, reference: float | None = None) -> pd.DataFrame:

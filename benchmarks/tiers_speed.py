@@ -1,4 +1,4 @@
-"""Wall time of the Mooncake synthetic trace under vllm-v1 with KV tiers against the same run without.
+"""Wall time of the Mooncake synthetic trace with KV tiers against the same run without.
 
     python benchmarks/tiers_speed.py [--repeats 3] [--json benchmarks/results/tiers_speed.json]
 
@@ -25,15 +25,20 @@ from blocksim.policies import make_cost_model  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl"
 PROFILE = str(ROOT / "benchmarks" / "roofline_defaults.json")
-#: name -> tier options; "gpu only" is the reference.
+THREE = {"tier_host_gib": 256.0, "tier_disk_gib": 2048.0}
+#: name -> (policy, tier options); each policy's "gpu only" row is its reference.
 CONFIGS = {
-    "gpu only": {},
-    "gpu + host 256 GiB": {"tier_host_gib": 256.0},
-    "gpu + host 256 GiB + disk 2 TiB, wait": {"tier_host_gib": 256.0, "tier_disk_gib": 2048.0},
-    "gpu + host 256 GiB + disk 2 TiB, recompute": {"tier_host_gib": 256.0, "tier_disk_gib": 2048.0,
-                                                   "tier_onload": "recompute"},
-    "gpu + host 256 GiB + disk 2 TiB, 256-token chunks, recompute": {
-        "tier_host_gib": 256.0, "tier_disk_gib": 2048.0, "tier_onload": "recompute", "tier_chunk_tokens": 256},
+    "gpu only": ("vllm-v1", {}),
+    "gpu + host 256 GiB": ("vllm-v1", {"tier_host_gib": 256.0}),
+    "gpu + host 256 GiB + disk 2 TiB, wait": ("vllm-v1", THREE),
+    "gpu + host 256 GiB + disk 2 TiB, recompute": ("vllm-v1", {**THREE, "tier_onload": "recompute"}),
+    "gpu + host 256 GiB + disk 2 TiB, 256-token chunks, wait": ("vllm-v1", {**THREE, "tier_chunk_tokens": 256}),
+    "gpu + host 256 GiB + disk 2 TiB, 256-token chunks, recompute": (
+        "vllm-v1", {**THREE, "tier_onload": "recompute", "tier_chunk_tokens": 256}),
+    "vllm-prefix: gpu only": ("vllm-prefix", {}),
+    "vllm-prefix: gpu + host 256 GiB + disk 2 TiB, wait": ("vllm-prefix", THREE),
+    "vllm-prefix: gpu + host 256 GiB + disk 2 TiB, 256-token chunks, wait": (
+        "vllm-prefix", {**THREE, "tier_chunk_tokens": 256}),
 }
 
 
@@ -45,8 +50,9 @@ def main() -> None:
     base = build_config("vllm-v1", cost_profile=PROFILE)
     trace = load_trace(str(TRACE), clip_max_len=base.model.max_model_len)
     rows = []
-    for name, options in CONFIGS.items():
-        cfg = build_config("vllm-v1", cost_profile=PROFILE, **options)
+    refs = {}
+    for name, (policy, options) in CONFIGS.items():
+        cfg = build_config(policy, cost_profile=PROFILE, **options)
         best, summary = float("inf"), None
         for _ in range(a.repeats):
             engine = Engine(cfg, trace, make_cost_model(cfg, PROFILE))
@@ -54,14 +60,14 @@ def main() -> None:
             res = engine.run()
             best = min(best, time.perf_counter() - t0)
             summary = res.summary
-        rows.append({"config": name, "options": options, "wall_s": best, "steps": summary["steps"],
+        refs.setdefault(policy, best)
+        rows.append({"config": name, "policy": policy, "options": options, "wall_s": best,
+                     "ratio_to_gpu_only": best / refs[policy], "steps": summary["steps"],
                      "ttft_mean_s": summary["ttft_mean_s"],
                      **{k: summary[k] for k in ("tier_host_hit_rate", "tier_disk_hit_rate") if k in summary}})
-        print(f"{name:<62} {best:6.2f} s  {summary['steps']:>7} steps  TTFT mean {summary['ttft_mean_s']:.3f} s")
-    ref = rows[0]["wall_s"]
-    for r in rows:
-        r["ratio_to_gpu_only"] = r["wall_s"] / ref
-    out = {"trace": "mooncake/synthetic_trace.jsonl", "policy": "vllm-v1", "model": base.model.name,
+        print(f"{name:<72} {best:6.2f} s  x{best / refs[policy]:.2f}  {summary['steps']:>7} steps  "
+              f"TTFT mean {summary['ttft_mean_s']:.3f} s")
+    out = {"trace": "mooncake/synthetic_trace.jsonl", "model": base.model.name,
            "gpu": base.gpu.name, "python": platform.python_version(), "machine": platform.machine(),
            "repeats": a.repeats, "runs": rows}
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,10 @@ SUMMARY_ROWS = [
     ("prefix cache hits", ("prefix_cache_hits", "prefix_cache_queries"), "{:.0f} of {:.0f} blocks"),
     ("prefix tokens saved", "prefix_saved_tokens", "{:.0f}"),
     ("prefix evictions", "prefix_cache_evictions", "{:.0f}"),
+    ("tier hits gpu/host/disk", ("tier_gpu_hit_rate", "tier_host_hit_rate", "tier_disk_hit_rate"),
+     "{:.1%} / {:.1%} / {:.1%} of prompt tokens"),
+    ("tier loads host/disk", ("tier_bytes_host_to_gpu", "tier_bytes_disk_to_gpu"), "{:.3g} / {:.3g} bytes"),
+    ("tier onload wait mean", "tier_onload_wait_mean_s", "{:.4f} s"),
     ("GPU blocks", "num_gpu_blocks", "{:.0f}"), ("engine steps", "steps", "{:.0f}"),
     ("simulated", "simulated_s", "{:.1f} s"), ("wall", "wall_s", "{:.2f} s"),
 ]
@@ -51,7 +55,7 @@ def format_summary(s: dict) -> str:
     lines = []
     for label, key, fmt in SUMMARY_ROWS:
         keys = key if isinstance(key, tuple) else (key,)
-        if any(k not in s for k in keys) and label.startswith("prefix"):
+        if any(k not in s for k in keys) and label.startswith(("prefix", "tier")):
             continue
         vals = [s.get(k, float("nan")) for k in keys]
         if "ms" in fmt:
