@@ -36,7 +36,7 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 from blocksim.config import GiB, SimConfig, TierConfig
-from blocksim.memory.eviction import make_eviction
+from blocksim.memory.eviction import LRU, make_eviction
 from blocksim.memory.tier_links import Link
 
 GPU, HOST, DISK = "gpu", "host", "disk"
@@ -142,6 +142,8 @@ class TierStore:
         ops = self.ops if self.ops_on else None
         cb = self.chunk_blocks
         members = top.cache.members
+        lru = members if type(top.cache) is LRU else None
+        cap = top.capacity
         n = 0
         for j, key in enumerate(keys):
             if key in members:
@@ -155,9 +157,15 @@ class TierStore:
             if ops is not None:
                 b = first_block + j * cb
                 ops.append(TierOp(step, "store", GPU, top.name, key, tuple(table[b:b + cb])))
-            for v in insert(key):
+            if lru is not None:  # LRU's insert, inlined
+                victims = (lru.popitem(last=False)[0],) if len(lru) >= cap else ()
+                lru[key] = None
+            else:
+                victims = insert(key)
+            for v in victims:
                 top.evictions += 1
-                hits.pop(v, None)
+                if hits:
+                    hits.pop(v, None)
                 v_landed = landed.pop(v)
                 if wb_below and v not in below_members:
                     dw_free = max(now, v_landed, dw_free) + t_dw

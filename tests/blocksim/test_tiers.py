@@ -255,3 +255,33 @@ def test_tiers_conserve_blocks_respect_capacity_lose_nothing_and_match_the_recou
 def test_unusable_tiers_are_refused_naming_the_option(policy, options, where):
     with pytest.raises(ConfigError, match=where):
         build_config(policy, **options)
+
+
+def test_replay_writes_the_tier_tables_and_the_report_shows_them(tmp_path):
+    from blocksim.experiments.runner import replay
+    from blocksim.records.schema import TIER_REQUESTS_FILE, TIER_STEPS_FILE
+    tr = repeated_prefixes(n=30, families=5)
+    out = tmp_path / "run"
+    s = replay(tr, out, policy="vllm-v1", write_report=True,
+               overrides=dict(num_gpu_blocks=30, max_num_seqs=4, max_num_batched_tokens=256,
+                              tier_host_gib=chunks_gib(200)))
+    assert s["tier_host_hit_tokens"] > 0
+    assert len(pd.read_parquet(out / TIER_REQUESTS_FILE)) == 30
+    assert len(pd.read_parquet(out / TIER_STEPS_FILE)) == s["steps"]
+    report = (out / "report.md").read_text()
+    assert "## KV tiers" in report and "| host |" in report
+
+
+def test_the_cli_takes_tier_flags_and_prints_tier_lines(tmp_path, capsys):
+    from blocksim.cli import main
+    trace = tmp_path / "t.jsonl"
+    lines = [f'{{"timestamp": {i * 50}, "input_length": 1000, "output_length": 4, '
+             f'"hash_ids": [{i % 5 * 10}, {i % 5 * 10 + 1}]}}' for i in range(30)]  # Mooncake: 512 tokens a hash
+    trace.write_text("\n".join(lines) + "\n")
+    code = main(["replay", str(trace), "--out", str(tmp_path / "run"), "--quiet", "--no-report", "--policy",
+                 "vllm-v1", "--num-gpu-blocks", "200", "--tier-host-gib", "1", "--tier-host-eviction", "arc",
+                 "--tier-onload", "recompute"])
+    out = capsys.readouterr().out
+    assert code == 0 and "tier hits gpu/host/disk" in out
+    cfg = __import__("json").loads((tmp_path / "run" / "summary.json").read_text())["config"]["tiers"]
+    assert cfg["host_gib"] == 1.0 and cfg["host_eviction"] == "arc" and cfg["onload"] == "recompute"
