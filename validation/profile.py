@@ -17,6 +17,8 @@ Tables (seconds, whole model, one GPU):
 * ``attn_decode`` by (batch, context): the decode attention of all layers, eager;
 * ``cache_write`` by tokens, ``sample`` by sequences (final norm, LM head, argmax);
 * ``swap_out``, ``swap_in`` (pinned host memory) and ``copy`` (copy-on-write) by blocks;
+* ``tier_<src>_<dst>`` by (chunk bytes, chunks), with ``--tier-dir``: the five tier moves
+  (`validation.tiers.bench`);
 * ``decode_step`` by (batch, context): a whole pure-decode step replayed as the CUDA graph of
   that padded batch size;
 * ``overhead``: ``eager_s``, the median of (a whole eager step) - (the sum of its components
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -315,8 +318,9 @@ class Profiler:
 
 def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_parallel: int = 1, block_size: int = 16,
             device: str = "cuda", attention: str = "fast", prefill: str = "auto", quick: bool = False,
-            catalog=(), command: str = "", progress: bool = True) -> dict:
-    """Measure and return a profile dict (format "blocksim-profile/1")."""
+            catalog=(), command: str = "", progress: bool = True, tier_dir: str | None = None) -> dict:
+    """Measure and return a profile dict (format "blocksim-profile/1"); with ``tier_dir``, the tier
+    transfer tables too (`validation.tiers.bench`, the disk tier's file in that directory)."""
     import torch
 
     from blocksim.catalog import Catalog
@@ -324,6 +328,8 @@ def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_par
     spec = cat.model(model)
     if tensor_parallel != 1:
         raise ProfileError(f"--tensor-parallel {tensor_parallel}: the profiler measures one GPU (tensor parallel 1)")
+    if tier_dir is not None and not (Path(tier_dir).is_dir() and os.access(tier_dir, os.W_OK)):
+        raise ProfileError(f"--tier-dir {tier_dir}: not a writable directory; create it or name another")
     name = torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else "cpu"
     if gpu == "auto":
         gpu = catalog_gpu(name)
@@ -334,12 +340,23 @@ def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_par
     p = Profiler(spec, dtype=dtype, block_size=block_size, device=device, attention=attention, prefill=prefill,
                  quick=quick, progress=progress)
     comps = p.run()
+    tiers, prefill_impl = {}, p.runner.prefill_impl
+    if tier_dir is not None:
+        from validation.tiers.bench import measure_tiers
+        d, prefill_impl = p.dims, p.runner.prefill_impl
+        del p.runner  # the model's caches make room for the tier buffers
+        tiers = measure_tiers(num_layers=d.num_layers, num_kv_heads=d.num_kv_heads, head_size=d.head_size,
+                              block_size=block_size, dtype=dtype, device=device, disk_dir=tier_dir,
+                              **({"chunk_tokens": (16, 64), "chunks": (1, 4), "reps": 2} if quick else {}),
+                              progress=p._say if progress else None)
+        comps.update(tiers["components"])
     return {
         "format": PROFILE_FORMAT, "model": model, "gpu": gpu, "dtype": dtype, "kv_dtype": dtype,
         "tensor_parallel": tensor_parallel, "block_size": block_size, "device": name, "torch": torch.__version__,
         "command": command, "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "decode_attention": attention, "prefill_attention": p.runner.prefill_impl, "quick": quick,
+        "decode_attention": attention, "prefill_attention": prefill_impl, "quick": quick,
         "cuda_graph_batch_sizes": p.graph_sizes if p.cuda else [], "components": comps,
+        **({"tier_disk_io": f"{tiers['disk_mode']} ({tiers['disk_reason']})"} if tiers else {}),
     }
 
 
@@ -367,6 +384,9 @@ def add_profile_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a tiny grid (tests)")
     p.add_argument("--out", default=None, metavar="FILE",
                    help="where to write (default: blocksim/profiles/<model>__<gpu>__<dtype>__tp<N>.json)")
+    p.add_argument("--tier-dir", default=None, metavar="DIR",
+                   help="also measure the tier transfer tables (GPU, host memory, a disk file in DIR) "
+                        "(default: not measured)")
     p.add_argument("--quiet", action="store_true", help="no progress lines (default: progress on stderr)")
     p.set_defaults(func=cmd_profile)
     return p
@@ -377,7 +397,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     try:
         prof = profile(args.model, gpu=args.gpu_name, dtype=args.dtype, tensor_parallel=args.tensor_parallel,
                        block_size=args.block_size, device=args.device, attention=args.attention, prefill=args.prefill,
-                       quick=args.quick, catalog=args.catalog, command=command, progress=not args.quiet)
+                       quick=args.quick, catalog=args.catalog, command=command, progress=not args.quiet,
+                       tier_dir=args.tier_dir)
     except ProfileError as e:
         print(str(e), file=sys.stderr)
         return 2

@@ -54,7 +54,7 @@ from validation.tiers.checksum import Checksum
 from validation.tiers.disk import DiskTier, aligned_empty, round_up
 from validation.tiers.ops import MOVES, TierOpError
 
-LEAD_S_PER_LAUNCH = 20e-6
+LEAD_S_PER_LAUNCH = 50e-6
 CLOCK_HZ = 2.0e9
 
 
