@@ -227,6 +227,9 @@ BAD = [
     ({"key": [1, 1, 3, 1]}, "row 2 (step 1): load host->gpu of key 3, which host does not hold"),
     ({"key": [1, 1, 1, 4]}, "row 3 (step 2): drop of key 4 from host, which holds no copy"),
     ({"step": [0, 0, 2, 1]}, "row 3 (step 1): steps go backwards"),
+    ({"step": [0, 0, 0, 0], "op": ["store", "store", "load", "load"], "src": ["gpu", "host", "host", "disk"],
+      "dst": ["host", "disk", "gpu", "gpu"], "gpu_blocks": [[0, 1], [], [4, 5], [5, 6]], "evict": [False] * 4},
+     "row 3 (step 0): GPU block 5 is loaded into twice in one step (also by row 2)"),
     ({"src": ["gpu", "host", "host", "nvme"]}, "row 3 (step 2): src is 'nvme'"),
 ]
 

@@ -12,7 +12,8 @@ evict      a drop of ``key`` from ``src`` (any tier; ``dst`` and ``gpu_blocks`` 
 =========  ==========================================
 
 `check_tier_ops` checks a table whole before anything runs: the columns and their values, steps in
-order, each chunk's GPU blocks (``chunk_blocks`` of them, inside the GPU cache), and, replaying the
+order, each chunk's GPU blocks (``chunk_blocks`` of them, inside the GPU cache, none loaded into
+twice in one step), and, replaying the
 tiers' contents on the host, that every load or host->disk store finds its key in ``src``, no
 store writes a key its ``dst`` already holds, no drop removes a key that is not there, and no tier
 ever holds more chunks than its capacity. The first bad row is refused in one line naming the row,
@@ -126,9 +127,12 @@ def check_tier_ops(ops: TierOps, *, chunk_blocks: int, num_gpu_blocks: int, host
     tiers' contents from ``host_keys`` / ``disk_keys`` (what they hold before the table's first row)."""
     held = {"host": set(host_keys), "disk": set(disk_keys)}
     cap = {"host": host_chunks, "disk": disk_chunks}
+    loaded: dict[int, int] = {}  # GPU block -> the row loading into it, within the current step
     for i in range(len(ops)):
         op, src, dst, key = ops.op[i], ops.src[i], ops.dst[i], int(ops.key[i])
         where = _where(ops.source, i, ops.step[i])
+        if i and ops.step[i] != ops.step[i - 1]:
+            loaded = {}
         if ops.evict[i]:
             if src != "gpu" and key not in held[src]:
                 raise TierOpError(f"{where}: drop of key {key} from {src}, which holds no copy of it; "
@@ -150,6 +154,12 @@ def check_tier_ops(ops: TierOps, *, chunk_blocks: int, num_gpu_blocks: int, host
                                   f"blocks")
             if len(np.unique(blocks)) != len(blocks):
                 raise TierOpError(f"{where}: the chunk's GPU blocks repeat a block ({blocks.tolist()})")
+            if dst == "gpu":
+                for b in blocks.tolist():
+                    if b in loaded:
+                        raise TierOpError(f"{where}: GPU block {b} is loaded into twice in one step (also by row "
+                                          f"{loaded[b]}); each block takes one chunk per step")
+                    loaded[b] = i
         elif len(blocks):
             raise TierOpError(f"{where}: {op} {src}->{dst} names GPU blocks; a host->disk move takes none "
                               f"(gpu_blocks must be empty)")

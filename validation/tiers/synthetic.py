@@ -24,8 +24,10 @@ def synthetic_tier_ops(steps: int, *, chunk_blocks: int, num_gpu_blocks: int, ho
         for c, v in zip(cols, (step, op, src, dst, key, list(map(int, blocks)), evict)):
             cols[c].append(v)
 
-    def blocks():
-        return rng.choice(num_gpu_blocks, chunk_blocks, replace=False)
+    free: list[int] = []
+
+    def blocks():  # distinct blocks within a step
+        return [free.pop() for _ in range(chunk_blocks)]
 
     def make_room(step, tier):
         if len(held[tier]) < (host_chunks if tier == "host" else disk_chunks):
@@ -38,13 +40,18 @@ def synthetic_tier_ops(steps: int, *, chunk_blocks: int, num_gpu_blocks: int, ho
         row(step, "store", tier, tier, key, evict=True)
 
     for step in range(steps):
+        free[:] = rng.permutation(num_gpu_blocks).tolist()
         for _ in range(int(rng.integers(1, 4))):
+            if len(free) < chunk_blocks:
+                break
             key, next_key = next_key, next_key + 1
             to = "disk" if disk_chunks and rng.random() < 0.25 else "host"
             make_room(step, to)
             row(step, "store", "gpu", to, key, blocks())
             held[to][key] = True
         for _ in range(int(rng.integers(0, 3))):
+            if len(free) < chunk_blocks:
+                break
             tier = "host" if held["host"] and (rng.random() < 0.6 or not held["disk"]) else "disk"
             if not held[tier]:
                 continue
