@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-tokens", default="16,64,256,1024", help="chunk sizes in tokens (default 16,64,256,1024)")
     ap.add_argument("--chunks", default="1,4,16", help="chunks per batch (default 1,4,16)")
     ap.add_argument("--reps", type=int, default=5, help="timed rounds per point (default 5)")
-    ap.add_argument("--replay-steps", type=int, default=200, help="steps of the synthetic replay (default 200)")
+    ap.add_argument("--replay-steps", type=int, default=60, help="steps of the synthetic replay (default 60)")
     ap.add_argument("--no-direct", action="store_true", help="buffered I/O even where O_DIRECT works")
     ap.add_argument("--out", required=True, help="JSON to write")
     args = ap.parse_args(argv)
