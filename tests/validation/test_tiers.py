@@ -292,6 +292,7 @@ def test_attention_over_restored_blocks_matches_the_dense_reference(tmp_path, la
 
 
 def test_profile_with_tier_dir_writes_tier_tables_the_loader_reads(tmp_path, capsys):
+    pytest.importorskip("simpy")  # the CLI imports the engine
     from blocksim.cli import main
     from blocksim.cost.profile_file import TIER_COMPONENTS, load_profile
     (tmp_path / "tiny.yaml").write_text(
