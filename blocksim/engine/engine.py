@@ -29,6 +29,7 @@ import simpy
 
 from blocksim.config import ConfigError, SimConfig
 from blocksim.cost import cost_record
+from blocksim.cost.tier_transfer import tier_chunk_seconds
 from blocksim.engine.executor import StepExecutor
 from blocksim.engine.spans import find_span, run_span
 from blocksim.interfaces import MemoryManager
@@ -118,6 +119,10 @@ class Engine:
                                   f"has no KV tiers; choose vllm-v1, or drop the tier options")
             self.bm.attach_tiers(self.tiers)
             self.tiers.prefill_s = self._prefill_s
+            profile = getattr(self.cost, "profile", None)  # a measured profile's tier tables price the moves
+            measured = tier_chunk_seconds(profile, self.tiers.chunk_bytes) if profile is not None else None
+            if measured is not None:
+                self.tiers.use_measured(measured, f"profile {profile.path}")
             self.tier_rec = TierStepRecorder()
             if self.tiers.wants_gpu_evictions:
                 self.spans = False  # a step that evicts from the GPU waits for its write-backs

@@ -22,6 +22,11 @@ class Link:
         self.busy_s = 0.0
         self.bytes = 0
 
+    def set_chunk_seconds(self, seconds: float) -> None:
+        """Price every transfer at `seconds` (measured per chunk: all chunks have one size)."""
+        self.latency_s = seconds
+        self.bytes_per_s = float("inf")
+
     def seconds(self, nbytes: int) -> float:
         return self.latency_s + nbytes / self.bytes_per_s
 

@@ -98,6 +98,7 @@ class TierStore:
         self.gpu_hits: dict[int, int] = {}
         self.evict_wait_s = 0.0
         self.load_wait_s = 0.0  # loads a step waits for (engines that load inside the step)
+        self.transfer_source = "assumed: host_link_gbps of the catalog, --tier-disk-* options"
         #: `prefill_s(start_tokens, new_tokens)`: the cost model's time to prefill tokens after a prefix
         #: (set by the engine; the recompute mode compares it with the transfer).
         self.prefill_s: Callable[[int, int], float] | None = None
@@ -107,6 +108,16 @@ class TierStore:
         top = self.levels[0].write
         self.wants_gpu_hits = top == SELECTIVE
         self.wants_gpu_evictions = top == WRITE_BACK
+
+    def use_measured(self, per_chunk_s: dict[str, float], source: str) -> None:
+        """Price the channels by measured seconds per chunk (`blocksim.cost.tier_transfer`): the
+        host link each way, the disk write from the host, and the disk read as the measured
+        disk->GPU move less its host->GPU part (a disk load then crosses the host link)."""
+        self.d2h.set_chunk_seconds(per_chunk_s["gpu_host"])
+        self.h2d.set_chunk_seconds(per_chunk_s["host_gpu"])
+        self.disk_write.set_chunk_seconds(per_chunk_s["host_disk"])
+        self.disk_read.set_chunk_seconds(max(per_chunk_s["disk_gpu"] - per_chunk_s["host_gpu"], 1e-9))
+        self.transfer_source = source
 
     # --- events from the GPU -----------------------------------------------------------------
     def on_computed(self, keys: list[int], table: list[int], first_block: int) -> None:
@@ -427,7 +438,8 @@ class TierStore:
     def stats(self) -> dict:
         q = self.query_tokens
         out: dict = {"tier_query_tokens": q, "tier_lookups": self.lookups,
-                     "tier_onload_skipped_tokens": self.skipped_tokens, "tier_chunk_tokens": self.chunk_tokens}
+                     "tier_onload_skipped_tokens": self.skipped_tokens, "tier_chunk_tokens": self.chunk_tokens,
+                     "tier_transfer_source": self.transfer_source}
         for name in (GPU, HOST, DISK):
             out[f"tier_{name}_hit_tokens"] = self.hit_tokens[name]
             out[f"tier_{name}_hit_rate"] = self.hit_tokens[name] / q if q else 0.0

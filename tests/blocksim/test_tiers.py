@@ -285,3 +285,30 @@ def test_the_cli_takes_tier_flags_and_prints_tier_lines(tmp_path, capsys):
     assert code == 0 and "tier hits gpu/host/disk" in out
     cfg = __import__("json").loads((tmp_path / "run" / "summary.json").read_text())["config"]["tiers"]
     assert cfg["host_gib"] == 1.0 and cfg["host_eviction"] == "arc" and cfg["onload"] == "recompute"
+
+
+def test_a_profiles_measured_tier_tables_price_the_moves(tmp_path):
+    import json
+    from pathlib import Path
+    from blocksim.cost.tier_transfer import tier_chunk_seconds
+    from blocksim.policies import make_cost_model
+    root = Path(__file__).resolve().parents[2]
+    prof = json.loads((root / "blocksim/profiles/llama-3-8b__h200-141gb__float16__tp1.json").read_text())
+    measured = json.loads((root / "benchmarks/results/tier-h200.json").read_text())["components"]
+    prof["components"].update(measured)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(prof))
+    cfg = build_config("vllm-v1", model="llama-3-8b", gpu="h200-141gb", cost_profile=str(path), num_gpu_blocks=200,
+                       max_num_seqs=4, max_num_batched_tokens=512, tier_host_gib=1.0, tier_disk_gib=4.0,
+                       tier_chunk_tokens=256)
+    e = Engine(cfg, repeated_prefixes(n=12, prompt=1040, families=4), make_cost_model(cfg, str(path)))
+    per_chunk = tier_chunk_seconds(e.cost.profile, e.tiers.chunk_bytes)
+    assert e.tiers.chunk_bytes == 256 * 131072 == measured["tier_host_gpu"]["grid"]["chunk_bytes"][2]
+    assert per_chunk["host_gpu"] == measured["tier_host_gpu"]["seconds"][2][-1] / 16, "on the grid: the 16-chunk batch"
+    assert e.tiers.h2d.seconds(e.tiers.chunk_bytes) == per_chunk["host_gpu"]
+    assert e.tiers.disk_read.seconds(1) == per_chunk["disk_gpu"] - per_chunk["host_gpu"]
+    half = tier_chunk_seconds(e.cost.profile, 3 * 2**23)  # between the 8 and 32 MiB points: linear
+    lo, hi = (measured["tier_gpu_host"]["seconds"][i][-1] / 16 for i in (1, 2))
+    assert abs(half["gpu_host"] - (lo + (hi - lo) * (3 * 2**23 - 2**23) / (2**25 - 2**23))) < 1e-12
+    res = e.run()
+    assert res.summary["tier_transfer_source"] == f"profile {e.cost.profile.path}"
