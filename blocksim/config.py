@@ -377,9 +377,14 @@ class SimConfig:
         _require(p.prefix_caching or p.allocator == "radix", where,
                  f"policy {self.policy!r} runs without prefix caching, so no chunk is ever looked up in a tier; "
                  f"choose vllm-prefix, vllm-v1 or sglang (or add --prefix-caching), or drop the tier options")
-        _require(p.allocator in ("v1", "paged"), where,
-                 f"tiers are modelled on vLLM's prefix caches (vllm-prefix, vllm-v1), and policy {self.policy!r} "
-                 f"uses the {p.allocator} allocator; choose --policy vllm-v1 or vllm-prefix, or drop the tier options")
+        _require(p.allocator in ("v1", "paged", "radix"), where,
+                 f"tiers are modelled on the prefix caches of vllm-prefix, vllm-v1 and sglang, and policy "
+                 f"{self.policy!r} uses the {p.allocator} allocator; choose one of those, or drop the tier options")
+        if p.allocator == "radix":
+            top = "host" if t.host_gib > 0 else "disk"
+            _require(getattr(t, f"{top}_write") != "write-back", f"tiers.{top}_write (--tier-{top}-write)",
+                     "the sglang preset's radix cache reports no chunk evictions, so write-back from the GPU is not "
+                     "modelled; use write-through or write-through-selective")
         bs = self.cache.block_size
         chunk = self.tier_chunk_tokens
         _require(chunk % bs == 0, "tiers.chunk_tokens (--tier-chunk-tokens)",
@@ -401,9 +406,14 @@ class SimConfig:
 
     @property
     def tier_chunk_tokens(self) -> int:
-        """Tokens per tier chunk: the configured chunk, else one block."""
+        """Tokens per tier chunk: the configured chunk, else one block (64 tokens, at least a page,
+        under the radix allocator)."""
         t = self.tiers
-        return t.chunk_tokens if t is not None and t.chunk_tokens is not None else self.cache.block_size
+        if t is not None and t.chunk_tokens is not None:
+            return t.chunk_tokens
+        if self.policy_config.allocator == "radix":  # a token-granular pool: SGLang HiCache's 64-token pages
+            return max(self.cache.block_size, 64)
+        return self.cache.block_size
 
     # --- derived sizes -------------------------------------------------------------------------
     @property

@@ -32,6 +32,7 @@ import numpy as np
 from blocksim.config import ConfigError
 from blocksim.interfaces import AllocStatus, MemoryBreakdown
 from blocksim.memory.blocks import BlockError, cdiv
+from blocksim.memory.prefix_cache import prompt_block_keys
 from blocksim.memory.radix_tree import Content, Node, RadixTree
 from blocksim.sequence import Sequence, SequenceGroup
 
@@ -72,6 +73,8 @@ class RadixCacheManager:
         self.hit_tokens = 0
         self.query_tokens = 0
         self.retractions = 0
+        self.tiers = None                     # a `blocksim.memory.tiers.TierStore` (attach_tiers)
+        self._tier_pending: dict[int, tuple] = {}  # seq_id -> a lookup `tier_extend` found, to commit
 
     # --- prefix hashes -------------------------------------------------------------------------
     @property
@@ -119,6 +122,82 @@ class RadixCacheManager:
         per = h // ps
         full = min(group.prompt_tokens // ps, len(hashes) * per)
         group.block_keys = [int(hashes[j // per]) * per + j % per for j in range(full)]
+
+    # --- KV tiers (blocksim.memory.tiers) --------------------------------------------------------
+    def attach_tiers(self, tiers) -> None:
+        """Look prefixes up in `tiers` after the tree (SGLang HiCache's host and storage tiers under
+        the radix cache); chunks are keyed by the trace's prefix hashes."""
+        self.tiers = tiers
+
+    def _chunk_keys(self, group: SequenceGroup) -> list[int]:
+        return prompt_block_keys(group, self.tiers.chunk_tokens, self._hash_tokens)
+
+    def tier_extend(self, group: SequenceGroup, matched: int) -> int:
+        """Tokens after the tree's `matched` that the tiers hold and the onload mode loads (whole
+        chunks; none when the match ends inside a chunk). Changes nothing; `tier_commit` loads them."""
+        t = self.tiers
+        ct = t.chunk_tokens
+        seq = group.seqs[0]
+        self._tier_pending.pop(seq.seq_id, None)
+        if matched % ct:
+            return 0
+        keys = self._chunk_keys(group)
+        limit = min((seq.num_tokens - 1) // ct, len(keys))
+        c0 = matched // ct
+        if c0 >= limit:
+            return 0
+        ckeys = keys[c0:limit]
+        found = t.match(ckeys)
+        n = t.plan_onload(ckeys, found, matched) if found else 0
+        self._tier_pending[seq.seq_id] = (ckeys, found, n, matched)
+        return n * ct
+
+    def tier_commit(self, group: SequenceGroup, start: int) -> int:
+        """After the admitted request's slots are allocated: count its lookup, load the chunks
+        `tier_extend` found into its pages (the step that prefills the rest waits for them), report
+        its whole-chunk tree hits. Returns where its prefill starts: `start`, or earlier when chunks
+        left the tiers since (another request's stores in the same batch)."""
+        t, ps = self.tiers, self.block_size
+        ct = t.chunk_tokens
+        cb = ct // ps
+        seq = group.seqs[0]
+        st = self.reqs[seq.seq_id]
+        p = self._tier_pending.pop(seq.seq_id, None)
+        if p is None and start != st.matched:  # a later chunk of a chunked prefill
+            return start
+        t.count_query(st.matched, seq.num_tokens)
+        tokens = group.tier_tokens
+        if tokens is None:
+            tokens = group.tier_tokens = [0, 0, 0]
+        tokens[0] += st.matched
+        if p is not None:
+            ckeys, found, n, matched = p
+            skipped = t.skipped_tokens
+            ready, host, disk, loaded = t.commit(ckeys, found, n, seq.block_table[matched // ps:])
+            group.onload_skipped_tokens += t.skipped_tokens - skipped
+            tokens[1] += host
+            tokens[2] += disk
+            if loaded:
+                if ready > t.load_wait_s:
+                    t.load_wait_s = ready
+                group.onload_issue_s = t.now_s
+            start = matched + loaded * ct
+            group.num_cached_tokens = group.hit_tokens = start
+        if t.wants_gpu_hits:
+            keys = self._chunk_keys(group)
+            for c in range(min(st.matched // ct, len(keys))):
+                t.on_gpu_hit(keys[c], seq.block_table[c * cb:(c + 1) * cb])
+        return start
+
+    def tier_computed(self, group: SequenceGroup, start: int, stop: int) -> None:
+        """Report the prompt chunks a prefill of tokens [start, stop) completed."""
+        t = self.tiers
+        ct = t.chunk_tokens
+        keys = self._chunk_keys(group)
+        last = min(min(stop, group.prompt_tokens) // ct, len(keys))
+        first = start // ct
+        if last > first:
+            t.on_computed(keys[first:last], group.seqs[0].block_table, first * (ct // self.block_size))
 
     # --- the pool ------------------------------------------------------------------------------
     @property

@@ -116,9 +116,13 @@ class PrefillAdder:
 
     def add_one(self, group: SequenceGroup, matched: int) -> AddReqResult:
         num = group.seqs[0].num_tokens
+        loaded = 0
+        if self.bm.tiers is not None:  # HiCache: chunks the tiers load count as matched, but take slots
+            loaded = self.bm.tier_extend(group, matched)
+            matched += loaded
         extend = num - matched
         max_new = min(group.output_tokens, CLIP_MAX_NEW_TOKENS)
-        total = extend + max_new
+        total = extend + max_new + loaded
         input_tokens = self._ceil_page(extend)
         if total >= self.rem_total:
             return AddReqResult.NO_TOKEN
@@ -128,6 +132,9 @@ class PrefillAdder:
         if total >= self.rem_total:
             self.bm.unlock(group)
             return AddReqResult.NO_TOKEN
+        if loaded:  # the loaded tokens' slots, outside the input budget
+            self.rem_total_offset += loaded
+            self.cur_offset += loaded
         if self.rem_chunk is None or input_tokens <= self.rem_chunk:
             self.admitted.append((group, matched, num))
             self._update(input_tokens, max_new)
@@ -254,6 +261,8 @@ class SGLangScheduler(Scheduler):
         bm.make_room(pages)  # one eviction for the batch, as SGLang's alloc_token_slots
         for group, start, stop in adder.admitted:
             bm.add_filled(group, start, stop)
+            if bm.tiers is not None:
+                start = bm.tier_commit(group, start)
             out.prefills.append(ScheduledPrefill(group, start, stop))
             out.prefill_tokens += stop - start
             if group is chunked:

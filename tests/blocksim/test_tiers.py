@@ -34,8 +34,12 @@ def chunks_gib(n, chunk_tokens=H):
 
 
 def run(tr, policy="vllm-v1", **tier_options):
-    cfg = build_config(policy, num_gpu_blocks=tier_options.pop("gpu_blocks", 40), max_num_seqs=4,
-                       max_num_batched_tokens=256, **tier_options)
+    blocks = tier_options.pop("gpu_blocks", 40)
+    if policy == "sglang":  # a token-granular pool, SGLang's own knobs
+        cfg = build_config(policy, num_gpu_blocks=blocks * H, max_running_requests=4, chunked_prefill_size=256,
+                           **tier_options)
+    else:
+        cfg = build_config(policy, num_gpu_blocks=blocks, max_num_seqs=4, max_num_batched_tokens=256, **tier_options)
     e = Engine(cfg, tr, check_invariants=True, log_tier_events=True)
     return e, e.run()
 
@@ -90,17 +94,17 @@ def repeated_prefixes(n=24, prompt=160, families=3, gap_s=0.05):
     return workload([gap_s] * n, [prompt] * n, [4] * n, [i % families for i in range(n)])
 
 
-@pytest.mark.parametrize("policy", ["vllm-v1", "vllm-prefix"])
+@pytest.mark.parametrize("policy", ["vllm-v1", "vllm-prefix", "sglang"])
 def test_a_host_tier_serves_prefixes_the_gpu_evicted_and_cuts_prefill(policy):
     tr = repeated_prefixes(n=30, families=5)
-    _, base = Engine(build_config(policy, num_gpu_blocks=30, max_num_seqs=4, max_num_batched_tokens=256),
-                     tr, check_invariants=True).run(), None
-    e, res = run(tr, policy, gpu_blocks=30, tier_host_gib=chunks_gib(200))
+    _, base = run(tr, policy, gpu_blocks=30)  # no tier
+    chunk = 64 if policy == "sglang" else H
+    e, res = run(tr, policy, gpu_blocks=30, tier_host_gib=chunks_gib(200, chunk))
     s = res.summary
     assert s["tier_host_hit_tokens"] > 0, "30 GPU blocks cannot keep five 10-block prefixes; the host can"
-    assert res.steps.prefill_tokens.sum() < _.steps.prefill_tokens.sum(), "host hits are not prefilled"
+    assert res.steps.prefill_tokens.sum() < base.steps.prefill_tokens.sum(), "host hits are not prefilled"
     assert s["tier_bytes_host_to_gpu"] == s["tier_host_hit_tokens"] * KV_BYTES
-    assert s["tier_bytes_gpu_to_host"] == s["tier_host_stored_chunks"] * H * KV_BYTES
+    assert s["tier_bytes_gpu_to_host"] == s["tier_host_stored_chunks"] * chunk * KV_BYTES
     assert_recount_matches(e, s)
 
 
@@ -213,7 +217,7 @@ requests = st.integers(2, 30).flatmap(lambda k: st.tuples(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(policy=st.sampled_from(["vllm-v1", "vllm-prefix", "vllm-prefix-chunked"]), reqs=requests, gpu_blocks=st.integers(20, 60), host=st.integers(0, 30), disk=st.integers(0, 60),
+@given(policy=st.sampled_from(["vllm-v1", "vllm-prefix", "vllm-prefix-chunked", "sglang"]), reqs=requests, gpu_blocks=st.integers(20, 60), host=st.integers(0, 30), disk=st.integers(0, 60),
        evictions=st.tuples(st.sampled_from(["lru", "lfu", "arc"]), st.sampled_from(["lru", "lfu", "arc"])),
        writes=st.tuples(st.sampled_from(["write-through", "write-through-selective", "write-back"]),
                         st.sampled_from(["write-through", "write-through-selective", "write-back"])),
@@ -233,6 +237,9 @@ def test_tiers_conserve_blocks_respect_capacity_lose_nothing_and_match_the_recou
         opts["tier_disk_gib"] = chunks_gib(disk, chunk)
     if policy == "vllm-prefix-chunked":
         policy, opts["chunked_prefill"] = "vllm-prefix", True
+    top = "tier_host_write" if host else "tier_disk_write"
+    if policy == "sglang" and opts[top] == "write-back":  # refused: the radix cache reports no chunk evictions
+        opts[top] = "write-through"
     e, res = run(tr, policy, **opts)  # blocks and tiers checked after every step; a lost request raises
     assert set(res.requests.status) <= {"finished", "rejected"}
     s = res.summary
@@ -249,7 +256,7 @@ def test_tiers_conserve_blocks_respect_capacity_lose_nothing_and_match_the_recou
     ("vllm-v1", dict(tier_host_gib=1.0, tier_chunk_tokens=24), "tier-chunk-tokens"),
     ("vllm-v1", dict(tier_disk_gib=1.0, tier_disk_path="/nonexistent/dir"), "tier-disk-path"),
     ("vllm", dict(tier_host_gib=1.0), "prefix caching"),
-    ("sglang", dict(tier_host_gib=1.0), "vllm-prefix"),
+    ("sglang", dict(tier_host_gib=1.0, tier_host_write="write-back"), "tier-host-write"),
     ("vllm-v1", dict(tier_onload="deadline"), "tier-onload"),
 ])
 def test_unusable_tiers_are_refused_naming_the_option(policy, options, where):
