@@ -39,6 +39,10 @@ CONFIGS = {
     "vllm-prefix: gpu + host 256 GiB + disk 2 TiB, wait": ("vllm-prefix", THREE),
     "vllm-prefix: gpu + host 256 GiB + disk 2 TiB, 256-token chunks, wait": (
         "vllm-prefix", {**THREE, "tier_chunk_tokens": 256}),
+    "sglang: gpu only": ("sglang", {}),
+    "sglang: gpu + host 256 GiB + disk 2 TiB (64-token chunks), wait": ("sglang", THREE),
+    "sglang: gpu + host 256 GiB + disk 2 TiB (64-token chunks), recompute": (
+        "sglang", {**THREE, "tier_onload": "recompute"}),
 }
 
 
