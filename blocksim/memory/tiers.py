@@ -165,9 +165,6 @@ class TierStore:
             if top_disk:
                 end = dw_free = max(end, dw_free) + t_dw
                 writes += 1
-            if ops is not None:
-                b = first_block + j * cb
-                ops.append(TierOp(step, "store", GPU, top.name, key, tuple(table[b:b + cb])))
             if lru is not None:  # LRU's insert, inlined
                 victims = (lru.popitem(last=False)[0],) if len(lru) >= cap else ()
                 lru[key] = None
@@ -182,20 +179,21 @@ class TierStore:
                     dw_free = max(now, v_landed, dw_free) + t_dw
                     writes += 1
                     down += 1
-                    if ops is not None:
-                        ops.append(TierOp(step, "store", top.name, below.name, v, ()))
-                    self._put_below(v, dw_free, step)
+                    self._put_below(v, dw_free, step, TierOp(step, "store", top.name, below.name, v, ())
+                                    if ops is not None else None)
                 if ops is not None:
                     ops.append(TierOp(step, "store", top.name, top.name, v, (), True))
+            if ops is not None:  # after the drops that make room: a tier never holds more than its capacity
+                b = first_block + j * cb
+                ops.append(TierOp(step, "store", GPU, top.name, key, tuple(table[b:b + cb])))
             landed[key] = end
             top.stored += 1
             if wt_below and key not in below_members:
                 dw_free = max(now, end, dw_free) + t_dw
                 writes += 1
                 down += 1
-                if ops is not None:
-                    ops.append(TierOp(step, "store", top.name, below.name, key, ()))
-                self._put_below(key, dw_free, step)
+                self._put_below(key, dw_free, step, TierOp(step, "store", top.name, below.name, key, ())
+                                if ops is not None else None)
         d2h.free_s, d2h.busy_s, d2h.bytes = d2h_free, d2h.busy_s + n * t_d2h, d2h.bytes + n * nbytes
         if writes:
             dw.free_s, dw.busy_s, dw.bytes = dw_free, dw.busy_s + writes * t_dw, dw.bytes + writes * nbytes
@@ -203,8 +201,9 @@ class TierStore:
         if down:
             self.bytes[(HOST, DISK)] += down * nbytes
 
-    def _put_below(self, key: int, landed_s: float, step: int) -> None:
-        """Insert a chunk into the second (last) tier; its evictions are drops."""
+    def _put_below(self, key: int, landed_s: float, step: int, row: TierOp | None) -> None:
+        """Insert a chunk into the second (last) tier; its evictions are drops, recorded before the
+        store's `row`."""
         lv = self.levels[1]
         for v in lv.cache.insert(key):
             lv.evictions += 1
@@ -212,6 +211,8 @@ class TierStore:
             del lv.landed_s[v]
             if self.ops_on:
                 self.ops.append(TierOp(step, "store", lv.name, lv.name, v, (), True))
+        if row is not None:
+            self.ops.append(row)
         lv.landed_s[key] = landed_s
         lv.stored += 1
 
@@ -253,15 +254,18 @@ class TierStore:
         if top.name == DISK:
             end = self.disk_write.transfer(end, self.chunk_bytes)
         self.bytes[(GPU, top.name)] += self.chunk_bytes
-        if self.ops_on:
-            self.ops.append(TierOp(step, "store", GPU, top.name, key, tuple(gpu_blocks)))
-        self._insert(0, key, end, step)
+        row = TierOp(step, "store", GPU, top.name, key, tuple(gpu_blocks)) if self.ops_on else None
+        self._insert(0, key, end, step, row)
         return d2h_end
 
-    def _insert(self, i: int, key: int, landed_s: float, step: int) -> None:
+    def _insert(self, i: int, key: int, landed_s: float, step: int, row: TierOp | None) -> None:
+        """Store `key` in tier i: its evictions first (write-backs below, drops), then the store's
+        `row`, then a write-through below."""
         lv = self.levels[i]
         for victim in lv.cache.insert(key):
             self._evicted(i, victim, step)
+        if row is not None:
+            self.ops.append(row)
         lv.landed_s[key] = landed_s
         lv.stored += 1
         if i + 1 < len(self.levels):
@@ -286,9 +290,8 @@ class TierStore:
         start = max(self.now_s, lv.landed_s[key])
         end = self.disk_write.transfer(start, self.chunk_bytes)
         self.bytes[(lv.name, below.name)] += self.chunk_bytes
-        if self.ops_on:
-            self.ops.append(TierOp(step, "store", lv.name, below.name, key, ()))
-        self._insert(i + 1, key, end, step)
+        row = TierOp(step, "store", lv.name, below.name, key, ()) if self.ops_on else None
+        self._insert(i + 1, key, end, step, row)
 
     # --- lookups and onloads ------------------------------------------------------------------
     def match(self, keys) -> int:

@@ -319,3 +319,33 @@ def test_a_profiles_measured_tier_tables_price_the_moves(tmp_path):
     assert abs(half["gpu_host"] - (lo + (hi - lo) * (3 * 2**23 - 2**23) / (2**25 - 2**23))) < 1e-12
     res = e.run()
     assert res.summary["tier_transfer_source"] == f"profile {e.cost.profile.path}"
+
+
+@pytest.mark.parametrize("policy", ["vllm-v1", "vllm-prefix", "sglang"])
+@pytest.mark.parametrize("writes", [("write-through", "write-back"), ("write-through-selective", "write-through"),
+                                    ("write-back", "write-through-selective")])
+def test_the_plans_tier_ops_pass_the_tier_executors_checks(policy, writes, tmp_path):
+    """validation.tiers.ops.check_tier_ops replays the table as the GPU tier executor would: every
+    load finds its key, no store writes a key its tier holds, no tier exceeds its capacity."""
+    from validation.tiers.ops import check_tier_ops, read_tier_ops
+    if policy == "sglang" and writes[0] == "write-back":
+        writes = ("write-through", writes[1])
+    chunk = 64 if policy == "sglang" else H
+    per_prefix = 300 // chunk  # host: two prefixes' chunks, disk: five, of six prefixes
+    opts = dict(tier_host_gib=chunks_gib(2 * per_prefix, chunk), tier_disk_gib=chunks_gib(5 * per_prefix, chunk),
+                tier_host_write=writes[0],
+                tier_disk_write=writes[1], tier_write_hits=1)
+    tr = repeated_prefixes(n=40, prompt=300, families=6)
+    if policy == "sglang":
+        cfg = build_config(policy, num_gpu_blocks=30 * H, max_running_requests=4, chunked_prefill_size=256, **opts)
+    else:
+        cfg = build_config(policy, num_gpu_blocks=30, max_num_seqs=4, max_num_batched_tokens=512, **opts)
+    res = Engine(cfg, tr, plan_dir=tmp_path).run()
+    s = res.summary
+    if writes == ("write-through", "write-back"):  # the disk keeps what the small host drops
+        assert s["tier_host_hit_tokens"] + s["tier_disk_hit_tokens"] > 0 and s["tier_host_evictions"] > 0
+    ops = read_tier_ops(tmp_path / "plan" / "tier_ops.parquet")
+    assert len(ops) == s["tier_host_stored_chunks"] + s["tier_disk_stored_chunks"] + s["tier_host_evictions"] + \
+        s["tier_disk_evictions"] + (s["tier_host_hit_chunks"] + s["tier_disk_hit_chunks"]), "one row per move"
+    check_tier_ops(ops, chunk_blocks=chunk // cfg.cache.block_size, num_gpu_blocks=cfg.num_gpu_blocks,
+                   host_chunks=s["tier_host_capacity_chunks"], disk_chunks=s["tier_disk_capacity_chunks"])
