@@ -21,9 +21,9 @@ Between tiers: a chunk stored in the host goes on to the disk at once under writ
 
 After the GPU's own prefix match, `match(keys)` counts the following chunk keys that some tier holds
 (the leading run; each loads from the highest tier holding it). `plan_onload` decides how many of them to
-load by the onload mode (wait: all; deadline: those that land within the deadline; recompute: all or
-none, whichever is faster by the transfer's end against the cost model's prefill time for those
-tokens); `commit` touches them, issues their loads (disk -> host link -> GPU blocks) and returns
+load by the onload mode (wait: all; deadline: those that land within the deadline; recompute: as
+many leading chunks, none, all or up to a change of tier, as make their transfers plus the cost
+model's prefill of the rest shortest); `commit` touches them, issues their loads (disk -> host link -> GPU blocks) and returns
 when the last lands. A load does not copy the chunk into the host tier.
 
 Every move is an operation (`TierOp`) in `ops`, in issue order, for the engine's step records and
@@ -356,15 +356,22 @@ class TierStore:
         n = found
         if not n or self.onload == "wait":
             return n
-        ends = self._load_ends(keys, n, commit=False)[0]
+        ends, where = self._load_ends(keys, n, commit=False)
         if self.onload == "deadline":
             limit = self.now_s + self.deadline_s
             k = 0
             while k < n and ends[k] <= limit:
                 k += 1
             return k
-        load_s = ends[-1] - self.now_s
-        return n if load_s < self.prefill_s(start_tokens, n * self.chunk_tokens) else 0
+        # recompute: load the first k chunks and prefill the rest, for k = 0, n and each point where the
+        # run passes from one tier to another; the cheapest wins (ties: fewer loads)
+        now, ct = self.now_s, self.chunk_tokens
+        best_k, best_s = 0, self.prefill_s(start_tokens, n * ct)
+        for k in (*(j for j in range(1, n) if where[j] != where[j - 1]), n):
+            s = ends[k - 1] - now + (self.prefill_s(start_tokens + k * ct, (n - k) * ct) if k < n else 0.0)
+            if s < best_s:
+                best_k, best_s = k, s
+        return best_k
 
     def count_query(self, gpu_hit_tokens: int, query_tokens: int) -> None:
         """An admission's prefix lookup: its GPU hit and the tokens it asked for."""

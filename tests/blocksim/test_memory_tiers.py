@@ -349,3 +349,19 @@ def test_the_plans_tier_ops_pass_the_tier_executors_checks(policy, writes, tmp_p
         s["tier_disk_evictions"] + (s["tier_host_hit_chunks"] + s["tier_disk_hit_chunks"]), "one row per move"
     check_tier_ops(ops, chunk_blocks=chunk // cfg.cache.block_size, num_gpu_blocks=cfg.num_gpu_blocks,
                    host_chunks=s["tier_host_capacity_chunks"], disk_chunks=s["tier_disk_capacity_chunks"])
+
+
+def test_recompute_mode_loads_a_host_head_and_recomputes_a_slow_disk_tail():
+    from blocksim.config import TierConfig
+    from blocksim.memory.tiers import TierStore
+    chunk = H * KV_BYTES
+    t = TierStore(TierConfig(host_gib=3 * chunk / GIB, disk_gib=10 * chunk / GIB, disk_write="write-through",
+                             disk_read_gbps=0.001, onload="recompute"), H, H, chunk, 25.0, 1e-5)
+    t.on_computed([0, 1, 2, 3, 4, 5], list(range(6)), 0)  # host keeps 3, 4, 5; the disk all six
+    t.now_s = 100.0  # every store has landed
+    t.prefill_s = lambda start, n: n * 1e-4  # 1.6 ms a chunk: the host link is faster, the disk far slower
+    keys = [3, 4, 5, 0, 1, 2]
+    assert t.match(keys) == 6
+    assert t.plan_onload(keys, 6, 0) == 3, "load the host's three, recompute the disk's"
+    t.prefill_s = lambda start, n: n * 1e-8  # recomputing is nearly free: load nothing
+    assert t.plan_onload(keys, 6, 0) == 0
