@@ -230,7 +230,8 @@ OPTIONS: tuple[Option, ...] = (
            "stores it, after --tier-write-hits hits there, or when it evicts it", "tiers", choices=WRITE_POLICIES,
            short="dwr"),
     Option("tier_disk_read_gbps", float, _tier.disk_read_gbps, f"disk read bandwidth, GB/s (default "
-           f"{_tier.disk_read_gbps:g}, an assumed NVMe figure)", "tiers", parse=positive_float, short="drbw"),
+           f"{_tier.disk_read_gbps:g}, an assumed NVMe figure; a cost profile's measured tier tables replace the "
+           f"transfer options)", "tiers", parse=positive_float, short="drbw"),
     Option("tier_disk_write_gbps", float, _tier.disk_write_gbps, f"disk write bandwidth, GB/s (default "
            f"{_tier.disk_write_gbps:g}, an assumed NVMe figure)", "tiers", parse=positive_float, short="dwbw"),
     Option("tier_disk_latency_s", float, _tier.disk_latency_s, f"fixed cost of one disk read or write, s (default "
@@ -240,10 +241,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("tier_write_hits", int, _tier.write_hits, "hits before write-through-selective writes a chunk "
            f"(default {_tier.write_hits})", "tiers", parse=positive_int, short="wh"),
     Option("tier_chunk_tokens", int, _tier.chunk_tokens, "tokens per tier chunk, a multiple of the block size "
-           "(default: one block)", "tiers", short="chunk"),
+           "(default: one block; 64 tokens under sglang)", "tiers", short="chunk"),
     Option("tier_onload", str, _tier.onload, "a request whose prefix is in a tier: waits for it (wait), waits at "
-           "most --tier-onload-deadline-ms and recomputes the rest (deadline), or recomputes when the cost model "
-           "says it is cheaper (recompute)", "tiers", choices=ONLOAD_MODES, short="onl"),
+           "most --tier-onload-deadline-ms and recomputes the rest (deadline), or loads as much as the cost model "
+           "says beats recomputing (recompute)", "tiers", choices=ONLOAD_MODES, short="onl"),
     Option("tier_onload_deadline_ms", float, _tier.onload_deadline_ms, "deadline of --tier-onload deadline, ms "
            f"(default {_tier.onload_deadline_ms:g})", "tiers", parse=positive_float, short="ddl"),
     # run shaping: applied to the trace by `replay`, not part of the configuration
