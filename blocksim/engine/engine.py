@@ -14,7 +14,14 @@ blocks run low; `spans` finds such a span and advances it in one jump, with the 
 block tables and times of stepping one by one (`spans=False` steps one by one).
 
 The memory manager is any `blocksim.interfaces.MemoryManager`; the engine reads its capability
-flags (clock, extents, prefix hashes, prefill reservation) and calls nothing else.
+flags (clock, extents, prefix hashes, prefill reservation) and calls nothing else, but for KV tiers.
+
+KV tiers (`config.tiers`, `blocksim.memory.tiers`): the engine builds the `TierStore`, attaches it to
+the manager, prices its moves by a measured profile's tier tables when the cost model has them,
+keeps its clock, reports each step's computed prompt chunks at the step's end, delays a step for
+write-back copies and for loads it outlasts (`TierStore.take_wait`), idles until the next load
+lands when every admitted request waits for one, ends spans before it, and records the tier
+counters per step (`tier_steps.parquet`) and the moves for the plan.
 """
 
 from __future__ import annotations
@@ -116,7 +123,7 @@ class Engine:
             if not hasattr(self.bm, "attach_tiers"):
                 raise ConfigError(f"tiers (--tier-host-gib / --tier-disk-gib): allocator "
                                   f"{config.policy_config.allocator!r} with scheduler {config.policy_config.scheduler!r} "
-                                  f"has no KV tiers; choose vllm-v1, or drop the tier options")
+                                  f"has no KV tiers; choose vllm-prefix, vllm-v1 or sglang, or drop the tier options")
             self.bm.attach_tiers(self.tiers)
             self.tiers.prefill_s = self._prefill_s
             profile = getattr(self.cost, "profile", None)  # a measured profile's tier tables price the moves
