@@ -146,16 +146,16 @@ def test_summary_and_analysis_metrics_agree_on_random_runs(workload, blocks, pol
 
 
 def test_step_recorder_keeps_every_value_across_chunk_boundaries(monkeypatch):
-    """Steps and spans of steps that straddle the recorder's chunks come out in order, each value
-    in its column's dtype, as the plain rows given."""
+    """Steps and spans of steps that straddle the recorder's chunks and its joins of span arrays
+    come out in order, each value in its column's dtype, as the plain rows given."""
     from blocksim.records import steps as steps_mod
 
-    monkeypatch.setattr(steps_mod, "FIRST_CHUNK_STEPS", 3)
-    monkeypatch.setattr(steps_mod, "MAX_CHUNK_STEPS", 12)
+    monkeypatch.setattr(steps_mod, "SEGMENT_CHUNK_ROWS", 3)
+    monkeypatch.setattr(steps_mod, "PENDING_ARRAYS", 2)
     rec = steps_mod.StepRecorder()
     rng = np.random.default_rng(3)
     expected = []
-    for _ in range(12):
+    for _ in range(20):
         if rng.random() < 0.5:
             row = [float(rng.random()) if c in steps_mod.FLOAT_COLUMNS else int(rng.integers(0, 2**40))
                    for c in steps_mod.ROW_COLUMNS]
@@ -181,5 +181,5 @@ def test_step_recorder_keeps_every_value_across_chunk_boundaries(monkeypatch):
     for j, c in enumerate(schema.ROW_COLUMNS):
         assert frame[c].tolist() == [row[j] for row in expected], c
     assert rec.to_frame() is frame
-    with pytest.raises(RuntimeError, match="already moved"):
+    with pytest.raises(RuntimeError, match="already closed"):
         rec.add_many(1, {c: 0 for c in schema.ROW_COLUMNS})
