@@ -39,7 +39,7 @@ MAX_SPAN_STEPS = 4096
 class Span(NamedTuple):
     steps: int                # steps in the span, the one just scheduled included
     seqs: list[Sequence]      # the decoding sequences, in running order
-    takers: list[int]         # the sequences (indices into `seqs`) that take a new block, in step order, then running order
+    takers: list[int]         # the sequences (indices into `seqs`) taking a new block: step order, then running order
     new_blocks: list[int] | None  # blocks taken at each step (0 at the first); None when none are
     starts_s: np.ndarray      # start time of each step (at least `steps` of them)
     durations_s: np.ndarray
@@ -151,8 +151,10 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     return Span(k, seqs, takers, new_blocks, starts, durations, ctx, times)
 
 
-def span_memory(bm: MemoryManager, k: int, written: np.ndarray, new_blocks: list[int] | None, next_group) -> dict:
-    """Per-step block counts and memory columns over a span, from the state after its first step.
+def span_memory(bm: MemoryManager, k: int, written: np.ndarray, new_blocks: list[int] | None,
+                next_group) -> tuple[dict, dict]:
+    """Per-step block counts and memory columns over a span, from the state after its first step:
+    `(constant, varying)`, the columns that keep one value and those that change (arrays of k).
 
     `written[j]` slots are written by the steps before step j: out of the reservation where every slot was reserved at
     admission, else out of the unfilled part of the last blocks (internal fragmentation), each
@@ -160,14 +162,14 @@ def span_memory(bm: MemoryManager, k: int, written: np.ndarray, new_blocks: list
     """
     mem = bm.memory_breakdown(next_group, 0)
     if new_blocks is None:
-        return {"gpu_blocks_used": bm.num_gpu_blocks_used, "mem_token_states": mem.token_states + written,
-                "mem_reservation": mem.reservation - written, "mem_internal_frag": mem.internal_frag,
-                "mem_external_frag": mem.external_frag, "mem_free": mem.free}
+        return ({"gpu_blocks_used": bm.num_gpu_blocks_used, "mem_internal_frag": mem.internal_frag,
+                 "mem_external_frag": mem.external_frag, "mem_free": mem.free},
+                {"mem_token_states": mem.token_states + written, "mem_reservation": mem.reservation - written})
     taken = np.fromiter(accumulate(new_blocks), np.int64, k)  # blocks taken by steps 1..j
     new_slots = bm.block_size * taken
-    return {"gpu_blocks_used": bm.num_gpu_blocks_used + taken, "mem_token_states": mem.token_states + written,
-            "mem_reservation": mem.reservation, "mem_internal_frag": mem.internal_frag + new_slots - written,
-            "mem_external_frag": mem.external_frag, "mem_free": mem.free - new_slots}
+    return ({"mem_reservation": mem.reservation, "mem_external_frag": mem.external_frag},
+            {"gpu_blocks_used": bm.num_gpu_blocks_used + taken, "mem_token_states": mem.token_states + written,
+             "mem_internal_frag": mem.internal_frag + new_slots - written, "mem_free": mem.free - new_slots})
 
 
 def exact_delay(now_s: float, end_s: float) -> float | None:
@@ -189,7 +191,8 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
     k, seqs = span.steps, span.seqs
     n = out.num_decode_seqs
     ctx = span.ctx_tokens[:k]
-    mem = span_memory(bm, k, ctx - out.decode_ctx_tokens, span.new_blocks, sched.waiting[0] if sched.waiting else None)
+    constant, varying = span_memory(bm, k, ctx - out.decode_ctx_tokens, span.new_blocks,
+                                    sched.waiting[0] if sched.waiting else None)
     bm.append_span_slots(seqs, k - 1, span.takers)  # step order, then running order
     for s in seqs:
         s.num_tokens += k - 1
@@ -207,15 +210,11 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
     fin = np.zeros(k, dtype=np.int64)
     fin[-1] = len(finished)
     times = span.times
-    engine.rec.add_many(k, {
-        "start_s": span.starts_s[:k], "duration_s": span.durations_s[:k], "num_prefill_seqs": 0,
-        "prefill_tokens": 0, "num_decode_seqs": n,
-        "decode_ctx_tokens": ctx,
-        "running": len(out.decode_groups), "waiting": len(sched.waiting), "swapped": len(sched.swapped),
-        "cpu_blocks_used": bm.num_cpu_blocks_used, "blocks_swapped_in": 0,
-        "blocks_swapped_out": 0, "blocks_copied": 0, "preempted": 0, "finished": fin, "rejected": 0,
-        "t_linear_s": times["t_linear_s"], "t_attn_prefill_s": 0.0, "t_attn_decode_s": times["t_attn_decode_s"][:k],
-        "t_swap_s": 0.0, "t_copy_s": 0.0, "t_overhead_s": times["t_overhead_s"], **mem,
-    })
+    constant.update(num_decode_seqs=n, running=len(out.decode_groups), waiting=len(sched.waiting),
+                    swapped=len(sched.swapped), cpu_blocks_used=bm.num_cpu_blocks_used,
+                    t_linear_s=times["t_linear_s"], t_overhead_s=times["t_overhead_s"])  # the other columns are 0
+    varying.update(start_s=span.starts_s[:k], duration_s=span.durations_s[:k], decode_ctx_tokens=ctx,
+                   finished=fin, t_attn_decode_s=times["t_attn_decode_s"][:k])
+    engine.rec.add_many(k, constant, varying)
     if engine.check:
         bm.check_invariants(sched.live_seqs())

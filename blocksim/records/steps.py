@@ -4,8 +4,9 @@ A step or a span of steps is one *segment*: a row of every column's value (0 whe
 varies over the span) with its step count, kept in numpy chunks of `SEGMENT_CHUNK_ROWS` rows (one
 float64 and one int64 block each). A span's columns that vary from step to step (start times,
 contexts, memory columns) are kept as the arrays given, per column, and concatenated into one
-array per `PENDING_ARRAYS` spans. A span thus costs one row write and a list append per varying
-column, and its constant columns take 8 bytes per column for the whole span instead of per step.
+array per `PENDING_ARRAYS` spans (int32 where the values fit). A span thus costs one row write and
+a list append per varying column, and its constant columns take 8 bytes each for the whole span
+instead of per step.
 
 Once closed, the records come out as columns `row_groups` at a time (each column its segments'
 values repeated over their steps, with the span arrays written over the rows of the spans that
@@ -43,6 +44,7 @@ _PLACE = {c: (c in FLOAT_COLUMNS, (FLOAT_ROW_COLUMNS if c in FLOAT_COLUMNS else 
 _floats_of = itemgetter(*(ROW_COLUMNS.index(c) for c in FLOAT_ROW_COLUMNS))
 _ints_of = itemgetter(*(ROW_COLUMNS.index(c) for c in INT_ROW_COLUMNS))
 _ONE_STEP = (1, 0)  # a single step's count and varying-column bits
+_INT32 = np.iinfo(np.int32)
 
 
 class StepRecorder:
@@ -75,31 +77,22 @@ class StepRecorder:
         ints[u] = _ints_of(row) + _ONE_STEP
         self.num_steps += 1
 
-    def add_many(self, k: int, values: dict) -> None:
-        """`k` steps; each value is a numpy array of length k or a Python scalar (repeated); a
-        column not given is 0."""
+    def add_many(self, k: int, constant: dict, varying: dict) -> None:
+        """`k` steps: `constant` maps columns to one value each (a column in neither dict is 0),
+        `varying` to a numpy array of k values."""
         floats, ints, u = self._row()
-        f = [0.0] * len(FLOAT_ROW_COLUMNS)
-        i = [0] * len(INT_ROW_COLUMNS)
-        varying = 0
+        get = constant.get
+        floats[u] = [get(c, 0.0) for c in FLOAT_ROW_COLUMNS]
+        bits = 0
         pending = self._pending
-        ndarray = np.ndarray
-        for c, v in values.items():
-            is_float, r, bit = _PLACE[c]
-            if type(v) is ndarray:
-                if len(v) != k:
-                    raise ValueError(f"step records: column {c} has {len(v)} values for {k} steps")
-                pending[c].append(v)
-                varying |= bit
-            elif is_float:
-                f[r] = v
-            else:
-                i[r] = v
-        floats[u] = f
-        i += (k, varying)
-        ints[u] = i
+        for c, v in varying.items():
+            if len(v) != k:
+                raise ValueError(f"step records: column {c} has {len(v)} values for {k} steps")
+            pending[c].append(v)
+            bits |= _PLACE[c][2]
+        ints[u] = [get(c, 0) for c in INT_ROW_COLUMNS] + [k, bits]
         self.num_steps += k
-        if varying:
+        if bits:
             self._num_pending += 1
             if self._num_pending == PENDING_ARRAYS:
                 self._join_pending()
@@ -107,7 +100,10 @@ class StepRecorder:
     def _join_pending(self) -> None:
         for c, arrays in self._pending.items():
             if arrays:
-                self._joined[c].append(np.concatenate(arrays))
+                joined = np.concatenate(arrays)
+                if joined.dtype == np.int64 and _INT32.min <= joined.min() and joined.max() <= _INT32.max:
+                    joined = joined.astype(np.int32)  # half the memory; written back as int64
+                self._joined[c].append(joined)
                 arrays.clear()
         self._num_pending = 0
 
