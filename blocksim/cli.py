@@ -314,13 +314,16 @@ def _demo_description(command: str | None) -> str | None:
 
 
 def _command_of(argv: list[str]) -> str | None:
-    """The command `argv` names when it is a known one (after the top-level flags), else None."""
+    """The command `argv` names when it is a known one (after the top-level flags), "" for
+    --version (which needs no command), else None (the whole parser)."""
     known = set(BUILT_IN_COMMANDS).union(*(names for _, _, names in COMMAND_MODULES))
     for arg in argv:
         if not arg.startswith("-"):
             return arg if arg in known else None
-        if arg in ("-h", "--help", "--version"):
+        if arg in ("-h", "--help"):
             return None
+        if arg == "--version":
+            return ""
     return None
 
 
