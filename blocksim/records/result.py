@@ -93,6 +93,10 @@ class RunResult:
     def steps(self) -> pd.DataFrame:
         return self.step_records.to_frame()
 
+    def step_frame(self, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
+        """The step frame, or (`columns`) a frame of those columns only, built without the others."""
+        return self.step_records.to_frame(columns)
+
     @classmethod
     def build(cls, engine, wall_s: float) -> "RunResult":
         rec = engine.rec

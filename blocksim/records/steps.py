@@ -133,28 +133,32 @@ class StepRecorder:
         parts[-1] = (parts[-1][0][:hi], parts[-1][1][:hi])
         return np.concatenate([f for f, _ in parts]), np.concatenate([i for _, i in parts])
 
-    def row_groups(self, rows: int) -> Iterator[dict[str, np.ndarray]]:
+    def row_groups(self, rows: int, columns: tuple[str, ...] = STEP_COLUMNS) -> Iterator[dict[str, np.ndarray]]:
         """The steps in order, `rows` at a time (the last group may be shorter; one empty group
-        for a run without steps): each a dict of `STEP_COLUMNS` to arrays of their dtypes. Closes
-        the records; each call starts again from the first step."""
+        for a run without steps): each a dict of `columns` (of `STEP_COLUMNS`, in that order) to
+        arrays of their dtypes. Closes the records; each call starts again from the first step."""
         self.close()
+        _check_columns(columns)
+        columns = tuple(c for c in ROW_COLUMNS if c in columns), "step" in columns
         counts = np.concatenate([i[:, _STEPS] for _, i in self._chunks]) if self._chunks else np.zeros(0, np.int64)
         ends = np.cumsum(counts)  # each segment's end, in steps
-        spans = {c: _Pieces(pieces) for c, pieces in self._joined.items() if pieces}
+        spans = {c: _Pieces(pieces) for c, pieces in self._joined.items() if pieces and c in columns[0]}
         n = self.num_steps
         for a in range(0, max(n, 1), rows):
-            yield self._rows(a, min(a + rows, n), counts, ends, spans)  # no reference kept here meanwhile
+            yield self._rows(a, min(a + rows, n), columns, counts, ends, spans)  # no reference kept here meanwhile
 
-    def _rows(self, a: int, b: int, counts: np.ndarray, ends: np.ndarray, spans: dict) -> dict[str, np.ndarray]:
-        """Steps `a` to `b` (exclusive), `row_groups` taking span values from `spans` in order."""
+    def _rows(self, a: int, b: int, columns: tuple[tuple[str, ...], bool], counts: np.ndarray, ends: np.ndarray,
+              spans: dict) -> dict[str, np.ndarray]:
+        """Steps `a` to `b` (exclusive) of `columns` (row columns, and whether `step` is one),
+        `row_groups` taking span values from `spans` in order."""
         s0, s1 = int(np.searchsorted(ends, a, "right")), int(np.searchsorted(ends, b - 1, "right")) + 1
         floats, ints = self._segments(s0, s1) if b > a else (np.empty((0, len(FLOAT_ROW_COLUMNS))),
                                                             np.empty((0, _VARYING + 1), np.int64))
         steps = np.minimum(ends[s0:s1], b) - np.maximum(ends[s0:s1] - counts[s0:s1], a)  # within [a, b)
         seg = np.repeat(np.arange(len(steps)), steps)
         varying = ints[:, _VARYING]
-        cols = {"step": np.arange(a, b, dtype=np.int64)}
-        for c in ROW_COLUMNS:
+        cols = {"step": np.arange(a, b, dtype=np.int64)} if columns[1] else {}
+        for c in columns[0]:
             is_float, r, bit = _PLACE[c]
             col = (floats if is_float else ints)[:, r].take(seg)
             if c in spans:
@@ -163,8 +167,14 @@ class StepRecorder:
             cols[c] = col
         return cols
 
-    def to_frame(self) -> pd.DataFrame:
-        """The steps as a frame in `STEP_COLUMNS` order, built on the first call (which closes the records)."""
+    def to_frame(self, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
+        """The steps as a frame in `STEP_COLUMNS` order, built on the first call (which closes the
+        records); with `columns`, a frame of those columns only, built on each call."""
+        if columns is not None:
+            _check_columns(columns)
+            if self._frame is not None:
+                return self._frame[[c for c in STEP_COLUMNS if c in columns]]
+            return pd.DataFrame(next(self.row_groups(max(self.num_steps, 1), columns)), copy=False)
         if self._frame is None:
             self._frame = pd.DataFrame(next(self.row_groups(max(self.num_steps, 1))), copy=False)
         return self._frame
@@ -194,6 +204,12 @@ class StepRecorder:
             return float(self._joined[c][-1][-1] if varying & bit else floats[-1, r])
 
         return last("start_s") + last("duration_s")
+
+
+def _check_columns(columns) -> None:
+    if not set(columns) <= set(STEP_COLUMNS):
+        raise ValueError(f"step records: no column {sorted(set(columns) - set(STEP_COLUMNS))}; "
+                         f"the columns are {list(STEP_COLUMNS)}")
 
 
 class _Pieces:

@@ -174,7 +174,11 @@ def test_step_recorder_keeps_every_value_across_chunk_boundaries(monkeypatch):
                 row.append(varying.get(c, constant.get(c, 0)))  # a column in neither dict is 0
             rec.add_many(k, constant, varying)
             expected += [[v[j].item() if isinstance(v, np.ndarray) else v for v in row] for j in range(k)]
+    part = rec.to_frame(("t_swap_s", "step", "finished"))  # built on its own, before the whole frame
     frame = rec.to_frame()
+    pd.testing.assert_frame_equal(part, frame[["step", "finished", "t_swap_s"]], check_exact=True)
+    with pytest.raises(ValueError, match="no column"):
+        rec.to_frame(("finish",))
     assert rec.num_steps == len(expected) == len(frame)
     assert list(frame.columns) == list(schema.STEP_COLUMNS)
     assert frame.dtypes.astype(str).to_dict() == schema.STEP_DTYPES
