@@ -21,7 +21,7 @@ from blocksim.records.schema import (
 from blocksim.records.steps import StepRecorder
 
 #: Steps per row group of steps.parquet: the columns of one row group are built and buffered by the
-#: Parquet writer at a time, so this bounds the memory of writing (about 15 MB per group).
+#: Parquet writer at a time, so this bounds the memory of writing (30 columns of 8 bytes: under 8 MB per group).
 STEP_ROW_GROUP = 1 << 15
 #: How steps.parquet's columns are encoded: plain values compressed by zstd. Dictionary encoding
 #: (Parquet's default) holds a hash table of every distinct value of a column chunk while writing,
