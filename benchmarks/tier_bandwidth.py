@@ -78,6 +78,7 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", default="1,4,16", help="chunks per batch (default 1,4,16)")
     ap.add_argument("--reps", type=int, default=5, help="timed rounds per point (default 5)")
     ap.add_argument("--replay-steps", type=int, default=60, help="steps of the synthetic replay (default 60)")
+    ap.add_argument("--io-threads", type=int, default=4, help="file I/O threads of the disk tier (default 4)")
     ap.add_argument("--no-direct", action="store_true", help="buffered I/O even where O_DIRECT works")
     ap.add_argument("--out", required=True, help="JSON to write")
     args = ap.parse_args(argv)
@@ -127,14 +128,14 @@ def _run(args, dims, disk_dir: Path, argv) -> int:
                           block_size=args.block_size, dtype=args.dtype, device=args.device, disk_dir=disk_dir,
                           chunk_tokens=tuple(int(x) for x in args.chunk_tokens.split(",")),
                           chunks=tuple(int(x) for x in args.chunks.split(",")), reps=args.reps,
-                          direct_io=not args.no_direct, progress=_say)
+                          direct_io=not args.no_direct, io_threads=args.io_threads, progress=_say)
     ok = (all(c["mismatches"] == 0 and c["content_equal"] and c["attention_matches"] for c in checks if not c["corrupt"])
           and all(c["mismatches"] == 1 for c in checks if c["corrupt"])
           and replay["mismatches"] == 0 and tiers["mismatches"] == 0)
     result = {
         "command": "PYTHONPATH=. python benchmarks/tier_bandwidth.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "device": device_name, "gpu": catalog_gpu(device_name) if cuda else "cpu", "torch": torch.__version__,
-        "model": args.model, "dtype": args.dtype, "block_size": args.block_size,
+        "model": args.model, "dtype": args.dtype, "block_size": args.block_size, "io_threads": args.io_threads,
         "disk_dir_mount": _mount(disk_dir), "seconds": time.perf_counter() - t0, "checks_pass": ok,
         "restored_attention": checks, "replay": replay, **tiers,
     }

@@ -292,6 +292,7 @@ def test_attention_over_restored_blocks_matches_the_dense_reference(tmp_path, la
 
 
 def test_profile_with_tier_dir_writes_tier_tables_the_loader_reads(tmp_path, capsys):
+    pytest.importorskip("simpy")  # the CLI imports the engine
     from blocksim.cli import main
     from blocksim.cost.profile_file import TIER_COMPONENTS, load_profile
     (tmp_path / "tiny.yaml").write_text(
@@ -308,3 +309,23 @@ def test_profile_with_tier_dir_writes_tier_tables_the_loader_reads(tmp_path, cap
         g = prof.tables[name]
         assert g.axes == ("chunk_bytes", "chunks") and (g.seconds > 0).all(), name
     assert g.grids[0][0] == 16 * 2 * 2 * 2 * 64 * 2, "chunk bytes = tokens x KV bytes per token"
+
+
+def test_merge_adds_the_tier_tables_to_a_matching_profile_only(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("tier_merge", root / "benchmarks" / "tier_bandwidth_merge.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    result = json.loads((root / "benchmarks" / "results" / "tier-h200.json").read_text())
+    prof = tmp_path / "p.json"
+    prof.write_text((root / "blocksim" / "profiles" / "llama-3-8b__h200-141gb__float16__tp1.json").read_text())
+    assert mod.main([str(root / "benchmarks" / "results" / "tier-h200.json"), str(prof)]) == 0
+    merged = json.loads(prof.read_text())
+    assert merged["components"]["tier_host_gpu"] == result["components"]["tier_host_gpu"]
+    assert merged["tier_disk_io"].startswith(result["disk_mode"])
+    other = tmp_path / "o.json"
+    other.write_text((root / "blocksim" / "profiles" / "llama-3-8b__h100-80gb__float16__tp1.json").read_text())
+    assert mod.main([str(root / "benchmarks" / "results" / "tier-h200.json"), str(other)]) == 2

@@ -40,7 +40,8 @@ class Checksum:
         return lane
 
     def of(self, row):
-        """int64 scalar tensor (on ``row``'s device): the checksum of one contiguous uint8 row."""
+        """int64 scalar tensor (on ``row``'s device): the checksum of a uint8 tensor's bytes in their
+        logical (row-major) order, whatever its strides."""
         t = self.torch
-        w = row.view(t.int32).to(t.int64) & _M32
+        w = row.reshape(-1).view(t.int32).to(t.int64) & _M32
         return _fmix32(w ^ self._lane(row.device)).sum()

@@ -16,11 +16,12 @@ The tiers:
 The moves (`validation.tiers.ops.MOVES`), each on a batch of chunks:
 
 * store gpu->host: the chunks' blocks are gathered from every cache tensor into a GPU staging
-  row per chunk, then one device-to-host copy per chunk into its host slot;
+  buffer (one ``index_select`` per cache tensor for the whole batch), then one device-to-host copy
+  per chunk into its host slot;
 * store gpu->disk: the same into a page-locked bounce row, then the file write;
 * store host->disk: the file write straight from the host slot;
 * load host->gpu: one host-to-device copy per chunk into the staging, then a scatter into the
-  chunk's GPU blocks of every cache tensor;
+  chunks' GPU blocks (one ``index_copy_`` per cache tensor for the whole batch);
 * load disk->gpu: the file read into a bounce row, then as from the host;
 * drop: the key's slot is freed (a GPU drop has nothing to free).
 
@@ -32,7 +33,7 @@ page-locked row (a file write from a slot the GPU is still filling, a file read 
 still being copied).
 
 Checksums (`validation.tiers.checksum`): each chunk stored from the GPU gets a checksum of its
-staging row, computed on the GPU; it moves with the chunk between tiers. Each load gathers the
+staged bytes, computed on the GPU; it moves with the chunk between tiers. Each load gathers the
 restored blocks back out of the caches and checksums them again; `mismatches()` counts the loads
 whose checksum differs from the stored one (`mismatched` names them). The checks run on the side
 stream after each move's timed copies.
@@ -124,7 +125,7 @@ class TierExecutor:
         pin = self.cuda
         self.host = aligned_empty(torch, max(1, host_chunks), self.slot_bytes, pin=pin)
         self.bounce = aligned_empty(torch, self.staging_chunks, self.slot_bytes, pin=pin)
-        self.staging = torch.empty(self.staging_chunks, self.slot_bytes, dtype=torch.uint8, device=self.device)
+        self.staging = torch.empty(self.staging_chunks * self.chunk_bytes, dtype=torch.uint8, device=self.device)
         self.slots = {"host": _Slots("host", host_chunks), "disk": _Slots("disk", disk_chunks)}
         self.disk = None
         if disk_chunks:
@@ -178,22 +179,29 @@ class TierExecutor:
         if self.cuda:
             self.stream.synchronize()
 
-    def _rows(self, n: int):
-        return self.staging[:n, :self.chunk_bytes].view(n, len(self.tensors), self.chunk_blocks, self.block_bytes)
+    def _staged(self, n: int):
+        """The staging of a batch of ``n`` chunks, cache-major: ``[cache tensor, chunk, block, bytes]``
+        (one gather or scatter kernel per cache tensor); chunk ``i`` is ``[:, i]``, laid out as its
+        host row."""
+        return self.staging[:n * self.chunk_bytes].view(len(self.tensors), n, self.chunk_blocks, self.block_bytes)
+
+    def _row(self, buf, i: int):
+        """Row ``i`` of a host or bounce buffer, shaped as a chunk ``[cache tensor, block, bytes]``."""
+        return buf[i, :self.chunk_bytes].view(len(self.tensors), self.chunk_blocks, self.block_bytes)
 
     def _index(self, gpu_blocks):
         ids = np.asarray(gpu_blocks, dtype=np.int64).reshape(-1, self.chunk_blocks)
         return self.torch.as_tensor(ids, device=self.device)
 
     def _gather(self, ids) -> None:
-        rows = self._rows(len(ids))
+        st, flat = self._staged(len(ids)), ids.view(-1)
         for j, t in enumerate(self.tensors):
-            rows[:, j] = t[ids]
+            self.torch.index_select(t, 0, flat, out=st[j].view(-1, self.block_bytes))
 
     def _scatter(self, ids) -> None:
-        rows = self._rows(len(ids))
+        st, flat = self._staged(len(ids)), ids.view(-1)
         for j, t in enumerate(self.tensors):
-            t[ids] = rows[:, j]
+            t.index_copy_(0, flat, st[j].view(-1, self.block_bytes))
 
     # --- moves --------------------------------------------------------------------------------------
     def apply(self, op: str, src: str, dst: str, keys, gpu_blocks=None) -> None:
@@ -237,13 +245,13 @@ class TierExecutor:
             e0 = self._event()
             self._gather(ids)
             e1 = self._event()
+            st = self._staged(n)
             for i in range(n):
-                target[slots[i] if dst == "host" else i, :self.chunk_bytes].copy_(self.staging[i, :self.chunk_bytes],
-                                                                                   non_blocking=True)
+                self._row(target, slots[i] if dst == "host" else i).copy_(st[:, i], non_blocking=True)
             e2 = self._event()
             if self.verify:
                 for i, k in enumerate(keys):
-                    self.sums[dst][k] = self.checksum.of(self.staging[i, :self.chunk_bytes])
+                    self.sums[dst][k] = self.checksum.of(st[:, i])
         if self.cuda:
             self.torch.cuda.current_stream(self.device).wait_event(e1)  # the blocks may be overwritten after the gather
         disk_s, disk_bytes = 0.0, 0
@@ -284,9 +292,9 @@ class TierExecutor:
         self._lead_sleep(2 * len(self.tensors) + n)
         with self._side():
             e0 = self._event()
+            st = self._staged(n)
             for i in range(n):
-                self.staging[i, :self.chunk_bytes].copy_(source[slots[i] if src == "host" else i, :self.chunk_bytes],
-                                                         non_blocking=True)
+                st[:, i].copy_(self._row(source, slots[i] if src == "host" else i), non_blocking=True)
             e1 = self._event()
             self._scatter(ids)
             e2 = self._event()
@@ -295,7 +303,7 @@ class TierExecutor:
                 for i, k in enumerate(keys):
                     stored = self.sums[src].get(k)
                     if stored is not None:
-                        self._checks.append((self.step, k, src, self.checksum.of(self.staging[i, :self.chunk_bytes]),
+                        self._checks.append((self.step, k, src, self.checksum.of(st[:, i]),
                                              stored))
             done = self._event()
         if self.cuda:
