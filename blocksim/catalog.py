@@ -17,13 +17,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-
 from blocksim.config import GiB, ConfigError, GPUSpec, ModelSpec
 
 _M = ModelSpec
@@ -63,10 +56,16 @@ def read_mapping(path: Path, what: str = "catalog file") -> dict[str, Any]:
                           f"save the file as UTF-8") from None
     except OSError as e:
         raise ConfigError(f"{what} {path}: cannot read it ({e.strerror or e}); name a readable file") from None
-    try:
+    try:  # the parsers load with the first file read
         if path.suffix in (".yaml", ".yml"):
+            import yaml
+
             data = yaml.safe_load(text) or {}
         elif path.suffix == ".toml":
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib
             data = tomllib.loads(text)
         else:
             raise ConfigError(f"{what} {path}: unknown extension; use .yaml, .yml or .toml")

@@ -246,6 +246,10 @@ class ProfiledCostModel:
         return {"name": self.name, "profile": self.profile.path, "device": h.get("device"),
                 "created_utc": h.get("created_utc"), "block_size_ratio": self.block_ratio}
 
+    #: The step columns `report` reads (`extrapolated`).
+    report_columns = ("num_prefill_seqs", "prefill_tokens", "num_decode_seqs", "decode_ctx_tokens",
+                      "blocks_swapped_in", "blocks_swapped_out", "blocks_copied")
+
     def report(self, steps: pd.DataFrame) -> dict:
         """summary.json's record of the cost model; warns once when steps left the profiled grid."""
         counts = self.extrapolated(steps)

@@ -162,10 +162,6 @@ class RooflineCostModel:
         return self.params.step_overhead_s if active else 0.0
 
     def describe(self) -> dict:
-        """What summary.json records of this cost model."""
+        """What summary.json records of this cost model (it has no grid for steps to leave, so no `report`)."""
         return {"name": self.name, "params": self.params.to_dict(), "profile": self.source}
-
-    def report(self, steps) -> dict:
-        """summary.json's record of the cost model (the roofline never leaves a grid)."""
-        return self.describe()
 

@@ -314,5 +314,5 @@ class Engine:
             raise EngineError(f"{len(lost)} requests neither finished nor rejected; "
                               f"{len(self.groups)} of {len(self.reqs)} arrived")
         result = RunResult.build(self, wall)
-        result.summary["cost_model"] = cost_record(self.cost, result.steps)  # warns of extrapolated steps
+        result.summary["cost_model"] = cost_record(self.cost, result.step_frame)  # warns of extrapolated steps
         return result
