@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 # ROW_COLUMNS: every column of steps.parquet but `step`, in the order rows are given to `add`.
-from blocksim.records.schema import FLOAT_COLUMNS, ROW_COLUMNS, STEP_COLUMNS  # noqa: F401 (re-exported)
+from blocksim.records.schema import COMM_COLUMN, FLOAT_COLUMNS, ROW_COLUMNS, STEP_COLUMNS  # noqa: F401 (re-exported)
 
 
 # One step's values by column name: `StepRow(start_s=..., duration_s=..., ...)`, every column of
@@ -37,7 +37,10 @@ _ints_of = itemgetter(*(ROW_COLUMNS.index(c) for c in INT_ROW_COLUMNS))
 
 
 class StepRecorder:
-    def __init__(self) -> None:
+    """Step rows in columnar buffers; the frame keeps `COMM_COLUMN` only when `comm` (tensor parallel > 1)."""
+
+    def __init__(self, comm: bool = False) -> None:
+        self.comm = comm
         self._chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (floats, ints)
         self._size = self._used = 0  # rows of the last chunk, rows written in it
         self._rows: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
@@ -98,20 +101,22 @@ class StepRecorder:
         self.num_steps += k
 
     def to_frame(self) -> pd.DataFrame:
-        """The steps as a frame in `STEP_COLUMNS` order, built once: no step can be added afterwards."""
+        """The steps as a frame in `STEP_COLUMNS` order (`STEP_COLUMNS_TP` with `comm`), built once: no
+        step can be added afterwards."""
         if self._frame is not None:
             return self._frame
         n = self.num_steps
+        kept = ROW_COLUMNS if self.comm else tuple(c for c in ROW_COLUMNS if c != COMM_COLUMN)
         chunks, self._chunks, self._rows = self._chunks, [], ([], [])
         cols = {"step": np.arange(n, dtype=np.int64)}
         if len(chunks) == 1:  # the frame's columns are views of the chunk's rows
             blocks = {True: chunks[0][0], False: chunks[0][1]}
-            for c in ROW_COLUMNS:
+            for c in kept:
                 is_float, r = _PLACE[c]
                 cols[c] = blocks[is_float][r, :n]
             chunks = []
         else:
-            cols.update((c, np.empty(n, np.float64 if c in FLOAT_COLUMNS else np.int64)) for c in ROW_COLUMNS)
+            cols.update((c, np.empty(n, np.float64 if c in FLOAT_COLUMNS else np.int64)) for c in kept)
         start = 0
         chunks.reverse()
         while chunks:  # each chunk freed once copied
@@ -119,7 +124,8 @@ class StepRecorder:
             m = min(floats.shape[1], n - start)
             for block, names in ((floats, FLOAT_ROW_COLUMNS), (ints, INT_ROW_COLUMNS)):
                 for r, c in enumerate(names):
-                    cols[c][start:start + m] = block[r, :m]
+                    if c in cols:
+                        cols[c][start:start + m] = block[r, :m]
             start += m
             del floats, ints
         self._frame = pd.DataFrame(cols, copy=False)
