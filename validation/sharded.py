@@ -274,7 +274,10 @@ class Channel:
         self.group = group
 
     def send(self, msg) -> None:
-        dist.broadcast_object_list([msg], src=0, group=self.group)
+        try:
+            dist.broadcast_object_list([msg], src=0, group=self.group)
+        except RuntimeError as e:
+            raise ShardError(f"a tensor-parallel worker rank stopped (its error is printed above): {e}") from None
 
     def recv(self):
         box = [None]
@@ -316,6 +319,7 @@ def _serve(rank: int, world: int, port: int, device: str) -> None:
                 dims, kw = args
                 runner, inps = None, {}
                 runner = ShardedModelRunner(dims, tp=world, rank=rank, group=group, device=_device(device, rank), **kw)
+                dist.barrier(group=ctrl)  # built: the driver goes on
             elif op == "prepare":
                 inp_id, batch = args
                 inps[inp_id] = runner.prepare(batch)
@@ -365,22 +369,32 @@ class Driver:
     def runner(self, dims: ModelDims, **kw) -> ShardedModelRunner:
         """The driver's `ShardedModelRunner` of `dims` (the whole model's); the workers build theirs."""
         self.channel.send(("build", (dims, kw)))
-        return ShardedModelRunner(dims, tp=self.world, rank=0, group=self.group, channel=self.channel,
-                                  device=_device(self.device, 0), **kw)
+        runner = ShardedModelRunner(dims, tp=self.world, rank=0, group=self.group, channel=self.channel,
+                                    device=_device(self.device, 0), **kw)
+        try:
+            dist.barrier(group=self.channel.group)
+        except RuntimeError as e:  # a worker that failed exits; its error is on stderr
+            raise ShardError(f"tensor_parallel {self.world}: a worker rank failed to build {dims.name} "
+                             f"(its error is printed above): {e}") from None
+        return runner
 
     def alive(self) -> bool:
         return all(p.poll() is None for p in self.procs)
 
     def close(self) -> None:
         global _current
-        if self.alive():
-            self.channel.send(("stop", ()))
+        healthy = self.alive()
+        if healthy:
+            try:
+                self.channel.send(("stop", ()))
+            except ShardError:
+                healthy = False
         for p in self.procs:
             try:
-                p.wait(timeout=60)
+                p.wait(timeout=60 if healthy else 1)
             except subprocess.TimeoutExpired:
                 p.kill()
-        if dist.is_initialized():
+        if healthy and dist.is_initialized():
             dist.destroy_process_group()
         if _current is self:
             _current = None
