@@ -27,7 +27,7 @@ Components of a step (each a column `t_<name>_s` in steps.parquet):
   ring algorithm of NCCL, whose reduce-scatter and all-gather phases each move ``(N - 1) / N`` of
   the message over every GPU's link (what nccl-tests calls bus bandwidth: ``busbw = algbw * 2 (N -
   1) / N``), bounded by the GPU-to-GPU link's one-way bandwidth; the latency is the catalog GPU's
-  ``allreduce_latency_s``, whatever N. The embedding and the LM head are taken as replicated
+  ``allreduce_latency_s`` (or `CostParams`'s, fitted on a profile's ``allreduce`` table), whatever N. The embedding and the LM head are taken as replicated
   (no all-reduce or gather of their own).
 
 The factors come from `CostParams` (defaults below); ``--cost-profile`` reads them from a JSON of
@@ -64,6 +64,7 @@ class CostParams:
     launch_s: float = 5e-6
     swap_batched: bool = False
     link_efficiency: float = 0.8  # share of the GPU-to-GPU link an all-reduce's bus bandwidth reaches
+    allreduce_latency_s: float | None = None  # None: the GPU spec's value
     # Multipliers fitted by calibration, one per component (1.0 = the roofline as is).
     scale_linear: float = 1.0
     scale_attn_prefill: float = 1.0
@@ -140,7 +141,7 @@ class RooflineCostModel:
         self.copies_per_block = 2 * m.num_layers
         self.allreduces_per_step = ALLREDUCES_PER_LAYER * m.num_layers if tp > 1 else 0
         self.allreduce_bytes_per_token = m.hidden_size * m.dtype_bytes
-        self.allreduce_latency_s = g.allreduce_latency_s
+        self.allreduce_latency_s = g.allreduce_latency_s if p.allreduce_latency_s is None else p.allreduce_latency_s
         self.ring_s_per_byte = 2 * (tp - 1) / tp / (g.gpu_link_gbps * 1e9 * p.link_efficiency)
 
     # --- components ------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from cost_profiles import synthetic_profile
 
 from blocksim.catalog import GPUS, Catalog
 from blocksim.config import ConfigError
-from blocksim.cost import ProfiledCostModel, ProfileWarning, RooflineCostModel, load_profile
+from blocksim.cost import ProfiledCostModel, ProfileWarning, RooflineCostModel, fit_roofline, load_profile
 from blocksim.engine import Engine
 from blocksim.experiments.runner import build_config
 from blocksim.policies import make_cost_model
@@ -115,3 +115,14 @@ def test_spans_price_tensor_parallel_steps_exactly_as_stepping(tmp_path, cost, p
         b = Engine(cfg, TRACE, make_cost_model(cfg, source), spans=False).run()
     assert len(a.steps) > len(TRACE)
     pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=True)
+
+
+def test_the_roofline_fit_reads_link_efficiency_and_latency_off_the_allreduce_table(tmp_path):
+    cfg = config(2)
+    params = fit_roofline(profile(tmp_path, allreduce=True), cfg)
+    assert params.link_efficiency == pytest.approx(360 / 450, rel=1e-6), "the synthetic table's 360 GB/s bus bandwidth"
+    assert params.allreduce_latency_s == pytest.approx(8e-6, rel=1e-6)
+    fitted = RooflineCostModel(cfg, params)
+    table = ProfiledCostModel(cfg, profile(tmp_path, allreduce=True))
+    assert fitted.comm(100) == pytest.approx(table.comm(100), rel=1e-6)
+    assert fit_roofline(profile(tmp_path), cfg).allreduce_latency_s is None, "no table: the catalog's figures"
