@@ -92,6 +92,15 @@ class SegmentTimer:
         return total
 
 
+class EventTimer(SegmentTimer):
+    """GPU time of spans inside a timed segment (attention within each layer): events only, no
+    sleep, the host being ahead already thanks to the segment's sleep."""
+
+    def begin(self, lead_s: float | None = None) -> None:
+        self._start = torch.cuda.Event(enable_timing=True)
+        self._start.record()
+
+
 class _NoTimer:
     def begin(self, lead_s=None) -> None:
         pass
@@ -289,13 +298,11 @@ class ModelRunner:
     def _norm(self, x, w):
         return F.rms_norm(x, (x.shape[-1],), w, RMS_EPS)
 
-    def _write(self, j: int, k, v, slots, where) -> None:
-        """K/V of the step's tokens into their slots: an indexed copy (no padding mask: padding
-        tokens write the scratch block), or the vLLM-layout write kernel."""
+    def _write(self, j: int, k, v, slots) -> None:
+        """K/V of the step's tokens into their slots (padding tokens write the scratch block): the
+        fast layout's write kernel (strided K/V straight from the QKV output), or the vLLM layout's."""
         if self.attention == "fast":
-            blk, off = where
-            self.k_caches[j][blk, off] = k
-            self.v_caches[j][blk, off] = v
+            kernels.reshape_and_cache_fast(k, v, self.k_caches[j], self.v_caches[j], slots, validate=False)
         else:
             kernels.reshape_and_cache(k.contiguous(), v.contiguous(), self.k_caches[j], self.v_caches[j], slots,
                                       validate=False)
@@ -377,9 +384,11 @@ class ModelRunner:
         return inp
 
     # --- the forward pass ---------------------------------------------------------------------------
-    def forward(self, inp: dict, parts=PARTS, timer=NO_TIMER):
+    def forward(self, inp: dict, parts=PARTS, timer=NO_TIMER, num_layers: int | None = None, attn_timer=NO_TIMER):
         """One step, eager; returns the sampled token ids (a device tensor) or None without "sample".
-        `timer` (a `SegmentTimer`) times the embedding, each layer and the sampling on the GPU."""
+        `timer` (a `SegmentTimer`) times the embedding, each layer and the sampling on the GPU;
+        `attn_timer` (an `EventTimer`) the attention inside each layer; `num_layers` runs only the
+        first layers (`prime`)."""
         d = self.dims
         ids, pos, slots = inp["ids"], inp["pos"], inp["slots"]
         T, P = ids.shape[0], inp["num_prefill_tokens"]
@@ -388,13 +397,9 @@ class ModelRunner:
         timer.begin()
         x = self.embed[ids] if linear else None
         cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
-        where = (slots // self.block_size, slots % self.block_size) if write else None
-        scratch = None
-        if not linear:  # attention / writes alone (profiling): inputs of the right shapes
-            scratch = (torch.zeros(T, H, D, dtype=self.dtype, device=self.device),
-                       torch.zeros(T, K, D, dtype=self.dtype, device=self.device))
+        scratch = None if linear else self._scratch(T)  # attention / writes alone (profiling)
         timer.end()
-        for j, w in enumerate(self.layers):
+        for j, w in enumerate(self.layers[:num_layers]):
             timer.begin()
             if linear:
                 h = self._norm(x, w["attn_norm"])
@@ -405,13 +410,15 @@ class ModelRunner:
                 q, k = scratch
                 v = k
             if write:
-                self._write(j, k, v, slots, where)
+                self._write(j, k, v, slots)
             a = torch.empty(T, H, D, dtype=self.dtype, device=self.device) if (attn or linear) else None
             if attn:
+                attn_timer.begin()
                 if P:
                     self._prefill_attention(j, a[:P], q[:P], k[:P], v[:P], inp["prefill"])
                 if "decode" in inp:
                     self._decode_attention(j, a[P:], q[P:], inp["decode"])
+                attn_timer.end()
             if linear:
                 x = x + self._reduce(F.linear(a.view(T, H * D), w["o"]))
                 h = self._norm(x, w["mlp_norm"])
@@ -431,6 +438,24 @@ class ModelRunner:
         """The sum over tensor-parallel ranks of a row-parallel layer's output (`validation.sharded`);
         one GPU holds the whole sum."""
         return y
+
+    def _scratch(self, T: int):
+        """Queries and keys of T tokens for attention or writes timed alone: unit normal, as the
+        projections of normed activations by the fan-in-scaled weights are (attention over
+        constant inputs can run faster than over real ones). Kept for the next call of the same T."""
+        if getattr(self, "_scratch_qk", None) is None or self._scratch_qk[0].shape[0] != T:
+            g = torch.Generator(device=self.device).manual_seed(T)
+            d = self.dims
+            self._scratch_qk = tuple(torch.randn(T, h, d.head_size, generator=g, device=self.device).to(self.dtype)
+                                     for h in (d.num_heads, d.num_kv_heads))
+        return self._scratch_qk
+
+    def prime(self, inp: dict) -> None:
+        """The step's embedding, first layer and sampling, untimed: the host's first calls of a new
+        shape (GEMM heuristics, allocator growth) happen here, not inside a timed segment, as in an
+        engine that has run the shape before. The first layer writes the same keys and values the
+        step writes, so the step's results do not change."""
+        self.forward(inp, PARTS, NO_TIMER, num_layers=1)
 
     def sample(self, x, sample_idx):
         """Final norm, LM head on the sampled positions, greedy argmax."""

@@ -13,14 +13,17 @@ Tables (seconds, whole model, one GPU):
   QKV, rotary, output projection, gated MLP), eager; ``graph_seconds`` the same captured as a
   CUDA graph on ``grid.graph_tokens`` (batch sizes the executor captures);
 * ``attn_prefill`` by (batch, new tokens, cached tokens): the paged prefill attention of all
-  layers, ``batch`` sequences alike;
+  layers, ``batch`` sequences alike, timed inside whole steps over keys and values the model wrote
+  (on CUDA; `Profiler.attn_prefill` says why);
 * ``attn_decode`` by (batch, context): the decode attention of all layers, eager;
 * ``cache_write`` by tokens, ``sample`` by sequences (final norm, LM head, argmax);
 * ``swap_out``, ``swap_in`` (pinned host memory) and ``copy`` (copy-on-write) by blocks;
+* ``tier_<src>_<dst>`` by (chunk bytes, chunks), with ``--tier-dir``: the five tier moves
+  (`validation.tiers.bench`);
 * ``decode_step`` by (batch, context): a whole pure-decode step replayed as the CUDA graph of
   that padded batch size;
-* ``overhead``: ``eager_s``, the median of (a whole eager step) - (the sum of its components
-  timed alone) over a few mixed steps, at least 0 (``eager_cases_s`` the differences);
+* ``overhead``: ``eager_s``, the median of (a whole eager step) - (the sum of its components:
+  attention timed inside the step, the others alone) over a few mixed steps, at least 0 (``eager_cases_s`` the differences);
   ``graph_s`` 0 (a graph step is measured whole).
 
 With ``--tensor-parallel N`` the model is split over N GPUs, one process each (`validation.sharded`,
@@ -42,6 +45,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -101,6 +105,20 @@ class _Clock:
         first = self.once(fn)  # warm-up (allocator, autotuning); also sizes the repetitions
         reps = int(min(self.max_reps, max(3, self.budget_s / max(first, 1e-6))))
         return float(np.median([self.once(fn) for _ in range(reps)]))
+
+    def median_attention(self, fn) -> float:
+        """Median GPU time of the attention inside a whole step `fn(timer, attn_timer)` (CUDA)."""
+        from validation.model import EventTimer, SegmentTimer
+        from validation.step_executor import LEAD_S
+
+        def once() -> tuple[float, float]:
+            self.torch.cuda.synchronize()
+            timer, attn = SegmentTimer(LEAD_S), EventTimer()
+            fn(timer, attn)
+            return timer.seconds(), attn.seconds()
+        whole, _ = once()
+        reps = int(min(self.max_reps, max(3, self.budget_s / max(whole, 1e-6))))
+        return float(np.median([once()[1] for _ in range(reps)]))
 
 
 def _graph(runner, b: int, parts=None):
@@ -234,10 +252,49 @@ class Profiler:
             out["graph_seconds"] = gsecs
         return out
 
+    def _prefix_tables(self, b: int, tokens: int) -> list[np.ndarray]:
+        """Block tables of `b` sequences of up to `tokens` tokens, each its own run of blocks."""
+        span = -(-tokens // self.bs)
+        return [((i * span + np.arange(span)) % self.num_blocks).astype(np.int64) for i in range(b)]
+
+    def _prefill_batch(self, tables: list[np.ndarray], start: int, stop: int, seed: int):
+        """A StepBatch prefilling positions [start, stop) of each sequence through its table."""
+        from validation.model import PrefillSeq, StepBatch
+        rng = np.random.default_rng(seed)
+        pos = np.arange(start, stop)
+        n = len(tables)
+        return StepBatch(rng.integers(0, self.dims.vocab_size, n * len(pos)).astype(np.int64),
+                         np.tile(np.minimum(pos, self.dims.max_model_len - 1), n),
+                         np.concatenate([t[pos // self.bs] * self.bs + pos % self.bs for t in tables]),
+                         [PrefillSeq(start, stop, t) for t in tables], [], np.zeros(0, np.int64))
+
+    def _attention_in_step(self, batch) -> float:
+        """The attention of a whole step of `batch`, timed inside it (see `attn_prefill`)."""
+        r = self.runner
+        inp = r.prepare(batch)
+        return self.clock.median_attention(lambda timer, attn: r.forward(inp, timer=timer, attn_timer=attn))
+
     def attn_prefill(self) -> dict:
+        """On CUDA, timed inside whole steps of the model (an event pair around each layer's
+        attention) over keys and values the model itself wrote, the cached ones prefilled first,
+        untimed, as a prefix hit or an earlier chunk leaves them. The kernel's online softmax
+        rescales its output where a row's running max moves, which the model's own keys make
+        happen far more often than constant or independent random ones: attention timed alone
+        over synthetic caches runs up to a third faster than inside the step."""
         g = self.grid
-        secs = [[[self.clock.median(self._forward(self.batch(prefills=[(p, c)] * b), ("attn",)))
-                  for c in g["PREFILL_CACHED"]] for p in g["PREFILL_NEW"]] for b in g["PREFILL_BATCH"]]
+        if not self.cuda:
+            secs = [[[self.clock.median(self._forward(self.batch(prefills=[(p, c)] * b), ("attn",)))
+                      for c in g["PREFILL_CACHED"]] for p in g["PREFILL_NEW"]] for b in g["PREFILL_BATCH"]]
+        else:
+            r, pmax = self.runner, max(g["PREFILL_NEW"])
+            secs = [[[0.0] * len(g["PREFILL_CACHED"]) for _ in g["PREFILL_NEW"]] for _ in g["PREFILL_BATCH"]]
+            for bi, b in enumerate(g["PREFILL_BATCH"]):
+                for ci, c in enumerate(g["PREFILL_CACHED"]):
+                    tables = self._prefix_tables(b, c + pmax)
+                    if c:
+                        r.forward(r.prepare(self._prefill_batch(tables, 0, c, seed=c)))
+                    for pi, p in enumerate(g["PREFILL_NEW"]):
+                        secs[bi][pi][ci] = self._attention_in_step(self._prefill_batch(tables, c, c + p, seed=c + p))
         self._say("attn_prefill done")
         return {"axes": ["batch", "new_tokens", "cached_tokens"],
                 "grid": {"batch": list(g["PREFILL_BATCH"]), "new_tokens": list(g["PREFILL_NEW"]),
@@ -304,7 +361,8 @@ class Profiler:
         for pf, dec in cases:
             b = self.batch(prefills=pf, decodes=dec)
             whole = self.clock.median(self._forward(b, ("linear", "write", "attn", "sample")))
-            parts = sum(self.clock.median(self._forward(b, (p,))) for p in ("linear", "write", "attn", "sample"))
+            parts = sum(self.clock.median(self._forward(b, (p,))) for p in ("linear", "write", "sample"))
+            parts += self._attention_in_step(b) if self.cuda else self.clock.median(self._forward(b, ("attn",)))
             diffs.append(whole - parts)
         self._say(f"overhead whole - parts {['%.3g' % x for x in diffs]}")
         if self.cuda:  # a longer sleep before each segment must not change an eager time (no host gap leaks in)
@@ -353,8 +411,9 @@ class Profiler:
 
 def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_parallel: int = 1, block_size: int = 16,
             device: str = "cuda", attention: str = "fast", prefill: str = "auto", quick: bool = False,
-            catalog=(), command: str = "", progress: bool = True) -> dict:
-    """Measure and return a profile dict (format "blocksim-profile/1")."""
+            catalog=(), command: str = "", progress: bool = True, tier_dir: str | None = None) -> dict:
+    """Measure and return a profile dict (format "blocksim-profile/1"); with ``tier_dir``, the tier
+    transfer tables too (`validation.tiers.bench`, the disk tier's file in that directory)."""
     import torch
 
     from blocksim.catalog import Catalog
@@ -362,6 +421,11 @@ def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_par
     spec = cat.model(model)
     if tensor_parallel < 1:
         raise ProfileError(f"--tensor-parallel {tensor_parallel}: expected a positive number of GPUs")
+    if tier_dir is not None and not (Path(tier_dir).is_dir() and os.access(tier_dir, os.W_OK)):
+        raise ProfileError(f"--tier-dir {tier_dir}: not a writable directory; create it or name another")
+    if tier_dir is not None and tensor_parallel > 1:
+        raise ProfileError(f"--tier-dir with --tensor-parallel {tensor_parallel}: tier transfers are measured on one "
+                           f"GPU; profile them at --tensor-parallel 1")
     name = torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else "cpu"
     if gpu == "auto":
         gpu = catalog_gpu(name)
@@ -372,12 +436,23 @@ def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_par
     p = Profiler(spec, dtype=dtype, block_size=block_size, device=device, attention=attention, prefill=prefill,
                  quick=quick, progress=progress, tensor_parallel=tensor_parallel)
     comps = p.run()
+    tiers, prefill_impl = {}, p.runner.prefill_impl
+    if tier_dir is not None:
+        from validation.tiers.bench import measure_tiers
+        d, prefill_impl = p.dims, p.runner.prefill_impl
+        del p.runner  # the model's caches make room for the tier buffers
+        tiers = measure_tiers(num_layers=d.num_layers, num_kv_heads=d.num_kv_heads, head_size=d.head_size,
+                              block_size=block_size, dtype=dtype, device=device, disk_dir=tier_dir,
+                              **({"chunk_tokens": (16, 64), "chunks": (1, 4), "reps": 2} if quick else {}),
+                              progress=p._say if progress else None)
+        comps.update(tiers["components"])
     return {
         "format": PROFILE_FORMAT, "model": model, "gpu": gpu, "dtype": dtype, "kv_dtype": dtype,
         "tensor_parallel": tensor_parallel, "block_size": block_size, "device": name, "torch": torch.__version__,
         "command": command, "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "decode_attention": attention, "prefill_attention": p.runner.prefill_impl, "quick": quick,
+        "decode_attention": attention, "prefill_attention": prefill_impl, "quick": quick,
         "cuda_graph_batch_sizes": p.graph_sizes if p.cuda else [], "components": comps,
+        **({"tier_disk_io": f"{tiers['disk_mode']} ({tiers['disk_reason']})"} if tiers else {}),
     }
 
 
@@ -406,6 +481,9 @@ def add_profile_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a tiny grid, 3 repetitions a point (tests)")
     p.add_argument("--out", default=None, metavar="FILE",
                    help="where to write (default: blocksim/profiles/<model>__<gpu>__<dtype>__tp<N>.json)")
+    p.add_argument("--tier-dir", default=None, metavar="DIR",
+                   help="also measure the tier transfer tables (GPU, host memory, a disk file in DIR) "
+                        "(default: not measured)")
     p.add_argument("--quiet", action="store_true", help="no progress lines (default: progress on stderr)")
     p.set_defaults(func=cmd_profile)
     return p
@@ -416,7 +494,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     try:
         prof = profile(args.model, gpu=args.gpu_name, dtype=args.dtype, tensor_parallel=args.tensor_parallel,
                        block_size=args.block_size, device=args.device, attention=args.attention, prefill=args.prefill,
-                       quick=args.quick, catalog=args.catalog, command=command, progress=not args.quiet)
+                       quick=args.quick, catalog=args.catalog, command=command, progress=not args.quiet,
+                       tier_dir=args.tier_dir)
     except ProfileError as e:
         print(str(e), file=sys.stderr)
         return 2

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from validation.model import NO_TIMER, PARTS, ModelDims, ModelRunner, SegmentTimer
+from validation.model import NO_TIMER, PARTS, EventTimer, ModelDims, ModelRunner, SegmentTimer
 
 #: Set in every process of a tensor-parallel group: NVLink SHARP / multicast stays off.
 NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -104,7 +104,9 @@ class CommLog:
 
 
 def _lead(timer) -> float | None:
-    return timer.lead_s if isinstance(timer, SegmentTimer) else None
+    """The sleep a worker queues before each segment to keep pace with the driver's `timer` (None:
+    no sleep; an `EventTimer` only records events)."""
+    return timer.lead_s if isinstance(timer, SegmentTimer) and not isinstance(timer, EventTimer) else None
 
 
 def _timer(lead: float | None):
@@ -198,9 +200,9 @@ class ShardedModelRunner(ModelRunner):
         inp["_id"] = inp_id
         return inp
 
-    def forward(self, inp: dict, parts=PARTS, timer=NO_TIMER):
-        self._tell("forward", inp.get("_id"), tuple(parts), _lead(timer))
-        return super().forward(inp, parts, timer)
+    def forward(self, inp: dict, parts=PARTS, timer=NO_TIMER, num_layers: int | None = None, attn_timer=NO_TIMER):
+        self._tell("forward", inp.get("_id"), tuple(parts), _lead(timer), num_layers)
+        return super().forward(inp, parts, timer, num_layers, attn_timer)
 
     def load_decode(self, batch, padded: int) -> None:
         self._tell("load_decode", batch, padded)
@@ -326,9 +328,9 @@ def _serve(rank: int, world: int, port: int, device: str) -> None:
                 for old in [k for k in inps if k < inp_id - 16]:
                     del inps[old]
             elif op == "forward":
-                inp_id, parts, lead = args
+                inp_id, parts, lead, num_layers = args
                 t = _timer(lead)
-                runner.forward(inps[inp_id], parts, t)
+                runner.forward(inps[inp_id], parts, t, num_layers)
                 if lead is not None:
                     t.seconds()
             elif op in ("swap", "copy"):

@@ -42,6 +42,35 @@ cudaError_t launch_reshape_and_cache(const ReshapeAndCacheParams& p, int elem_by
   return cudaGetLastError();
 }
 
+// One thread block per token; thread i moves word i % row_words of head row i / row_words, for the
+// key and the value (strided sources such as the key and value slices of a fused QKV output).
+__global__ void fast_cache_write_kernel(const FastCacheWriteParams p) {
+  const int token = blockIdx.x;
+  const int64_t slot = p.slot_mapping[token];
+  if (slot < 0 || slot >= p.num_slots) return;
+  const int64_t blk = slot / p.block_size;
+  const int64_t off = slot % p.block_size;
+  const uint4* key = static_cast<const uint4*>(p.key) + token * p.key_token_stride;
+  const uint4* value = static_cast<const uint4*>(p.value) + token * p.value_token_stride;
+  uint4* kc = static_cast<uint4*>(p.key_cache) + blk * p.kc_block_stride + off * p.kc_slot_stride;
+  uint4* vc = static_cast<uint4*>(p.value_cache) + blk * p.vc_block_stride + off * p.vc_slot_stride;
+  const int n = p.num_kv_heads * p.row_words;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int h = i / p.row_words;
+    const int w = i % p.row_words;
+    kc[h * p.kc_head_stride + w] = key[h * p.key_head_stride + w];
+    vc[h * p.vc_head_stride + w] = value[h * p.value_head_stride + w];
+  }
+}
+
+cudaError_t launch_fast_cache_write(const FastCacheWriteParams& p, cudaStream_t stream) {
+  if (p.num_tokens == 0) return cudaSuccess;
+  const int n = p.num_kv_heads * p.row_words;
+  const int threads = n < 256 ? ((n + 31) / 32) * 32 : 256;
+  fast_cache_write_kernel<<<p.num_tokens, threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 // grid (pairs, tensors, chunks): each thread block copies a strided share of one block of one
 // tensor in 16-byte words.
 __global__ void copy_block_pairs_kernel(const int64_t* src_ptrs, const int64_t* dst_ptrs, const int64_t* pairs,

@@ -25,6 +25,25 @@ struct ReshapeAndCacheParams {
 // elem_bytes: 4 (float32) or 2 (float16 / bfloat16: copied bit for bit).
 cudaError_t launch_reshape_and_cache(const ReshapeAndCacheParams& p, int elem_bytes, cudaStream_t stream);
 
+struct FastCacheWriteParams {
+  const void* key;             // [num_tokens, num_kv_heads, head_size]: rows contiguous, 16-byte aligned
+  const void* value;
+  void* key_cache;             // fast layout [num_blocks, block_size, num_kv_heads, head_size], any strides
+  void* value_cache;           //   whose head rows are contiguous and 16-byte aligned
+  const int64_t* slot_mapping; // [num_tokens]; slot = block * block_size + offset, < 0: padding
+  int num_tokens;
+  int num_kv_heads;
+  int row_words;               // 16-byte words in one head row (head_size * elem_bytes / 16)
+  int block_size;
+  int64_t num_slots;
+  int64_t key_token_stride, key_head_stride, value_token_stride, value_head_stride;  // in words
+  int64_t kc_block_stride, kc_slot_stride, kc_head_stride;                             // in words
+  int64_t vc_block_stride, vc_slot_stride, vc_head_stride;
+};
+
+// Fast-layout cache write: one thread block per token, each head row moved as 16-byte words.
+cudaError_t launch_fast_cache_write(const FastCacheWriteParams& p, cudaStream_t stream);
+
 // Copies whole blocks: for each tensor t and pair i, block pairs[2i+1] of dsts[t] becomes block
 // pairs[2i] of srcs[t]. src_ptrs / dst_ptrs / pairs are device arrays (pointers as int64); the
 // pointers may be device memory or mapped pinned host memory. Blocks are block_bytes long,

@@ -329,6 +329,51 @@ void reshape_and_cache(torch::Tensor key, torch::Tensor value, torch::Tensor key
                "reshape_and_cache");
 }
 
+// Keys and values [tokens, kv_heads, head] into fast-layout caches [blocks, block_size, kv_heads, head]
+// of the same dtype; every head row contiguous and 16-byte aligned (checked by the Python API).
+void fast_cache_write(torch::Tensor key, torch::Tensor value, torch::Tensor key_cache, torch::Tensor value_cache,
+                      torch::Tensor slot_mapping, int64_t stream) {
+  for (auto* t : {&key, &value, &key_cache, &value_cache, &slot_mapping}) check_cuda(*t, "fast_cache_write tensors");
+  TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous(),
+              "slot_mapping must be contiguous int64");
+  const int64_t es = key.element_size();
+  TORCH_CHECK(value.element_size() == es && key_cache.element_size() == es && value_cache.element_size() == es,
+              "fast_cache_write: key, value and caches must share one element size");
+  const int64_t words = 16 / es;  // elements per 16-byte word
+  auto w = [&](int64_t s) {
+    TORCH_CHECK(s % words == 0, "fast_cache_write: strides must be multiples of 16 bytes");
+    return s / words;
+  };
+  for (auto* t : {&key, &value, &key_cache, &value_cache}) {
+    TORCH_CHECK(t->stride(t->dim() - 1) == 1 && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
+                "fast_cache_write: head rows must be contiguous and 16-byte aligned");
+  }
+  TORCH_CHECK((key.size(2) * es) % 16 == 0, "fast_cache_write: a head row must be a multiple of 16 bytes");
+  blocksim::FastCacheWriteParams p{};
+  p.key = key.data_ptr();
+  p.value = value.data_ptr();
+  p.key_cache = key_cache.data_ptr();
+  p.value_cache = value_cache.data_ptr();
+  p.slot_mapping = slot_mapping.data_ptr<int64_t>();
+  p.num_tokens = static_cast<int>(key.size(0));
+  p.num_kv_heads = static_cast<int>(key.size(1));
+  p.row_words = static_cast<int>(key.size(2) * es / 16);
+  p.block_size = static_cast<int>(key_cache.size(1));
+  p.num_slots = key_cache.size(0) * key_cache.size(1);
+  p.key_token_stride = w(key.stride(0));
+  p.key_head_stride = w(key.stride(1));
+  p.value_token_stride = w(value.stride(0));
+  p.value_head_stride = w(value.stride(1));
+  p.kc_block_stride = w(key_cache.stride(0));
+  p.kc_slot_stride = w(key_cache.stride(1));
+  p.kc_head_stride = w(key_cache.stride(2));
+  p.vc_block_stride = w(value_cache.stride(0));
+  p.vc_slot_stride = w(value_cache.stride(1));
+  p.vc_head_stride = w(value_cache.stride(2));
+  const DeviceScope scope(key.device());
+  check_launch(blocksim::launch_fast_cache_write(p, as_stream(stream)), "fast_cache_write");
+}
+
 // Device-visible address of a tensor's storage: itself on the GPU, its mapped address when it
 // is pinned host memory (nullopt when the host memory is not mapped).
 std::optional<int64_t> device_address(const torch::Tensor& t) {
@@ -447,6 +492,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_prefill", &paged_prefill);
   m.def("paged_prefill_block_rows", &blocksim::paged_prefill_block_rows);
   m.def("reshape_and_cache", &reshape_and_cache);
+  m.def("fast_cache_write", &fast_cache_write);
   m.def("copy_blocks", &copy_blocks);
   m.def("swap_blocks", &swap_blocks);
   m.def("swap_path", &swap_path);

@@ -200,8 +200,9 @@ def reshape_and_cache_fast(key: torch.Tensor, value: torch.Tensor, key_cache: to
                       k_scale: float = 1.0, v_scale: float = 1.0, validate: bool = True) -> None:
     """Writes new tokens' keys and values (``[num_tokens, num_kv_heads, head_size]``) into their
     slots of fast-layout caches (``slot_mapping[i] = block * block_size + offset``, negative =
-    padding, skipped). In the NHD storage a token's row is contiguous, so this is one indexed
-    copy per cache (torch indexing, CPU or CUDA); float8 caches store ``key / k_scale``,
+    padding, skipped). In the NHD storage a token's row is contiguous: on CUDA one kernel moves each
+    head row as 16-byte words from strided sources (such as slices of a fused QKV output), elsewhere
+    (CPU, float8 caches, unaligned rows) an indexed copy does; float8 caches store ``key / k_scale``,
     ``value / v_scale`` saturated at +-448."""
     for name, c in (("key_cache", key_cache), ("value_cache", value_cache)):
         _checks._tensor(name, c)
@@ -224,5 +225,23 @@ def reshape_and_cache_fast(key: torch.Tensor, value: torch.Tensor, key_cache: to
                 raise ValueError(f"slot {int(slots.max())} is outside the cache ({nb} blocks x {bs} tokens)")
             if slots.unique().numel() != slots.numel():
                 raise ValueError("slot_mapping writes a slot twice")
+    if _kernel_writes(key, value, key_cache, value_cache):
+        extension().fast_cache_write(key, value, key_cache, value_cache, slot_mapping.to(torch.int64).contiguous(),
+                                     torch.cuda.current_stream(key.device).cuda_stream)
+        return
     reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
                                      k_scale=float(k_scale), v_scale=float(v_scale))
+
+
+def _kernel_writes(*tensors: torch.Tensor) -> bool:
+    """The CUDA write kernel takes float16 / bfloat16 tensors, all on one GPU and of one dtype, whose
+    head rows are contiguous, 16-byte aligned and 16-byte multiples (the indexed copy does the rest)."""
+    t0 = tensors[0]
+    if not t0.is_cuda or t0.dtype not in FAST_DTYPES:
+        return False
+    for t in tensors:
+        if t.device != t0.device or t.dtype != t0.dtype or t.stride(-1) != 1 or t.data_ptr() % 16:
+            return False
+        if any(s % 8 for s in t.stride()[:-1]) or t.shape[-1] % 8:
+            return False
+    return True

@@ -325,6 +325,29 @@ def test_reshape_and_cache_fast_on_cuda_matches_cpu():
     assert torch.equal(gk.cpu(), kc) and torch.equal(gv.cpu(), vc)
 
 
+@pytest.mark.parametrize("storage", ["NHD", "HND", "H2ND"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kv_heads,head_size", [(8, 128), (32, 128), (4, 64), (2, 80), (1, 256)])
+def test_cache_write_kernel_takes_strided_qkv_slices(storage, dtype, kv_heads, head_size):
+    """The CUDA write kernel (keys and values as slices of a fused QKV output, rows strided) writes
+    exactly what the indexed copy writes, skips padding slots and leaves every other slot alone."""
+    gen = torch.Generator().manual_seed(kv_heads * head_size)
+    heads, tokens, blocks, bs = 2 * kv_heads, 300, 40, 16
+    kc, vc = kernels.allocate_fast_kv_cache(blocks, bs, kv_heads, head_size, dtype, "cpu", storage=storage)
+    kc.copy_(torch.randn(kc.shape, generator=gen).to(dtype))
+    vc.copy_(torch.randn(vc.shape, generator=gen).to(dtype))
+    qkv = torch.randn(tokens, heads + 2 * kv_heads, head_size, generator=gen).to(dtype)
+    key, value = qkv[:, heads:heads + kv_heads], qkv[:, heads + kv_heads:]
+    slots = torch.randperm(blocks * bs, generator=gen)[:tokens]
+    slots[::37] = -1
+    gk, gv = kc.cuda(), vc.cuda()
+    gq = qkv.cuda()
+    assert fast_ops._kernel_writes(gq[:, heads:heads + kv_heads], gq[:, heads + kv_heads:], gk, gv)
+    kernels.reshape_and_cache_fast(gq[:, heads:heads + kv_heads], gq[:, heads + kv_heads:], gk, gv, slots.cuda())
+    kernels.reshape_and_cache_fast(key, value, kc, vc, slots)
+    assert torch.equal(gk.cpu(), kc) and torch.equal(gv.cpu(), vc)
+
+
 def test_fast_agrees_with_the_vllm_kernel_on_the_same_tokens():
     gen = torch.Generator(device="cuda").manual_seed(13)
     kc, vc = caches(8, 128, 16, torch.float16)
