@@ -20,13 +20,13 @@ model with `validation.model.ModelRunner`'s seed on every rank and keeps its sli
 sharded forward can be checked against the unsharded one (it needs the whole model's memory).
 
 Processes: rank 0 (the caller: the engine's executor or the profiler) drives; `launch` starts
-ranks 1 .. N-1 as processes (``python -m validation.sharded RANK WORLD PORT DEVICE``) that serve it. Each call of the driver's runner that touches
-the GPU (prepare, forward, load_decode, replay_decode, swap, copy, warm_up,
-capture_decode_graphs, allreduce_seconds) is first broadcast to the workers over a gloo group, and
-every rank then runs it, so the ranks issue the same collectives in the same order (CUDA-graph
-captures included). A worker times each eager segment with the same `SegmentTimer` sleep as the
-driver, so the ranks reach each all-reduce together. Every process gets NVLink multicast off
-(`NO_MULTICAST_ENV`).
+ranks 1 .. N-1 as processes (``python -m validation.sharded RANK WORLD PORT DEVICE``) that serve
+it. Each call of the driver's runner that touches the GPU (prepare, forward, load_decode,
+replay_decode, swap, copy, warm_up, capture_decode_graphs, allreduce_seconds) is first broadcast to
+the workers over a gloo group, and every rank then runs it, so the ranks issue the same
+collectives in the same order (CUDA-graph captures included). A worker times each eager segment
+with the same `SegmentTimer` sleep as the driver, so the ranks reach each all-reduce together.
+Every process gets NVLink multicast off (`NO_MULTICAST_ENV`).
 
 Accounting: `CommLog` counts the all-reduces and their bytes; a replayed CUDA graph adds those of
 its capture (``2 * layers`` messages of ``padded batch * hidden`` elements).
@@ -73,7 +73,8 @@ def shard_dims(dims: ModelDims, tp: int) -> ModelDims:
         raise ShardError(f"{dims.name}: {dims.num_heads} heads and MLP width {dims.intermediate_size} must divide "
                          f"by tensor_parallel {tp}")
     if dims.num_kv_heads % tp and tp % dims.num_kv_heads:
-        raise ShardError(f"{dims.name}: {dims.num_kv_heads} KV heads and tensor_parallel {tp}: one must divide the other")
+        raise ShardError(f"{dims.name}: {dims.num_kv_heads} KV heads and tensor_parallel {tp}: "
+                         f"one must divide the other")
     return replace(dims, num_heads=dims.num_heads // tp, num_kv_heads=max(1, dims.num_kv_heads // tp),
                    intermediate_size=dims.intermediate_size // tp)
 
@@ -155,7 +156,8 @@ class ShardedModelRunner(ModelRunner):
         qkv_rows = torch.cat([heads(q, 0), heads(kv, d.num_heads * D), heads(kv, (d.num_heads + d.num_kv_heads) * D)])
         i = d.intermediate_size // self.tp
         lo = self.rank * i
-        mlp_rows = torch.cat([torch.arange(lo, lo + i), torch.arange(d.intermediate_size + lo, d.intermediate_size + lo + i)])
+        up = d.intermediate_size + lo  # gate rows first, then up rows
+        mlp_rows = torch.cat([torch.arange(lo, lo + i), torch.arange(up, up + i)])
         for w in self.layers:
             w["qkv"] = w["qkv"][qkv_rows.to(self.device)].contiguous()
             w["o"] = w["o"][:, q.start * D:q.stop * D].contiguous()

@@ -211,7 +211,10 @@ class ProfiledCostModel:
         t = self._memo.get(key)
         if t is None:
             nbytes = tokens * self.allreduce_bytes_per_token
-            one = self._one(self.allreduce_line, nbytes) if self.allreduce_line is not None else self._ring.allreduce(nbytes)
+            if self.allreduce_line is not None:
+                one = self._one(self.allreduce_line, nbytes)
+            else:
+                one = self._ring.allreduce(nbytes)
             t = self._memo[key] = self.allreduces_per_step * one
         return t
 

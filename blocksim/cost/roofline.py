@@ -27,8 +27,8 @@ Components of a step (each a column `t_<name>_s` in steps.parquet):
   ring algorithm of NCCL, whose reduce-scatter and all-gather phases each move ``(N - 1) / N`` of
   the message over every GPU's link (what nccl-tests calls bus bandwidth: ``busbw = algbw * 2 (N -
   1) / N``), bounded by the GPU-to-GPU link's one-way bandwidth; the latency is the catalog GPU's
-  ``allreduce_latency_s`` (or `CostParams`'s, fitted on a profile's ``allreduce`` table), whatever N. The embedding and the LM head are taken as replicated
-  (no all-reduce or gather of their own).
+  ``allreduce_latency_s`` (or `CostParams`'s, fitted on a profile's ``allreduce`` table), whatever
+  N. The embedding and the LM head are taken as replicated (no all-reduce or gather of their own).
 
 The factors come from `CostParams` (defaults below); ``--cost-profile`` reads them from a JSON of
 parameters, or fits them on a measured profile's grids (`blocksim.cost.fit`).

@@ -184,8 +184,8 @@ class Engine:
                 g = p.group
                 if g.first_scheduled_s != g.first_scheduled_s:
                     g.first_scheduled_s = now
-            span = find_span(sched, bm, self.cost, out, now, arrivals[self._next_arrival_idx],
-                                                           self._comm) if self.spans else None
+            span = (find_span(sched, bm, self.cost, out, now, arrivals[self._next_arrival_idx], self._comm)
+                    if self.spans else None)
             if span is not None:
                 yield from run_span(self, out, span)
                 if bar:

@@ -63,7 +63,8 @@ def test_shards_divide_heads_and_mlp_and_replicate_a_kv_head_shared_by_ranks():
 def test_each_rank_holds_its_column_and_row_shards(driver, catalog, name):
     d = dims_of(catalog, name)
     r = driver.runner(d, dtype="float32", **KW)
-    h, D, hq, hk, i = d.hidden_size, d.head_size, d.num_heads // 2, max(1, d.num_kv_heads // 2), d.intermediate_size // 2
+    h, D, i = d.hidden_size, d.head_size, d.intermediate_size // 2
+    hq, hk = d.num_heads // 2, max(1, d.num_kv_heads // 2)
     w = r.layers[0]
     assert tuple(w["qkv"].shape) == ((hq + 2 * hk) * D, h), "QKV column-parallel"
     assert tuple(w["o"].shape) == (h, hq * D), "O row-parallel"
@@ -77,7 +78,8 @@ def prompt_then_decode(n: int, vocab: int):
     table = np.arange(2, 2 + -(-(n + 1) // BS))
     p = np.arange(n)
     pre = StepBatch(ids[:n], p, table[p // BS] * BS + p % BS, [PrefillSeq(0, n, table)])
-    dec = StepBatch(ids[n:], np.asarray([n]), np.asarray([table[n // BS] * BS + n % BS]), [], [table], np.asarray([n + 1]))
+    dec = StepBatch(ids[n:], np.asarray([n]), np.asarray([table[n // BS] * BS + n % BS]), [], [table],
+                    np.asarray([n + 1]))
     return [pre, dec]
 
 
@@ -133,7 +135,8 @@ def test_a_replay_executes_at_tensor_parallel_2_with_the_priced_allreduces(drive
                   "output_tokens": rng.integers(2, 12, n)}).to_parquet(tmp_path / "t.parquet", index=False)
     out = tmp_path / "run"
     assert main(["replay", str(tmp_path / "t.parquet"), "--out", str(out), "--catalog", str(catalog),
-                 "--model", "tiny-gqa", "--tensor-parallel", "2", "--num-gpu-blocks", "24", "--max-num-batched-tokens", "256",
+                 "--model", "tiny-gqa", "--tensor-parallel", "2", "--num-gpu-blocks", "24",
+                 "--max-num-batched-tokens", "256",
                  "--executor", "cpu",
                  "--quiet", "--no-report"]) == 0
     steps = pd.read_parquet(out / "steps.parquet")
