@@ -129,6 +129,7 @@ class ShardedModelRunner(ModelRunner):
         self.communicate = True
         self._depth = 0          # > 0 inside a call already broadcast (its inner calls are not)
         self._next_id = 0
+        self._graph_comm: dict[tuple, bool] = {}  # (padded batch, parts) -> the captured graph all-reduces
         super().__init__(shard_dims(dims, tp), seed=seed, **kw)
 
     # --- weights --------------------------------------------------------------------------------------
@@ -212,7 +213,7 @@ class ShardedModelRunner(ModelRunner):
 
     def replay_decode(self, padded: int, parts=PARTS):
         self._tell("replay_decode", padded, tuple(parts))
-        if self.communicate and self.tp > 1 and "linear" in parts:
+        if self._graph_comm.get((padded, tuple(sorted(parts)))):  # the all-reduces captured in the graph
             self.comm_log.add(padded * self.dims.hidden_size * self.embed.element_size(), 2 * self.dims.num_layers)
         return super().replay_decode(padded, parts)
 
@@ -234,7 +235,11 @@ class ShardedModelRunner(ModelRunner):
         from validation.model import GRAPH_BATCH_SIZES
         sizes = tuple(sizes or GRAPH_BATCH_SIZES)
         with self._outer("capture", max_batch, sizes, tuple(parts)):
-            return super().capture_decode_graphs(max_batch, sizes, parts)
+            done = super().capture_decode_graphs(max_batch, sizes, parts)
+        holds = self.communicate and self.tp > 1 and "linear" in parts
+        for b in done:  # whether each new graph holds all-reduces (an earlier capture of a size stays)
+            self._graph_comm.setdefault((b, tuple(sorted(parts))), holds)
+        return done
 
     def allreduce_seconds(self, sizes=ALLREDUCE_BYTES, iters: int = ALLREDUCE_ITERS,
                           rounds: int = ALLREDUCE_ROUNDS) -> list[float]:

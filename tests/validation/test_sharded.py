@@ -148,3 +148,20 @@ def test_a_replay_executes_at_tensor_parallel_2_with_the_priced_allreduces(drive
     np.testing.assert_allclose(steps.duration_s.to_numpy(), ex.measured_s.to_numpy())
     summary = json.loads((out / "summary.json").read_text())
     assert summary["finished"] == n and summary["executor"]["tensor_parallel"] == 2
+
+
+def test_a_replayed_graph_counts_the_allreduces_captured_in_it(catalog, monkeypatch):
+    """Graph replays run no Python: the count comes from what the capture held (CPU: capture mocked)."""
+    monkeypatch.setattr(ModelRunner, "capture_decode_graphs", lambda self, max_batch, sizes=None, parts=None: [8, 4])
+    monkeypatch.setattr(ModelRunner, "replay_decode", lambda self, padded, parts=None: None)
+    d = dims_of(catalog, "tiny-gqa")
+    r = sharded.ShardedModelRunner(d, tp=2, rank=0, dtype="float16", device="cpu", **KW)
+    r.capture_decode_graphs(8)
+    r.set_communicate(False)
+    r.capture_decode_graphs(8, parts=("linear",))
+    r.set_communicate(True)
+    r.replay_decode(4)
+    assert (r.comm_log.count, r.comm_log.bytes) == (2 * 2, 2 * 2 * 4 * 256 * 2), "2 x layers of padded x hidden x 2 B"
+    r.comm_log.reset()
+    r.replay_decode(4, ("linear",))
+    assert r.comm_log.count == 0, "captured without communication"
