@@ -101,6 +101,9 @@ def blocksim(args: list[str], log) -> int:
     t0 = time.perf_counter()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(x for x in (str(ROOT), env.get("PYTHONPATH")) if x)
+    if "--tensor-parallel" in args:  # NVLink multicast off in every process of a tensor-parallel run
+        from validation.sharded import NO_MULTICAST_ENV
+        env.update(NO_MULTICAST_ENV)
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     log.write(f"$ blocksim {' '.join(args)}\n{p.stdout}{p.stderr}(rc {p.returncode}, {time.perf_counter() - t0:.1f} s)\n")
     log.flush()
