@@ -196,7 +196,8 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     print("gpus:")
     for g in cat.gpus.values():
         print(f"  {g.name:<12} memory={g.memory_bytes / 2**30:.0f}GiB hbm={g.hbm_bw_gbps:.0f}GB/s "
-              f"fp16={g.fp16_tflops:.0f}TFLOP/s host_link={g.host_link_gbps:.0f}GB/s")
+              f"fp16={g.fp16_tflops:.0f}TFLOP/s host_link={g.host_link_gbps:.0f}GB/s "
+              f"gpu_link={g.gpu_link_gbps:.0f}GB/s")
     if args.model:
         cfg = build_config(model=args.model, gpu=args.gpu, catalog=tuple(args.catalog))
         print(f"\n{args.model} on {cfg.gpu.name}: {cfg.num_gpu_blocks} GPU blocks, {cfg.num_cpu_blocks} CPU blocks "

@@ -17,8 +17,10 @@ constants are fitted on its grids (`blocksim.cost.fit`) and used.
 
 Each model has the methods the engine calls per step (``linear``, ``attn_prefill``,
 ``attn_decode``, ``swap``, ``copy``, ``overhead``; ``attn_decode`` also takes an array of context
-sizes for a span of decode steps) and may have ``report(steps)`` (from the run's step frame, of the columns ``report_columns``
-names when it has that attribute) or ``describe()``, the record summary.json keeps.
+sizes for a span of decode steps) and may have ``comm(tokens)``, the tensor-parallel all-reduces of
+a step (called only when tensor_parallel > 1; a model without it prices them at zero), and
+``report(steps)`` (from the run's step frame, of the columns ``report_columns`` names when it has
+that attribute) or ``describe()``, the record summary.json keeps.
 """
 
 from __future__ import annotations

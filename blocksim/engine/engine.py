@@ -109,7 +109,9 @@ class Engine:
         # Allocators with address-space extents (contiguous) get their free extents sampled.
         self._extents: list[tuple[int, float, np.ndarray]] | None = [] if self.bm.has_extents else None
         self._next_extent_s = 0.0
-        self.rec = StepRecorder()
+        # tensor-parallel communication: a cost model's `comm(tokens)`, recorded as t_comm_s when TP > 1
+        self._comm = getattr(self.cost, "comm", None) if config.tensor_parallel > 1 else None
+        self.rec = StepRecorder(comm=config.tensor_parallel > 1)
         self.groups: list[SequenceGroup] = []
         self._arrivals = self.reqs.arrival_s.to_numpy()
         self._arrival_list = self._arrivals.tolist() + [math.inf]  # for the step loop: floats, then inf
@@ -182,7 +184,8 @@ class Engine:
                 g = p.group
                 if g.first_scheduled_s != g.first_scheduled_s:
                     g.first_scheduled_s = now
-            span = find_span(sched, bm, self.cost, out, now, arrivals[self._next_arrival_idx]) if self.spans else None
+            span = (find_span(sched, bm, self.cost, out, now, arrivals[self._next_arrival_idx], self._comm)
+                    if self.spans else None)
             if span is not None:
                 yield from run_span(self, out, span)
                 if bar:
@@ -219,6 +222,7 @@ class Engine:
             "t_attn_decode_s": float(cm.attn_decode(out.decode_ctx_tokens, n, decode_only)),
             "t_swap_s": cm.swap(len(out.blocks_to_swap_in), len(out.blocks_to_swap_out)),
             "t_copy_s": cm.copy(len(out.blocks_to_copy)),
+            "t_comm_s": self._comm(tokens) if self._comm is not None else 0.0,
             "t_overhead_s": cm.overhead(out.has_work, n if decode_only else 0),
         }
 

@@ -44,7 +44,7 @@ class Span(NamedTuple):
     starts_s: np.ndarray      # start time of each step (at least `steps` of them)
     durations_s: np.ndarray
     ctx_tokens: np.ndarray    # decode context tokens of each step
-    times: dict               # the cost model's components: t_linear_s, t_attn_decode_s, t_overhead_s
+    times: dict               # the cost model's components: t_linear_s, t_attn_decode_s, t_comm_s, t_overhead_s
 
 
 def decode_batch(sched: Scheduler, out: SchedulerOutputs):
@@ -73,14 +73,18 @@ def decode_batch(sched: Scheduler, out: SchedulerOutputs):
     return seqs, lens, k
 
 
-def decode_times(cost, out: SchedulerOutputs, k: int):
+def decode_times(cost, out: SchedulerOutputs, k: int, comm=None):
     """Durations of `k` decode steps of the batch, each context one token longer, their components
-    and the steps' context tokens."""
+    and the steps' context tokens. `comm(tokens)`: the tensor-parallel all-reduces' time (None on
+    one GPU), added in the order a single step sums its components."""
     n = out.num_decode_seqs
     ctx = out.decode_ctx_tokens + n * np.arange(k, dtype=np.int64)
     times = {"t_linear_s": cost.linear(n, n, True), "t_attn_decode_s": cost.attn_decode(ctx, n, True),
-             "t_overhead_s": cost.overhead(True, n)}
-    durations = times["t_linear_s"] + times["t_attn_decode_s"] + times["t_overhead_s"]
+             "t_comm_s": comm(n) if comm is not None else 0.0, "t_overhead_s": cost.overhead(True, n)}
+    if comm is None:
+        durations = times["t_linear_s"] + times["t_attn_decode_s"] + times["t_overhead_s"]
+    else:
+        durations = times["t_linear_s"] + times["t_attn_decode_s"] + times["t_comm_s"] + times["t_overhead_s"]
     return durations, times, ctx
 
 
@@ -120,9 +124,10 @@ def block_crossings(bm: MemoryManager, lens: list[int], k: int):
 
 
 def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, now_s: float,
-              next_arrival_s: float) -> Span | None:
+              next_arrival_s: float, comm=None) -> Span | None:
     """The span that the step `out`, scheduled at `now_s`, starts; None when it starts none
-    (fewer than two steps before a finish, an arrival or a shortage of free blocks)."""
+    (fewer than two steps before a finish, an arrival or a shortage of free blocks). `comm` as
+    in `decode_times`."""
     if not out.is_plain_decode or not sched.allows_span():
         return None
     batch = decode_batch(sched, out)
@@ -134,9 +139,11 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     # duration (all of them again if every estimated step starts before it: the cut stays exact).
     n = out.num_decode_seqs  # priced as `decode_times` prices each step
     first_s = cost.linear(n, n, True) + cost.attn_decode(out.decode_ctx_tokens, n, True) + cost.overhead(True, n)
+    if comm is not None:
+        first_s += comm(n)
     guess = k if first_s <= 0 or next_arrival_s == math.inf else min(k, int((next_arrival_s - now_s) / first_s) + 2)
     while True:
-        durations, times, ctx = decode_times(cost, out, guess)
+        durations, times, ctx = decode_times(cost, out, guess, comm)
         starts = np.fromiter(accumulate(durations[:-1].tolist(), initial=now_s), np.float64, guess)
         before = int(np.searchsorted(starts, next_arrival_s, side="left"))  # steps starting before the arrival
         if before < guess or guess == k:
@@ -212,7 +219,8 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
     times = span.times
     constant.update(num_decode_seqs=n, running=len(out.decode_groups), waiting=len(sched.waiting),
                     swapped=len(sched.swapped), cpu_blocks_used=bm.num_cpu_blocks_used,
-                    t_linear_s=times["t_linear_s"], t_overhead_s=times["t_overhead_s"])  # the other columns are 0
+                    t_linear_s=times["t_linear_s"], t_comm_s=times["t_comm_s"],
+                    t_overhead_s=times["t_overhead_s"])  # the other columns are 0
     varying.update(start_s=span.starts_s[:k], duration_s=span.durations_s[:k], decode_ctx_tokens=ctx,
                    finished=fin, t_attn_decode_s=times["t_attn_decode_s"][:k])
     engine.rec.add_many(k, constant, varying)

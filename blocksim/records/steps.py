@@ -24,7 +24,8 @@ import numpy as np
 import pandas as pd
 
 # ROW_COLUMNS: every column of steps.parquet but `step`, in the order rows are given to `add`.
-from blocksim.records.schema import FLOAT_COLUMNS, ROW_COLUMNS, STEP_COLUMNS  # noqa: F401 (re-exported)
+from blocksim.records.schema import (COMM_COLUMN, FLOAT_COLUMNS, ROW_COLUMNS, STEP_COLUMNS,  # noqa: F401 (re-exported)
+                                     STEP_COLUMNS_TP)
 
 
 # One step's values by column name: `StepRow(start_s=..., duration_s=..., ...)`, every column of
@@ -48,7 +49,12 @@ _INT32 = np.iinfo(np.int32)
 
 
 class StepRecorder:
-    def __init__(self) -> None:
+    """Step rows as segments (a step, or a span of steps); the frame and the row groups keep
+    `COMM_COLUMN` only when `comm` (tensor parallel > 1)."""
+
+    def __init__(self, comm: bool = False) -> None:
+        self.comm = comm
+        self.columns = STEP_COLUMNS_TP if comm else STEP_COLUMNS  # the records' columns, in written order
         self._chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (floats, ints), SEGMENT_CHUNK_ROWS rows each
         self._used = SEGMENT_CHUNK_ROWS  # rows written in the last chunk
         self._pending: dict[str, list[np.ndarray]] = {c: [] for c in ROW_COLUMNS}  # spans' arrays, in order
@@ -133,12 +139,13 @@ class StepRecorder:
         parts[-1] = (parts[-1][0][:hi], parts[-1][1][:hi])
         return np.concatenate([f for f, _ in parts]), np.concatenate([i for _, i in parts])
 
-    def row_groups(self, rows: int, columns: tuple[str, ...] = STEP_COLUMNS) -> Iterator[dict[str, np.ndarray]]:
+    def row_groups(self, rows: int, columns: tuple[str, ...] | None = None) -> Iterator[dict[str, np.ndarray]]:
         """The steps in order, `rows` at a time (the last group may be shorter; one empty group
-        for a run without steps): each a dict of `columns` (of `STEP_COLUMNS`, in that order) to
-        arrays of their dtypes. Closes the records; each call starts again from the first step."""
+        for a run without steps): each a dict of `columns` (of `self.columns`, the default, in that
+        order) to arrays of their dtypes. Closes the records; each call starts again from the first step."""
         self.close()
-        _check_columns(columns)
+        columns = self.columns if columns is None else columns
+        _check_columns(columns, self.columns)
         columns = tuple(c for c in ROW_COLUMNS if c in columns), "step" in columns
         counts = np.concatenate([i[:, _STEPS] for _, i in self._chunks]) if self._chunks else np.zeros(0, np.int64)
         ends = np.cumsum(counts)  # each segment's end, in steps
@@ -168,12 +175,12 @@ class StepRecorder:
         return cols
 
     def to_frame(self, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
-        """The steps as a frame in `STEP_COLUMNS` order, built on the first call (which closes the
+        """The steps as a frame in `self.columns` order, built on the first call (which closes the
         records); with `columns`, a frame of those columns only, built on each call."""
         if columns is not None:
-            _check_columns(columns)
+            _check_columns(columns, self.columns)
             if self._frame is not None:
-                return self._frame[[c for c in STEP_COLUMNS if c in columns]]
+                return self._frame[[c for c in self.columns if c in columns]]
             return pd.DataFrame(next(self.row_groups(max(self.num_steps, 1), columns)), copy=False)
         if self._frame is None:
             self._frame = pd.DataFrame(next(self.row_groups(max(self.num_steps, 1))), copy=False)
@@ -206,10 +213,10 @@ class StepRecorder:
         return last("start_s") + last("duration_s")
 
 
-def _check_columns(columns) -> None:
-    if not set(columns) <= set(STEP_COLUMNS):
-        raise ValueError(f"step records: no column {sorted(set(columns) - set(STEP_COLUMNS))}; "
-                         f"the columns are {list(STEP_COLUMNS)}")
+def _check_columns(columns, known: tuple[str, ...]) -> None:
+    if not set(columns) <= set(known):
+        raise ValueError(f"step records: no column {sorted(set(columns) - set(known))}; "
+                         f"the columns are {list(known)}")
 
 
 class _Pieces:

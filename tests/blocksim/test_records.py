@@ -145,14 +145,16 @@ def test_summary_and_analysis_metrics_agree_on_random_runs(workload, blocks, pol
         assert_same(m["goodput_requests_per_s"], metrics.per_second(good, m["simulated_s"]), "goodput")
 
 
-def test_step_recorder_keeps_every_value_across_chunk_boundaries(monkeypatch):
+@pytest.mark.parametrize("comm", [False, True])
+def test_step_recorder_keeps_every_value_across_chunk_boundaries(monkeypatch, comm):
     """Steps and spans of steps that straddle the recorder's chunks and its joins of span arrays
-    come out in order, each value in its column's dtype, as the plain rows given."""
+    come out in order, each value in its column's dtype, as the plain rows given; t_comm_s only in
+    a tensor-parallel run's frame."""
     from blocksim.records import steps as steps_mod
 
     monkeypatch.setattr(steps_mod, "SEGMENT_CHUNK_ROWS", 3)
     monkeypatch.setattr(steps_mod, "PENDING_ARRAYS", 2)
-    rec = steps_mod.StepRecorder()
+    rec = steps_mod.StepRecorder(comm=comm)
     rng = np.random.default_rng(3)
     expected = []
     for _ in range(20):
@@ -180,10 +182,12 @@ def test_step_recorder_keeps_every_value_across_chunk_boundaries(monkeypatch):
     with pytest.raises(ValueError, match="no column"):
         rec.to_frame(("finish",))
     assert rec.num_steps == len(expected) == len(frame)
-    assert list(frame.columns) == list(schema.STEP_COLUMNS)
-    assert frame.dtypes.astype(str).to_dict() == schema.STEP_DTYPES
+    assert list(frame.columns) == list(schema.STEP_COLUMNS_TP if comm else schema.STEP_COLUMNS)
+    assert frame.dtypes.astype(str).to_dict() == (schema.STEP_DTYPES_TP if comm else schema.STEP_DTYPES)
     assert frame.step.tolist() == list(range(len(expected)))
     for j, c in enumerate(schema.ROW_COLUMNS):
+        if c == schema.COMM_COLUMN and not comm:
+            continue
         assert frame[c].tolist() == [row[j] for row in expected], c
     assert rec.to_frame() is frame
     with pytest.raises(RuntimeError, match="already closed"):
