@@ -15,6 +15,7 @@ from blocksim.records.schema import (
     REQUESTS_FILE,
     RUN_FORMAT_VERSION,
     STEP_DTYPES,
+    STEP_DTYPES_TP,
     STEPS_FILE,
     SUMMARY_FILE,
 )
@@ -124,7 +125,8 @@ def write_steps(records: StepRecorder, path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.schema([(c, pa.float64() if dtype == "float64" else pa.int64()) for c, dtype in STEP_DTYPES.items()])
+    dtypes = STEP_DTYPES_TP if records.comm else STEP_DTYPES
+    schema = pa.schema([(c, pa.float64() if dtype == "float64" else pa.int64()) for c, dtype in dtypes.items()])
     with pq.ParquetWriter(path, schema, **STEP_ENCODING) as writer:
         for cols in records.row_groups(STEP_ROW_GROUP):
             writer.write_table(pa.table(cols, schema=schema))
