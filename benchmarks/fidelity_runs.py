@@ -272,11 +272,11 @@ Targets: step MAPE 3%, TTFT / TPOT / end-to-end p50 and p99 3% (TTFT p99 5%), th
 Devices: {devices} (torch {torch}).
 
 Reading the tables: the per-step table below splits each executed step's profiled prediction
-error by kind of step. Pure-decode steps (CUDA graphs), most of the measured time, are priced
-closely; eager steps with a prompt are under-priced, most of all the first step of a run with a
-given token count (the host's first calls of a new shape outlast the sleep queued before a
-segment, so part of the host's time shows in the measured GPU time) and the largest prompts.
-Those steps set TTFT, and the latency percentiles of these runs under memory pressure amplify
+error by kind of step. The executor primes the first eager step of each shape untimed (its host's
+first calls of that shape would otherwise outlast the sleep queued before a segment and show in
+the measured GPU time), and the profile times prefill attention inside whole steps and the linear
+layers on real-valued operands, as the executed steps run them (`validation/VALIDATION.md`,
+`benchmarks/eager_gap.py`). The latency percentiles of these runs under memory pressure amplify
 small per-step differences through scheduling (a prompt admitted a step earlier or later), so
 the latency errors are larger than the per-step error.
 
