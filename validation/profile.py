@@ -277,10 +277,10 @@ class Profiler:
     def attn_prefill(self) -> dict:
         """On CUDA, timed inside whole steps of the model (an event pair around each layer's
         attention) over keys and values the model itself wrote, the cached ones prefilled first,
-        untimed, as a prefix hit or an earlier chunk leaves them. The kernel's online softmax
-        rescales its output where a row's running max moves, which the model's own keys make
-        happen far more often than constant or independent random ones: attention timed alone
-        over synthetic caches runs up to a third faster than inside the step."""
+        untimed, as a prefix hit or an earlier chunk leaves them: the kernel's online softmax
+        rescales its output only where a row's running max moves, so its time may depend on the
+        keys. At no cached tokens it measured within 1% of attention timed alone over unit-normal
+        stand-ins (`benchmarks/results/eager_gap/`)."""
         g = self.grid
         if not self.cuda:
             secs = [[[self.clock.median(self._forward(self.batch(prefills=[(p, c)] * b), ("attn",)))
