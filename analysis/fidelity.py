@@ -45,7 +45,13 @@ from blocksim.records.schema import FLOAT_COLUMNS
 METRICS = ("ttft", "tpot", "e2e")
 PERCENTILES = (50, 90, 99)
 TIME_COLUMNS = tuple(c for c in ("t_linear_s", "t_attn_prefill_s", "t_attn_decode_s", "t_swap_s", "t_copy_s",
-                                 "t_overhead_s") if c in FLOAT_COLUMNS)
+                                 "t_comm_s", "t_overhead_s") if c in FLOAT_COLUMNS)
+
+
+def predicted_step_s(steps: pd.DataFrame) -> np.ndarray:
+    """The cost model's prediction of each step: the sum of its ``t_*_s`` columns (``t_comm_s``
+    only in runs with tensor parallelism)."""
+    return steps[[c for c in TIME_COLUMNS if c in steps.columns]].sum(axis=1).to_numpy(np.float64)
 #: Step columns that say what a step did; equal in two runs when one executed the other's steps.
 COMPOSITION = ("num_prefill_seqs", "prefill_tokens", "num_decode_seqs", "decode_ctx_tokens",
                "blocks_swapped_in", "blocks_swapped_out", "blocks_copied")
@@ -209,6 +215,8 @@ def reprice_plan(run_dir, cost) -> tuple[np.ndarray, np.ndarray]:
         t += cost.attn_prefill(new, cached) if P else 0.0
         t += float(cost.attn_decode(ctx, n, decode_only))
         t += cost.swap(len(row.swap_in_src), len(row.swap_out_src)) + cost.copy(len(row.copy_src))
+        comm = getattr(cost, "comm", None)  # tensor-parallel all-reduces (0 on one GPU)
+        t += comm(int(new.sum()) + n) if comm is not None else 0.0
         t += cost.overhead(P + n > 0, n if decode_only else 0)
         out[i] = t
     return steps.step.to_numpy(np.int64), out
@@ -250,7 +258,7 @@ def step_pairs(sim: Run, exe: Run) -> tuple[np.ndarray | None, np.ndarray | None
                 return pred[keep], measured[pos[keep]], (f"the executed run's plan re-priced by the simulated "
                                                          f"run's {sim_cm.get('name')} model")
     if _same_model(sim_cm, exe_cm):
-        pred = exe.steps[list(TIME_COLUMNS)].sum(axis=1).to_numpy(np.float64)
+        pred = predicted_step_s(exe.steps)
         return pred, measured, f"the executed run's own {exe_cm.get('name')} prediction of each step"
     return None, None, "no per-step comparison (" + "; ".join(why or ["no cost model recorded"]) + ")"
 

@@ -90,7 +90,7 @@ def executed_trace(run: Run):
 def measured_replay(cost_summary: dict, exe: Run) -> np.ndarray:
     """Per executed step, the predicted seconds of the cost model that `cost_summary` (a summary.json)
     records; raises ReplayDiverged when the replay does not reproduce the executed steps."""
-    from analysis.fidelity import COMPOSITION, TIME_COLUMNS, same_steps
+    from analysis.fidelity import COMPOSITION, predicted_step_s, same_steps
     from blocksim.engine import Engine
     config = rebuild_config(exe.summary)
     cost = rebuild_cost_model(cost_summary, config)
@@ -103,4 +103,4 @@ def measured_replay(cost_summary: dict, exe: Run) -> np.ndarray:
                 and not (res.steps[c].to_numpy()[:n] == exe.steps[c].to_numpy()[:n]).all()]
         raise ReplayDiverged(f"the replay at measured times gives {len(res.steps)} steps against "
                              f"{len(exe.steps)} executed (differing in {', '.join(diff) or 'count'})")
-    return res.steps[list(TIME_COLUMNS)].sum(axis=1).to_numpy(np.float64)
+    return predicted_step_s(res.steps)

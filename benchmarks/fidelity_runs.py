@@ -8,6 +8,10 @@
     python benchmarks/fidelity_runs.py results --exec runs/fidelity/exec --sim runs/fidelity/sim \\
         --json benchmarks/results/fidelity-h200.json --markdown runs/fidelity/table.md
 
+``execute --tensor-parallel N`` splits each model over N GPUs (run names end in ``__tpN``; the
+twins and the profiles follow the executed run's degree); ``results --merge`` adds the rows to an
+existing JSON instead of replacing it.
+
 Slices: fixed windows of the bundled traces (`traces/data`), prompts clipped to 4096 tokens
 (llama-2-7b's length), never the profiler's synthetic grid. Presets: vllm, vllm-prefix,
 vllm-chunked on a cache of `BLOCKS` GPU blocks (memory under pressure: requests wait for blocks
@@ -73,13 +77,22 @@ def slice_file(name: str, n: int, out_dir: Path) -> Path:
     return path
 
 
-def run_name(trace: str, preset: str, model: str) -> str:
-    return f"{trace}__{preset}__{model}"
+def run_name(trace: str, preset: str, model: str, tensor_parallel: int = 1) -> str:
+    """TRACE__PRESET__MODEL, with __tpN for N > 1 GPUs."""
+    return f"{trace}__{preset}__{model}" + (f"__tp{tensor_parallel}" if tensor_parallel > 1 else "")
 
 
-def replay_args(trace_path: Path, preset: str, model: str, gpu: str, out: Path) -> list[str]:
+def parse_name(name: str) -> tuple[str, str, str, int]:
+    """(trace, preset, model, tensor_parallel) of a run directory's name."""
+    parts = name.split("__")
+    tp = int(parts[3][2:]) if len(parts) > 3 and parts[3].startswith("tp") else 1
+    return parts[0], parts[1], parts[2], tp
+
+
+def replay_args(trace_path: Path, preset: str, model: str, gpu: str, out: Path, tensor_parallel: int = 1) -> list[str]:
     policy, extra, _ = PRESETS[preset]
-    return ["replay", str(trace_path), "--model", model, "--gpu", gpu, "--policy", policy, *extra,
+    tp = ["--tensor-parallel", str(tensor_parallel)] if tensor_parallel > 1 else []
+    return ["replay", str(trace_path), "--model", model, "--gpu", gpu, "--policy", policy, *extra, *tp,
             "--quiet", "--no-report", "--out", str(out)]
 
 
@@ -88,6 +101,9 @@ def blocksim(args: list[str], log) -> int:
     t0 = time.perf_counter()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(x for x in (str(ROOT), env.get("PYTHONPATH")) if x)
+    if "--tensor-parallel" in args:  # NVLink multicast off in every process of a tensor-parallel run
+        from validation.sharded import NO_MULTICAST_ENV
+        env.update(NO_MULTICAST_ENV)
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     log.write(f"$ blocksim {' '.join(args)}\n{p.stdout}{p.stderr}(rc {p.returncode}, {time.perf_counter() - t0:.1f} s)\n")
     log.flush()
@@ -103,7 +119,7 @@ def cmd_execute(a) -> int:
         for model in a.models:
             for trace in a.traces:
                 for preset in a.presets:
-                    name = run_name(trace, preset, model)
+                    name = run_name(trace, preset, model, a.tensor_parallel)
                     if (out / name / "executor.json").exists():
                         continue
                     if a.budget_s and time.perf_counter() - start > a.budget_s:
@@ -111,7 +127,8 @@ def cmd_execute(a) -> int:
                         continue
                     path = slice_file(trace, PRESETS[preset][2], tdir)
                     t0 = time.perf_counter()
-                    rc = blocksim(replay_args(path, preset, model, a.gpu, out / name) + ["--executor", "cuda"], log)
+                    rc = blocksim(replay_args(path, preset, model, a.gpu, out / name, a.tensor_parallel)
+                                  + ["--executor", "cuda"], log)
                     print(f"execute {name}: rc {rc}, {time.perf_counter() - t0:.1f} s", flush=True)
     return 0
 
@@ -121,7 +138,7 @@ def cmd_simulate(a) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "simulate.log", "a") as log:
         for run in sorted(p.parent for p in exec_dir.glob("*/executor.json")):
-            trace, preset, model = run.name.split("__")
+            trace, preset, model, tp = parse_name(run.name)
             summary = json.loads((run / "summary.json").read_text())
             gpu = summary["config"]["gpu"]["name"]
             path = slice_file(trace, PRESETS[preset][2], exec_dir / "traces")
@@ -130,8 +147,8 @@ def cmd_simulate(a) -> int:
                 extra = ["--cost-model", cost]
                 if cost == "profiled" and a.profile_dir:
                     from validation.profile import shipped_name
-                    extra += ["--cost-profile", str(Path(a.profile_dir) / shipped_name(model, gpu, "float16", 1))]
-                rc = blocksim(replay_args(path, preset, model, gpu, dest) + extra, log)
+                    extra += ["--cost-profile", str(Path(a.profile_dir) / shipped_name(model, gpu, "float16", tp))]
+                rc = blocksim(replay_args(path, preset, model, gpu, dest, tp) + extra, log)
                 print(f"simulate {cost} {run.name}: rc {rc}", flush=True)
     return 0
 
@@ -141,7 +158,7 @@ def cmd_results(a) -> int:
     exec_dir, sim_dir = Path(a.exec), Path(a.sim)
     rows = []
     for run in sorted(p.parent for p in exec_dir.glob("*/executor.json")):
-        trace, preset, model = run.name.split("__")
+        trace, preset, model, _ = parse_name(run.name)
         summary = json.loads((run / "summary.json").read_text())
         for cost in a.cost_models:
             sim = sim_dir / cost / run.name
@@ -152,6 +169,10 @@ def cmd_results(a) -> int:
                          "gpu": summary["config"]["gpu"]["name"], "tensor_parallel": summary["config"]["tensor_parallel"],
                          "cost_model": cost, **e})
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    if a.merge and Path(a.json).is_file():  # keep the file's rows of other runs
+        key = (lambda r: tuple(r.get(k) for k in ("trace", "preset", "model", "gpu", "tensor_parallel", "cost_model")))
+        new = {key(r) for r in rows}
+        rows = [r for r in json.loads(Path(a.json).read_text()) if key(r) not in new] + rows
     Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
     if a.markdown:
         Path(a.markdown).write_text(markdown_doc(rows, exec_dir))
@@ -180,7 +201,7 @@ def step_kinds(exec_dir: Path) -> str:
     frames = []
     for p in sorted(exec_dir.glob("*/executor_steps.parquet")):
         x = pd.read_parquet(p)
-        x["model"] = p.parent.name.split("__")[2]
+        x["model"] = p.parent.name.split("__")[2] + "".join(f" {t}" for t in p.parent.name.split("__")[3:])
         x["run"] = p.parent.name
         frames.append(x)
     if not frames:
@@ -251,11 +272,11 @@ Targets: step MAPE 3%, TTFT / TPOT / end-to-end p50 and p99 3% (TTFT p99 5%), th
 Devices: {devices} (torch {torch}).
 
 Reading the tables: the per-step table below splits each executed step's profiled prediction
-error by kind of step. Pure-decode steps (CUDA graphs), most of the measured time, are priced
-closely; eager steps with a prompt are under-priced, most of all the first step of a run with a
-given token count (the host's first calls of a new shape outlast the sleep queued before a
-segment, so part of the host's time shows in the measured GPU time) and the largest prompts.
-Those steps set TTFT, and the latency percentiles of these runs under memory pressure amplify
+error by kind of step. The executor primes the first eager step of each shape untimed (its host's
+first calls of that shape would otherwise outlast the sleep queued before a segment and show in
+the measured GPU time), and the profile times prefill attention inside whole steps and the linear
+layers on real-valued operands, as the executed steps run them (`validation/VALIDATION.md`,
+`benchmarks/eager_gap.py`). The latency percentiles of these runs under memory pressure amplify
 small per-step differences through scheduling (a prompt admitted a step earlier or later), so
 the latency errors are larger than the per-step error.
 
@@ -284,7 +305,8 @@ def markdown_table(rows: list[dict]) -> str:
     lines = [head, "|" + " --- |" * (4 + len(ERRORS))]
     for r in rows:
         vals = " | ".join(f"{100 * r[k]:+.1f}%" if isinstance(r.get(k), (int, float)) else "n/a" for k in ERRORS)
-        lines.append(f"| {r['trace']} | {r['preset']} | {r['model']} | {r['cost_model']} | {vals} |")
+        model = r["model"] + (f" tp{r['tensor_parallel']}" if (r.get("tensor_parallel") or 1) > 1 else "")
+        lines.append(f"| {r['trace']} | {r['preset']} | {model} | {r['cost_model']} | {vals} |")
     return "\n".join(lines) + "\n"
 
 
@@ -298,6 +320,7 @@ def main(argv=None) -> int:
     e.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
     e.add_argument("--gpu", default="h200-141gb")
     e.add_argument("--budget-s", type=float, default=None, help="start no run after this many seconds")
+    e.add_argument("--tensor-parallel", type=int, default=1, help="GPUs each model is split over (default 1)")
     e.set_defaults(func=cmd_execute)
     s = sub.add_parser("simulate")
     s.add_argument("--exec", required=True)
@@ -311,6 +334,8 @@ def main(argv=None) -> int:
     r.add_argument("--cost-models", nargs="+", default=["profiled", "roofline"])
     r.add_argument("--json", required=True)
     r.add_argument("--markdown", default=None)
+    r.add_argument("--merge", action="store_true",
+                   help="keep the --json file's rows of other runs (model, GPU, tensor-parallel degree, ...)")
     r.set_defaults(func=cmd_results)
     a = ap.parse_args(argv)
     return a.func(a)

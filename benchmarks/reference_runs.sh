@@ -17,3 +17,7 @@ blocksim replay $conv --out $D/static --policy static $q --max-requests 2000 --c
 blocksim replay $conv --out $D/swap2 $q --max-requests 3000 --num-gpu-blocks 1000 --preemption swap --rate-scale 8 --clip-to-model --watermark 0
 blocksim replay $conv --out $D/recompute $q --max-requests 3000 --num-gpu-blocks 1000 --rate-scale 8 --clip-to-model --victim largest
 blocksim replay $conv --out $D/prio $q --max-requests 3000 --num-gpu-blocks 1000 --rate-scale 8 --clip-to-model --scheduler sjf --policy vllm-chunked
+blocksim replay $conv --out $D/vllm-v1 --policy vllm-v1 $q
+blocksim replay $conv --out $D/sglang --policy sglang $q
+blocksim replay $T/mooncake/synthetic_trace.jsonl --out $D/v1-prefix --policy vllm-v1 $q --clip-to-model
+blocksim replay $T/mooncake/synthetic_trace.jsonl --out $D/sglang-prefix --policy sglang $q --clip-to-model

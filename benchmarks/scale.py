@@ -46,7 +46,7 @@ def tiled(trace: traces.Trace, times: int) -> pd.DataFrame:
 
 def replay_process(path: Path, out: Path, policy: str) -> tuple[float, float]:
     """Wall seconds and peak RSS (MB) of one `blocksim replay` process."""
-    cmd = [sys.executable, "-c", "from blocksim.cli import main; raise SystemExit(main())", "replay", str(path),
+    cmd = [sys.executable, "-m", "blocksim", "replay", str(path),
            "--out", str(out), "--policy", policy, "--quiet", "--no-report",
            "--cost-profile", str(ROOT / "benchmarks" / "roofline_defaults.json")]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

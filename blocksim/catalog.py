@@ -8,7 +8,9 @@ A catalog file holds two optional tables::
     gpus:
       my-gpu: {memory_gib: 48, hbm_bw_gbps: 864, fp16_tflops: 181, host_link_gbps: 25}
 
-GPU memory may be given as `memory_gib` or `memory_bytes`. Entries override built-ins of the same name.
+GPU memory may be given as `memory_gib` or `memory_bytes`. A GPU's `gpu_link_gbps` (GPU-to-GPU, one
+way: NVLink, else PCIe; default 32, PCIe Gen4 x16) and `allreduce_latency_s` (default 20e-6) price
+tensor parallelism's all-reduces. Entries override built-ins of the same name.
 """
 
 from __future__ import annotations
@@ -16,13 +18,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 from typing import Any
-
-import yaml
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
 
 from blocksim.config import GiB, ConfigError, GPUSpec, ModelSpec
 
@@ -43,12 +38,18 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
 
 # Memory as the driver reports it; bandwidth and tensor rates from the vendors' datasheets
 # (dense, no sparsity); host link as a sustained pinned-copy rate, below the PCIe peak.
+# GPU-to-GPU link, one way per GPU (half the datasheets' bidirectional figure): NVLink 4 on H100
+# SXM and H200 SXM, 900 GB/s bidirectional (NVIDIA H100 and H200 Tensor Core GPU datasheets);
+# NVLink 3 on A100 SXM, 600 GB/s (NVIDIA A100 datasheet); L4 has no NVLink, PCIe Gen4 x16 at
+# 64 GB/s (NVIDIA L4 datasheet). All-reduce latency: an estimate of NCCL's time for a small message
+# within one node (nccl-tests all_reduce_perf reports times of the order of 10 us at a few bytes
+# over NVLink); a profile's measured all-reduce table replaces it.
 GPUS: dict[str, GPUSpec] = {g.name: g for g in [
-    GPUSpec("a100-40gb", int(40 * GiB), 1555.0, 312.0, 25.0),
-    GPUSpec("a100-80gb", int(80 * GiB), 2039.0, 312.0, 25.0),
-    GPUSpec("h100-80gb", int(80 * GiB), 3350.0, 989.0, 50.0),
-    GPUSpec("h200-141gb", int(141 * GiB), 4800.0, 989.0, 50.0),
-    GPUSpec("l4", int(24 * GiB), 300.0, 121.0, 25.0),
+    GPUSpec("a100-40gb", int(40 * GiB), 1555.0, 312.0, 25.0, gpu_link_gbps=300.0, allreduce_latency_s=10e-6),
+    GPUSpec("a100-80gb", int(80 * GiB), 2039.0, 312.0, 25.0, gpu_link_gbps=300.0, allreduce_latency_s=10e-6),
+    GPUSpec("h100-80gb", int(80 * GiB), 3350.0, 989.0, 50.0, gpu_link_gbps=450.0, allreduce_latency_s=10e-6),
+    GPUSpec("h200-141gb", int(141 * GiB), 4800.0, 989.0, 50.0, gpu_link_gbps=450.0, allreduce_latency_s=10e-6),
+    GPUSpec("l4", int(24 * GiB), 300.0, 121.0, 25.0, gpu_link_gbps=32.0, allreduce_latency_s=20e-6),
 ]}
 
 
@@ -63,10 +64,16 @@ def read_mapping(path: Path, what: str = "catalog file") -> dict[str, Any]:
                           f"save the file as UTF-8") from None
     except OSError as e:
         raise ConfigError(f"{what} {path}: cannot read it ({e.strerror or e}); name a readable file") from None
-    try:
+    try:  # the parsers load with the first file read
         if path.suffix in (".yaml", ".yml"):
+            import yaml
+
             data = yaml.safe_load(text) or {}
         elif path.suffix == ".toml":
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib
             data = tomllib.loads(text)
         else:
             raise ConfigError(f"{what} {path}: unknown extension; use .yaml, .yml or .toml")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib.metadata
+import importlib
 import logging
 import os
 import sys
@@ -12,8 +12,6 @@ import traceback
 import warnings
 from pathlib import Path
 
-from analysis.cli import add_analysis_commands
-from analysis.fidelity_report import add_fidelity_command
 from blocksim import options, plugins
 from blocksim.catalog import Catalog
 from blocksim.config import ConfigError
@@ -21,15 +19,24 @@ from blocksim.engine import EngineError
 from blocksim.experiments.configfile import read_config_file
 from blocksim.experiments.rundir import check_out_dir
 from blocksim.experiments.runner import build_config, check_options, rejection_warning, replay
-from blocksim.experiments import demo
-from blocksim.experiments.compare import add_compare_command
-from blocksim.experiments.cost_fit import add_cost_fit_command
-from blocksim.experiments.sweep import add_sweep_command
 from blocksim.policies import PRESETS, policy_config
 from traces import TraceError
-from traces.cli import add_trace_read_options, add_traces_command, read_trace_from_args
-from validation.profile import add_profile_command
-from validation.validate import add_validate_command
+from traces.cli import add_trace_read_options, read_trace_from_args
+
+# The commands other modules add (module, the function adding them, their names), in help order.
+# A module is imported only to run one of its commands or for the whole parser (`blocksim --help`,
+# an unknown command), so that `blocksim replay` loads none of them.
+COMMAND_MODULES = (
+    ("traces.cli", "add_traces_command", ("traces",)),
+    ("analysis.cli", "add_analysis_commands", ("report", "fragmentation")),
+    ("analysis.fidelity_report", "add_fidelity_command", ("fidelity",)),
+    ("blocksim.experiments.cost_fit", "add_cost_fit_command", ("cost-fit",)),
+    ("blocksim.experiments.compare", "add_compare_command", ("compare",)),
+    ("blocksim.experiments.sweep", "add_sweep_command", ("sweep",)),
+    ("validation.validate", "add_validate_command", ("validate",)),  # imports torch only when a validation runs
+    ("validation.profile", "add_profile_command", ("profile",)),
+)
+BUILT_IN_COMMANDS = ("replay", "demo", "catalog", "policies")
 
 SUMMARY_ROWS = [
     ("requests", "requests", "{:.0f}"), ("finished", "finished", "{:.0f}"), ("rejected", "rejected", "{:.0f}"),
@@ -178,6 +185,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from blocksim.experiments import demo
+
     summary = demo.run_demo(args.out, workers=args.workers, progress=not args.quiet, report=not args.no_report)
     return 1 if (summary["status"] != "ok").any() else 0
 
@@ -191,7 +200,8 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     print("gpus:")
     for g in cat.gpus.values():
         print(f"  {g.name:<12} memory={g.memory_bytes / 2**30:.0f}GiB hbm={g.hbm_bw_gbps:.0f}GB/s "
-              f"fp16={g.fp16_tflops:.0f}TFLOP/s host_link={g.host_link_gbps:.0f}GB/s")
+              f"fp16={g.fp16_tflops:.0f}TFLOP/s host_link={g.host_link_gbps:.0f}GB/s "
+              f"gpu_link={g.gpu_link_gbps:.0f}GB/s")
     if args.model:
         cfg = build_config(model=args.model, gpu=args.gpu, catalog=tuple(args.catalog))
         print(f"\n{args.model} on {cfg.gpu.name}: {cfg.num_gpu_blocks} GPU blocks, {cfg.num_cpu_blocks} CPU blocks "
@@ -244,9 +254,11 @@ def add_verbose_option(p: argparse.ArgumentParser, top: bool = False) -> None:
                         "handled errors (default: warnings and errors only)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: every command, or (`command`) the built-in commands and the
+    module that adds `command` (`COMMAND_MODULES`)."""
     p = Parser(prog="blocksim", description="KV-cache memory management simulator for LLM serving")
-    p.add_argument("--version", action="version", version=f"blocksim {version()}")
+    p.add_argument("--version", action=_VersionAction)
     add_verbose_option(p, top=True)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -270,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="compare KV-cache policies on a bundled trace slice where memory is the "
                                     "bottleneck, print the findings and write a report",
-                       description=demo.DESCRIPTION)
+                       description=_demo_description(command))
     d.add_argument("--out", default="blocksim-demo", metavar="DIR", help="default ./blocksim-demo")
     d.add_argument("--workers", type=options.positive_int, default=None,
                    help="parallel runs (default: local cores)")
@@ -289,20 +301,52 @@ def build_parser() -> argparse.ArgumentParser:
     pol = sub.add_parser("policies", help="list policy presets and the registered plug-ins")
     pol.set_defaults(func=cmd_policies)
 
-    add_traces_command(sub)
-    add_analysis_commands(sub)
-    add_fidelity_command(sub)
-    add_cost_fit_command(sub)
-    add_compare_command(sub)
-    add_sweep_command(sub)
-    add_validate_command(sub)  # validation imports torch only when a validation runs
-    add_profile_command(sub)
+    for module, add, names in COMMAND_MODULES:
+        if command is None or command in names:
+            getattr(importlib.import_module(module), add)(sub)
     for command in sub.choices.values():
         add_verbose_option(command)
     return p
 
 
+def _demo_description(command: str | None) -> str | None:
+    """The demo's long description, where its module is loaded anyway (its command or the whole parser)."""
+    if command not in (None, "demo"):
+        return None
+    from blocksim.experiments import demo
+
+    return demo.DESCRIPTION
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The command `argv` names when it is a known one (after the top-level flags), "" for
+    --version (which needs no command), else None (the whole parser)."""
+    known = set(BUILT_IN_COMMANDS).union(*(names for _, _, names in COMMAND_MODULES))
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg if arg in known else None
+        if arg in ("-h", "--help"):
+            return None
+        if arg == "--version":
+            return ""
+    return None
+
+
+class _VersionAction(argparse.Action):
+    """--version: prints the installed version (read from the package metadata only when asked)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="show program's version number and exit"):
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"blocksim {version()}")
+        parser.exit()
+
+
 def version() -> str:
+    import importlib.metadata
+
     try:
         return importlib.metadata.version("blocksim")
     except importlib.metadata.PackageNotFoundError:
@@ -342,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     stderr naming the file, field or option and the fix), 130 interrupted (Ctrl-C), 141 broken pipe."""
     verbosity = 0
     try:
-        args = build_parser().parse_args(argv)
+        argv = sys.argv[1:] if argv is None else argv
+        args = build_parser(_command_of(argv)).parse_args(argv)
         verbosity = getattr(args, "verbose", 0) or 0
         _setup_logging(verbosity)
         with warnings.catch_warnings():

@@ -86,6 +86,9 @@ class GPUSpec:
 
     `host_link_gbps` is the pinned host<->device bandwidth in GB/s (1e9 bytes/s) one way;
     `transfer_latency_s` is the fixed cost of one copy call (one per block in a vLLM v0 swap).
+    `gpu_link_gbps` is the GPU-to-GPU link's bandwidth in GB/s one way, per GPU (NVLink, else
+    PCIe), what an all-reduce's bus bandwidth is bounded by under tensor parallelism;
+    `allreduce_latency_s` the fixed time of one all-reduce (a small message's time).
     """
 
     name: str
@@ -94,15 +97,19 @@ class GPUSpec:
     fp16_tflops: float
     host_link_gbps: float
     transfer_latency_s: float = 10e-6
+    gpu_link_gbps: float = 32.0
+    allreduce_latency_s: float = 20e-6
 
     def __post_init__(self) -> None:
         w = f"gpu {self.name!r}"
-        for f in ("memory_bytes", "hbm_bw_gbps", "fp16_tflops", "host_link_gbps", "transfer_latency_s"):
+        for f in ("memory_bytes", "hbm_bw_gbps", "fp16_tflops", "host_link_gbps", "transfer_latency_s",
+                  "gpu_link_gbps", "allreduce_latency_s"):
             _typed(f"{w}.{f}", getattr(self, f), float)
         _require(self.memory_bytes > 0, f"{w}.memory_bytes", "must be positive")
-        for f in ("hbm_bw_gbps", "fp16_tflops", "host_link_gbps"):
+        for f in ("hbm_bw_gbps", "fp16_tflops", "host_link_gbps", "gpu_link_gbps"):
             _require(getattr(self, f) > 0, f"{w}.{f}", f"must be positive, got {getattr(self, f)!r}")
         _require(self.transfer_latency_s >= 0, f"{w}.transfer_latency_s", "must be >= 0")
+        _require(self.allreduce_latency_s >= 0, f"{w}.allreduce_latency_s", "must be >= 0")
 
 
 @dataclass(frozen=True)

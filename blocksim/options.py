@@ -147,8 +147,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("model", str, DEFAULT_MODEL, f"model name from the catalog (default {DEFAULT_MODEL})", "model"),
     Option("gpu", str, DEFAULT_GPU, f"GPU name from the catalog (default {DEFAULT_GPU})", "model"),
     Option("catalog", tuple, (), "YAML/TOML file adding models and GPUs; repeatable", "model", metavar="FILE"),
-    Option("tensor_parallel", int, _tp, f"GPUs the model is split over; each holds 1/TP of the weights and KV heads "
-           f"(default {_tp})", "model", short="tp", flags=("--tensor-parallel", "--tp")),
+    Option("tensor_parallel", int, _tp, f"GPUs the model is split over; each holds 1/TP of the weights and KV heads, "
+           f"and a step adds two all-reduces per layer (t_comm_s) (default {_tp})", "model", short="tp", flags=("--tensor-parallel", "--tp")),
     Option("block_size", int, _cache.block_size, f"tokens per KV block (default {_cache.block_size})", "model",
            short="bs", applies_to=VLLM_ENGINE),
     Option("gpu_memory_utilization", float, _cache.gpu_memory_utilization,

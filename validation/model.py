@@ -422,10 +422,10 @@ class ModelRunner:
                     self._decode_attention(j, a[P:], q[P:], inp["decode"])
                 attn_timer.end()
             if linear:
-                x = x + F.linear(a.view(T, H * D), w["o"])
+                x = x + self._reduce(F.linear(a.view(T, H * D), w["o"]))
                 h = self._norm(x, w["mlp_norm"])
                 gate, up = F.linear(h, w["gate_up"]).chunk(2, dim=-1)
-                x = x + F.linear(F.silu(gate) * up, w["down"])
+                x = x + self._reduce(F.linear(F.silu(gate) * up, w["down"]))
             timer.end()
         if "sample" not in parts:
             return None
@@ -435,6 +435,11 @@ class ModelRunner:
         out = self.sample(x, inp["sample"])
         timer.end()
         return out
+
+    def _reduce(self, y):
+        """The sum over tensor-parallel ranks of a row-parallel layer's output (`validation.sharded`);
+        one GPU holds the whole sum."""
+        return y
 
     def _scratch(self, T: int):
         """Queries and keys of T tokens for attention or writes timed alone, and the attention output

@@ -26,6 +26,13 @@ Tables (seconds, whole model, one GPU):
   attention timed inside the step, the others alone) over a few mixed steps, at least 0 (``eager_cases_s`` the differences);
   ``graph_s`` 0 (a graph step is measured whole).
 
+With ``--tensor-parallel N`` the model is split over N GPUs, one process each (`validation.sharded`,
+this process rank 0, which times its own GPU). Every table above but ``decode_step`` is then measured
+without communication (the row-parallel outputs are not all-reduced), and the ``allreduce`` table
+holds one all-reduce among the N GPUs by message bytes (1 KiB to 256 MiB, in the model's dtype:
+the median of rounds of back-to-back all-reduces); ``decode_step`` replays whole steps with their
+all-reduces. The profiled cost model adds ``2 * layers`` all-reduces per step from that table.
+
 Eager tables are GPU time, timed as the executor times an eager step (`SegmentTimer`: a sleep
 before each segment keeps the host's launch gaps out), so the components of a step add up.
 
@@ -131,12 +138,20 @@ class Profiler:
 
     def __init__(self, spec, *, dtype: str = "float16", block_size: int = 16, device: str = "cuda",
                  attention: str = "fast", prefill: str = "auto", quick: bool = False, cache_bytes: int = CACHE_BYTES,
-                 progress: bool = True) -> None:
+                 progress: bool = True, tensor_parallel: int = 1) -> None:
         import torch
 
         from validation.model import GRAPH_BATCH_SIZES, ModelDims, ModelRunner
         self.torch = torch
         self.dims = d = ModelDims.of(spec)
+        self.tp = tensor_parallel
+        per_gpu = d  # what one GPU holds
+        if tensor_parallel > 1:
+            from validation.sharded import ShardError, shard_dims
+            try:
+                per_gpu = shard_dims(d, tensor_parallel)
+            except ShardError as e:
+                raise ProfileError(f"--tensor-parallel {tensor_parallel}: {e}") from None
         self.cuda = device.startswith("cuda")
         self.progress = progress
         dtype_bytes = torch.finfo(getattr(torch, dtype)).bits // 8
@@ -145,24 +160,33 @@ class Profiler:
             self.grid.update(QUICK)
         # contexts up to the model's length (a captured graph attends to at most that many tokens)
         self.grid["DECODE_CONTEXT"] = tuple(c for c in self.grid["DECODE_CONTEXT"] if c <= d.max_model_len)
-        block_bytes = d.kv_block_bytes(block_size, dtype_bytes)
+        block_bytes = per_gpu.kv_block_bytes(block_size, dtype_bytes)
         if self.cuda:
             if not torch.cuda.is_available():
                 raise ProfileError("blocksim profile: no CUDA device is visible to this torch")
+            if torch.cuda.device_count() < tensor_parallel:
+                raise ProfileError(f"--tensor-parallel {tensor_parallel}: this machine has "
+                                   f"{torch.cuda.device_count()} GPUs")
             free = torch.cuda.mem_get_info()[0]
-            room = free - d.weight_bytes(dtype_bytes) - (10 << 30)
+            weights = per_gpu.weight_bytes(dtype_bytes)
+            room = free - weights - (10 << 30)
             if room < 256 * block_bytes:
-                raise ProfileError(f"blocksim profile: {d.name} needs {d.weight_bytes(dtype_bytes) / 2**30:.1f} GiB of "
-                                   f"weights + 10 GiB of workspace + a KV cache; the GPU has {free / 2**30:.1f} GiB free")
+                raise ProfileError(f"blocksim profile: {d.name} needs {weights / 2**30:.1f} GiB of weights per GPU "
+                                   f"+ 10 GiB of workspace + a KV cache; the GPU has {free / 2**30:.1f} GiB free")
             cache_bytes = min(cache_bytes, room)
         else:
             cache_bytes = min(cache_bytes, 64 << 20)  # the CPU path is for tiny models
         num_blocks = max(64, int(cache_bytes // block_bytes))
         num_cpu = max(self.grid["BLOCKS"])
-        self.runner = ModelRunner(d, num_blocks=num_blocks, num_cpu_blocks=num_cpu, block_size=block_size,
-                                  dtype=dtype, device=device, attention=attention, prefill=prefill)
+        kw = dict(num_blocks=num_blocks, num_cpu_blocks=num_cpu, block_size=block_size, dtype=dtype,
+                  attention=attention, prefill=prefill)
+        if tensor_parallel > 1:  # this process is rank 0 of one process per GPU (validation.sharded)
+            from validation.sharded import launch
+            self.runner = launch(tensor_parallel, device).runner(d, **kw)
+        else:
+            self.runner = ModelRunner(d, device=device, **kw)
         self.bs, self.num_blocks = block_size, num_blocks
-        self.clock = _Clock(torch, self.cuda)
+        self.clock = _Clock(torch, self.cuda, max_reps=3 if quick else 9)
         self.graph_sizes = list(GRAPH_BATCH_SIZES)
         self._next_block = 0
 
@@ -253,10 +277,10 @@ class Profiler:
     def attn_prefill(self) -> dict:
         """On CUDA, timed inside whole steps of the model (an event pair around each layer's
         attention) over keys and values the model itself wrote, the cached ones prefilled first,
-        untimed, as a prefix hit or an earlier chunk leaves them. The kernel's online softmax
-        rescales its output where a row's running max moves, which the model's own keys make
-        happen far more often than constant or independent random ones: attention timed alone
-        over synthetic caches runs up to a third faster than inside the step."""
+        untimed, as a prefix hit or an earlier chunk leaves them: the kernel's online softmax
+        rescales its output only where a row's running max moves, so its time may depend on the
+        keys. At no cached tokens it measured within 1% of attention timed alone over unit-normal
+        stand-ins (`benchmarks/results/eager_gap/`)."""
         g = self.grid
         if not self.cuda:
             secs = [[[self.clock.median(self._forward(self.batch(prefills=[(p, c)] * b), ("attn",)))
@@ -359,14 +383,28 @@ class Profiler:
         return {"eager_s": max(0.0, float(np.median(diffs))), "graph_s": 0.0, "eager_cases_s": diffs,
                 **({"lead_check_s": list(lead.values())} if self.cuda else {})}
 
+    def allreduce(self) -> dict:
+        """One all-reduce among the tensor-parallel ranks by message bytes, in the model's dtype."""
+        from validation.sharded import ALLREDUCE_BYTES
+        sizes = list(ALLREDUCE_BYTES[:4] if self.grid["TOKENS"] == QUICK["TOKENS"] else ALLREDUCE_BYTES)
+        secs = self.runner.allreduce_seconds(sizes)
+        self._say(f"allreduce {['%.3g' % x for x in secs]}")
+        return {"axes": ["bytes"], "grid": {"bytes": sizes}, "seconds": secs}
+
     def run(self) -> dict:
         t0 = time.perf_counter()
+        tp = self.tp > 1
+        if tp:  # components on one rank without communication; the all-reduces in their own table
+            self.runner.set_communicate(False)
         comps = {"linear": self.linear(), "attn_prefill": self.attn_prefill(), "attn_decode": self.attn_decode(),
                  "cache_write": self.cache_write(), "sample": self.sample(), **self.moves()}
+        comps["overhead"] = self.overhead()
+        if tp:  # a whole decode step holds its all-reduces
+            self.runner.set_communicate(True)
+            comps["allreduce"] = self.allreduce()
         step = self.decode_step()
         if step is not None:
             comps["decode_step"] = step
-        comps["overhead"] = self.overhead()
         self._say(f"measured in {time.perf_counter() - t0:.0f} s")
         return comps
 
@@ -381,10 +419,13 @@ def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_par
     from blocksim.catalog import Catalog
     cat = Catalog(list(catalog))
     spec = cat.model(model)
-    if tensor_parallel != 1:
-        raise ProfileError(f"--tensor-parallel {tensor_parallel}: the profiler measures one GPU (tensor parallel 1)")
+    if tensor_parallel < 1:
+        raise ProfileError(f"--tensor-parallel {tensor_parallel}: expected a positive number of GPUs")
     if tier_dir is not None and not (Path(tier_dir).is_dir() and os.access(tier_dir, os.W_OK)):
         raise ProfileError(f"--tier-dir {tier_dir}: not a writable directory; create it or name another")
+    if tier_dir is not None and tensor_parallel > 1:
+        raise ProfileError(f"--tier-dir with --tensor-parallel {tensor_parallel}: tier transfers are measured on one "
+                           f"GPU; profile them at --tensor-parallel 1")
     name = torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else "cpu"
     if gpu == "auto":
         gpu = catalog_gpu(name)
@@ -393,7 +434,7 @@ def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_par
                                f"({', '.join(DEVICE_GPUS)}); name one with --gpu-name")
     cat.gpu(gpu)
     p = Profiler(spec, dtype=dtype, block_size=block_size, device=device, attention=attention, prefill=prefill,
-                 quick=quick, progress=progress)
+                 quick=quick, progress=progress, tensor_parallel=tensor_parallel)
     comps = p.run()
     tiers, prefill_impl = {}, p.runner.prefill_impl
     if tier_dir is not None:
@@ -427,7 +468,8 @@ def add_profile_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--gpu-name", default="auto", help="catalog GPU the profile is for (default: from the device)")
     p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16",
                    help="weights, activations and KV cache (default float16)")
-    p.add_argument("--tensor-parallel", type=int, default=1, help="tensor-parallel degree profiled (default 1)")
+    p.add_argument("--tensor-parallel", type=int, default=1,
+                   help="GPUs the model is split over, one process each; adds the all-reduce table (default 1)")
     p.add_argument("--block-size", type=int, default=16, help="KV cache block size in tokens (default 16)")
     p.add_argument("--attention", choices=("fast", "vllm"), default="fast",
                    help="decode attention kernels: the fast kernel (default fast) or the vLLM-layout v1/v2")
@@ -436,7 +478,7 @@ def add_profile_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--catalog", action="append", default=[], metavar="FILE",
                    help="extra models/GPUs (YAML/TOML/JSON); repeatable (default: the built-in catalog only)")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (the same code, for tiny models)")
-    p.add_argument("--quick", action="store_true", help="a tiny grid (tests)")
+    p.add_argument("--quick", action="store_true", help="a tiny grid, 3 repetitions a point (tests)")
     p.add_argument("--out", default=None, metavar="FILE",
                    help="where to write (default: blocksim/profiles/<model>__<gpu>__<dtype>__tp<N>.json)")
     p.add_argument("--tier-dir", default=None, metavar="DIR",

@@ -24,6 +24,11 @@ without copy-on-write), block moves stay inside their caches and no destination 
 Measured per step (`executor_steps.parquet` in the run directory): `measured_s` (the events'
 time), its parts `m_swap_s`, `m_copy_s` and `m_forward_s`, `host_s` (the host's time for the
 step: inputs built and uploaded, launches, waiting for the GPU), `graph` and `padded_batch`.
+
+Tensor parallelism (``tensor_parallel`` N > 1): the model is split over N GPUs, one process each
+(`validation.sharded`); this process is rank 0, runs the engine and times its own GPU, and the
+other ranks repeat its calls. Each step's all-reduces are recorded beside its time
+(`allreduces`, `allreduce_bytes`).
 """
 
 from __future__ import annotations
@@ -68,20 +73,33 @@ class ModelStepExecutor:
                  graphs: bool = True, device: str = "cuda", seed: int = 0) -> None:
         import torch
         self.torch = torch
-        if config.tensor_parallel != 1:
-            raise ExecutorError(f"--executor cuda runs one GPU: tensor_parallel must be 1, got {config.tensor_parallel}")
+        self.tp = tp = config.tensor_parallel
         self.dims = ModelDims.of(config.model)
         self.bs = config.cache.block_size
         self.num_gpu_blocks, self.num_cpu_blocks = config.num_gpu_blocks, config.num_cpu_blocks
         self.cuda = device.startswith("cuda")
+        per_gpu = self.dims
+        if tp > 1:
+            from validation.sharded import ShardError, shard_dims
+            try:
+                per_gpu = shard_dims(self.dims, tp)
+            except ShardError as e:
+                raise ExecutorError(f"--executor with tensor_parallel {tp}: {e}") from None
         if self.cuda:
             if not torch.cuda.is_available():
                 raise ExecutorError("--executor cuda: no CUDA device is visible to this torch")
-            memory_check(self.dims, self.num_gpu_blocks, self.bs, torch.finfo(getattr(torch, dtype)).bits // 8,
+            if torch.cuda.device_count() < tp:
+                raise ExecutorError(f"--executor cuda with tensor_parallel {tp}: this machine has "
+                                    f"{torch.cuda.device_count()} GPUs")
+            memory_check(per_gpu, self.num_gpu_blocks, self.bs, torch.finfo(getattr(torch, dtype)).bits // 8,
                          torch.cuda.mem_get_info()[0])
-        self.runner = ModelRunner(self.dims, num_blocks=self.num_gpu_blocks, num_cpu_blocks=self.num_cpu_blocks,
-                                  block_size=self.bs, dtype=dtype, device=device, attention=attention,
-                                  prefill=prefill, seed=seed)
+        kw = dict(num_blocks=self.num_gpu_blocks, num_cpu_blocks=self.num_cpu_blocks, block_size=self.bs,
+                  dtype=dtype, attention=attention, prefill=prefill, seed=seed)
+        if tp > 1:  # one process per GPU; this one is rank 0 (validation.sharded)
+            from validation.sharded import launch
+            self.runner = launch(tp, device).runner(self.dims, **kw)
+        else:
+            self.runner = ModelRunner(self.dims, device=device, **kw)
         self.runner.warm_up(min(config.scheduler.max_num_batched_tokens, 16384))
         self.graph_sizes: list[int] = []
         if graphs and self.cuda:
@@ -90,6 +108,7 @@ class ModelStepExecutor:
         self.config = config
         self.describe = {"device": torch.cuda.get_device_name() if self.cuda else "cpu", "torch": torch.__version__,
                          "dtype": dtype, "attention": attention, "prefill": self.runner.prefill_impl,
+                         "tensor_parallel": tp,
                          "cuda_graph_batch_sizes": self.graph_sizes, "model": self.dims.name,
                          "num_gpu_blocks": self.num_gpu_blocks, "num_cpu_blocks": self.num_cpu_blocks}
         self._last_token: dict[int, int] = {}     # seq_id -> the token it sampled last
@@ -198,6 +217,8 @@ class ModelStepExecutor:
     def execute(self, step: int, out, predicted: dict[str, float]) -> float:
         r = self.runner
         t_host = time.perf_counter()
+        if self.tp > 1:
+            r.comm_log.reset()
         G, C = self.num_gpu_blocks, self.num_cpu_blocks
         swap_in = self._moves(step, "swap in", out.blocks_to_swap_in.items(), C, G)
         swap_out = self._moves(step, "swap out", out.blocks_to_swap_out.items(), G, C)
@@ -226,6 +247,8 @@ class ModelStepExecutor:
             r.copy(copy, t_copy)
             if primed:  # after the block moves: the first layer's writes land where the step's do
                 r.prime(inp)
+                if self.tp > 1:
+                    r.comm_log.reset()  # the untimed first layer's all-reduces are not the step's
             if padded is not None:
                 t_fwd.begin(GRAPH_LEAD_S)
                 tokens = r.replay_decode(padded)[: batch.num_decodes]
@@ -255,6 +278,8 @@ class ModelStepExecutor:
                           "num_tokens": batch.num_tokens, "num_decodes": batch.num_decodes,
                           "num_prefills": len(batch.prefills),
                           "predicted_s": float(sum(predicted.values()))})
+        if self.tp > 1:  # the all-reduces the step issued (rank 0's count)
+            self.rows[-1].update(allreduces=r.comm_log.count, allreduce_bytes=r.comm_log.bytes)
         return measured
 
     # --- results --------------------------------------------------------------------------------------

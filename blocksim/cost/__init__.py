@@ -17,7 +17,10 @@ constants are fitted on its grids (`blocksim.cost.fit`) and used.
 
 Each model has the methods the engine calls per step (``linear``, ``attn_prefill``,
 ``attn_decode``, ``swap``, ``copy``, ``overhead``; ``attn_decode`` also takes an array of context
-sizes for a span of decode steps) and may have ``report(steps)``, the record summary.json keeps.
+sizes for a span of decode steps) and may have ``comm(tokens)``, the tensor-parallel all-reduces of
+a step (called only when tensor_parallel > 1; a model without it prices them at zero), and
+``report(steps)`` (from the run's step frame, of the columns ``report_columns`` names when it has
+that attribute) or ``describe()``, the record summary.json keeps.
 """
 
 from __future__ import annotations
@@ -86,8 +89,14 @@ def build_cost_model(config: SimConfig, name: str = "auto", source=None):
 
 
 def cost_record(model, steps) -> dict:
-    """What summary.json records of the cost model a run used (its name for a plugin without `report`)."""
+    """What summary.json records of the cost model a run used: its `report(steps)`, else its
+    `describe()`, else its name. `steps`: the run's step frame, or a function of the columns a
+    model's `report_columns` names (None: every column) returning it, called only for a model with
+    `report` (so a run priced by the roofline builds no step frame)."""
     report = getattr(model, "report", None)
-    if report is None:
-        return {"name": getattr(model, "name", type(model).__name__)}
-    return report(steps)
+    if report is not None:
+        return report(steps(getattr(model, "report_columns", None)) if callable(steps) else steps)
+    describe = getattr(model, "describe", None)
+    if describe is not None:
+        return describe()
+    return {"name": getattr(model, "name", type(model).__name__)}

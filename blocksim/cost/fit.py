@@ -18,6 +18,8 @@ over the table's grid points:
   the fixed term kept >= 0).
 * ``step_overhead_s``: the profile's graph overhead when it captures CUDA graphs (most steps are
   decode-only), else its eager overhead.
+* ``link_efficiency`` and ``allreduce_latency_s`` from a tensor-parallel profile's ``allreduce``
+  table: the ring's bytes term and the fixed term, likewise (the efficiency capped at 1).
 
 `shipped_fit` gives the roofline its constants when a run names no file: fitted on the shipped
 profile of the run's model and GPU, else on the shipped profiles of its GPU (the median of each
@@ -79,6 +81,8 @@ def targets(profile: Profile, config: SimConfig) -> dict[str, tuple[dict, np.nda
     sw = np.concatenate([t["swap_in"].grids[0], t["swap_out"].grids[0]]) * ratio
     out["swap"] = ({"blocks": sw}, np.concatenate([t["swap_in"].seconds, t["swap_out"].seconds]))
     out["copy"] = ({"blocks": t["copy"].grids[0] * ratio}, t["copy"].seconds)
+    if "allreduce" in t and config.tensor_parallel > 1:
+        out["allreduce"] = ({"bytes": t["allreduce"].grids[0]}, t["allreduce"].seconds)
     return out
 
 
@@ -93,6 +97,8 @@ def predict(model: RooflineCostModel, comp: str, args: dict) -> np.ndarray:
         return np.asarray(model.attn_decode(args["batch"] * args["context"]), dtype=np.float64)
     if comp == "swap":
         return np.array([model.swap(float(x)) for x in args["blocks"]])
+    if comp == "allreduce":
+        return np.array([model.allreduce(float(x)) for x in args["bytes"]])
     return np.array([model.copy(float(x)) for x in args["blocks"]])
 
 
@@ -148,9 +154,15 @@ def fit_roofline(profile: Profile, config: SimConfig) -> CostParams:
     scale_copy = alpha * model.bw / 2
     launch = beta / scale_copy
     overhead = profile.overhead_graph_s if profile.cuda_graph_batch_sizes else profile.overhead_eager_s
+    comm = {}
+    if "allreduce" in tg:
+        args, meas = tg["allreduce"]
+        tp = config.tensor_parallel
+        alpha, beta = _affine(args["bytes"] * 2 * (tp - 1) / tp / (config.gpu.gpu_link_gbps * 1e9), meas)
+        comm = {"link_efficiency": float(min(1.0, 1.0 / alpha)), "allreduce_latency_s": beta}
     return CostParams(flops_efficiency=fe, bw_efficiency=be, step_overhead_s=overhead,
                       transfer_latency_s=latency, launch_s=launch, swap_batched=True,
-                      scale_linear=1.0, scale_swap=scale_swap, scale_copy=scale_copy, **scales)
+                      scale_linear=1.0, scale_swap=scale_swap, scale_copy=scale_copy, **scales, **comm)
 
 
 _FITTED: dict = {}

@@ -3,7 +3,10 @@
 ``--cost-profile FILE`` takes either kind; the file's ``"format"`` key tells which:
 
 * ``"blocksim-profile/1"``: step components measured on a GPU by ``blocksim profile`` (tables of
-  seconds on grids; the keys are listed in `COMPONENT_AXES`). Read into a :class:`Profile`.
+  seconds on grids; the keys are listed in `COMPONENT_AXES`). Read into a :class:`Profile`. The
+  optional ``allreduce`` table (axes ``["bytes"]``) holds one all-reduce's seconds by message
+  size among the profile's ``tensor_parallel`` GPUs; a profile at tensor_parallel > 1 measures its
+  other tables on one rank without communication.
 * ``"blocksim-roofline/1"``, or no ``"format"`` key: the roofline's `CostParams`, as
   ``{"params": {...}}`` or a flat object (what ``blocksim cost-fit --out`` and
   ``blocksim validate --calibrate-with`` write).
@@ -43,6 +46,7 @@ COMPONENT_AXES: dict[str, tuple[str, ...]] = {
     "swap_in": ("blocks",),
     "copy": ("blocks",),
     "decode_step": ("batch", "context"),
+    "allreduce": ("bytes",),
     # tier transfers (`blocksim profile --tier-dir`): seconds to move `chunks` chunks of `chunk_bytes`
     "tier_gpu_host": ("chunk_bytes", "chunks"),
     "tier_host_gpu": ("chunk_bytes", "chunks"),
@@ -51,7 +55,7 @@ COMPONENT_AXES: dict[str, tuple[str, ...]] = {
     "tier_disk_gpu": ("chunk_bytes", "chunks"),
 }
 TIER_COMPONENTS = ("tier_gpu_host", "tier_host_gpu", "tier_host_disk", "tier_gpu_disk", "tier_disk_gpu")
-OPTIONAL = ("decode_step", *TIER_COMPONENTS)
+OPTIONAL = ("decode_step", "allreduce", *TIER_COMPONENTS)
 #: Header fields a profile must have, checked against the run's configuration where they name it.
 HEADER = ("model", "gpu", "dtype", "tensor_parallel", "block_size", "cuda_graph_batch_sizes")
 

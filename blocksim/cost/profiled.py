@@ -25,6 +25,12 @@ engine's columns `t_<component>_s` hold:
   twice as many of the profile's blocks).
 * ``t_overhead_s``: the profile's fixed per-step cost when the step runs anything, ``graph_s`` for
   a graph-replayed decode step, ``eager_s`` otherwise.
+* ``t_comm_s`` (tensor_parallel > 1 only): ``2 * layers`` all-reduces of ``tokens * hidden *
+  dtype_bytes`` bytes each (attention output and MLP output, Megatron-style), each priced by the
+  profile's ``allreduce`` table by message bytes when it has one, else by the roofline's ring
+  formula (`blocksim.cost.roofline`) from the catalog's GPU link. The ``decode_step`` table of a
+  tensor-parallel profile is a whole step with its all-reduces: ``t_attn_decode_s`` then holds it
+  less ``t_linear_s`` and ``t_comm_s``.
 
 Interpolation and extrapolation follow `blocksim.cost.interpolate` (piecewise-linear in seconds,
 a power law along prefill attention's new tokens). Steps whose size lies outside a table's grid are
@@ -47,6 +53,7 @@ import pandas as pd
 from blocksim.config import SimConfig
 from blocksim.cost.interpolate import Line, Table
 from blocksim.cost.profile_file import Profile, ProfileWarning
+from blocksim.cost.roofline import ALLREDUCES_PER_LAYER, RooflineCostModel
 
 
 class ProfiledCostModel:
@@ -72,6 +79,11 @@ class ProfiledCostModel:
         self.max_graph = int(self.graph_sizes[-1]) if len(self.graph_sizes) else 0
         self._pad = [None] + [int(self.graph_sizes[np.searchsorted(self.graph_sizes, b)])
                               for b in range(1, self.max_graph + 1)]
+        m = config.model
+        self.allreduces_per_step = ALLREDUCES_PER_LAYER * m.num_layers if config.tensor_parallel > 1 else 0
+        self.allreduce_bytes_per_token = m.hidden_size * m.dtype_bytes
+        self.allreduce_line = Line.of(t["allreduce"]) if "allreduce" in t else None
+        self._ring = RooflineCostModel(config) if self.allreduces_per_step and self.allreduce_line is None else None
         self._memo: dict = {}
         self._lines: dict = {}
         self.step_outside: Counter = Counter()  # counted as single steps are priced (never in a span)
@@ -165,7 +177,10 @@ class ProfiledCostModel:
         ctx = np.array([ctx_tokens], dtype=np.int64) if scalar else ctx_tokens.astype(np.int64, copy=False)
         t = line.eval(ctx / batch)
         if whole:
-            t = np.maximum(t - self.linear(batch, batch, True), 0.0)
+            rest = self.linear(batch, batch, True)
+            if self.allreduces_per_step:
+                rest += self.comm(batch)
+            t = np.maximum(t - rest, 0.0)
         return float(t[0]) if scalar else t
 
     def swap(self, blocks_in: int, blocks_out: int = 0) -> float:
@@ -186,6 +201,21 @@ class ProfiledCostModel:
         if t is None:
             t = self._one(self.copy_line, blocks * self.block_ratio) if blocks > 0 else 0.0
             self._memo[key] = t
+        return t
+
+    def comm(self, tokens: int) -> float:
+        """The step's tensor-parallel all-reduces for `tokens` tokens (0 at tensor_parallel 1)."""
+        if tokens <= 0 or not self.allreduces_per_step:
+            return 0.0
+        key = ("comm", tokens)
+        t = self._memo.get(key)
+        if t is None:
+            nbytes = tokens * self.allreduce_bytes_per_token
+            if self.allreduce_line is not None:
+                one = self._one(self.allreduce_line, nbytes)
+            else:
+                one = self._ring.allreduce(nbytes)
+            t = self._memo[key] = self.allreduces_per_step * one
         return t
 
     def overhead(self, active: bool, decode_batch: int = 0) -> float:
@@ -239,12 +269,21 @@ class ProfiledCostModel:
                           ("blocks_copied", self.copy_line)):
             b = steps[col].to_numpy(np.int64)
             add(f"{line.name}.blocks", (b > 0) & line.outside(b * self.block_ratio))
+        if self.allreduces_per_step and self.allreduce_line is not None:
+            add("allreduce.bytes", (T > 0) & self.allreduce_line.outside(T * self.allreduce_bytes_per_token))
         return out
 
     def describe(self) -> dict:
         h = self.profile.header
-        return {"name": self.name, "profile": self.profile.path, "device": h.get("device"),
-                "created_utc": h.get("created_utc"), "block_size_ratio": self.block_ratio}
+        rec = {"name": self.name, "profile": self.profile.path, "device": h.get("device"),
+               "created_utc": h.get("created_utc"), "block_size_ratio": self.block_ratio}
+        if self.allreduces_per_step:
+            rec["allreduce"] = "profile" if self.allreduce_line is not None else "roofline ring formula"
+        return rec
+
+    #: The step columns `report` reads (`extrapolated`).
+    report_columns = ("num_prefill_seqs", "prefill_tokens", "num_decode_seqs", "decode_ctx_tokens",
+                      "blocks_swapped_in", "blocks_swapped_out", "blocks_copied")
 
     def report(self, steps: pd.DataFrame) -> dict:
         """summary.json's record of the cost model; warns once when steps left the profiled grid."""

@@ -20,6 +20,15 @@ Components of a step (each a column `t_<name>_s` in steps.parquet):
 * ``copy``: copy-on-write block copies on the GPU: ``blocks * block_bytes * 2 / (hbm_bw * bw_eff)``
   (read + write), plus one launch.
 * ``overhead``: a fixed per-step cost (scheduling, launches, sampling) when the step runs anything.
+* ``comm`` (tensor_parallel N > 1 only; the column ``t_comm_s``): Megatron-style tensor parallelism
+  all-reduces the hidden states twice per layer, after attention's output projection and after the
+  MLP's down projection (both row-parallel), each message ``T * hidden * dtype_bytes`` bytes. One
+  all-reduce takes ``allreduce_latency + 2 (N - 1) / N * bytes / (gpu_link_bw * link_eff)``: the
+  ring algorithm of NCCL, whose reduce-scatter and all-gather phases each move ``(N - 1) / N`` of
+  the message over every GPU's link (what nccl-tests calls bus bandwidth: ``busbw = algbw * 2 (N -
+  1) / N``), bounded by the GPU-to-GPU link's one-way bandwidth; the latency is the catalog GPU's
+  ``allreduce_latency_s`` (or `CostParams`'s, fitted on a profile's ``allreduce`` table), whatever
+  N. The embedding and the LM head are taken as replicated (no all-reduce or gather of their own).
 
 The factors come from `CostParams` (defaults below); ``--cost-profile`` reads them from a JSON of
 parameters, or fits them on a measured profile's grids (`blocksim.cost.fit`).
@@ -40,6 +49,8 @@ import numpy as np
 from blocksim.config import ConfigError, SimConfig
 
 COMPONENTS = ("linear", "attn_prefill", "attn_decode", "swap", "copy", "overhead")
+#: All-reduces per layer under tensor parallelism (attention output, MLP output).
+ALLREDUCES_PER_LAYER = 2
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,8 @@ class CostParams:
     transfer_latency_s: float | None = None  # None: the GPU spec's value
     launch_s: float = 5e-6
     swap_batched: bool = False
+    link_efficiency: float = 0.8  # share of the GPU-to-GPU link an all-reduce's bus bandwidth reaches
+    allreduce_latency_s: float | None = None  # None: the GPU spec's value
     # Multipliers fitted by calibration, one per component (1.0 = the roofline as is).
     scale_linear: float = 1.0
     scale_attn_prefill: float = 1.0
@@ -67,7 +80,7 @@ class CostParams:
                 _typed(f"cost.{f.name}", v, bool)
             elif v is not None:
                 _typed(f"cost.{f.name}", v, float)
-        for f in ("flops_efficiency", "bw_efficiency"):
+        for f in ("flops_efficiency", "bw_efficiency", "link_efficiency"):
             v = getattr(self, f)
             if not 0 < v <= 1:
                 raise ConfigError(f"cost.{f}: must be in (0, 1], got {v!r}")
@@ -126,6 +139,10 @@ class RooflineCostModel:
         self.kv_bytes_per_token = config.kv_bytes_per_token
         self.block_bytes = config.block_bytes
         self.copies_per_block = 2 * m.num_layers
+        self.allreduces_per_step = ALLREDUCES_PER_LAYER * m.num_layers if tp > 1 else 0
+        self.allreduce_bytes_per_token = m.hidden_size * m.dtype_bytes
+        self.allreduce_latency_s = g.allreduce_latency_s if p.allreduce_latency_s is None else p.allreduce_latency_s
+        self.ring_s_per_byte = 2 * (tp - 1) / tp / (g.gpu_link_gbps * 1e9 * p.link_efficiency)
 
     # --- components ------------------------------------------------------------------------------
     def linear(self, tokens: int, sequences: int = 0, decode_only: bool = False) -> float:
@@ -158,14 +175,20 @@ class RooflineCostModel:
             return 0.0
         return (blocks * self.block_bytes * 2 / self.bw + self.params.launch_s) * self.params.scale_copy
 
+    def allreduce(self, nbytes: float) -> float:
+        """Seconds of one all-reduce of `nbytes` bytes (ring: latency + 2 (N - 1) / N * bytes / bus bandwidth)."""
+        return self.allreduce_latency_s + nbytes * self.ring_s_per_byte
+
+    def comm(self, tokens: int) -> float:
+        """The step's tensor-parallel all-reduces for `tokens` tokens (0 at tensor_parallel 1)."""
+        if tokens <= 0 or not self.allreduces_per_step:
+            return 0.0
+        return self.allreduces_per_step * self.allreduce(tokens * self.allreduce_bytes_per_token)
+
     def overhead(self, active: bool, decode_only: bool = False) -> float:
         return self.params.step_overhead_s if active else 0.0
 
     def describe(self) -> dict:
-        """What summary.json records of this cost model."""
+        """What summary.json records of this cost model (it has no grid for steps to leave, so no `report`)."""
         return {"name": self.name, "params": self.params.to_dict(), "profile": self.source}
-
-    def report(self, steps) -> dict:
-        """summary.json's record of the cost model (the roofline never leaves a grid)."""
-        return self.describe()
 

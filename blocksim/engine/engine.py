@@ -136,7 +136,9 @@ class Engine:
         # Allocators with address-space extents (contiguous) get their free extents sampled.
         self._extents: list[tuple[int, float, np.ndarray]] | None = [] if self.bm.has_extents else None
         self._next_extent_s = 0.0
-        self.rec = StepRecorder()
+        # tensor-parallel communication: a cost model's `comm(tokens)`, recorded as t_comm_s when TP > 1
+        self._comm = getattr(self.cost, "comm", None) if config.tensor_parallel > 1 else None
+        self.rec = StepRecorder(comm=config.tensor_parallel > 1)
         self.groups: list[SequenceGroup] = []
         self._arrivals = self.reqs.arrival_s.to_numpy()
         self._arrival_list = self._arrivals.tolist() + [math.inf]  # for the step loop: floats, then inf
@@ -218,7 +220,7 @@ class Engine:
                     landing = sched.next_onload_s() if hasattr(sched, "next_onload_s") else None
                     if landing is not None and landing < next_event:
                         next_event = landing
-                span = find_span(sched, bm, self.cost, out, now, next_event)
+                span = find_span(sched, bm, self.cost, out, now, next_event, self._comm)
             else:
                 span = None
             if span is not None:
@@ -274,6 +276,7 @@ class Engine:
             "t_attn_decode_s": float(cm.attn_decode(out.decode_ctx_tokens, n, decode_only)),
             "t_swap_s": cm.swap(len(out.blocks_to_swap_in), len(out.blocks_to_swap_out)),
             "t_copy_s": cm.copy(len(out.blocks_to_copy)),
+            "t_comm_s": self._comm(tokens) if self._comm is not None else 0.0,
             "t_overhead_s": cm.overhead(out.has_work, n if decode_only else 0),
         }
 
@@ -399,5 +402,5 @@ class Engine:
             raise EngineError(f"{len(lost)} requests neither finished nor rejected; "
                               f"{len(self.groups)} of {len(self.reqs)} arrived")
         result = RunResult.build(self, wall)
-        result.summary["cost_model"] = cost_record(self.cost, result.steps)  # warns of extrapolated steps
+        result.summary["cost_model"] = cost_record(self.cost, result.step_frame)  # warns of extrapolated steps
         return result

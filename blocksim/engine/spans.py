@@ -39,11 +39,12 @@ MAX_SPAN_STEPS = 4096
 class Span(NamedTuple):
     steps: int                # steps in the span, the one just scheduled included
     seqs: list[Sequence]      # the decoding sequences, in running order
-    takes: list[tuple[int, int]]  # (j, i): sequence i takes a new block at step j; step order, then running order
+    takers: list[int]         # the sequences (indices into `seqs`) taking a new block: step order, then running order
+    new_blocks: list[int] | None  # blocks taken at each step (0 at the first); None when none are
     starts_s: np.ndarray      # start time of each step (at least `steps` of them)
     durations_s: np.ndarray
     ctx_tokens: np.ndarray    # decode context tokens of each step
-    times: dict               # the cost model's components: t_linear_s, t_attn_decode_s, t_overhead_s
+    times: dict               # the cost model's components: t_linear_s, t_attn_decode_s, t_comm_s, t_overhead_s
 
 
 def decode_batch(sched: Scheduler, out: SchedulerOutputs):
@@ -72,47 +73,61 @@ def decode_batch(sched: Scheduler, out: SchedulerOutputs):
     return seqs, lens, k
 
 
-def decode_times(cost, out: SchedulerOutputs, k: int):
+def decode_times(cost, out: SchedulerOutputs, k: int, comm=None):
     """Durations of `k` decode steps of the batch, each context one token longer, their components
-    and the steps' context tokens."""
+    and the steps' context tokens. `comm(tokens)`: the tensor-parallel all-reduces' time (None on
+    one GPU), added in the order a single step sums its components."""
     n = out.num_decode_seqs
     ctx = out.decode_ctx_tokens + n * np.arange(k, dtype=np.int64)
     times = {"t_linear_s": cost.linear(n, n, True), "t_attn_decode_s": cost.attn_decode(ctx, n, True),
-             "t_overhead_s": cost.overhead(True, n)}
-    durations = times["t_linear_s"] + times["t_attn_decode_s"] + times["t_overhead_s"]
+             "t_comm_s": comm(n) if comm is not None else 0.0, "t_overhead_s": cost.overhead(True, n)}
+    if comm is None:
+        durations = times["t_linear_s"] + times["t_attn_decode_s"] + times["t_overhead_s"]
+    else:
+        durations = times["t_linear_s"] + times["t_attn_decode_s"] + times["t_comm_s"] + times["t_overhead_s"]
     return durations, times, ctx
 
 
 def block_crossings(bm: MemoryManager, lens: list[int], k: int):
     """Blocks each further step of a `k`-step span takes; `k` cut where free blocks run low.
 
-    Returns `(k, takes)`: `takes` holds `(j, i)` when sequence i takes a new block at step j, in
-    step order, then running order. Step j writes the K/V of position `lens[i] - 1 + j`, which
-    needs a new block when it is a multiple of the block size: at steps `block_size - (lens[i] - 1)
-    % block_size`, then every `block_size` steps. A manager that reserved every slot at admission
-    takes none.
+    Returns `(k, takers, new_blocks)`: `takers` the sequences (indices into `lens`) that take a
+    new block, in step order, then running order; `new_blocks[j]` how many step j takes (None
+    when the manager takes none). Step j writes the K/V of position `lens[i] - 1 + j`, which needs
+    a new block when it is a multiple of the block size: at steps `block_size - (lens[i] - 1) %
+    block_size`, then every `block_size` steps (every step for blocks of one token). A manager that
+    reserved every slot at admission takes none.
     """
     if not bm.allocates_on_append:
-        return k, []
+        return k, [], None
     bs = bm.block_size
+    room = bm.num_free_gpu_blocks - 1  # keeps vLLM's one-free-block-per-sequence check true
+    n = len(lens)
+    if bs == 1:  # take t is sequence t % n's at step t // n + 1
+        if (k - 1) * n > room:  # the span ends before the step of the take that finds no room
+            k = room // n + 1 if room >= 0 else 1
+        return k, list(range(n)) * (k - 1), [0] + [n] * (k - 1)
     takes = []
-    for i, n in enumerate(lens):
-        j = bs - (n - 1) % bs
+    for i, m in enumerate(lens):
+        j = bs - (m - 1) % bs
         while j < k:
             takes.append((j, i))
             j += bs
     takes.sort()
-    room = bm.num_free_gpu_blocks - 1  # keeps vLLM's one-free-block-per-sequence check true
-    if len(takes) > room:  # the span ends before the step of the take that finds no room
+    if len(takes) > room:
         k = takes[room][0] if room >= 0 else 1
         takes = [t for t in takes if t[0] < k]
-    return k, takes
+    new_blocks = [0] * k
+    for j, _ in takes:
+        new_blocks[j] += 1
+    return k, [i for _, i in takes], new_blocks
 
 
 def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, now_s: float,
-              next_arrival_s: float) -> Span | None:
+              next_arrival_s: float, comm=None) -> Span | None:
     """The span that the step `out`, scheduled at `now_s`, starts; None when it starts none
-    (fewer than two steps before a finish, an arrival or a shortage of free blocks)."""
+    (fewer than two steps before a finish, an arrival or a shortage of free blocks). `comm` as
+    in `decode_times`."""
     if not out.is_plain_decode or not sched.allows_span():
         return None
     batch = decode_batch(sched, out)
@@ -124,9 +139,11 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     # duration (all of them again if every estimated step starts before it: the cut stays exact).
     n = out.num_decode_seqs  # priced as `decode_times` prices each step
     first_s = cost.linear(n, n, True) + cost.attn_decode(out.decode_ctx_tokens, n, True) + cost.overhead(True, n)
+    if comm is not None:
+        first_s += comm(n)
     guess = k if first_s <= 0 or next_arrival_s == math.inf else min(k, int((next_arrival_s - now_s) / first_s) + 2)
     while True:
-        durations, times, ctx = decode_times(cost, out, guess)
+        durations, times, ctx = decode_times(cost, out, guess, comm)
         starts = np.fromiter(accumulate(durations[:-1].tolist(), initial=now_s), np.float64, guess)
         before = int(np.searchsorted(starts, next_arrival_s, side="left"))  # steps starting before the arrival
         if before < guess or guess == k:
@@ -135,32 +152,31 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     k = min(k, before)
     if k <= 1:
         return None
-    k, takes = block_crossings(bm, lens, k)
+    k, takers, new_blocks = block_crossings(bm, lens, k)
     if k <= 1:
         return None
-    return Span(k, seqs, takes, starts, durations, ctx, times)
+    return Span(k, seqs, takers, new_blocks, starts, durations, ctx, times)
 
 
-def span_memory(bm: MemoryManager, k: int, written: np.ndarray, takes: list[tuple[int, int]], next_group) -> dict:
-    """Per-step block counts and memory columns over a span, from the state after its first step.
+def span_memory(bm: MemoryManager, k: int, written: np.ndarray, new_blocks: list[int] | None,
+                next_group) -> tuple[dict, dict]:
+    """Per-step block counts and memory columns over a span, from the state after its first step:
+    `(constant, varying)`, the columns that keep one value and those that change (arrays of k).
 
     `written[j]` slots are written by the steps before step j: out of the reservation where every slot was reserved at
     admission, else out of the unfilled part of the last blocks (internal fragmentation), each
-    new block moving `block_size` slots from free to that unfilled part.
+    new block (`new_blocks[j]` taken at step j) moving `block_size` slots from free to that unfilled part.
     """
     mem = bm.memory_breakdown(next_group, 0)
-    if not bm.allocates_on_append:
-        return {"gpu_blocks_used": bm.num_gpu_blocks_used, "mem_token_states": mem.token_states + written,
-                "mem_reservation": mem.reservation - written, "mem_internal_frag": mem.internal_frag,
-                "mem_external_frag": mem.external_frag, "mem_free": mem.free}
-    per_step = [0] * k
-    for j, _ in takes:
-        per_step[j] += 1
-    new_blocks = np.fromiter(accumulate(per_step), np.int64, k)  # blocks taken by steps 1..j
-    new_slots = bm.block_size * new_blocks
-    return {"gpu_blocks_used": bm.num_gpu_blocks_used + new_blocks, "mem_token_states": mem.token_states + written,
-            "mem_reservation": mem.reservation, "mem_internal_frag": mem.internal_frag + new_slots - written,
-            "mem_external_frag": mem.external_frag, "mem_free": mem.free - new_slots}
+    if new_blocks is None:
+        return ({"gpu_blocks_used": bm.num_gpu_blocks_used, "mem_internal_frag": mem.internal_frag,
+                 "mem_external_frag": mem.external_frag, "mem_free": mem.free},
+                {"mem_token_states": mem.token_states + written, "mem_reservation": mem.reservation - written})
+    taken = np.fromiter(accumulate(new_blocks), np.int64, k)  # blocks taken by steps 1..j
+    new_slots = bm.block_size * taken
+    return ({"mem_reservation": mem.reservation, "mem_external_frag": mem.external_frag},
+            {"gpu_blocks_used": bm.num_gpu_blocks_used + taken, "mem_token_states": mem.token_states + written,
+             "mem_internal_frag": mem.internal_frag + new_slots - written, "mem_free": mem.free - new_slots})
 
 
 def exact_delay(now_s: float, end_s: float) -> float | None:
@@ -182,8 +198,9 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
     k, seqs = span.steps, span.seqs
     n = out.num_decode_seqs
     ctx = span.ctx_tokens[:k]
-    mem = span_memory(bm, k, ctx - out.decode_ctx_tokens, span.takes, sched.waiting[0] if sched.waiting else None)
-    bm.append_span_slots(seqs, k - 1, [i for _, i in span.takes])  # step order, then running order
+    constant, varying = span_memory(bm, k, ctx - out.decode_ctx_tokens, span.new_blocks,
+                                    sched.waiting[0] if sched.waiting else None)
+    bm.append_span_slots(seqs, k - 1, span.takers)  # step order, then running order
     for s in seqs:
         s.num_tokens += k - 1
     # The clock adds each step's time, exactly as stepping does: one timeout to that sum when one
@@ -203,15 +220,12 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
         engine.tiers.now_s = env.now
         engine._tier_record(k)
     times = span.times
-    engine.rec.add_many(k, {
-        "start_s": span.starts_s[:k], "duration_s": span.durations_s[:k], "num_prefill_seqs": 0,
-        "prefill_tokens": 0, "num_decode_seqs": n,
-        "decode_ctx_tokens": ctx,
-        "running": len(out.decode_groups), "waiting": len(sched.waiting), "swapped": len(sched.swapped),
-        "cpu_blocks_used": bm.num_cpu_blocks_used, "blocks_swapped_in": 0,
-        "blocks_swapped_out": 0, "blocks_copied": 0, "preempted": 0, "finished": fin, "rejected": 0,
-        "t_linear_s": times["t_linear_s"], "t_attn_prefill_s": 0.0, "t_attn_decode_s": times["t_attn_decode_s"][:k],
-        "t_swap_s": 0.0, "t_copy_s": 0.0, "t_overhead_s": times["t_overhead_s"], **mem,
-    })
+    constant.update(num_decode_seqs=n, running=len(out.decode_groups), waiting=len(sched.waiting),
+                    swapped=len(sched.swapped), cpu_blocks_used=bm.num_cpu_blocks_used,
+                    t_linear_s=times["t_linear_s"], t_comm_s=times["t_comm_s"],
+                    t_overhead_s=times["t_overhead_s"])  # the other columns are 0
+    varying.update(start_s=span.starts_s[:k], duration_s=span.durations_s[:k], decode_ctx_tokens=ctx,
+                   finished=fin, t_attn_decode_s=times["t_attn_decode_s"][:k])
+    engine.rec.add_many(k, constant, varying)
     if engine.check:
         bm.check_invariants(sched.live_seqs())

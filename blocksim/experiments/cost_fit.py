@@ -33,7 +33,7 @@ def cmd_cost_fit(args: argparse.Namespace) -> int:
     rep = fit_report(args.profile)
     print(f"roofline fitted on {args.profile} (least squares on relative error over each table's grid)")
     print(f"  {'component':<13} {'points':>6} {'default MAPE':>13} {'fitted MAPE':>12} {'fitted median err':>18}")
-    for comp in COMPARED:
+    for comp in [c for c in rep["fitted"] if c in COMPARED] + [c for c in rep["fitted"] if c not in COMPARED]:
         d, f = rep["default"][comp], rep["fitted"][comp]
         print(f"  {comp:<13} {d['points']:>6} {d['mape_pct']:>12.1f}% {f['mape_pct']:>11.1f}% {f['median_err']:>+17.1%}")
     print("  constants: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"

@@ -385,7 +385,13 @@ class RadixCacheManager:
         reqs, ps, free = self.reqs, self.block_size, self.free_pages
         states = [reqs[s.seq_id] for s in seqs]
         n = len(seqs)
-        if ps == 1:
+        if ps == 1 and 0 < steps * n <= len(free):  # no eviction: step j takes the n pages before those of step j - 1
+            m = steps * n
+            last = free[-m:]
+            del free[-m:]
+            for i, s in enumerate(seqs):  # sequence i's pages: last[m - n + i], then n before each
+                s.block_table += last[m - n + i::-n]
+        elif ps == 1:
             taken: list[int] = []
             for _ in range(steps):
                 if len(free) < n:

@@ -45,9 +45,14 @@ def simulated_s(steps: pd.DataFrame) -> float:
 
 def serving_interval_s(requests: pd.DataFrame, steps: pd.DataFrame) -> float:
     """Seconds from the first request's arrival to the end of the last step; 0 without requests."""
+    return interval_until(requests, simulated_s(steps))
+
+
+def interval_until(requests: pd.DataFrame, end_s: float) -> float:
+    """Seconds from the first request's arrival to `end_s`; 0 without requests."""
     if not len(requests):
         return 0.0
-    return simulated_s(steps) - float(requests["arrival_s"].min())
+    return end_s - float(requests["arrival_s"].min())
 
 
 def per_second(amount: float, duration_s: float) -> float:
@@ -57,8 +62,13 @@ def per_second(amount: float, duration_s: float) -> float:
 
 def throughput(requests: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float]:
     """Finished requests, output tokens and prompt plus output tokens per second of serving interval."""
+    return throughput_until(requests, simulated_s(steps))
+
+
+def throughput_until(requests: pd.DataFrame, end_s: float) -> dict[str, float]:
+    """`throughput` of a run whose last step ends at `end_s`."""
     done = finished(requests)
-    span = serving_interval_s(requests, steps)
+    span = interval_until(requests, end_s)
     out_tokens = float((done["output_tokens"] * done["n"]).sum())
     in_tokens = float(done["prompt_tokens"].sum())
     return {
@@ -83,13 +93,22 @@ def latency_stats(requests: pd.DataFrame, names: tuple[str, ...] = LATENCY_METRI
     return out
 
 
+#: The steps.parquet columns `event_counts` totals.
+EVENT_STEP_COLUMNS = ("blocks_swapped_in", "blocks_swapped_out", "blocks_copied")
+
+
 def event_counts(requests: pd.DataFrame, steps: pd.DataFrame) -> dict[str, int]:
     """Preemptions, swap-outs, blocks swapped and copied, and recomputed tokens over the run."""
+    return event_counts_from(requests, {c: int(steps[c].sum()) for c in EVENT_STEP_COLUMNS if c in steps})
+
+
+def event_counts_from(requests: pd.DataFrame, step_totals: dict[str, int]) -> dict[str, int]:
+    """`event_counts` from the totals of the steps' `EVENT_STEP_COLUMNS` (a missing column counts 0)."""
     return {
         "preemptions": int(requests["preemptions"].sum()), "swap_outs": int(requests["swaps"].sum()),
-        "blocks_swapped_in": int(steps["blocks_swapped_in"].sum()),
-        "blocks_swapped_out": int(steps["blocks_swapped_out"].sum()),
-        "blocks_copied": int(steps["blocks_copied"].sum()) if "blocks_copied" in steps else 0,
+        "blocks_swapped_in": step_totals.get("blocks_swapped_in", 0),
+        "blocks_swapped_out": step_totals.get("blocks_swapped_out", 0),
+        "blocks_copied": step_totals.get("blocks_copied", 0),
         "recomputed_tokens": int(requests["recomputed_tokens"].sum()),
     }
 

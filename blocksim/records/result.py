@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -15,16 +14,23 @@ from blocksim.records.schema import (
     REQUEST_COLUMNS,
     REQUESTS_FILE,
     RUN_FORMAT_VERSION,
+    STEP_DTYPES,
+    STEP_DTYPES_TP,
     STEPS_FILE,
     SUMMARY_FILE,
     TIER_REQUESTS_FILE,
     TIER_STEPS_FILE,
 )
+from blocksim.records.steps import StepRecorder
 from blocksim.records.tier_records import tier_request_frame
 
-#: Rows per row group of steps.parquet: the Parquet writer buffers one row group at a time, so this
-#: bounds its memory on long runs (one group holds about an hour of a busy engine's steps).
-STEP_ROW_GROUP = 1 << 18
+#: Steps per row group of steps.parquet: the columns of one row group are built and buffered by the
+#: Parquet writer at a time, so this bounds the memory of writing (30 columns of 8 bytes: under 8 MB per group).
+STEP_ROW_GROUP = 1 << 15
+#: How steps.parquet's columns are encoded: plain values compressed by zstd. Dictionary encoding
+#: (Parquet's default) holds a hash table of every distinct value of a column chunk while writing,
+#: as much memory again as the steps themselves, and the file is smaller without it.
+STEP_ENCODING = {"use_dictionary": False, "compression": "zstd"}
 
 
 def request_frame(groups, reqs: pd.DataFrame) -> pd.DataFrame:
@@ -48,11 +54,13 @@ def request_frame(groups, reqs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({c: cols[c] for c in REQUEST_COLUMNS})
 
 
-def summarize(requests: pd.DataFrame, steps: pd.DataFrame, config, block_bytes: int, wall_s: float,
+def summarize(requests: pd.DataFrame, steps: StepRecorder, config, block_bytes: int, wall_s: float,
               num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> dict:
-    """summary.json: the run's configuration and sizes, and its metrics (`blocksim.records.metrics`)."""
+    """summary.json: the run's configuration and sizes, and its metrics (`blocksim.records.metrics`),
+    from the step records' totals (no step frame is built)."""
     fin = metrics.finished(requests)
-    counts = metrics.event_counts(requests, steps)
+    counts = metrics.event_counts_from(requests, {c: steps.column_sum(c) for c in metrics.EVENT_STEP_COLUMNS})
+    end_s = steps.end_s()
     swapped_blocks = counts["blocks_swapped_in"] + counts["blocks_swapped_out"]
     return {
         "version": RUN_FORMAT_VERSION,
@@ -61,8 +69,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, config, block_bytes: 
         "capacity_tokens": num_gpu_blocks * block_size,
         "requests": int(len(requests)), "finished": int(len(fin)),
         "rejected": int((requests.status == "rejected").sum()),
-        "simulated_s": metrics.simulated_s(steps), "wall_s": wall_s, "steps": int(len(steps)),
-        **metrics.throughput(requests, steps),
+        "simulated_s": end_s, "wall_s": wall_s, "steps": steps.num_steps,
+        **metrics.throughput_until(requests, end_s),
         **metrics.latency_stats(requests, metrics.SUMMARY_LATENCY_METRICS),
         "preemptions": counts["preemptions"], "swap_outs": counts["swap_outs"],
         "blocks_swapped_in": counts["blocks_swapped_in"], "blocks_swapped_out": counts["blocks_swapped_out"],
@@ -73,36 +81,51 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, config, block_bytes: 
     }
 
 
-@dataclass
 class RunResult:
-    requests: pd.DataFrame
-    steps: pd.DataFrame
-    summary: dict
-    free_extents: pd.DataFrame | None = None
-    tier_requests: pd.DataFrame | None = None
-    tier_steps: pd.DataFrame | None = None
+    """A finished run: its request frame, step records, summary, free extents (contiguous
+    allocators) and tier tables (KV tiers). `steps` builds the step frame on first use; `save` writes steps.parquet from the
+    records a row group at a time, without it."""
+
+    def __init__(self, requests: pd.DataFrame, steps: StepRecorder, summary: dict,
+                 free_extents: pd.DataFrame | None = None, tier_requests: pd.DataFrame | None = None,
+                 tier_steps: pd.DataFrame | None = None) -> None:
+        self.requests = requests
+        self.step_records = steps
+        self.summary = summary
+        self.free_extents = free_extents
+        self.tier_requests = tier_requests  # with KV tiers: tier_requests.parquet and tier_steps.parquet
+        self.tier_steps = tier_steps
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        return self.step_records.to_frame()
+
+    def step_frame(self, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
+        """The step frame, or (`columns`) a frame of those columns only, built without the others."""
+        return self.step_records.to_frame(columns)
 
     @classmethod
     def build(cls, engine, wall_s: float) -> "RunResult":
-        steps = engine.rec.to_frame()
+        rec = engine.rec
+        rec.close()
         reqs = request_frame(engine.groups, engine.reqs)
         cfg = engine.config
-        summary = summarize(reqs, steps, cfg.to_dict(), cfg.block_bytes, wall_s, engine.bm.num_total_gpu_blocks,
+        summary = summarize(reqs, rec, cfg.to_dict(), cfg.block_bytes, wall_s, engine.bm.num_total_gpu_blocks,
                             engine.bm.num_total_cpu_blocks, engine.bm.block_size)
         summary.update(engine.bm.stats())
         tiers = getattr(engine, "tiers", None)
         if tiers is None:
-            return cls(reqs, steps, summary, engine.extents_frame())
+            return cls(reqs, rec, summary, engine.extents_frame())
         summary.update(tiers.stats())
         tier_reqs = tier_request_frame(engine.groups, hasattr(engine.sched, "onloading"))
         summary["tier_onload_wait_mean_s"] = float(tier_reqs.onload_wait_s.mean()) if len(tier_reqs) else 0.0
-        return cls(reqs, steps, summary, engine.extents_frame(), tier_reqs, engine.tier_rec.to_frame())
+        return cls(reqs, rec, summary, engine.extents_frame(), tier_reqs, engine.tier_rec.to_frame())
 
     def save(self, out_dir: str | Path) -> Path:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         self.requests.to_parquet(out / REQUESTS_FILE, index=False)
-        self.steps.to_parquet(out / STEPS_FILE, index=False, row_group_size=STEP_ROW_GROUP)
+        write_steps(self.step_records, out / STEPS_FILE)
         if self.free_extents is not None:
             self.free_extents.to_parquet(out / FREE_EXTENTS_FILE, index=False)
         if self.tier_requests is not None:
@@ -110,6 +133,19 @@ class RunResult:
             self.tier_steps.to_parquet(out / TIER_STEPS_FILE, index=False)
         (out / SUMMARY_FILE).write_text(json.dumps(self.summary, indent=2, default=_json_default) + "\n")
         return out
+
+
+def write_steps(records: StepRecorder, path: Path) -> None:
+    """steps.parquet from the step records, one row group of `STEP_ROW_GROUP` steps at a time."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    dtypes = STEP_DTYPES_TP if records.comm else STEP_DTYPES
+    schema = pa.schema([(c, pa.float64() if dtype == "float64" else pa.int64()) for c, dtype in dtypes.items()])
+    with pq.ParquetWriter(path, schema, **STEP_ENCODING) as writer:
+        for cols in records.row_groups(STEP_ROW_GROUP):
+            writer.write_table(pa.table(cols, schema=schema))
+            del cols  # before the next group is built
 
 
 def _json_default(o):

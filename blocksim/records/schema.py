@@ -59,18 +59,24 @@ SLO_COLUMNS = {
     "norm_latency": "norm_latency_s",
 }
 
-#: Every column of steps.parquet but `step`, in the order a step's row is recorded.
+#: The tensor-parallel all-reduces' time: a column of steps.parquet only for runs with tensor_parallel > 1.
+COMM_COLUMN = "t_comm_s"
+#: Every column a step's row records (steps.parquet's but `step`), in order.
 ROW_COLUMNS = (
     "start_s", "duration_s", "num_prefill_seqs", "prefill_tokens", "num_decode_seqs",
     "decode_ctx_tokens", "running", "waiting", "swapped", "gpu_blocks_used", "cpu_blocks_used",
     "blocks_swapped_in", "blocks_swapped_out", "blocks_copied", "preempted", "finished", "rejected",
-    "t_linear_s", "t_attn_prefill_s", "t_attn_decode_s", "t_swap_s", "t_copy_s", "t_overhead_s",
+    "t_linear_s", "t_attn_prefill_s", "t_attn_decode_s", "t_swap_s", "t_copy_s", COMM_COLUMN, "t_overhead_s",
     *MEMORY_COLUMNS,
 )
-#: steps.parquet's columns in written order: times (``*_s``) are float64, everything else int64.
-STEP_COLUMNS = ("step",) + ROW_COLUMNS
+#: steps.parquet's columns in written order for a run with tensor_parallel > 1 (`COMM_COLUMN` included).
+STEP_COLUMNS_TP = ("step",) + ROW_COLUMNS
+#: steps.parquet's columns in written order (a run on one GPU: no `COMM_COLUMN`); times (``*_s``)
+#: are float64, everything else int64.
+STEP_COLUMNS = tuple(c for c in STEP_COLUMNS_TP if c != COMM_COLUMN)
 FLOAT_COLUMNS = frozenset(c for c in ROW_COLUMNS if c.endswith("_s"))
 STEP_DTYPES = {c: "float64" if c in FLOAT_COLUMNS else "int64" for c in STEP_COLUMNS}
+STEP_DTYPES_TP = {c: "float64" if c in FLOAT_COLUMNS else "int64" for c in STEP_COLUMNS_TP}
 #: The steps.parquet columns readers need.
 STEP_REQUIRED = (
     "step", "start_s", "duration_s", "num_prefill_seqs", "num_decode_seqs",

@@ -371,8 +371,15 @@ class Scheduler:
         for group, _, stop in out.prefills:
             if group.status is RUNNING and self._prompt_done(group, stop, end_s):
                 self._advance(group, end_s, finished)
+        self._complete_decodes(out.decode_groups, end_s, finished)
+        if finished:
+            self.running = [g for g in self.running if g.status is RUNNING]
+        return finished
+
+    def _complete_decodes(self, groups: list[SequenceGroup], end_s: float, finished: list) -> None:
+        """Each running group of a decode step gains a token per running sequence (`_advance`)."""
         seq_running = SeqStatus.RUNNING
-        for group in out.decode_groups:
+        for group in groups:
             if group.status is RUNNING:
                 seqs = group.seqs
                 if len(seqs) == 1 and seqs[0].status is seq_running and (
@@ -380,9 +387,6 @@ class Scheduler:
                     seqs[0].num_tokens += 1  # `_advance` of one sequence that does not finish
                 else:
                     self._advance(group, end_s, finished)
-        if finished:
-            self.running = [g for g in self.running if g.status is RUNNING]
-        return finished
 
     def _advance(self, group: SequenceGroup, end_s: float, finished: list) -> None:
         done = 0

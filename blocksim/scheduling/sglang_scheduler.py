@@ -350,9 +350,7 @@ class SGLangScheduler(Scheduler):
             self._advance(group, end_s, finished)
             if group.status is RUNNING:
                 bm.cache_unfinished(group)
-        for group in out.decode_groups:
-            if group.status is RUNNING:
-                self._advance(group, end_s, finished)
+        self._complete_decodes(out.decode_groups, end_s, finished)
         if finished:
             self.running = [g for g in self.running if g.status is RUNNING]
             self.batch_is_full = False

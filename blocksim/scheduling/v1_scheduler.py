@@ -140,14 +140,17 @@ class V1Scheduler(Scheduler):
         `update_from_output` does), so requests finishing in one step free their blocks in that order."""
         if len(self._order) != len(out.prefills) + len(out.decode_groups):  # a span's last step: decodes only
             self._order = out.decode_groups
-        stops = {id(p.group): p.stop for p in out.prefills}
         finished: list[SequenceGroup] = []
-        for group in self._order:
-            if group.status is not RUNNING:
-                continue
-            stop = stops.get(id(group))
-            if stop is None or self._prompt_done(group, stop, end_s):
-                self._advance(group, end_s, finished)
+        if not out.prefills:  # decodes only
+            self._complete_decodes(self._order, end_s, finished)
+        else:
+            stops = {id(p.group): p.stop for p in out.prefills}
+            for group in self._order:
+                if group.status is not RUNNING:
+                    continue
+                stop = stops.get(id(group))
+                if stop is None or self._prompt_done(group, stop, end_s):
+                    self._advance(group, end_s, finished)
         if finished:
             self.running = [g for g in self.running if g.status is RUNNING]
         return finished

@@ -17,7 +17,8 @@ GRAPH_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256]
 
 
 def synthetic_profile(model: str = "llama-2-7b", gpu: str = "h100-80gb", *, tensor_parallel: int = 1,
-                      block_size: int = 16, dtype: str = "float16", decode_step: bool = False) -> dict:
+                      block_size: int = 16, dtype: str = "float16", decode_step: bool = False,
+                      allreduce: bool = False) -> dict:
     m, g = MODELS[model], GPUS[gpu]
     flops, bw = g.fp16_tflops * 1e12 * 0.6, g.hbm_bw_gbps * 1e9 * 0.8
     kvb = 2 * m.num_layers * max(1, m.num_kv_heads // tensor_parallel) * m.head_size * 2
@@ -53,11 +54,17 @@ def synthetic_profile(model: str = "llama-2-7b", gpu: str = "h100-80gb", *, tens
         "copy": {"axes": ["blocks"], "grid": {"blocks": blocks}, "seconds": copy},
         "overhead": {"eager_s": 2.0e-3, "graph_s": 0.4e-3},
     }
+    n = tensor_parallel
+    ring = (lambda nbytes: 8e-6 + 2 * (n - 1) / n * nbytes / 360e9)  # a latency plus the ring's traffic at 360 GB/s
+    comm = (lambda b: 2 * layers * ring(b * m.hidden_size * 2) if n > 1 else 0.0)  # a step's all-reduces
     if decode_step:
         comps["decode_step"] = {
             "axes": ["batch", "context"], "grid": {"batch": GRAPH_SIZES, "context": ctx},
-            "seconds": [[0.9 * (graph[i] + cw[0] + sample[0] + layers * 4e-6 + b * x * kvb / bw) for x in ctx]
+            "seconds": [[0.9 * (graph[i] + cw[0] + sample[0] + layers * 4e-6 + b * x * kvb / bw) + comm(b) for x in ctx]
                         for i, b in enumerate(GRAPH_SIZES)]}
+    if allreduce:  # one all-reduce by message bytes
+        nbytes = [2 ** k for k in range(10, 31, 2)]
+        comps["allreduce"] = {"axes": ["bytes"], "grid": {"bytes": nbytes}, "seconds": [ring(b) for b in nbytes]}
     return {"format": "blocksim-profile/1", "model": model, "gpu": gpu, "dtype": dtype, "kv_dtype": dtype,
             "tensor_parallel": tensor_parallel, "block_size": block_size, "device": "synthetic",
             "torch": "none", "command": "tests/blocksim/cost_profiles.py", "created_utc": "2026-11-24T00:00:00Z",

@@ -115,3 +115,20 @@ def test_the_demo_is_a_fixed_story_with_no_configuration_flags():
     demo = build_parser()._subparsers._group_actions[0].choices["demo"]
     dests = {a.dest for a in demo._actions}
     assert not (set(CONFIG_OPTIONS) | set(RUN_OPTIONS)) & dests, "the demo's setup is its own, not the user's"
+
+
+def test_replay_loads_no_other_commands_module():
+    """`blocksim replay` builds its parser without importing the modules of the other commands
+    (`COMMAND_MODULES`, but traces.cli, whose trace-reading options replay shares); the whole
+    parser (`blocksim --help`) has every command."""
+    import subprocess
+    import sys
+
+    from blocksim.cli import BUILT_IN_COMMANDS, COMMAND_MODULES
+
+    code = ("import sys; from blocksim.cli import build_parser, COMMAND_MODULES; build_parser('replay'); "
+            "print(' '.join(m for m, _, _ in COMMAND_MODULES if m in sys.modules and m != 'traces.cli'))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert loaded == [], f"blocksim replay imported {loaded}"
+    commands = build_parser()._subparsers._group_actions[0].choices
+    assert set(commands) == set(BUILT_IN_COMMANDS).union(*(names for _, _, names in COMMAND_MODULES))

@@ -237,17 +237,17 @@ requests = st.integers(1, 20).flatmap(lambda k: st.tuples(
 @given(lists=requests, blocks=st.integers(8, 80), block_size=st.sampled_from([8, 16, 32]),
        preset=st.sampled_from(["vllm", "vllm-prefix", "vllm-chunked", "orca-pow2"]),
        decode_step=st.booleans(), max_seqs=st.sampled_from([4, 20]),
-       mode=st.sampled_from(["auto", "recompute", "swap"]))
+       mode=st.sampled_from(["auto", "recompute", "swap"]), tp=st.sampled_from([1, 2]), allreduce=st.booleans())
 def test_spans_price_steps_exactly_as_stepping_one_by_one(tmp_path_factory, lists, blocks, block_size, preset,
-                                                         decode_step, max_seqs, mode):
+                                                         decode_step, max_seqs, mode, tp, allreduce):
     arrivals, prompts, outputs, ns = lists
     trace = pd.DataFrame({"arrival_s": np.cumsum(arrivals), "prompt_tokens": prompts, "output_tokens": outputs,
                           "n": ns})
     path = tmp_path_factory.mktemp("prof") / "p.json"
-    path.write_text(json.dumps(synthetic_profile(decode_step=decode_step)))
+    path.write_text(json.dumps(synthetic_profile(decode_step=decode_step, tensor_parallel=tp, allreduce=allreduce)))
     knobs = {} if preset == "orca-pow2" else {"watermark": 0.0, "preemption": mode}
     cfg = build_config(preset, num_gpu_blocks=blocks, block_size=block_size, max_num_seqs=max_seqs,
-                       cost_model="profiled", **knobs)
+                       cost_model="profiled", tensor_parallel=tp, **knobs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ProfileWarning)
         a = Engine(cfg, trace, make_cost_model(cfg, str(path)), spans=True).run()

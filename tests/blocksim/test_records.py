@@ -145,17 +145,19 @@ def test_summary_and_analysis_metrics_agree_on_random_runs(workload, blocks, pol
         assert_same(m["goodput_requests_per_s"], metrics.per_second(good, m["simulated_s"]), "goodput")
 
 
-def test_step_recorder_keeps_every_value_across_chunk_boundaries(monkeypatch):
-    """Steps and spans of steps that straddle the recorder's chunks come out in order, each value
-    in its column's dtype, as the plain rows given."""
+@pytest.mark.parametrize("comm", [False, True])
+def test_step_recorder_keeps_every_value_across_chunk_boundaries(monkeypatch, comm):
+    """Steps and spans of steps that straddle the recorder's chunks and its joins of span arrays
+    come out in order, each value in its column's dtype, as the plain rows given; t_comm_s only in
+    a tensor-parallel run's frame."""
     from blocksim.records import steps as steps_mod
 
-    monkeypatch.setattr(steps_mod, "FIRST_CHUNK_STEPS", 3)
-    monkeypatch.setattr(steps_mod, "MAX_CHUNK_STEPS", 12)
-    rec = steps_mod.StepRecorder()
+    monkeypatch.setattr(steps_mod, "SEGMENT_CHUNK_ROWS", 3)
+    monkeypatch.setattr(steps_mod, "PENDING_ARRAYS", 2)
+    rec = steps_mod.StepRecorder(comm=comm)
     rng = np.random.default_rng(3)
     expected = []
-    for _ in range(12):
+    for _ in range(20):
         if rng.random() < 0.5:
             row = [float(rng.random()) if c in steps_mod.FLOAT_COLUMNS else int(rng.integers(0, 2**40))
                    for c in steps_mod.ROW_COLUMNS]
@@ -163,23 +165,47 @@ def test_step_recorder_keeps_every_value_across_chunk_boundaries(monkeypatch):
             expected.append(row)
         else:
             k = int(rng.integers(1, 17))
-            values = {}
+            constant, varying, row = {}, {}, []
             for c in steps_mod.ROW_COLUMNS:
                 is_float = c in steps_mod.FLOAT_COLUMNS
                 if rng.random() < 0.5:
-                    values[c] = rng.random(k) if is_float else rng.integers(0, 2**40, k)
-                else:
-                    values[c] = float(rng.random()) if is_float else int(rng.integers(0, 2**40))
-            rec.add_many(k, values)
-            expected += [[v[j].item() if isinstance(v, np.ndarray) else v for v in values.values()]
-                         for j in range(k)]
+                    high = 2**40 if rng.random() < 0.5 else 100  # large and small (kept as int32) values
+                    varying[c] = rng.random(k) if is_float else rng.integers(0, high, k)
+                elif rng.random() < 0.8:
+                    constant[c] = float(rng.random()) if is_float else int(rng.integers(0, 2**40))
+                row.append(varying.get(c, constant.get(c, 0)))  # a column in neither dict is 0
+            rec.add_many(k, constant, varying)
+            expected += [[v[j].item() if isinstance(v, np.ndarray) else v for v in row] for j in range(k)]
+    part = rec.to_frame(("t_swap_s", "step", "finished"))  # built on its own, before the whole frame
     frame = rec.to_frame()
+    pd.testing.assert_frame_equal(part, frame[["step", "finished", "t_swap_s"]], check_exact=True)
+    with pytest.raises(ValueError, match="no column"):
+        rec.to_frame(("finish",))
     assert rec.num_steps == len(expected) == len(frame)
-    assert list(frame.columns) == list(schema.STEP_COLUMNS)
-    assert frame.dtypes.astype(str).to_dict() == schema.STEP_DTYPES
+    assert list(frame.columns) == list(schema.STEP_COLUMNS_TP if comm else schema.STEP_COLUMNS)
+    assert frame.dtypes.astype(str).to_dict() == (schema.STEP_DTYPES_TP if comm else schema.STEP_DTYPES)
     assert frame.step.tolist() == list(range(len(expected)))
     for j, c in enumerate(schema.ROW_COLUMNS):
+        if c == schema.COMM_COLUMN and not comm:
+            continue
         assert frame[c].tolist() == [row[j] for row in expected], c
     assert rec.to_frame() is frame
-    with pytest.raises(RuntimeError, match="already moved"):
-        rec.add_many(1, {c: 0 for c in schema.ROW_COLUMNS})
+    with pytest.raises(RuntimeError, match="already closed"):
+        rec.add_many(1, {c: 0 for c in schema.ROW_COLUMNS}, {})
+    groups = [pd.DataFrame(g) for g in rec.row_groups(5)]
+    assert [len(g) for g in groups[:-1]] == [5] * (len(groups) - 1) and 0 < len(groups[-1]) <= 5
+    pd.testing.assert_frame_equal(pd.concat(groups, ignore_index=True), frame, check_exact=True)
+    for c in schema.ROW_COLUMNS:
+        if c not in steps_mod.FLOAT_COLUMNS:
+            assert rec.column_sum(c) == int(frame[c].sum()), c
+    assert rec.end_s() == frame.start_s.iloc[-1] + frame.duration_s.iloc[-1]
+
+
+def test_step_recorder_without_steps_gives_empty_columns():
+    """A run without steps: a frame of no rows in the schema's dtypes, zero totals, ending at 0 s."""
+    from blocksim.records.steps import StepRecorder
+
+    rec = StepRecorder()
+    frame = rec.to_frame()
+    assert len(frame) == 0 and frame.dtypes.astype(str).to_dict() == schema.STEP_DTYPES
+    assert rec.column_sum("blocks_swapped_in") == 0 and rec.end_s() == 0.0

@@ -55,6 +55,20 @@ def test_unknown_device_is_refused_with_the_known_ones():
     assert profile.catalog_gpu("Some Other GPU") is None
 
 
-def test_tensor_parallel_other_than_one_is_refused(capsys):
-    assert main(["profile", "--model", "llama-2-7b", "--tensor-parallel", "2", "--device", "cpu"]) == 2
-    assert "tensor parallel 1" in capsys.readouterr().err
+def test_a_tensor_parallel_profile_adds_the_allreduce_table_by_message_bytes(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    out = tmp_path / "tp2.json"
+    assert main(["profile", "--model", "tiny", "--catalog", str(tmp_path / "tiny.yaml"), "--device", "cpu", "--quick",
+                 "--gpu-name", "h200-141gb", "--tensor-parallel", "2", "--out", str(out), "--quiet"]) == 0
+    prof = json.loads(out.read_text())
+    table = prof["components"]["allreduce"]
+    assert prof["tensor_parallel"] == 2 and table["axes"] == ["bytes"]
+    assert len(table["seconds"]) == len(table["grid"]["bytes"]) and min(table["seconds"]) > 0
+    load = pytest.importorskip("blocksim.cost.profile_file").load_profile
+    assert "allreduce" in load(out).tables
+
+
+def test_a_tensor_parallel_degree_that_does_not_divide_the_heads_is_refused(capsys):
+    assert main(["profile", "--model", "llama-2-7b", "--tensor-parallel", "3", "--device", "cpu",
+                 "--gpu-name", "h200-141gb"]) == 2
+    assert "must divide by tensor_parallel 3" in capsys.readouterr().err

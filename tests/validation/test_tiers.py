@@ -329,3 +329,20 @@ def test_merge_adds_the_tier_tables_to_a_matching_profile_only(tmp_path):
     other = tmp_path / "o.json"
     other.write_text((root / "blocksim" / "profiles" / "llama-3-8b__h100-80gb__float16__tp1.json").read_text())
     assert mod.main([str(root / "benchmarks" / "results" / "tier-h200.json"), str(other)]) == 2
+
+
+def test_a_step_executor_applies_one_step_at_a_time(tmp_path):
+    ks, vs = caches()
+    ex = executor(tmp_path, ks, vs)
+    want = blocks_of(ex, [0, 1])
+    replay = TierReplay(ex, table())
+    assert replay.steps == [0, 1, 2]
+    assert replay.step(7) == 0, "a step without rows runs nothing"
+    assert replay.step(0) == 2 and ex.held("host") == {1} and ex.held("disk") == {1}
+    for t in ex.tensors:
+        t.zero_()
+    assert replay.step(1) == 1
+    assert all(torch.equal(a, b) for a, b in zip(blocks_of(ex, [4, 5]), want)), "loaded before step 1's attention"
+    assert replay.step(2) == 1 and ex.held("host") == set()
+    res = replay.finish()
+    assert res["mismatches"] == 0 and list(res["steps"]["step"]) == [0, 1]
