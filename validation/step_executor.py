@@ -34,6 +34,7 @@ other ranks repeat its calls. Each step's all-reduces are recorded beside its ti
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -53,17 +54,35 @@ class ExecutorError(RuntimeError):
     """A step the executor cannot run as scheduled (a plan inconsistency), or a run that does not fit."""
 
 
-def memory_check(dims: ModelDims, num_blocks: int, block_size: int, dtype_bytes: int, free_bytes: int) -> None:
-    """Refuse a run whose weights + KV cache + workspace exceed the device's free memory."""
+def memory_check(dims: ModelDims, num_blocks: int, block_size: int, dtype_bytes: int, free_bytes: int, *,
+                 device: str = "cuda", ranks: int = 1) -> None:
+    """Refuse a run whose weights + KV cache + workspace exceed the device's free memory: a GPU's
+    (per GPU: `dims` are one rank's), or the host's for `--executor cpu`, which holds every rank's."""
     weights = dims.weight_bytes(dtype_bytes)
     cache = (num_blocks + 1) * dims.kv_block_bytes(block_size, dtype_bytes)
-    need = weights + cache + WORKSPACE_BYTES
+    workspace = WORKSPACE_BYTES if device == "cuda" else WORKSPACE_BYTES // 6
+    need = ranks * (weights + cache + workspace)
     if need > free_bytes:
         gib = 1 << 30
+        where = "the GPU has" if device == "cuda" else "this machine has"
+        parts = (f"weights {weights / gib:.1f} GiB + KV cache {num_blocks} blocks = {cache / gib:.1f} GiB + "
+                 f"workspace {workspace / gib:.0f} GiB")
+        parts = f"{ranks} ranks x ({parts})" if ranks > 1 else f"({parts})"
         raise ExecutorError(
-            f"--executor cuda: {dims.name} needs {need / gib:.1f} GiB (weights {weights / gib:.1f} GiB + KV cache "
-            f"{num_blocks} blocks = {cache / gib:.1f} GiB + workspace {WORKSPACE_BYTES / gib:.0f} GiB) but the GPU has "
-            f"{free_bytes / gib:.1f} GiB free; lower --num-gpu-blocks or --gpu-memory-utilization")
+            f"--executor {device}: {dims.name} needs {need / gib:.1f} GiB {parts} but {where} {free_bytes / gib:.1f} "
+            f"GiB free; lower --num-gpu-blocks or --gpu-memory-utilization, or choose a smaller --model")
+
+
+def _host_free_bytes() -> int:
+    """Memory the host can still give (MemAvailable; all of it where /proc/meminfo is missing)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class ModelStepExecutor:
@@ -93,6 +112,9 @@ class ModelStepExecutor:
                                     f"{torch.cuda.device_count()} GPUs")
             memory_check(per_gpu, self.num_gpu_blocks, self.bs, torch.finfo(getattr(torch, dtype)).bits // 8,
                          torch.cuda.mem_get_info()[0])
+        else:
+            memory_check(per_gpu, self.num_gpu_blocks, self.bs, torch.finfo(getattr(torch, dtype)).bits // 8,
+                         _host_free_bytes(), device="cpu", ranks=tp)
         kw = dict(num_blocks=self.num_gpu_blocks, num_cpu_blocks=self.num_cpu_blocks, block_size=self.bs,
                   dtype=dtype, attention=attention, prefill=prefill, seed=seed)
         if tp > 1:  # one process per GPU; this one is rank 0 (validation.sharded)

@@ -200,7 +200,8 @@ def reshape_and_cache_fast(key: torch.Tensor, value: torch.Tensor, key_cache: to
                       k_scale: float = 1.0, v_scale: float = 1.0, validate: bool = True) -> None:
     """Writes new tokens' keys and values (``[num_tokens, num_kv_heads, head_size]``) into their
     slots of fast-layout caches (``slot_mapping[i] = block * block_size + offset``, negative =
-    padding, skipped). In the NHD storage a token's row is contiguous: on CUDA one kernel moves each
+    padding, skipped; slots past the cache are refused with ``validate``, else skipped by the CUDA
+    kernel). In the NHD storage a token's row is contiguous: on CUDA one kernel moves each
     head row as 16-byte words from strided sources (such as slices of a fused QKV output), elsewhere
     (CPU, float8 caches, unaligned rows) an indexed copy does; float8 caches store ``key / k_scale``,
     ``value / v_scale`` saturated at +-448."""
@@ -226,7 +227,8 @@ def reshape_and_cache_fast(key: torch.Tensor, value: torch.Tensor, key_cache: to
             if slots.unique().numel() != slots.numel():
                 raise ValueError("slot_mapping writes a slot twice")
     if _kernel_writes(key, value, key_cache, value_cache):
-        extension().fast_cache_write(key, value, key_cache, value_cache, slot_mapping.to(torch.int64).contiguous(),
+        extension().fast_cache_write(key, value, key_cache, value_cache,
+                                     slot_mapping.to(key.device, torch.int64).contiguous(),
                                      torch.cuda.current_stream(key.device).cuda_stream)
         return
     reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,

@@ -340,10 +340,12 @@ def test_cache_write_kernel_takes_strided_qkv_slices(storage, dtype, kv_heads, h
     key, value = qkv[:, heads:heads + kv_heads], qkv[:, heads + kv_heads:]
     slots = torch.randperm(blocks * bs, generator=gen)[:tokens]
     slots[::37] = -1
-    gk, gv = kc.cuda(), vc.cuda()
+    gk, gv = kernels.allocate_fast_kv_cache(blocks, bs, kv_heads, head_size, dtype, "cuda", storage=storage)
+    gk.copy_(kc)
+    gv.copy_(vc)
     gq = qkv.cuda()
     assert fast_ops._kernel_writes(gq[:, heads:heads + kv_heads], gq[:, heads + kv_heads:], gk, gv)
-    kernels.reshape_and_cache_fast(gq[:, heads:heads + kv_heads], gq[:, heads + kv_heads:], gk, gv, slots.cuda())
+    kernels.reshape_and_cache_fast(gq[:, heads:heads + kv_heads], gq[:, heads + kv_heads:], gk, gv, slots)  # CPU slots
     kernels.reshape_and_cache_fast(key, value, kc, vc, slots)
     assert torch.equal(gk.cpu(), kc) and torch.equal(gv.cpu(), vc)
 

@@ -55,6 +55,8 @@ def test_a_run_that_does_not_fit_is_refused_naming_the_sizes():
     with pytest.raises(ExecutorError, match=r"needs .* GiB \(weights .* KV cache 10000 blocks .* GiB free"):
         memory_check(dims, 10000, 16, 2, 40 << 30)
     memory_check(dims, 1000, 16, 2, 40 << 30)
+    with pytest.raises(ExecutorError, match=r"--executor cpu: .* 2 ranks x \(weights .* this machine has 20.0 GiB free"):
+        memory_check(dims, 1000, 16, 2, 20 << 30, device="cpu", ranks=2)  # the host holds every rank
 
 
 def test_cuda_executor_without_a_gpu_is_a_configuration_error(tmp_path, capsys):
