@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -304,6 +305,37 @@ class ModelStepExecutor:
             self.rows[-1].update(allreduces=r.comm_log.count, allreduce_bytes=r.comm_log.bytes)
         return measured
 
+    # --- KV tiers ---------------------------------------------------------------------------------------
+    def attach_tiers(self, store) -> None:
+        """Perform the moves of `store` (a `blocksim.memory.tiers.TierStore`): a `TierExecutor` over the
+        model's caches, with as many host and disk chunks as the store's tiers hold (the disk tier in
+        a file under `tiers.disk_path`, else under the system's temporary directory)."""
+        from blocksim.config import ConfigError
+        from validation.tiers.executor import TierExecutor
+        if self.tp > 1:
+            raise ConfigError(f"tiers with --executor at tensor_parallel {self.tp}: the tier executor moves one "
+                              f"GPU's cache; run the tiers at tensor_parallel 1")
+        cap = {lv.name: lv.capacity for lv in store.levels}
+        path = None
+        if cap.get("disk", 0):
+            root = Path(store.config.disk_path or tempfile.gettempdir())
+            path = root / f"blocksim-kv-{os.getpid()}.bin"
+        self.tier_ex = TierExecutor(self.runner.k_caches, self.runner.v_caches, chunk_blocks=store.chunk_blocks,
+                                    host_chunks=cap.get("host", 0), disk_chunks=cap.get("disk", 0), disk_path=path)
+        self.describe.update(tier_disk_io=self.tier_ex.disk_mode, tier_disk_io_reason=self.tier_ex.disk_reason)
+
+    def tier_moves(self, ops) -> None:
+        """The tier moves (`TierOp` rows, in issue order) of the step being run, performed now: loads
+        land before the step's attention, stores gather their blocks before the step writes them;
+        every restored chunk is checksummed against the stored one (`save` reports mismatches)."""
+        from validation.tiers.replay import TierReplay
+        table = {"step": [o.step for o in ops], "op": [o.op for o in ops], "src": [o.src for o in ops],
+                 "dst": [o.dst for o in ops], "key": [o.key for o in ops],
+                 "gpu_blocks": [list(o.gpu_blocks) for o in ops], "evict": [bool(o.evict) for o in ops]}
+        replay = TierReplay(self.tier_ex, table, source=f"the tier moves of step {ops[0].step}")
+        for step in replay.steps:
+            replay.step(step)
+
     # --- results --------------------------------------------------------------------------------------
     def save(self, out_dir) -> None:
         import pandas as pd
@@ -315,6 +347,16 @@ class ModelStepExecutor:
                    "graph_steps": int(df["graph"].sum()) if len(df) else 0,
                    "measured_s": float(df["measured_s"].sum()) if len(df) else 0.0,
                    "host_s": float(df["host_s"].sum()) if len(df) else 0.0}
+        tiers = getattr(self, "tier_ex", None)
+        if tiers is not None:  # every move done, every restored chunk checked
+            tiers.synchronize()
+            moves = pd.DataFrame(tiers.records())
+            moves.to_parquet(out / "executor_tier_moves.parquet", index=False)
+            summary.update(tier_moves=len(moves), tier_checked_loads=tiers.checked_loads,
+                           tier_checksum_mismatches=tiers.mismatches(),
+                           tier_moved_bytes=int(moves["bytes"].sum()) if len(moves) else 0,
+                           tier_move_s=float(moves["seconds"].sum()) if len(moves) else 0.0)
+            tiers.close()
         (out / "executor.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 

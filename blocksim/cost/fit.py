@@ -190,7 +190,8 @@ def shipped_fit(config: SimConfig) -> tuple[CostParams, list[str]] | None:
         fits = []
         for p in paths:
             prof = load_profile(p)
-            fits.append(fit_roofline(prof, config.replace(model=MODELS[prof.model])).to_dict())
+            # the profile's own model, without the run's tiers (sized for the run's model)
+            fits.append(fit_roofline(prof, config.replace(model=MODELS[prof.model], tiers=None)).to_dict())
         merged = {k: (float(np.median([f[k] for f in fits])) if isinstance(fits[0][k], float) else fits[0][k])
                   for k in fits[0]}
         hit = (CostParams(**merged), [portable_path(p) for p in paths])

@@ -119,7 +119,7 @@ class Engine:
         self.tiers = None
         if config.tiers is not None:
             self.tiers = make_tier_store(config, log_tier_events)
-            self.tiers.ops_on = log_tier_events or self.plan is not None
+            self.tiers.ops_on = log_tier_events or self.plan is not None or executor is not None
             if not hasattr(self.bm, "attach_tiers"):
                 raise ConfigError(f"tiers (--tier-host-gib / --tier-disk-gib): allocator "
                                   f"{config.policy_config.allocator!r} with scheduler {config.policy_config.scheduler!r} "
@@ -131,6 +131,12 @@ class Engine:
             if measured is not None:
                 self.tiers.use_measured(measured, f"profile {profile.path}")
             self.tier_rec = TierStepRecorder()
+            if executor is not None:  # the executor performs the moves: it needs the tiers' sizes
+                attach = getattr(executor, "attach_tiers", None)
+                if attach is None:
+                    raise ConfigError(f"tiers with an executor: {type(executor).__name__} has no attach_tiers, so "
+                                      f"it cannot perform the tier moves; drop the tier options or the executor")
+                attach(self.tiers)
             if self.tiers.wants_gpu_evictions:
                 self.spans = False  # a step that evicts from the GPU waits for its write-backs
         # Allocators with address-space extents (contiguous) get their free extents sampled.
@@ -302,6 +308,8 @@ class Engine:
         if self.plan is not None:
             self.plan.on_step(self.rec.num_steps, out, times)
         if self.executor is not None:
+            if tiers is not None:  # moves issued while scheduling (loads, drops, write-backs) precede the step
+                self._tier_moves(tiers.take_ops())
             duration = float(self.executor.execute(self.rec.num_steps, out, times))
         if self._extents is not None and start >= self._next_extent_s:
             self._sample_extents(start)
@@ -345,9 +353,16 @@ class Engine:
         """The tier counters after `steps` steps; the moves they issued go to the plan."""
         tiers = self.tiers
         self.tier_rec.add(tiers.totals(), len(getattr(self.sched, "onloading", ())), steps)
-        ops = tiers.take_ops()
+        self._tier_moves(tiers.take_ops())
+
+    def _tier_moves(self, ops) -> None:
+        """Tier moves, in issue order, to the plan and the executor (which performs them now)."""
+        if not ops:
+            return
         if self.plan is not None:
             self.plan.on_tier_ops(ops)
+        if self.executor is not None:
+            self.executor.tier_moves(ops)
 
     def _pending_prefill(self, out: SchedulerOutputs) -> int:
         """Paged slots allocated to prompt positions a chunked prefill has not written yet (counted

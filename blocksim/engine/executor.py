@@ -23,3 +23,9 @@ class StepExecutor(Protocol):
 
     def save(self, out_dir) -> None:
         """Write the executor's own records (measured times) into the run directory."""
+
+
+# An executor of a run with KV tiers also has `attach_tiers(store)` (the engine's
+# `blocksim.memory.tiers.TierStore`, once, before the first step) and `tier_moves(ops)` (the
+# `TierOp` rows the tiers issued, in issue order: those issued while a step was scheduled just
+# before `execute`, those of the chunks it computed just after it).

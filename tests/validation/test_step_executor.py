@@ -86,3 +86,36 @@ def test_cuda_executor_replays_decodes_as_graphs(tmp_path):
     assert (ex.loc[ex.graph, "padded_batch"] >= ex.loc[ex.graph, "num_decodes"]).all()
     assert (ex["measured_s"] > 0).all()
     np.testing.assert_allclose(steps["duration_s"].to_numpy(), ex["measured_s"].to_numpy())
+
+
+@pytest.mark.parametrize("policy", ["vllm-v1", "vllm-prefix"])
+def test_tier_moves_execute_in_the_loop_and_every_restored_chunk_checks(tmp_path, policy):
+    """With KV tiers, the executor performs each step's tier moves on the model's caches (host and
+    disk tiers of the tier executor) and checksums every chunk it restores: none differs, and the
+    moves are the plan's."""
+    import traces
+    from blocksim.engine import Engine
+    from blocksim.experiments.runner import build_config
+    from validation.step_executor import ModelStepExecutor
+
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    n, bs = 40, 16
+    prompts = [96] * n
+    hashes = [[(i % 6) * 1000 + j for j in range(p // bs)] for i, p in enumerate(prompts)]
+    df = pd.DataFrame({"arrival_s": np.arange(n) * 0.01, "prompt_tokens": prompts, "output_tokens": [3] * n,
+                       "prefix_hashes": hashes})
+    chunk_bytes = bs * 2 * 2 * 2 * 64 * 2  # tokens x K,V x layers x KV heads x head size x 2 B
+    cfg = build_config(policy, catalog=[str(tmp_path / "tiny.yaml")], model="tiny", num_gpu_blocks=24,
+                       max_num_seqs=4, max_num_batched_tokens=128, tier_host_gib=12 * chunk_bytes / 2**30,
+                       tier_disk_gib=400 * chunk_bytes / 2**30, tier_disk_path=str(tmp_path))
+    ex = ModelStepExecutor(cfg, device="cpu")
+    e = Engine(cfg, traces.Trace(df, hash_block_tokens=bs), executor=ex, plan_dir=tmp_path,
+               check_invariants=True)
+    res = e.run()
+    ex.save(tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "executor.json").read_text())
+    plan_ops = pd.read_parquet(tmp_path / "plan" / "tier_ops.parquet")
+    assert res.summary["tier_host_hit_tokens"] + res.summary.get("tier_disk_hit_tokens", 0) > 0
+    assert summary["tier_checked_loads"] > 0 and summary["tier_checksum_mismatches"] == 0
+    moves = pd.read_parquet(tmp_path / "run" / "executor_tier_moves.parquet")
+    assert moves["chunks"].sum() == (~plan_ops["evict"]).sum(), "every copy of the plan was performed"
