@@ -253,7 +253,9 @@ class Profiler:
         return out
 
     def _prefix_tables(self, b: int, tokens: int) -> list[np.ndarray]:
-        """Block tables of `b` sequences of up to `tokens` tokens, each its own run of blocks."""
+        """Block tables of `b` sequences of up to `tokens` tokens, each its own run of blocks
+        (wrapping around the cache where they need more than it holds: the largest grid points
+        then share blocks, which changes no timing)."""
         span = -(-tokens // self.bs)
         return [((i * span + np.arange(span)) % self.num_blocks).astype(np.int64) for i in range(b)]
 
