@@ -55,6 +55,36 @@ def test_decode_after_prefill_and_chunks_match_a_whole_prompt(impl):
             torch.testing.assert_close(other.v_caches[j], whole.v_caches[j], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_priming_a_step_changes_neither_its_tokens_nor_the_caches(device):
+    """`prime` (the first layer of a new shape, untimed) rewrites what the step itself writes: the
+    step after it samples the same tokens and leaves the same caches as the step alone."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    ids = np.random.default_rng(5).integers(0, TINY.vocab_size, 60)
+    table = np.arange(2, 10)
+    dtype = "float32" if device == "cpu" else "float16"
+    runs = []
+    for primed in (False, True):
+        r = runner("kernel", device=device, dtype=dtype)
+        prefill(r, ids, table, 0, 30, sample=False)  # an earlier chunk in the cache
+        p = np.arange(30, 55)
+        inp = r.prepare(StepBatch(ids[30:55], p, table[p // BS] * BS + p % BS, [PrefillSeq(30, 55, table)]))
+        if primed:
+            r.prime(inp)
+        runs.append((r.forward(inp).tolist(), r))
+    assert runs[0][0] == runs[1][0]
+    for j in range(TINY.num_layers):
+        assert torch.equal(runs[0][1].k_caches[j], runs[1][1].k_caches[j])
+        assert torch.equal(runs[0][1].v_caches[j], runs[1][1].v_caches[j])
+    alone = runner("kernel", device=device, dtype=dtype)  # priming alone writes the first layer only
+    prefill(alone, ids, table, 0, 30, sample=False)
+    alone.prime(inp)
+    blk, off = torch.as_tensor(table[p // BS]), torch.as_tensor(p % BS)
+    assert torch.equal(alone.k_caches[0][blk, off].cpu(), runs[0][1].k_caches[0][blk, off].cpu())
+    assert not alone.k_caches[1][blk, off].any() and runs[0][1].k_caches[1][blk, off].any()
+
+
 def test_sample_indices_are_last_prompt_tokens_then_every_decode():
     b = StepBatch(np.zeros(9, np.int64), np.zeros(9, np.int64), np.zeros(9, np.int64),
                   [PrefillSeq(0, 4, np.zeros(1)), PrefillSeq(8, 11, np.zeros(1), sample=False)],
