@@ -141,17 +141,15 @@ class Profiler:
                  progress: bool = True, tensor_parallel: int = 1) -> None:
         import torch
 
-        from validation.model import GRAPH_BATCH_SIZES, ModelDims, ModelRunner
+        from validation.model import GRAPH_BATCH_SIZES, ModelDims
         self.torch = torch
         self.dims = d = ModelDims.of(spec)
         self.tp = tensor_parallel
-        per_gpu = d  # what one GPU holds
-        if tensor_parallel > 1:
-            from validation.sharded import ShardError, shard_dims
-            try:
-                per_gpu = shard_dims(d, tensor_parallel)
-            except ShardError as e:
-                raise ProfileError(f"--tensor-parallel {tensor_parallel}: {e}") from None
+        from validation.sharded import ShardError, make_runner, per_rank_dims
+        try:
+            per_gpu = per_rank_dims(d, tensor_parallel)  # what one GPU holds
+        except ShardError as e:
+            raise ProfileError(f"--tensor-parallel {tensor_parallel}: {e}") from None
         self.cuda = device.startswith("cuda")
         self.progress = progress
         dtype_bytes = torch.finfo(getattr(torch, dtype)).bits // 8
@@ -180,11 +178,7 @@ class Profiler:
         num_cpu = max(self.grid["BLOCKS"])
         kw = dict(num_blocks=num_blocks, num_cpu_blocks=num_cpu, block_size=block_size, dtype=dtype,
                   attention=attention, prefill=prefill)
-        if tensor_parallel > 1:  # this process is rank 0 of one process per GPU (validation.sharded)
-            from validation.sharded import launch
-            self.runner = launch(tensor_parallel, device).runner(d, **kw)
-        else:
-            self.runner = ModelRunner(d, device=device, **kw)
+        self.runner = make_runner(d, tensor_parallel, device, **kw)  # at TP > 1 one process per GPU, this one rank 0
         self.bs, self.num_blocks = block_size, num_blocks
         self.clock = _Clock(torch, self.cuda, max_reps=3 if quick else 9)
         self.graph_sizes = list(GRAPH_BATCH_SIZES)

@@ -79,6 +79,19 @@ def shard_dims(dims: ModelDims, tp: int) -> ModelDims:
                    intermediate_size=dims.intermediate_size // tp)
 
 
+def per_rank_dims(dims: ModelDims, tp: int) -> ModelDims:
+    """What one GPU holds of the model: `dims` itself on one GPU, else `shard_dims`."""
+    return shard_dims(dims, tp) if tp > 1 else dims
+
+
+def make_runner(dims: ModelDims, tp: int, device: str, **kw) -> ModelRunner:
+    """The model on `device` (tp 1), or split over one process per GPU with this process as rank 0,
+    whose runner drives the others (`launch`); `kw` as `ModelRunner` takes them."""
+    if tp > 1:
+        return launch(tp, device).runner(dims, **kw)
+    return ModelRunner(dims, device=device, **kw)
+
+
 def head_ranges(dims: ModelDims, tp: int, rank: int) -> tuple[range, range]:
     """(query heads, KV heads) of the whole model that `rank` holds."""
     hq = dims.num_heads // tp

@@ -43,7 +43,7 @@ import numpy as np
 
 from blocksim.sequence import SeqStatus
 from validation.kv import content_seeds
-from validation.model import (GRAPH_BATCH_SIZES, ModelDims, ModelRunner, PrefillSeq, SegmentTimer, StepBatch,
+from validation.model import (GRAPH_BATCH_SIZES, ModelDims, PrefillSeq, SegmentTimer, StepBatch,
                               padded_batch_size)
 
 WORKSPACE_BYTES = 6 << 30  # activations, CUDA graphs and the allocator's slack
@@ -98,13 +98,11 @@ class ModelStepExecutor:
         self.bs = config.cache.block_size
         self.num_gpu_blocks, self.num_cpu_blocks = config.num_gpu_blocks, config.num_cpu_blocks
         self.cuda = device.startswith("cuda")
-        per_gpu = self.dims
-        if tp > 1:
-            from validation.sharded import ShardError, shard_dims
-            try:
-                per_gpu = shard_dims(self.dims, tp)
-            except ShardError as e:
-                raise ExecutorError(f"--executor with tensor_parallel {tp}: {e}") from None
+        from validation.sharded import ShardError, make_runner, per_rank_dims
+        try:
+            per_gpu = per_rank_dims(self.dims, tp)
+        except ShardError as e:
+            raise ExecutorError(f"--executor with tensor_parallel {tp}: {e}") from None
         if self.cuda:
             if not torch.cuda.is_available():
                 raise ExecutorError("--executor cuda: no CUDA device is visible to this torch")
@@ -118,11 +116,7 @@ class ModelStepExecutor:
                          _host_free_bytes(), device="cpu", ranks=tp)
         kw = dict(num_blocks=self.num_gpu_blocks, num_cpu_blocks=self.num_cpu_blocks, block_size=self.bs,
                   dtype=dtype, attention=attention, prefill=prefill, seed=seed)
-        if tp > 1:  # one process per GPU; this one is rank 0 (validation.sharded)
-            from validation.sharded import launch
-            self.runner = launch(tp, device).runner(self.dims, **kw)
-        else:
-            self.runner = ModelRunner(self.dims, device=device, **kw)
+        self.runner = make_runner(self.dims, tp, device, **kw)  # at tp > 1 one process per GPU, this one rank 0
         self.runner.warm_up(min(config.scheduler.max_num_batched_tokens, 16384))
         self.graph_sizes: list[int] = []
         if graphs and self.cuda:
