@@ -23,7 +23,7 @@ import numpy as np
 
 KIND_BLOCK, KIND_PROMPT, KIND_GEN, KIND_QUERY = 1, 2, 3, 4
 WHICH_K, WHICH_V, WHICH_Q = 0, 1, 2
-_M32 = 0xFFFFFFFF
+M32 = 0xFFFFFFFF
 _C = 0x45D9F3B  # < 2**27: h * _C < 2**59 for h < 2**32
 _MAX_HEADS, _MAX_DIM = 1024, 1024
 
@@ -76,11 +76,12 @@ def query_seeds(seq_id: int, positions) -> np.ndarray:
     return seeds_of(_key(KIND_QUERY, seq_id, positions))
 
 
-def _fmix32(torch, h):
+def fmix32(h):
+    """A bijection of 32-bit values held in int64 tensors or ints (a murmur3-style finalizer)."""
     h = h ^ (h >> 16)
-    h = (h * _C) & _M32
+    h = (h * _C) & M32
     h = h ^ (h >> 16)
-    h = (h * _C) & _M32
+    h = (h * _C) & M32
     return h ^ (h >> 16)
 
 
@@ -108,7 +109,7 @@ class ValueGenerator:
             h = t.arange(heads, dtype=t.int64, device=self.device).view(1, -1, 1)
             d = t.arange(self.head_size, dtype=t.int64, device=self.device).view(1, 1, -1)
             ids = ((l_ * 3 + which) * _MAX_HEADS + h) * _MAX_DIM + d
-            lane = self._lanes[key] = _fmix32(t, (ids * 0x27D4EB2F) & _M32 ^ 0x165667B1)
+            lane = self._lanes[key] = fmix32((ids * 0x27D4EB2F) & M32 ^ 0x165667B1)
         return lane
 
     def values(self, seeds, which: int, heads: int, layers: list[int] | None = None):
@@ -118,6 +119,6 @@ class ValueGenerator:
         if not isinstance(seeds, t.Tensor):
             seeds = t.as_tensor(np.asarray(seeds, dtype=np.int64), device=self.device)
         lane = self._lane(which, heads, tuple(self.layers if layers is None else layers))
-        h = _fmix32(t, seeds.view(-1, 1, 1, 1) ^ lane.unsqueeze(0))
+        h = fmix32(seeds.view(-1, 1, 1, 1) ^ lane.unsqueeze(0))
         v = ((h & 0xFFFF).to(t.float32) - 32768.0) * (1.0 / 32768.0)
         return v.to(self.dtype)

@@ -10,16 +10,7 @@ sum of up to 2**31 words never overflows int64.
 
 from __future__ import annotations
 
-_M32 = 0xFFFFFFFF
-_C = 0x45D9F3B  # < 2**27: a 32-bit value times _C stays below 2**59
-
-
-def _fmix32(h):
-    h = h ^ (h >> 16)
-    h = (h * _C) & _M32
-    h = h ^ (h >> 16)
-    h = (h * _C) & _M32
-    return h ^ (h >> 16)
+from validation.kv import M32, fmix32
 
 
 class Checksum:
@@ -36,12 +27,12 @@ class Checksum:
         if lane is None:
             t = self.torch
             i = t.arange(self.words, dtype=t.int64, device=device)
-            lane = self._lanes[device] = _fmix32((i * 0x9E3779B1) & _M32)
+            lane = self._lanes[device] = fmix32((i * 0x9E3779B1) & M32)
         return lane
 
     def of(self, row):
         """int64 scalar tensor (on ``row``'s device): the checksum of a uint8 tensor's bytes in their
         logical (row-major) order, whatever its strides."""
         t = self.torch
-        w = row.reshape(-1).view(t.int32).to(t.int64) & _M32
-        return _fmix32(w ^ self._lane(row.device)).sum()
+        w = row.reshape(-1).view(t.int32).to(t.int64) & M32
+        return fmix32(w ^ self._lane(row.device)).sum()
