@@ -128,9 +128,14 @@ class RadixTree:
         """
         self.tick += 1
         tick = self.tick
-        node = self.root
-        pos = 0
-        limit -= limit % self.page_size
+        pos, node = self._descend(c, limit - limit % self.page_size, tick)
+        self._touch(node, tick)
+        return pos, node
+
+    def _descend(self, c: Content, limit: int, tick: int) -> tuple[int, Node]:
+        """Walk down from the root along `c`'s tokens [0, limit), stamping each child entered with
+        `tick`; a match ending inside a node splits it there. Returns `(end of the match, its node)`."""
+        node, pos = self.root, 0
         while pos < limit:
             child = node.children.get(self.key(c, pos))
             if child is None:
@@ -144,7 +149,6 @@ class RadixTree:
                 self._refreshed(child)
                 break
             node, pos = child, end
-        self._touch(node, tick)
         return pos, node
 
     def _touch(self, node: Node, tick: int) -> None:
@@ -201,20 +205,7 @@ class RadixTree:
         self.tick += 1
         tick = self.tick
         end -= end % self.page_size
-        node, pos = self.root, 0
-        while pos < end:
-            child = node.children.get(self.key(c, pos))
-            if child is None:
-                break
-            child.tick = tick
-            stop = self._match_end(child.content, c, pos, min(child.end, end))
-            if stop < child.end:
-                if stop > pos:
-                    node = self._split(child, stop)
-                    pos = stop
-                self._refreshed(child)
-                break
-            node, pos = child, stop
+        pos, node = self._descend(c, end, tick)
         prefix = pos
         if pos < end:
             leaf = Node(node, c, pos, end, None, self._next_id())
