@@ -284,16 +284,7 @@ class KVCacheManager:
             self._tier_chunks[key] = tuple(hashes[b0:b0 + cb])
 
     def _tier_evicted(self, block: int, block_hash: int) -> None:
-        chunk = self._tier_chunks.get(block_hash)
-        if chunk is None:
-            return
-        if len(chunk) == 1:
-            self.tiers.on_gpu_evicted(block_hash, (block,))
-            return
-        get = self.pool.cached.get
-        blocks = [block if h == block_hash else get(h) for h in chunk]
-        if None not in blocks:  # a chunk whose other blocks left the GPU already is not stored
-            self.tiers.on_gpu_evicted(block_hash, blocks)
+        self.tiers.on_gpu_block_evicted(block, block_hash, self._tier_chunks.get(block_hash), self.pool.cached.get)
 
     # --- MemoryManager: what the engine calls ----------------------------------------------------
     def free(self, seq: Sequence) -> None:

@@ -289,16 +289,7 @@ class PrefixCachingBlockManager(BlockSpaceManager):
         t.on_computed(ckeys, group.seqs[0].block_table, first * cb)
 
     def _tier_evicted(self, block: int, key: int) -> None:
-        chunk = self._tier_chunks.get(key)
-        if chunk is None:
-            return
-        if len(chunk) == 1:
-            self.tiers.on_gpu_evicted(key, (block,))
-            return
-        get = self.gpu.block_of.get
-        blocks = [block if k == key else get(k) for k in chunk]
-        if None not in blocks:  # a chunk whose other blocks left the GPU already is not stored
-            self.tiers.on_gpu_evicted(key, blocks)
+        self.tiers.on_gpu_block_evicted(block, key, self._tier_chunks.get(key), self.gpu.block_of.get)
 
     def num_cached_tokens(self, group: SequenceGroup) -> int:
         """The computed cached prefix `allocate` would skip now (vLLM 0.6.4's uncached-token admission)."""

@@ -232,6 +232,19 @@ class TierStore:
         else:
             self.gpu_hits[key] = n
 
+    def on_gpu_block_evicted(self, block: int, key: int, chunk, block_of) -> None:
+        """The GPU cache evicts `block`, holding the content `key`; `chunk` is the keys of the blocks of
+        the chunk `key` ends (None: no chunk ends there) and `block_of(k)` the GPU block still holding
+        key `k`, or None. The chunk is written back when every one of its blocks is still cached."""
+        if chunk is None:
+            return
+        if len(chunk) == 1:
+            self.on_gpu_evicted(key, (block,))
+            return
+        blocks = [block if k == key else block_of(k) for k in chunk]
+        if None not in blocks:  # a chunk whose other blocks left the GPU already is not stored
+            self.on_gpu_evicted(key, blocks)
+
     def on_gpu_evicted(self, key: int, gpu_blocks) -> None:
         """The GPU cache evicts a whole chunk (its K/V exists since the last step, and is overwritten in
         this one: the step waits for the copy)."""
