@@ -235,16 +235,8 @@ class V1Scheduler(Scheduler):
                 self._reject(group, reason, out)
                 continue
             if group.onload_state == ONLOADED:  # its tier chunks have landed: they count as computed
-                hit = group.hit_tokens
-                n = self._num_new(seq.num_tokens, hit, budget)
-                if not kv.allocate_slots(seq, hit, n):
-                    n = min(n, len(seq.block_table) * kv.block_size - hit)  # the blocks it holds suffice
-                    kv.allocate_slots(seq, hit, n)
                 self._pop_waiting()
-                self.onloading.remove(group)
-                group.onload_state = 0
-                self._admit(group, hit, n, out)
-                budget -= n
+                budget -= self._admit_landed(group, budget, out)
                 continue
             blocks, hit = kv.get_computed_blocks(group)
             if tiers is not None:
@@ -257,6 +249,7 @@ class V1Scheduler(Scheduler):
                     ext = n_load * tiers.chunk_tokens
                     first = self._num_new(seq.num_tokens, hit + ext, budget)
                     if not kv.allocate_slots(seq, hit, ext + first, blocks, cache=False):
+                        self._unblock_landed(budget, out)
                         break
                     kv.filled_slots -= first  # reserved: no K/V in them before the request runs
                     self._pop_waiting()
@@ -264,6 +257,8 @@ class V1Scheduler(Scheduler):
                     continue
             n = self._num_new(seq.num_tokens, hit, budget)
             if not kv.allocate_slots(seq, hit, n, blocks):
+                if tiers is not None:
+                    self._unblock_landed(budget, out)
                 break
             self._pop_waiting()
             kv.record_hit(group, hit)
@@ -272,6 +267,32 @@ class V1Scheduler(Scheduler):
                 self._tier_lookup(group, blocks, hit, keys, found, 0)
             self._admit(group, hit, n, out)
             budget -= n
+
+    def _admit_landed(self, group: SequenceGroup, budget: int, out: SchedulerOutputs) -> int:
+        """Admit a request (out of the waiting queue) whose tier chunks have landed: they count as
+        computed, and the blocks it holds suffice for its first chunk. Returns the tokens scheduled."""
+        kv, seq = self.kv, group.seqs[0]
+        hit = group.hit_tokens
+        n = self._num_new(seq.num_tokens, hit, budget)
+        if not kv.allocate_slots(seq, hit, n):
+            n = min(n, len(seq.block_table) * kv.block_size - hit)  # the blocks it holds suffice
+            kv.allocate_slots(seq, hit, n)
+        self.onloading.remove(group)
+        group.onload_state = 0
+        self._admit(group, hit, n, out)
+        return n
+
+    def _unblock_landed(self, budget: int, out: SchedulerOutputs) -> None:
+        """The head of the waiting queue cannot get blocks. When nothing runs (no step would free
+        any), a request further back whose chunks have landed holds blocks the head may be waiting
+        for, and would wait for the head in turn: it runs first, on the blocks it holds."""
+        if self.running or out.prefills:
+            return
+        for group in self.waiting:
+            if group.onload_state == ONLOADED:
+                self.waiting.remove(group)
+                self._admit_landed(group, budget, out)
+                return
 
     def _admit(self, group: SequenceGroup, hit: int, n: int, out: SchedulerOutputs) -> None:
         seq = group.seqs[0]

@@ -365,3 +365,17 @@ def test_recompute_mode_loads_a_host_head_and_recomputes_a_slow_disk_tail():
     assert t.plan_onload(keys, 6, 0) == 3, "load the host's three, recompute the disk's"
     t.prefill_s = lambda start, n: n * 1e-8  # recomputing is nearly free: load nothing
     assert t.plan_onload(keys, 6, 0) == 0
+
+
+def test_a_landed_request_runs_when_the_head_of_the_queue_cannot_get_blocks():
+    """A preempted 177-token request goes back to the front of the queue, ahead of a request whose
+    chunks have landed and which holds 9 of the 20 blocks: nothing runs, so the landed request runs
+    first on its own blocks instead of the two waiting for each other (a stall before)."""
+    prompts = [1] * 8 + [64, 65, 174] + [1] * 5 + [129] + [1] * 13
+    outputs = [1] * 6 + [2, 3, 1, 1, 4] + [1] * 19
+    families = [0] * 10 + [1] + [0] * 19
+    tr = workload([0.0] * 30, prompts, outputs, families)
+    e, res = run(tr, "vllm-v1", gpu_blocks=21, tier_host_gib=chunks_gib(4), tier_host_write="write-through-selective",
+                 tier_disk_write="write-through", tier_write_hits=1, tier_chunk_tokens=16)
+    assert res.summary["finished"] == 30 and res.summary["preemptions"] >= 1
+    assert res.summary["tier_host_hit_tokens"] > 0
