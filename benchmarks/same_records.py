@@ -2,7 +2,8 @@
 
     python benchmarks/same_records.py BEFORE AFTER
 
-Compares ``requests.parquet``, ``steps.parquet`` and ``free_extents.parquet`` of every run
+Compares ``requests.parquet``, ``steps.parquet``, ``free_extents.parquet`` and the KV tier tables
+(``tier_requests.parquet``, ``tier_steps.parquet``, a recorded plan's ``plan/tier_ops.parquet``) of every run
 directory under BEFORE with its namesake under AFTER: same columns, dtypes and values (floats
 bit for bit; NaN equals NaN). Prints one line per run and exits 1 on any difference.
 """
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-FILES = ("requests.parquet", "steps.parquet", "free_extents.parquet")
+FILES = ("requests.parquet", "steps.parquet", "free_extents.parquet", "tier_requests.parquet", "tier_steps.parquet",
+         "plan/tier_ops.parquet")
 
 
 def run_dirs(root: Path) -> list[Path]:

@@ -1,7 +1,8 @@
 """Eviction policies of a KV tier: which chunk key leaves a full tier.
 
-Each policy holds at most `capacity` keys and sees two events: `insert(key)` (a chunk is stored;
-returns the keys evicted to make room, in eviction order) and `touch(key)` (a stored chunk is hit).
+Each policy holds at most `capacity` keys, each with a value (a tier keeps the time the chunk's
+copy lands), and sees two events: `insert(key, value)` (a chunk is stored; returns the (key, value)
+pairs evicted to make room, in eviction order) and `touch(key)` (a stored chunk is hit).
 
 * `LRU`: the least recently inserted or hit key leaves first.
 * `LFU`: the key with the fewest accesses (insert counts one, each hit one more) leaves first;
@@ -13,7 +14,9 @@ returns the keys evicted to make room, in eviction order) and `touch(key)` (a st
   computed or evicted above), so a ghost hit happens at `insert`.
 
 Invariant after every call: `len(self) <= capacity`; a key is held at most once; `members` (a
-dict, for fast membership tests) holds exactly the keys held.
+dict, for fast membership tests and the values) maps exactly the keys held to their values. An
+LRU's `members` is its recency order itself (least recent first), so that a tier can insert and
+evict a batch of keys with whole-dict operations.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from collections import OrderedDict
 class LRU:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._keys: OrderedDict[int, None] = OrderedDict()
+        self._keys: OrderedDict[int, object] = OrderedDict()
         self.members = self._keys
 
     def __contains__(self, key: int) -> bool:
@@ -39,11 +42,11 @@ class LRU:
     def touch(self, key: int) -> None:
         self._keys.move_to_end(key)
 
-    def insert(self, key: int) -> list[int]:
+    def insert(self, key: int, value=None) -> list[tuple]:
         out = []
         while len(self._keys) >= self.capacity:
-            out.append(self._keys.popitem(last=False)[0])
-        self._keys[key] = None
+            out.append(self._keys.popitem(last=False))
+        self._keys[key] = value
         return out
 
 
@@ -51,7 +54,7 @@ class LFU:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._freq: dict[int, int] = {}
-        self.members = self._freq
+        self.members: dict[int, object] = {}
         self._buckets: dict[int, OrderedDict[int, None]] = {}  # access count -> keys, least recent first
         self._min = 0
 
@@ -81,7 +84,7 @@ class LFU:
         self._freq[key] = f + 1
         self._bucket(f + 1)[key] = None
 
-    def insert(self, key: int) -> list[int]:
+    def insert(self, key: int, value=None) -> list[tuple]:
         out = []
         while len(self._freq) >= self.capacity:
             b = self._buckets[self._min]
@@ -89,10 +92,11 @@ class LFU:
             if not b:
                 del self._buckets[self._min]
             del self._freq[victim]
-            out.append(victim)
+            out.append((victim, self.members.pop(victim)))
             if self._freq and self._min not in self._buckets:
                 self._min = min(self._buckets)
         self._freq[key] = 1
+        self.members[key] = value
         self._bucket(1)[key] = None
         self._min = 1
         return out
@@ -106,7 +110,7 @@ class ARC:
         self.t2: OrderedDict[int, None] = OrderedDict()
         self.b1: OrderedDict[int, None] = OrderedDict()
         self.b2: OrderedDict[int, None] = OrderedDict()
-        self.members: dict[int, None] = {}
+        self.members: dict[int, object] = {}
 
     def __contains__(self, key: int) -> bool:
         return key in self.members
@@ -124,7 +128,7 @@ class ARC:
             del self.t2[key]
         self.t2[key] = None
 
-    def _replace(self, in_b2: bool, out: list[int]) -> None:
+    def _replace(self, in_b2: bool, out: list[tuple]) -> None:
         """Evict one key from T1 or T2 (to its ghost list) when the cache is full."""
         if len(self.t1) + len(self.t2) < self.capacity:
             return
@@ -134,24 +138,23 @@ class ARC:
         else:
             victim = self.t2.popitem(last=False)[0]
             self.b2[victim] = None
-        del self.members[victim]
-        out.append(victim)
+        out.append((victim, self.members.pop(victim)))
 
-    def insert(self, key: int) -> list[int]:
+    def insert(self, key: int, value=None) -> list[tuple]:
         c, out = self.capacity, []
         if key in self.b1:
             self.p = min(float(c), self.p + max(len(self.b2) / len(self.b1), 1.0))
             self._replace(False, out)
             del self.b1[key]
             self.t2[key] = None
-            self.members[key] = None
+            self.members[key] = value
             return out
         if key in self.b2:
             self.p = max(0.0, self.p - max(len(self.b1) / len(self.b2), 1.0))
             self._replace(True, out)
             del self.b2[key]
             self.t2[key] = None
-            self.members[key] = None
+            self.members[key] = value
             return out
         l1 = len(self.t1) + len(self.b1)
         if l1 >= c:
@@ -160,8 +163,7 @@ class ARC:
                 self._replace(False, out)
             else:
                 victim = self.t1.popitem(last=False)[0]
-                del self.members[victim]
-                out.append(victim)
+                out.append((victim, self.members.pop(victim)))
         else:
             total = l1 + len(self.t2) + len(self.b2)
             if total >= c:
@@ -169,7 +171,7 @@ class ARC:
                     self.b2.popitem(last=False)
                 self._replace(False, out)
         self.t1[key] = None
-        self.members[key] = None
+        self.members[key] = value
         return out
 
 

@@ -33,6 +33,8 @@ records the events above for an independent recount of the hits.
 
 from __future__ import annotations
 
+from collections import deque
+from itertools import accumulate, islice, repeat
 from typing import Callable, NamedTuple
 
 from blocksim.config import GiB, SimConfig, TierConfig
@@ -58,14 +60,13 @@ class TierOp(NamedTuple):
 
 
 class Tier:
-    __slots__ = ("name", "capacity", "cache", "write", "landed_s", "hits", "stored", "evictions", "hit_chunks")
+    __slots__ = ("name", "capacity", "cache", "write", "hits", "stored", "evictions", "hit_chunks")
 
     def __init__(self, name: str, capacity: int, eviction: str, write: str) -> None:
         self.name = name
         self.capacity = capacity
-        self.cache = make_eviction(eviction, capacity)
+        self.cache = make_eviction(eviction, capacity)  # its `members`: key -> when its copy lands here
         self.write = write
-        self.landed_s: dict[int, float] = {}  # key -> when its copy is complete in this tier
         self.hits: dict[int, int] = {}        # key -> hits here, for a selective tier below
         self.stored = self.evictions = self.hit_chunks = 0
 
@@ -94,6 +95,13 @@ class TierStore:
         self.step = 0
         self.ops: list[TierOp] = []
         self.ops_on = False  # record every move in `ops` (for an execution plan and tests)
+        #: moves without records go through the whole-list paths (`_store_batch`, ...); False: one
+        #: chunk at a time, as with records (tests compare the two)
+        self.batched = True
+        #: counts the changes of what the tiers hold (stores, evictions): `commit` skips matching again
+        #: keys that `match` has just matched
+        self.version = 0
+        self._matched: tuple | None = None
         self.log: list[tuple] | None = [] if log_events else None
         self.gpu_hits: dict[int, int] = {}
         self.evict_wait_s = 0.0
@@ -128,11 +136,82 @@ class TierStore:
         top = self.levels[0]
         if top.write != WRITE_THROUGH:
             return
+        if self.batched and not self.ops_on and self._store_batch(keys):
+            return
         members = top.cache.members
         for k in keys:
             if k not in members:
                 self._store_run(keys, table, first_block)
                 return
+
+    def _store_batch(self, keys: list[int]) -> bool:
+        """`_store_run` for an LRU host tier without recorded moves, as whole-list operations: the
+        chunks the host lacks are copied back to back over the host link, inserted at once, and the
+        oldest chunks beyond the capacity leave in order (an LRU evicts the same keys whether the
+        inserts come one by one or together), written back to a disk below that has room for them.
+        Returns False, having changed nothing, where the result could differ from `_store_run`'s: a
+        chunk of `keys` the host holds would leave before its turn, a disk on top, a write-through
+        disk below."""
+        levels = self.levels
+        top = levels[0]
+        lru = top.cache.members
+        if type(top.cache) is not LRU or top.name == DISK:
+            return False
+        below = levels[1] if len(levels) > 1 else None
+        if below is not None and below.write == WRITE_THROUGH:
+            return False
+        new = [k for k in keys if k not in lru]
+        n = len(new)
+        if not n:
+            return True
+        excess = len(lru) + n - top.capacity
+        if excess > 0 and n < len(keys) and not set(keys).isdisjoint(islice(lru, excess)):
+            return False
+        self.version += 1
+        nbytes, now = self.chunk_bytes, self.now_s
+        d2h = self.d2h
+        t_d2h = d2h.seconds(nbytes)
+        ends = list(accumulate(repeat(t_d2h, n), initial=max(now, d2h.free_s)))
+        lru.update(zip(new, islice(ends, 1, None)))
+        top.stored += n
+        d2h.free_s, d2h.busy_s, d2h.bytes = ends[-1], d2h.busy_s + n * t_d2h, d2h.bytes + n * nbytes
+        self.bytes[(GPU, top.name)] += n * nbytes
+        if excess <= 0:
+            return True
+        victims = list(islice(lru, excess))
+        victim_landed = list(map(lru.pop, victims))
+        top.evictions += excess
+        if top.hits:
+            deque(map(top.hits.pop, victims, repeat(None)), 0)
+        if below is None or below.write != WRITE_BACK:
+            return True
+        dw = self.disk_write
+        t_dw = dw.seconds(nbytes)
+        held = below.cache.members
+        f = dw.free_s
+        if type(below.cache) is LRU and len(held) + excess <= below.capacity:  # no disk eviction
+            down = [(v, x) for v, x in zip(victims, victim_landed) if v not in held]
+            if not down:
+                return True
+            # each write starts when the chunk has landed in the host and the disk is free
+            dw_ends = [f := (x if x > f else f) + t_dw for x in (x if x > now else now for _, x in down)]
+            written = [v for v, _ in down]
+            held.update(zip(written, dw_ends))
+            below.stored += len(written)
+        else:
+            written = []
+            step = self.step
+            for v, x in zip(victims, victim_landed):
+                if v not in held:
+                    f = max(now, x, f) + t_dw
+                    written.append(v)
+                    self._put_below(v, f, step, None)
+            if not written:
+                return True
+        m = len(written)
+        dw.free_s, dw.busy_s, dw.bytes = f, dw.busy_s + m * t_dw, dw.bytes + m * nbytes
+        self.bytes[(HOST, DISK)] += m * nbytes
+        return True
 
     def _store_run(self, keys: list[int], table: list[int], first_block: int) -> None:
         """`_store_from_gpu` for each chunk of `keys` the top tier lacks when its turn comes, issued
@@ -149,13 +228,14 @@ class TierStore:
         wb_below = below is not None and below.write == WRITE_BACK
         wt_below = below is not None and below.write == WRITE_THROUGH
         below_members = below.cache.members if below is not None else None
-        landed, hits, insert = top.landed_s, top.hits, top.cache.insert
+        hits, insert = top.hits, top.cache.insert
         ops = self.ops if self.ops_on else None
         cb = self.chunk_blocks
         members = top.cache.members
         lru = members if type(top.cache) is LRU else None
         cap = top.capacity
         n = 0
+        self.version += 1
         for j, key in enumerate(keys):
             if key in members:
                 continue
@@ -166,15 +246,14 @@ class TierStore:
                 end = dw_free = max(end, dw_free) + t_dw
                 writes += 1
             if lru is not None:  # LRU's insert, inlined
-                victims = (lru.popitem(last=False)[0],) if len(lru) >= cap else ()
-                lru[key] = None
+                victims = (lru.popitem(last=False),) if len(lru) >= cap else ()
+                lru[key] = end
             else:
-                victims = insert(key)
-            for v in victims:
+                victims = insert(key, end)
+            for v, v_landed in victims:
                 top.evictions += 1
                 if hits:
                     hits.pop(v, None)
-                v_landed = landed.pop(v)
                 if wb_below and v not in below_members:
                     dw_free = max(now, v_landed, dw_free) + t_dw
                     writes += 1
@@ -186,7 +265,6 @@ class TierStore:
             if ops is not None:  # after the drops that make room: a tier never holds more than its capacity
                 b = first_block + j * cb
                 ops.append(TierOp(step, "store", GPU, top.name, key, tuple(table[b:b + cb])))
-            landed[key] = end
             top.stored += 1
             if wt_below and key not in below_members:
                 dw_free = max(now, end, dw_free) + t_dw
@@ -205,15 +283,14 @@ class TierStore:
         """Insert a chunk into the second (last) tier; its evictions are drops, recorded before the
         store's `row`."""
         lv = self.levels[1]
-        for v in lv.cache.insert(key):
+        self.version += 1
+        for v, _ in lv.cache.insert(key, landed_s):
             lv.evictions += 1
             lv.hits.pop(v, None)
-            del lv.landed_s[v]
             if self.ops_on:
                 self.ops.append(TierOp(step, "store", lv.name, lv.name, v, (), True))
         if row is not None:
             self.ops.append(row)
-        lv.landed_s[key] = landed_s
         lv.stored += 1
 
     def on_gpu_hit(self, key: int, gpu_blocks) -> None:
@@ -275,32 +352,32 @@ class TierStore:
         """Store `key` in tier i: its evictions first (write-backs below, drops), then the store's
         `row`, then a write-through below."""
         lv = self.levels[i]
-        for victim in lv.cache.insert(key):
-            self._evicted(i, victim, step)
+        self.version += 1
+        for victim, victim_landed_s in lv.cache.insert(key, landed_s):
+            self._evicted(i, victim, victim_landed_s, step)
         if row is not None:
             self.ops.append(row)
-        lv.landed_s[key] = landed_s
         lv.stored += 1
         if i + 1 < len(self.levels):
             below = self.levels[i + 1]
             if below.write == WRITE_THROUGH and key not in below.cache:
-                self._store_down(i, key, step)
+                self._store_down(i, key, landed_s, step)
 
-    def _evicted(self, i: int, key: int, step: int) -> None:
+    def _evicted(self, i: int, key: int, landed_s: float, step: int) -> None:
         lv = self.levels[i]
         lv.evictions += 1
         lv.hits.pop(key, None)
         if i + 1 < len(self.levels):
             below = self.levels[i + 1]
             if below.write == WRITE_BACK and key not in below.cache:
-                self._store_down(i, key, step)
-        del lv.landed_s[key]
+                self._store_down(i, key, landed_s, step)
         if self.ops_on:
             self.ops.append(TierOp(step, "store", lv.name, lv.name, key, (), True))
 
-    def _store_down(self, i: int, key: int, step: int) -> None:
+    def _store_down(self, i: int, key: int, landed_s: float, step: int) -> None:
+        """Copy a chunk of tier i, landed there at `landed_s`, into tier i + 1."""
         lv, below = self.levels[i], self.levels[i + 1]
-        start = max(self.now_s, lv.landed_s[key])
+        start = max(self.now_s, landed_s)
         end = self.disk_write.transfer(start, self.chunk_bytes)
         self.bytes[(lv.name, below.name)] += self.chunk_bytes
         row = TierOp(step, "store", lv.name, below.name, key, ()) if self.ops_on else None
@@ -309,56 +386,64 @@ class TierStore:
     # --- lookups and onloads ------------------------------------------------------------------
     def match(self, keys) -> int:
         """How many leading `keys` some tier holds (the run a lookup can load). Changes nothing."""
-        n = 0
-        if len(self.levels) == 1:
-            m = self.levels[0].cache.members
-            for k in keys:
-                if k not in m:
-                    break
-                n += 1
-            return n
-        m0, m1 = self.levels[0].cache.members, self.levels[1].cache.members
-        for k in keys:
-            if k not in m0 and k not in m1:
-                break
-            n += 1
+        levels = self.levels
+        n = self._match(keys)
+        self._matched = (keys, self.version, n)
         return n
+
+    def _match(self, keys) -> int:
+        levels = self.levels
+        if len(levels) == 1:
+            m = levels[0].cache.members
+            for n, k in enumerate(keys):
+                if k not in m:
+                    return n
+            return len(keys)
+        m0, m1 = levels[0].cache.members, levels[1].cache.members
+        if len(m1) < len(m0):  # the larger tier first: a key held there costs one lookup
+            m0, m1 = m1, m0
+        for n, k in enumerate(keys):
+            if k not in m1 and k not in m0:
+                return n
+        return len(keys)
 
     def _load_ends(self, keys, n: int, commit: bool) -> tuple[list[float], list[int]]:
         """When each of the first `n` keys (all held) would land on the GPU, loaded in order from the
         highest tier holding it (disk reads, then the host link), and that tier's index; issued
         (links advanced) when `commit`."""
+        if not n:
+            return [], []
         now, nbytes, levels = self.now_s, self.chunk_bytes, self.levels
         h2d, rd = self.h2d, self.disk_read
         t_h2d, t_rd = h2d.seconds(nbytes), rd.seconds(nbytes)
-        h2d_free, rd_free = h2d.free_s, rd.free_s
-        m0, landed0 = levels[0].cache.members, levels[0].landed_s
-        landed1 = levels[1].landed_s if len(levels) > 1 else None
-        disk0 = levels[0].name == DISK
-        ends, where = [], []
+        ks = keys[:n]
+        m0 = levels[0].cache.members
+        landed = list(map(m0.get, ks))  # None: not in the top tier, so in the one below
+        if len(levels) > 1 and None in landed:
+            m1 = levels[1].cache.members
+            where = [0 if x is not None else 1 for x in landed]
+            landed = [x if x is not None else m1[k] for x, k in zip(landed, ks)]
+            disk = where if levels[0].name != DISK else [1] * n
+        else:
+            where = [0] * n
+            disk = [1] * n if levels[0].name == DISK else None
+        ready = [x if x > now else now for x in landed]
         reads = 0
-        for j in range(n):
-            k = keys[j]
-            if k in m0:
-                i, ready = 0, landed0[k]
-                disk = disk0
+        if disk is not None:  # disk reads first, in order on their own channel
+            rows = [j for j in range(n) if disk[j]]
+            reads = len(rows)
+            f = rd.free_s
+            if reads == n:
+                ready = [f := (x if x > f else f) + t_rd for x in ready]
             else:
-                i, ready = 1, landed1[k]
-                disk = True
-            if ready < now:
-                ready = now
-            if disk:
-                if rd_free > ready:
-                    ready = rd_free
-                ready = rd_free = ready + t_rd
-                reads += 1
-            if h2d_free > ready:
-                ready = h2d_free
-            h2d_free = ready + t_h2d
-            ends.append(h2d_free)
-            where.append(i)
-        if commit and n:
-            h2d.free_s, h2d.busy_s, h2d.bytes = h2d_free, h2d.busy_s + n * t_h2d, h2d.bytes + n * nbytes
+                for j in rows:
+                    x = ready[j]
+                    ready[j] = f = (x if x > f else f) + t_rd
+            rd_free = f
+        f = h2d.free_s
+        ends = [f := (x if x > f else f) + t_h2d for x in ready]
+        if commit:
+            h2d.free_s, h2d.busy_s, h2d.bytes = f, h2d.busy_s + n * t_h2d, h2d.bytes + n * nbytes
             if reads:
                 rd.free_s, rd.busy_s, rd.bytes = rd_free, rd.busy_s + reads * t_rd, rd.bytes + reads * nbytes
         return ends, where
@@ -397,8 +482,9 @@ class TierStore:
         blocks taken for the loads may have evicted chunks into the tiers (write-back), and GPU hits
         stored chunks (write-through-selective), moving or dropping found ones; only a run still
         held is loaded. Returns (when the last lands, host tokens, disk tokens, chunks loaded)."""
-        if found or self.wants_gpu_evictions or self.wants_gpu_hits:
-            found = self.match(keys)
+        if (found or self.wants_gpu_evictions or self.wants_gpu_hits) and not (
+                self.batched and self._matched == (keys, self.version, found)):
+            found = self.match(keys)  # (unless `match` found as many of these keys and no tier changed since)
             n = min(n, found)
         if self.log is not None:
             self.log.append(("lookup", tuple(keys[:found + 1]), found, n))
@@ -409,7 +495,21 @@ class TierStore:
         selective = []
         ops = self.ops if self.ops_on else None
         sel = [i + 1 < len(levels) and levels[i + 1].write == SELECTIVE for i in range(len(levels))]
-        for j in range(n):
+        if self.batched and ops is None and not sel[0] and n:
+            # whole lists: each tier's hits touched in order (the tiers' orders are independent)
+            loads[1] = sum(where)
+            loads[0] = n - loads[1]
+            ks = keys[:n]
+            if not loads[1]:
+                deque(map(levels[0].cache.touch, ks), 0)
+            else:
+                for i, lv in enumerate(levels):
+                    if loads[i]:
+                        deque(map(lv.cache.touch, [k for k, w in zip(ks, where) if w == i]), 0)
+            n_touched = n
+        else:
+            n_touched = 0
+        for j in range(n_touched, n):
             i = where[j]
             key = keys[j]
             levels[i].cache.touch(key)
@@ -425,7 +525,7 @@ class TierStore:
             h = lv.hits.get(key, 0) + 1
             if h >= self.write_hits:
                 lv.hits.pop(key, None)
-                self._store_down(i, key, self.step)
+                self._store_down(i, key, lv.cache.members[key], self.step)
             else:
                 lv.hits[key] = h
         tokens = {HOST: 0, DISK: 0}
@@ -484,7 +584,7 @@ class TierStore:
             if len(keys) > lv.capacity or len(set(keys)) != len(keys):
                 raise AssertionError(f"tier {lv.name}: {len(keys)} chunks ({len(set(keys))} distinct) in "
                                      f"{lv.capacity} slots")
-            if set(keys) != set(lv.landed_s):
+            if set(keys) != set(lv.cache.members) or None in lv.cache.members.values():
                 raise AssertionError(f"tier {lv.name}: landing times disagree with the held chunks")
 
 

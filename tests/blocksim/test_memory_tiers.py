@@ -73,7 +73,10 @@ def test_each_eviction_policy_evicts_what_the_list_version_evicts(name, capacity
             fast.touch(key)
             slow.hit(key)
         elif not hit and key not in fast:
-            assert fast.insert(key) == slow.put(key), "same victims in the same order"
+            victims = fast.insert(key, -key)
+            assert [k for k, _ in victims] == slow.put(key), "same victims in the same order"
+            assert all(v == -k for k, v in victims), "each victim with the value stored with it"
+        assert all(fast.members[k] == -k for k in fast.keys())
         assert sorted(fast.keys()) == sorted(slow.held()) and len(fast) <= capacity
 
 
@@ -248,6 +251,49 @@ def test_tiers_conserve_blocks_respect_capacity_lose_nothing_and_match_the_recou
     assert_recount_matches(e, s)
     assert s["tier_host_hit_tokens"] + s["tier_disk_hit_tokens"] == \
         res.tier_requests.host_hit_tokens.sum() + res.tier_requests.disk_hit_tokens.sum()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=st.sampled_from(["vllm-v1", "vllm-prefix", "sglang"]), reqs=requests, gpu_blocks=st.integers(20, 60),
+       host=st.integers(0, 30), disk=st.integers(0, 60),
+       evictions=st.tuples(st.sampled_from(["lru", "lru", "lfu", "arc"]), st.sampled_from(["lru", "lru", "lfu", "arc"])),
+       writes=st.tuples(st.sampled_from(["write-through", "write-through", "write-through-selective", "write-back"]),
+                        st.sampled_from(["write-back", "write-back", "write-through", "write-through-selective"])),
+       onload=st.sampled_from(["wait", "deadline", "recompute"]), chunk=st.sampled_from([16, 32]))
+def test_batched_tier_moves_give_the_records_of_moves_one_chunk_at_a_time(
+        policy, reqs, gpu_blocks, host, disk, evictions, writes, onload, chunk):
+    """Runs without recorded moves take the whole-list paths (`TierStore.batched`); the same run one
+    chunk at a time gives the same records, counters and tier contents (landing times included)."""
+    if host == 0 and disk == 0:
+        host = 4
+    opts = dict(tier_host_eviction=evictions[0], tier_disk_eviction=evictions[1], tier_host_write=writes[0],
+                tier_disk_write=writes[1], tier_onload=onload, tier_chunk_tokens=chunk, tier_onload_deadline_ms=2.0)
+    if host:
+        opts["tier_host_gib"] = chunks_gib(host, chunk)
+    if disk:
+        opts["tier_disk_gib"] = chunks_gib(disk, chunk)
+    if policy == "sglang":
+        opts["tier_host_write" if host else "tier_disk_write"] = "write-through"
+        cfg = build_config(policy, num_gpu_blocks=gpu_blocks * H, max_running_requests=4, chunked_prefill_size=256,
+                           **opts)
+    else:
+        cfg = build_config(policy, num_gpu_blocks=gpu_blocks, max_num_seqs=4, max_num_batched_tokens=256, **opts)
+    tr = workload(*reqs)
+    runs = []
+    for batched in (True, False):
+        e = Engine(cfg, tr, check_invariants=True)
+        assert not e.tiers.ops_on
+        e.tiers.batched = batched
+        runs.append((e, e.run()))
+    (a, ra), (b, rb) = runs
+    pd.testing.assert_series_equal(pd.Series(ra.summary).drop("wall_s"), pd.Series(rb.summary).drop("wall_s"))
+    for name in ("requests", "steps", "tier_requests", "tier_steps"):
+        pd.testing.assert_frame_equal(getattr(ra, name), getattr(rb, name), check_exact=True)
+    for la, lb in zip(a.tiers.levels, b.tiers.levels):
+        assert list(la.cache.members.items()) == list(lb.cache.members.items()), f"{la.name}: contents and order"
+    for link in ("h2d", "d2h", "disk_read", "disk_write"):
+        x, y = getattr(a.tiers, link), getattr(b.tiers, link)
+        assert (x.free_s, x.busy_s, x.bytes) == (y.free_s, y.busy_s, y.bytes), link
 
 
 # --- refused configurations ------------------------------------------------------------------
