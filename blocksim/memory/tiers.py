@@ -33,8 +33,10 @@ records the events above for an independent recount of the hits.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
-from itertools import accumulate, islice, repeat
+from itertools import accumulate, compress, islice, repeat
+from operator import not_
 from typing import Callable, NamedTuple
 
 from blocksim.config import GiB, SimConfig, TierConfig
@@ -102,6 +104,7 @@ class TierStore:
         #: keys that `match` has just matched
         self.version = 0
         self._matched: tuple | None = None
+        self._last_ends: tuple | None = None  # the last plan's `_load_ends`, for its commit
         self.log: list[tuple] | None = [] if log_events else None
         self.gpu_hits: dict[int, int] = {}
         self.evict_wait_s = 0.0
@@ -190,13 +193,14 @@ class TierStore:
         held = below.cache.members
         f = dw.free_s
         if type(below.cache) is LRU and len(held) + excess <= below.capacity:  # no disk eviction
-            down = [(v, x) for v, x in zip(victims, victim_landed) if v not in held]
-            if not down:
+            down = [v not in held for v in victims]
+            written = list(compress(victims, down))
+            if not written:
                 return True
-            # each write starts when the chunk has landed in the host and the disk is free
-            dw_ends = [f := (x if x > f else f) + t_dw for x in (x if x > now else now for _, x in down)]
-            written = [v for v, _ in down]
-            held.update(zip(written, dw_ends))
+            # each write starts when the chunk has landed in the host and the disk is free (and not
+            # before now: after the first write the disk's free time is past now)
+            f = f if f > now else now
+            held.update(zip(written, [f := (x if x > f else f) + t_dw for x in compress(victim_landed, down)]))
             below.stored += len(written)
         else:
             written = []
@@ -410,12 +414,38 @@ class TierStore:
     def _load_ends(self, keys, n: int, commit: bool) -> tuple[list[float], list[int]]:
         """When each of the first `n` keys (all held) would land on the GPU, loaded in order from the
         highest tier holding it (disk reads, then the host link), and that tier's index; issued
-        (links advanced) when `commit`."""
+        (links advanced) when `commit`. A commit of keys whose ends a plan has just computed, with
+        nothing changed since, takes the plan's (the first `n` of them: each end depends only on
+        the chunks before it)."""
         if not n:
             return [], []
+        now, h2d, rd = self.now_s, self.h2d, self.disk_read
+        state = (keys, self.version, now, h2d.free_s, rd.free_s)
+        last = self._last_ends
+        if commit and self.batched and last is not None and last[0] == state and n <= len(last[1]):
+            _, ends, where, rows, rd_ends = last
+            ends, where = ends[:n], where[:n]
+            reads = bisect_left(rows, n)
+            rd_free = rd_ends[reads - 1] if reads else rd.free_s
+        else:
+            ends, where, rows, rd_ends = self._ends(keys, n)
+            reads = len(rows)
+            rd_free = rd_ends[-1] if reads else rd.free_s
+            self._last_ends = None if commit else (state, ends, where, rows, rd_ends)
+        if commit:
+            nbytes = self.chunk_bytes
+            t_h2d, t_rd = h2d.seconds(nbytes), rd.seconds(nbytes)
+            h2d.free_s, h2d.busy_s, h2d.bytes = ends[-1], h2d.busy_s + n * t_h2d, h2d.bytes + n * nbytes
+            if reads:
+                rd.free_s, rd.busy_s, rd.bytes = rd_free, rd.busy_s + reads * t_rd, rd.bytes + reads * nbytes
+            self._last_ends = None
+        return ends, where
+
+    def _ends(self, keys, n: int) -> tuple[list[float], list[int], list[int], list[float]]:
+        """`_load_ends` of the first `n` keys, n > 0, computed: (ends, tier indices, the positions
+        read from the disk, the disk read ends there)."""
         now, nbytes, levels = self.now_s, self.chunk_bytes, self.levels
-        h2d, rd = self.h2d, self.disk_read
-        t_h2d, t_rd = h2d.seconds(nbytes), rd.seconds(nbytes)
+        t_h2d, t_rd = self.h2d.seconds(nbytes), self.disk_read.seconds(nbytes)
         ks = keys[:n]
         m0 = levels[0].cache.members
         landed = list(map(m0.get, ks))  # None: not in the top tier, so in the one below
@@ -423,30 +453,25 @@ class TierStore:
             m1 = levels[1].cache.members
             where = [0 if x is not None else 1 for x in landed]
             landed = [x if x is not None else m1[k] for x, k in zip(landed, ks)]
-            disk = where if levels[0].name != DISK else [1] * n
+            rows = list(compress(range(n), where))
         else:
             where = [0] * n
-            disk = [1] * n if levels[0].name == DISK else None
-        ready = [x if x > now else now for x in landed]
-        reads = 0
-        if disk is not None:  # disk reads first, in order on their own channel
-            rows = [j for j in range(n) if disk[j]]
-            reads = len(rows)
-            f = rd.free_s
-            if reads == n:
-                ready = [f := (x if x > f else f) + t_rd for x in ready]
-            else:
-                for j in rows:
-                    x = ready[j]
-                    ready[j] = f = (x if x > f else f) + t_rd
-            rd_free = f
-        f = h2d.free_s
-        ends = [f := (x if x > f else f) + t_h2d for x in ready]
-        if commit:
-            h2d.free_s, h2d.busy_s, h2d.bytes = f, h2d.busy_s + n * t_h2d, h2d.bytes + n * nbytes
-            if reads:
-                rd.free_s, rd.busy_s, rd.bytes = rd_free, rd.busy_s + reads * t_rd, rd.bytes + reads * nbytes
-        return ends, where
+            rows = list(range(n)) if levels[0].name == DISK else []
+        # each channel serves in order, a transfer starting when its chunk is ready, the channel is
+        # free and not before now (after the first transfer the channel's free time is past now)
+        f = self.disk_read.free_s
+        f = f if f > now else now
+        if len(rows) == n:  # disk reads first, in order on their own channel
+            ready = rd_ends = [f := (x if x > f else f) + t_rd for x in landed]
+        else:
+            ready, rd_ends = landed, []
+            for j in rows:
+                x = ready[j]
+                ready[j] = f = (x if x > f else f) + t_rd
+                rd_ends.append(f)
+        f = self.h2d.free_s
+        f = f if f > now else now
+        return [f := (x if x > f else f) + t_h2d for x in ready], where, rows, rd_ends
 
     def plan_onload(self, keys, found: int, start_tokens: int) -> int:
         """How many of the `found` leading chunks to load (the rest are recomputed), by the onload
@@ -500,12 +525,14 @@ class TierStore:
             loads[1] = sum(where)
             loads[0] = n - loads[1]
             ks = keys[:n]
+            touch = [lv.cache.members.move_to_end if type(lv.cache) is LRU else lv.cache.touch for lv in levels]
             if not loads[1]:
-                deque(map(levels[0].cache.touch, ks), 0)
+                deque(map(touch[0], ks), 0)
+            elif not loads[0]:
+                deque(map(touch[1], ks), 0)
             else:
-                for i, lv in enumerate(levels):
-                    if loads[i]:
-                        deque(map(lv.cache.touch, [k for k, w in zip(ks, where) if w == i]), 0)
+                deque(map(touch[0], compress(ks, map(not_, where))), 0)
+                deque(map(touch[1], compress(ks, where)), 0)
             n_touched = n
         else:
             n_touched = 0
