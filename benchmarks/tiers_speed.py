@@ -4,13 +4,15 @@
 
 llama-2-7b on h100-80gb, the built-in roofline (benchmarks/roofline_defaults.json), prompts clipped to
 the model's 4,096 tokens. Each configuration runs `--repeats` times in this process (the trace read
-once); the best wall time of the engine's run counts. Needs ../shared/traces beside the repository.
+once); the best wall time of the engine's run counts. The JSON records the machine's load average
+before and after. Needs ../shared/traces beside the repository.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -55,6 +57,7 @@ def main() -> None:
     trace = load_trace(str(TRACE), clip_max_len=base.model.max_model_len)
     rows = []
     refs = {}
+    load_before = os.getloadavg()
     for name, (policy, options) in CONFIGS.items():
         cfg = build_config(policy, cost_profile=PROFILE, **options)
         best, summary = float("inf"), None
@@ -73,7 +76,8 @@ def main() -> None:
               f"TTFT mean {summary['ttft_mean_s']:.3f} s")
     out = {"trace": "mooncake/synthetic_trace.jsonl", "model": base.model.name,
            "gpu": base.gpu.name, "python": platform.python_version(), "machine": platform.machine(),
-           "repeats": a.repeats, "runs": rows}
+           "repeats": a.repeats, "load_average_1_5_15_min": {"before": load_before, "after": os.getloadavg()},
+           "runs": rows}
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {a.json}")
