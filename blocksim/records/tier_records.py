@@ -3,6 +3,8 @@ the TTFT split (`blocksim.records.schema.TIER_STEP_DTYPES`, `TIER_REQUEST_DTYPES
 
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 import pandas as pd
 
@@ -27,7 +29,7 @@ class TierStepRecorder:
 
     def to_frame(self) -> pd.DataFrame:
         n = len(self._totals)
-        tot = np.array(self._totals, np.int64).reshape(n, 7)
+        tot = np.fromiter(chain.from_iterable(self._totals), np.int64, n * 7).reshape(n, 7)
         per = np.diff(tot, axis=0, prepend=np.zeros((1, 7), np.int64))
         cols = {"step": np.arange(n, dtype=np.int64)}
         for k, c in enumerate(TIER_STEP_COLUMNS[1:8]):
