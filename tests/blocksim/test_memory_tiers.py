@@ -296,6 +296,80 @@ def test_batched_tier_moves_give_the_records_of_moves_one_chunk_at_a_time(
         assert (x.free_s, x.busy_s, x.bytes) == (y.free_s, y.busy_s, y.bytes), link
 
 
+#: a tier store's events: (kind, prompt family, first chunk, last chunk, seconds the clock advances)
+tier_store_events = st.lists(st.tuples(st.sampled_from(["computed", "computed", "lookup", "lookup", "rematch", "gpu_hit",
+                                                        "gpu_evict"]),
+                                       st.integers(0, 3), st.integers(0, 8), st.integers(1, 12),
+                                       st.sampled_from([0.001, 0.01, 0.1, 1.0])), min_size=20, max_size=60)
+
+
+@pytest.mark.parametrize("host_eviction,top_write,disk_write", [
+    ("lru", "write-through", "write-back"), ("lru", "write-through", "write-through-selective"),
+    ("lru", "write-through", "write-through"), ("lru", "write-back", "write-back"),
+    ("lru", "write-through-selective", "write-back"), ("arc", "write-through", "write-back"),
+    ("lfu", "write-through", "write-back")])
+@settings(max_examples=40, deadline=None)
+@given(host=st.integers(1, 6), disk=st.sampled_from([0, 3, 40]), disk_eviction=st.sampled_from(["lru", "lfu", "arc"]),
+       onload=st.sampled_from(["wait", "deadline", "recompute"]), write_hits=st.integers(1, 2),
+       events=tier_store_events)
+def test_a_tier_store_batched_and_one_chunk_at_a_time_end_in_the_same_state(
+        host_eviction, top_write, disk_write, host, disk, disk_eviction, onload, write_hits, events):
+    """The whole-list paths (a step's stores, load ends, touches, repeated matches) against the
+    one-chunk-at-a-time paths, event by event on small tiers: prompts of four families computed
+    and looked up in pieces, full host batches, chunks a batch evicts before their turn, a disk
+    without room, idle links."""
+    from blocksim.config import TierConfig
+    from blocksim.memory.tiers import TierStore
+    chunk = H * KV_BYTES
+    cfg = TierConfig(host_gib=host * chunk / GIB, disk_gib=disk * chunk / GIB, host_eviction=host_eviction,
+                     disk_eviction=disk_eviction, host_write=top_write, disk_write=disk_write, onload=onload,
+                     write_hits=write_hits, onload_deadline_ms=20.0, disk_read_gbps=2.0, disk_write_gbps=1.0)
+    stores = []
+    for batched in (True, False):
+        t = TierStore(cfg, H, H, chunk, 25.0, 1e-5)
+        t.batched = batched
+        t.prefill_s = lambda start, n: n * 3e-4  # a chunk's prefill about as long as its disk read
+        answers, last = [], []
+        for kind, family, first, last_chunk, dt in events:
+            t.now_s += dt
+            t.step += 1
+            keys = [family * 100 + j for j in range(first, max(first + 1, last_chunk))]
+            if kind == "computed":
+                t.on_computed(keys, list(range(len(keys))), 0)
+            elif kind == "gpu_hit":
+                t.on_gpu_hit(keys[0], (0,))
+            elif kind == "gpu_evict":
+                t.on_gpu_evicted(keys[0], (0,))
+            elif kind == "rematch":
+                answers.append(t.match(list(last)))
+            else:
+                keys = [family * 100 + j for j in range(last_chunk)]  # a prompt's chunks from its start
+                found = t.match(keys)
+                n = t.plan_onload(keys, found, 0) if found else 0
+                answers.append((found, n, t.match(keys), t.commit(keys, found, n, list(range(len(keys))))))
+                last = keys
+            answers.append(t.take_wait(0.001))
+            t.check()
+        stores.append((t, answers))
+    (a, ans_a), (b, ans_b) = stores
+    assert ans_a == ans_b
+    assert a.stats() == b.stats()
+    for la, lb in zip(a.levels, b.levels):
+        assert policy_state(la.cache) == policy_state(lb.cache), f"{la.name}: contents, order, landing times"
+        assert (la.hits, la.stored, la.evictions, la.hit_chunks) == (lb.hits, lb.stored, lb.evictions, lb.hit_chunks)
+    for link in ("h2d", "d2h", "disk_read", "disk_write"):
+        x, y = getattr(a, link), getattr(b, link)
+        assert (x.free_s, x.busy_s, x.bytes) == (y.free_s, y.busy_s, y.bytes), link
+
+
+def policy_state(cache):
+    """An eviction policy's whole state, dicts as lists of items in their order (what decides its
+    next evictions)."""
+    def plain(v):
+        return [(k, plain(x)) for k, x in v.items()] if isinstance(v, dict) else v
+    return {name: plain(v) for name, v in vars(cache).items()}
+
+
 # --- refused configurations ------------------------------------------------------------------
 @pytest.mark.parametrize("policy,options,where", [
     ("vllm-v1", dict(tier_host_gib=0.001), "tier-host-gib"),
