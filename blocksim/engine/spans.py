@@ -20,6 +20,7 @@ at the span's first step (`memory_breakdown`) and the appends of the further ste
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from itertools import accumulate
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -78,7 +79,8 @@ def decode_times(cost, out: SchedulerOutputs, k: int, comm=None):
     and the steps' context tokens. `comm(tokens)`: the tensor-parallel all-reduces' time (None on
     one GPU), added in the order a single step sums its components."""
     n = out.num_decode_seqs
-    ctx = out.decode_ctx_tokens + n * np.arange(k, dtype=np.int64)
+    c0 = out.decode_ctx_tokens
+    ctx = np.arange(c0, c0 + n * k, n, dtype=np.int64) if n else np.full(k, c0, np.int64)
     times = {"t_linear_s": cost.linear(n, n, True), "t_attn_decode_s": cost.attn_decode(ctx, n, True),
              "t_comm_s": comm(n) if comm is not None else 0.0, "t_overhead_s": cost.overhead(True, n)}
     if comm is None:
@@ -144,8 +146,8 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     guess = k if first_s <= 0 or next_arrival_s == math.inf else min(k, int((next_arrival_s - now_s) / first_s) + 2)
     while True:
         durations, times, ctx = decode_times(cost, out, guess, comm)
-        starts = np.fromiter(accumulate(durations[:-1].tolist(), initial=now_s), np.float64, guess)
-        before = int(np.searchsorted(starts, next_arrival_s, side="left"))  # steps starting before the arrival
+        starts = list(accumulate(durations[:-1].tolist(), initial=now_s))
+        before = bisect_left(starts, next_arrival_s)  # steps starting before the arrival
         if before < guess or guess == k:
             break
         guess = k
@@ -155,7 +157,7 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     k, takers, new_blocks = block_crossings(bm, lens, k)
     if k <= 1:
         return None
-    return Span(k, seqs, takers, new_blocks, starts, durations, ctx, times)
+    return Span(k, seqs, takers, new_blocks, np.array(starts[:k]), durations, ctx, times)
 
 
 def span_memory(bm: MemoryManager, k: int, written: np.ndarray, new_blocks: list[int] | None,

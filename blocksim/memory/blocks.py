@@ -94,7 +94,17 @@ class BlockAllocator:
         table: this runs for every finished request.
         """
         refs, free_list = self.ref_counts, self._free
-        release = free_list.append if type(self)._release is BlockAllocator._release else self._release
+        plain = type(self)._release is BlockAllocator._release
+        if plain:
+            for b in table:
+                if refs[b] != 1:
+                    break
+            else:  # the common case: no block shared, every one released in table order
+                for b in table:
+                    refs[b] = 0
+                free_list.extend(table)
+                return max(0, min(kv_len, len(table) * block_size))
+        release = free_list.append if plain else self._release
         shared = False
         for b in table:
             rc = refs[b] - 1

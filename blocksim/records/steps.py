@@ -45,6 +45,9 @@ _PLACE = {c: (c in FLOAT_COLUMNS, (FLOAT_ROW_COLUMNS if c in FLOAT_COLUMNS else 
 _floats_of = itemgetter(*(ROW_COLUMNS.index(c) for c in FLOAT_ROW_COLUMNS))
 _ints_of = itemgetter(*(ROW_COLUMNS.index(c) for c in INT_ROW_COLUMNS))
 _ONE_STEP = (1, 0)  # a single step's count and varying-column bits
+_ZERO_ROW = dict.fromkeys(ROW_COLUMNS, 0)  # a span's row before its constant values: 0 where not given
+_float_values = itemgetter(*FLOAT_ROW_COLUMNS)
+_int_values = itemgetter(*INT_ROW_COLUMNS)
 _INT32 = np.iinfo(np.int32)
 
 
@@ -87,8 +90,9 @@ class StepRecorder:
         """`k` steps: `constant` maps columns to one value each (a column in neither dict is 0),
         `varying` to a numpy array of k values."""
         floats, ints, u = self._row()
-        get = constant.get
-        floats[u] = [get(c, 0.0) for c in FLOAT_ROW_COLUMNS]
+        row = _ZERO_ROW.copy()
+        row.update(constant)
+        floats[u] = _float_values(row)
         bits = 0
         pending = self._pending
         for c, v in varying.items():
@@ -96,7 +100,7 @@ class StepRecorder:
                 raise ValueError(f"step records: column {c} has {len(v)} values for {k} steps")
             pending[c].append(v)
             bits |= _PLACE[c][2]
-        ints[u] = [get(c, 0) for c in INT_ROW_COLUMNS] + [k, bits]
+        ints[u] = _int_values(row) + (k, bits)
         self.num_steps += k
         if bits:
             self._num_pending += 1
