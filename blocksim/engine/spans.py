@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from itertools import accumulate
+from itertools import accumulate, chain
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from blocksim.interfaces import MemoryManager
+from blocksim.records.steps import DeferredColumns
 from blocksim.scheduling.outputs import SchedulerOutputs
 from blocksim.sequence import Sequence, SeqStatus
 
@@ -42,7 +43,7 @@ class Span(NamedTuple):
     seqs: list[Sequence]      # the decoding sequences, in running order
     takers: list[int]         # the sequences (indices into `seqs`) taking a new block: step order, then running order
     new_blocks: list[int] | None  # blocks taken at each step (0 at the first); None when none are
-    starts_s: np.ndarray      # start time of each step (at least `steps` of them)
+    starts_s: np.ndarray      # start time of each step
     durations_s: np.ndarray
     ctx_tokens: np.ndarray    # decode context tokens of each step
     times: dict               # the cost model's components: t_linear_s, t_attn_decode_s, t_comm_s, t_overhead_s
@@ -160,12 +161,50 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     return Span(k, seqs, takers, new_blocks, np.array(starts[:k]), durations, ctx, times)
 
 
-def span_memory(bm: MemoryManager, k: int, written: np.ndarray, new_blocks: list[int] | None,
-                next_group) -> tuple[dict, dict]:
-    """Per-step block counts and memory columns over a span, from the state after its first step:
-    `(constant, varying)`, the columns that keep one value and those that change (arrays of k).
+def _span_steps(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For spans of `steps` steps laid end to end: each step's index within its span, and each
+    span's first row."""
+    first = np.cumsum(steps) - steps
+    return np.arange(int(steps.sum()), dtype=np.int64) - np.repeat(first, steps), first
 
-    `written[j]` slots are written by the steps before step j: out of the reservation where every slot was reserved at
+
+def _taking_columns(args: list, steps: np.ndarray) -> dict[str, np.ndarray]:
+    """`TAKING_MEMORY`'s columns of spans described by `(blocks used, breakdown, decoding sequences,
+    block size, new blocks per step)` at their first steps: step j has written `n * j` more slots
+    out of the unfilled part of the last blocks, and each block taken by then moved `block_size`
+    slots from free to that unfilled part."""
+    used, token_states, internal, free, n, bs = (np.repeat(np.array([a[i] for a in args], np.int64), steps)
+                                                 for i in range(6))
+    j, first = _span_steps(steps)
+    new = np.fromiter(chain.from_iterable(a[6] for a in args), np.int64, len(j))
+    total = np.cumsum(new)
+    taken = total - np.repeat(total[first] - new[first], steps)  # blocks taken by steps 1..j of its span
+    written, slots = n * j, bs * taken
+    return {"gpu_blocks_used": used + taken, "mem_token_states": token_states + written,
+            "mem_internal_frag": internal + slots - written, "mem_free": free - slots}
+
+
+def _reserved_columns(args: list, steps: np.ndarray) -> dict[str, np.ndarray]:
+    """`RESERVED_MEMORY`'s columns of spans described by `(token states, reservation, decoding
+    sequences)` at their first steps: step j has written `n * j` more slots out of the reservation."""
+    token_states, reservation, n = (np.repeat(np.array([a[i] for a in args], np.int64), steps) for i in range(3))
+    written = n * _span_steps(steps)[0]
+    return {"mem_token_states": token_states + written, "mem_reservation": reservation - written}
+
+
+#: The memory columns of a span under a manager that takes blocks as sequences grow, and under
+#: one that reserved every slot at admission.
+TAKING_MEMORY = DeferredColumns(("gpu_blocks_used", "mem_token_states", "mem_internal_frag", "mem_free"),
+                                _taking_columns)
+RESERVED_MEMORY = DeferredColumns(("mem_token_states", "mem_reservation"), _reserved_columns)
+
+
+def span_memory(bm: MemoryManager, n: int, new_blocks: list[int] | None, next_group) -> tuple[dict, tuple]:
+    """The memory columns of a span of `n` decoding sequences, from the state after its first
+    step: `(constant, deferred)`, the columns that keep one value and the description of those that
+    change (`TAKING_MEMORY` or `RESERVED_MEMORY` with its arguments, for the step records).
+
+    Each step writes `n` slots: out of the reservation where every slot was reserved at
     admission, else out of the unfilled part of the last blocks (internal fragmentation), each
     new block (`new_blocks[j]` taken at step j) moving `block_size` slots from free to that unfilled part.
     """
@@ -173,12 +212,10 @@ def span_memory(bm: MemoryManager, k: int, written: np.ndarray, new_blocks: list
     if new_blocks is None:
         return ({"gpu_blocks_used": bm.num_gpu_blocks_used, "mem_internal_frag": mem.internal_frag,
                  "mem_external_frag": mem.external_frag, "mem_free": mem.free},
-                {"mem_token_states": mem.token_states + written, "mem_reservation": mem.reservation - written})
-    taken = np.fromiter(accumulate(new_blocks), np.int64, k)  # blocks taken by steps 1..j
-    new_slots = bm.block_size * taken
+                (RESERVED_MEMORY, (mem.token_states, mem.reservation, n)))
     return ({"mem_reservation": mem.reservation, "mem_external_frag": mem.external_frag},
-            {"gpu_blocks_used": bm.num_gpu_blocks_used + taken, "mem_token_states": mem.token_states + written,
-             "mem_internal_frag": mem.internal_frag + new_slots - written, "mem_free": mem.free - new_slots})
+            (TAKING_MEMORY, (bm.num_gpu_blocks_used, mem.token_states, mem.internal_frag, mem.free, n,
+                             bm.block_size, new_blocks)))
 
 
 def exact_delay(now_s: float, end_s: float) -> float | None:
@@ -199,9 +236,7 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
     env, sched, bm = engine.env, engine.sched, engine.bm
     k, seqs = span.steps, span.seqs
     n = out.num_decode_seqs
-    ctx = span.ctx_tokens[:k]
-    constant, varying = span_memory(bm, k, ctx - out.decode_ctx_tokens, span.new_blocks,
-                                    sched.waiting[0] if sched.waiting else None)
+    constant, memory = span_memory(bm, n, span.new_blocks, sched.waiting[0] if sched.waiting else None)
     bm.append_span_slots(seqs, k - 1, span.takers)  # step order, then running order
     for s in seqs:
         s.num_tokens += k - 1
@@ -216,8 +251,6 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
             yield env.timeout(d)
     sched.on_span_steps(k - 1)
     finished = sched.complete_step(out, env.now)
-    fin = np.zeros(k, dtype=np.int64)
-    fin[-1] = len(finished)
     if engine.tiers is not None:
         engine.tiers.now_s = env.now
         engine._tier_record(k)
@@ -226,8 +259,12 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
                     swapped=len(sched.swapped), cpu_blocks_used=bm.num_cpu_blocks_used,
                     t_linear_s=times["t_linear_s"], t_comm_s=times["t_comm_s"],
                     t_overhead_s=times["t_overhead_s"])  # the other columns are 0
-    varying.update(start_s=span.starts_s[:k], duration_s=span.durations_s[:k], decode_ctx_tokens=ctx,
-                   finished=fin, t_attn_decode_s=times["t_attn_decode_s"][:k])
-    engine.rec.add_many(k, constant, varying)
+    varying = {"start_s": span.starts_s, "duration_s": span.durations_s[:k], "decode_ctx_tokens": span.ctx_tokens[:k],
+               "t_attn_decode_s": times["t_attn_decode_s"][:k]}
+    if finished:  # requests finish at the last step only
+        fin = np.zeros(k, dtype=np.int64)
+        fin[-1] = len(finished)
+        varying["finished"] = fin
+    engine.rec.add_many(k, constant, varying, memory)
     if engine.check:
         bm.check_invariants(sched.live_seqs())

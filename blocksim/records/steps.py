@@ -4,9 +4,10 @@ A step or a span of steps is one *segment*: a row of every column's value (0 whe
 varies over the span) with its step count, kept in numpy chunks of `SEGMENT_CHUNK_ROWS` rows (one
 float64 and one int64 block each). A span's columns that vary from step to step (start times,
 contexts, memory columns) are kept as the arrays given, per column, and concatenated into one
-array per `PENDING_ARRAYS` spans (int32 where the values fit). A span thus costs one row write and
-a list append per varying column, and its constant columns take 8 bytes each for the whole span
-instead of per step.
+array per `PENDING_ARRAYS` spans (int32 where the values fit); columns a span describes rather
+than gives (`DeferredColumns`: the memory columns, which follow from the span's first step) are
+computed then, for all those spans at once. A span thus costs one row write and a list append per
+varying column, and its constant columns take 8 bytes each for the whole span instead of per step.
 
 Once closed, the records come out as columns `row_groups` at a time (each column its segments'
 values repeated over their steps, with the span arrays written over the rows of the spans that
@@ -17,8 +18,9 @@ whole frame, `column_sum` and `end_s` answer the summary without it.
 from __future__ import annotations
 
 from collections import namedtuple
+from itertools import groupby
 from operator import itemgetter
-from typing import Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -51,6 +53,15 @@ _int_values = itemgetter(*INT_ROW_COLUMNS)
 _INT32 = np.iinfo(np.int32)
 
 
+class DeferredColumns(NamedTuple):
+    """Span columns given as a description and computed when pending spans are joined:
+    `build(args, steps)` gets the `args` of consecutive spans that share this spec (in order) and
+    their step counts (an int64 array), and returns each of `columns` over all their steps, in order."""
+
+    columns: tuple[str, ...]
+    build: Callable[[list, np.ndarray], dict[str, np.ndarray]]
+
+
 class StepRecorder:
     """Step rows as segments (a step, or a span of steps); the frame and the row groups keep
     `COMM_COLUMN` only when `comm` (tensor parallel > 1)."""
@@ -62,7 +73,8 @@ class StepRecorder:
         self._used = SEGMENT_CHUNK_ROWS  # rows written in the last chunk
         self._pending: dict[str, list[np.ndarray]] = {c: [] for c in ROW_COLUMNS}  # spans' arrays, in order
         self._joined: dict[str, list[np.ndarray]] = {c: [] for c in ROW_COLUMNS}  # ... concatenated
-        self._num_pending = 0  # spans with arrays in `_pending`
+        self._num_pending = 0  # spans with arrays in `_pending` or `_deferred`
+        self._deferred: list[tuple[DeferredColumns, Any, int]] = []  # (spec, args, steps) of pending spans
         self.num_steps = 0
         self._closed = False
         self._frame: pd.DataFrame | None = None
@@ -86,9 +98,11 @@ class StepRecorder:
         ints[u] = _ints_of(row) + _ONE_STEP
         self.num_steps += 1
 
-    def add_many(self, k: int, constant: dict, varying: dict) -> None:
-        """`k` steps: `constant` maps columns to one value each (a column in neither dict is 0),
-        `varying` to a numpy array of k values."""
+    def add_many(self, k: int, constant: dict, varying: dict,
+                 deferred: tuple[DeferredColumns, Any] | None = None) -> None:
+        """`k` steps: `constant` maps columns to one value each (a column in none of them is 0),
+        `varying` to a numpy array of k values; `deferred`, `(spec, args)`: the columns of `spec`,
+        built from `args` when the pending spans are joined."""
         floats, ints, u = self._row()
         row = _ZERO_ROW.copy()
         row.update(constant)
@@ -100,6 +114,11 @@ class StepRecorder:
                 raise ValueError(f"step records: column {c} has {len(v)} values for {k} steps")
             pending[c].append(v)
             bits |= _PLACE[c][2]
+        if deferred is not None:
+            spec, args = deferred
+            for c in spec.columns:
+                bits |= _PLACE[c][2]
+            self._deferred.append((spec, args, k))
         ints[u] = _int_values(row) + (k, bits)
         self.num_steps += k
         if bits:
@@ -108,6 +127,8 @@ class StepRecorder:
                 self._join_pending()
 
     def _join_pending(self) -> None:
+        if self._deferred:
+            self._build_deferred()
         for c, arrays in self._pending.items():
             if arrays:
                 joined = np.concatenate(arrays)
@@ -116,6 +137,22 @@ class StepRecorder:
                 self._joined[c].append(joined)
                 arrays.clear()
         self._num_pending = 0
+
+    def _build_deferred(self) -> None:
+        """The pending spans' deferred columns, built per run of spans sharing a spec, into `_pending`."""
+        pending = self._pending
+        built: set[str] = set()
+        for _, run in groupby(self._deferred, key=lambda d: id(d[0])):
+            run = list(run)
+            spec = run[0][0]
+            columns = spec.build([args for _, args, _ in run], np.array([k for _, _, k in run], np.int64))
+            for c in spec.columns:
+                if pending[c] and c not in built:
+                    raise ValueError(f"step records: column {c} is given both as arrays and as deferred "
+                                     f"columns among the pending spans")
+                pending[c].append(columns[c])
+                built.add(c)
+        self._deferred.clear()
 
     def close(self) -> None:
         """End the records: no step can be added afterwards."""
