@@ -47,6 +47,7 @@ class Span(NamedTuple):
     durations_s: np.ndarray
     ctx_tokens: np.ndarray    # decode context tokens of each step
     times: dict               # the cost model's components: t_linear_s, t_attn_decode_s, t_comm_s, t_overhead_s
+    end_s: float              # when the last step ends
 
 
 def decode_batch(sched: Scheduler, out: SchedulerOutputs):
@@ -110,12 +111,15 @@ def block_crossings(bm: MemoryManager, lens: list[int], k: int):
         if (k - 1) * n > room:  # the span ends before the step of the take that finds no room
             k = room // n + 1 if room >= 0 else 1
         return k, list(range(n)) * (k - 1), [0] + [n] * (k - 1)
-    takes = []
-    for i, m in enumerate(lens):
-        j = bs - (m - 1) % bs
-        while j < k:
-            takes.append((j, i))
-            j += bs
+    if k <= bs:  # at most one take per sequence
+        takes = [(j, i) for i, m in enumerate(lens) if (j := bs - (m - 1) % bs) < k]
+    else:
+        takes = []
+        for i, m in enumerate(lens):
+            j = bs - (m - 1) % bs
+            while j < k:
+                takes.append((j, i))
+                j += bs
     takes.sort()
     if len(takes) > room:
         k = takes[room][0] if room >= 0 else 1
@@ -147,7 +151,8 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     guess = k if first_s <= 0 or next_arrival_s == math.inf else min(k, int((next_arrival_s - now_s) / first_s) + 2)
     while True:
         durations, times, ctx = decode_times(cost, out, guess, comm)
-        starts = list(accumulate(durations[:-1].tolist(), initial=now_s))
+        step_s = durations.tolist()
+        starts = list(accumulate(step_s[:-1], initial=now_s))
         before = bisect_left(starts, next_arrival_s)  # steps starting before the arrival
         if before < guess or guess == k:
             break
@@ -158,7 +163,7 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     k, takers, new_blocks = block_crossings(bm, lens, k)
     if k <= 1:
         return None
-    return Span(k, seqs, takers, new_blocks, np.array(starts[:k]), durations, ctx, times)
+    return Span(k, seqs, takers, new_blocks, np.array(starts[:k]), durations, ctx, times, starts[k - 1] + step_s[k - 1])
 
 
 def _span_steps(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -242,8 +247,7 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
         s.num_tokens += k - 1
     # The clock adds each step's time, exactly as stepping does: one timeout to that sum when one
     # delay reaches it exactly from now (almost always), else one timeout per step.
-    end_s = span.starts_s[k - 1].item() + span.durations_s[k - 1].item()
-    delay = exact_delay(env.now, end_s)
+    delay = exact_delay(env.now, span.end_s)
     if delay is not None:
         yield env.timeout(delay)
     else:
