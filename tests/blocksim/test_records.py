@@ -147,13 +147,14 @@ def test_summary_and_analysis_metrics_agree_on_random_runs(workload, blocks, pol
 
 @pytest.mark.parametrize("comm", [False, True])
 def test_step_recorder_keeps_every_value_across_chunk_boundaries(monkeypatch, comm):
-    """Steps and spans of steps that straddle the recorder's chunks and its joins of span arrays
+    """Steps and spans of steps that straddle the recorder's chunks, its row buffer and its joins of span arrays
     come out in order, each value in its column's dtype, as the plain rows given; t_comm_s only in
     a tensor-parallel run's frame."""
     from blocksim.records import steps as steps_mod
 
     monkeypatch.setattr(steps_mod, "SEGMENT_CHUNK_ROWS", 3)
     monkeypatch.setattr(steps_mod, "PENDING_ARRAYS", 2)
+    monkeypatch.setattr(steps_mod, "ROW_BUFFER", 2)
     rec = steps_mod.StepRecorder(comm=comm)
     rng = np.random.default_rng(3)
     expected = []
