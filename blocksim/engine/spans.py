@@ -111,13 +111,13 @@ def block_crossings(bm: MemoryManager, lens: list[int], k: int):
         if (k - 1) * n > room:  # the span ends before the step of the take that finds no room
             k = room // n + 1 if room >= 0 else 1
         return k, list(range(n)) * (k - 1), [0] + [n] * (k - 1)
-    if k <= bs:  # at most one take per sequence
-        takes = [(j, i) for i, m in enumerate(lens) if (j := bs - (m - 1) % bs) < k]
-    else:
-        takes = []
-        for i, m in enumerate(lens):
-            j = bs - (m - 1) % bs
-            while j < k:
+    takes = []
+    for i, m in enumerate(lens):
+        j = bs - (m - 1) % bs
+        if j < k:
+            takes.append((j, i))
+            j += bs
+            while j < k:  # a span longer than a block: more takes
                 takes.append((j, i))
                 j += bs
     takes.sort()
