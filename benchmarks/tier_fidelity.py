@@ -99,12 +99,54 @@ def blocksim(args: list[str], log) -> int:
     return p.returncode
 
 
+def shared_executor(kind: str):
+    """A `config -> StepExecutor` factory building the model once: later runs reuse its weights,
+    caches and CUDA graphs (`ModelStepExecutor.new_run`)."""
+    from validation.step_executor import make_executor
+    build, held = make_executor(kind), []
+
+    def factory(config):
+        if not held:
+            held.append(build(config))
+        else:
+            held[0].new_run(config)
+        return held[0]
+    return factory
+
+
+def execute_in_process(args: list[str], factory, log) -> int:
+    """`blocksim replay ARGS` in this process, with the executor of `factory`."""
+    import contextlib
+    import io
+
+    import blocksim.cli as cli
+    t0 = time.perf_counter()
+    out, err = io.StringIO(), io.StringIO()
+    before = cli.executor_from_args
+    cli.executor_from_args = lambda _args: factory
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = cli.main(args)
+    finally:
+        cli.executor_from_args = before
+    log.write(f"$ blocksim {' '.join(args)}\n{out.getvalue()}{err.getvalue()}(rc {rc}, "
+              f"{time.perf_counter() - t0:.1f} s)\n")
+    log.flush()
+    return rc
+
+
 def cmd_execute(a) -> int:
+    global SLICE
+    SLICE = Path(a.slice) if a.slice else SLICE
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     disk = Path(a.disk_dir) if a.disk_dir else out / "disk"
     disk.mkdir(parents=True, exist_ok=True)
+    # the profile prices what the engine decides before moving (the recompute mode's what-ifs) as the
+    # simulated twin does; the clock takes the measured steps and moves
+    profile = ["--cost-profile", str(merged_profile(out, Path(a.tier_tables)))] if a.model == MODEL else []
     start = time.perf_counter()
+    factory = None if a.process_per_run else shared_executor(a.executor)
     with open(out / "execute.log", "a") as log:
         for name in a.configs:
             if (out / name / "executor.json").exists():
@@ -113,7 +155,8 @@ def cmd_execute(a) -> int:
                 print(f"execute {name}: skipped (past --budget-s {a.budget_s:.0f})", flush=True)
                 continue
             t0 = time.perf_counter()
-            rc = blocksim(replay_args(name, out / name, disk, a.model, a.catalog) + ["--executor", a.executor], log)
+            args = replay_args(name, out / name, disk, a.model, a.catalog) + profile + ["--executor", a.executor]
+            rc = blocksim(args, log) if a.process_per_run else execute_in_process(args, factory, log)
             for f in disk.glob("blocksim-kv-*.bin"):  # the disk tier's file of the run
                 f.unlink()
             print(f"execute {name}: rc {rc}, {time.perf_counter() - t0:.1f} s", flush=True)
@@ -285,13 +328,18 @@ def main(argv=None) -> int:
     for p in (e, s := sub.add_parser("simulate")):
         p.add_argument("--model", default=MODEL, help=f"model (default {MODEL}; another is for trying the script)")
         p.add_argument("--catalog", default=None, help="a catalog file defining --model")
+        p.add_argument("--tier-tables", default=str(TIER_TABLES),
+                       help="a tier_bandwidth.py result: its measured tables are merged into the shipped profile")
     e.add_argument("--budget-s", type=float, default=None, help="start no run after this many seconds")
+    e.add_argument("--process-per-run", action="store_true",
+                   help="one `blocksim replay` process per configuration (default: all in this process, the model "
+                        "built once)")
+    e.add_argument("--slice", default=None, help=argparse.SUPPRESS)  # another trace, for trying the script
     e.set_defaults(func=cmd_execute)
     s.add_argument("--exec", required=True)
     s.add_argument("--out", required=True)
     s.add_argument("--configs", nargs="+", default=None, choices=list(CONFIGS),
                    help="configurations to simulate (default: those executed)")
-    s.add_argument("--tier-tables", default=str(TIER_TABLES), help="a tier_bandwidth.py result (measured tables)")
     s.set_defaults(func=cmd_simulate)
     r = sub.add_parser("results")
     r.add_argument("--exec", required=True)

@@ -9,6 +9,9 @@
 # start, kernel build included) stops starting new runs. The machine needs simpy: a wheel under
 # .whl/ or runs/fidelity/whl/ is installed when it lacks it. KERNELS (a directory holding a
 # kernels/ package, e.g. the committed one exported by `git archive`) replaces the working tree's.
+# The executed runs' engine decides (onload recompute) by the shipped profile with the tier tables
+# of TABLES (default benchmarks/results/tier-h200.json); MEASURE_TIERS=1 measures them first
+# (benchmarks/tier_bandwidth.py, written to the run directory) and uses those.
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
 GPU=${GPU:-h200}
@@ -27,8 +30,14 @@ df -h "$(dirname "$DISK_DIR")" | tail -1
 t0=$(date +%s)
 python -c "from kernels._build import extension; extension(); print('kernels built')" || exit 1
 echo "kernels: $(( $(date +%s) - t0 )) s"
-mkdir -p "$DISK_DIR"
-python benchmarks/tier_fidelity.py execute --out "$EXEC" --disk-dir "$DISK_DIR" \
+mkdir -p "$DISK_DIR" "$EXEC"
+TABLES=${TABLES:-benchmarks/results/tier-h200.json}
+if [ -n "${MEASURE_TIERS:-}" ]; then  # the tier tables measured again first, by the code of this tree
+  python benchmarks/tier_bandwidth.py --model llama-3-8b --disk-dir "$DISK_DIR" --out "$EXEC/tier-$GPU.json" \
+    > "$EXEC/tier-bandwidth.log" 2>&1 && TABLES=$EXEC/tier-$GPU.json
+  tail -3 "$EXEC/tier-bandwidth.log"; echo "tier tables: $TABLES, $(( $(date +%s) - t0 )) s"
+fi
+python benchmarks/tier_fidelity.py execute --out "$EXEC" --disk-dir "$DISK_DIR" --tier-tables "$TABLES" \
     --budget-s $(( BUDGET_S - ($(date +%s) - t0) )) ${CONFIGS:+--configs $CONFIGS}
 grep -E "^(Traceback|blocksim:)|Error" "$EXEC/execute.log" | sort | uniq -c | head -20
 python - "$EXEC" <<'EOF'
