@@ -13,7 +13,8 @@ The slice (`benchmarks/results/tier-fidelity/slice.parquet`, written from the Mo
 trace when absent): arrivals in [SLICE_S) of `../shared/traces/mooncake/synthetic_trace.jsonl`
 (prefix hashes of 512 tokens), at RATE times its rate, prompts clipped to CLIP_TOKENS. The engine:
 vllm-v1 with 256-token tier chunks on a GPU cache of GPU_BLOCKS blocks, small enough that the
-prefixes the slice re-sends leave the GPU before they come back. The configurations (`CONFIGS`):
+prefixes the slice re-sends leave the GPU before they come back, and at most BATCHED_TOKENS tokens
+per step (prefill chunks inside the profile's measured attention grid). The configurations (`CONFIGS`):
 no tier; a host tier of two sizes x LRU or ARC x write-through or write-back; host and disk,
 loaded on a hit (wait) or loaded only where the profile says it beats recomputing (recompute); a
 disk alone.
@@ -45,6 +46,8 @@ SOURCE = ROOT.parent / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl
 SLICE = ROOT / "benchmarks" / "results" / "tier-fidelity" / "slice.parquet"
 SLICE_S, RATE, CLIP_TOKENS = (960.0, 975.0), 0.75, 8192
 GPU_BLOCKS, CHUNK_TOKENS = 800, 256
+#: tokens per step: prefill chunks within the profile's measured attention grid (4,096 new tokens)
+BATCHED_TOKENS = 4096
 TIER_TABLES = ROOT / "benchmarks" / "results" / "tier-h200.json"
 SHIPPED = ROOT / "blocksim" / "profiles" / f"{MODEL}__{GPU}__float16__tp1.json"
 
@@ -85,7 +88,7 @@ def replay_args(name: str, out: Path, disk_dir: Path | None, model: str = MODEL,
     if catalog:
         flags += ["--catalog", catalog]
     return ["replay", str(write_slice()), "--model", model, "--gpu", GPU, "--policy", POLICY,
-            "--num-gpu-blocks", str(GPU_BLOCKS), *flags, "--quiet", "--no-report", "--out", str(out)]
+            "--num-gpu-blocks", str(GPU_BLOCKS), "--max-num-batched-tokens", str(BATCHED_TOKENS), *flags, "--quiet", "--no-report", "--out", str(out)]
 
 
 def blocksim(args: list[str], log) -> int:
