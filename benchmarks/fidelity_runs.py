@@ -175,7 +175,7 @@ def cmd_results(a) -> int:
         rows = [r for r in json.loads(Path(a.json).read_text()) if key(r) not in new] + rows
     Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
     if a.markdown:
-        Path(a.markdown).write_text(markdown_doc(rows, exec_dir))
+        Path(a.markdown).write_text(markdown_doc(rows, exec_dir, sim_dir))
     print(f"{len(rows)} comparisons written to {a.json}")
     return 0
 
@@ -193,14 +193,23 @@ def met(rows: list[dict], key: str) -> str:
     return f"{sum(abs(v) <= TARGETS[key] for v in vals)}/{len(vals)}"
 
 
-def step_kinds(exec_dir: Path) -> str:
-    """Per model and kind of step, the executed runs' own profiled predictions against their
-    measured times (executor_steps.parquet): where the per-step error comes from."""
+def step_kinds(exec_dir: Path, sim_dir: Path) -> str:
+    """Per model and kind of step, the profiled model of the simulated twin pricing each executed
+    step against its measured time (executor_steps.parquet): where the per-step error comes from.
+    Runs without a profiled twin, or whose steps it cannot price one for one, are left out."""
     import numpy as np
     import pandas as pd
+    from analysis.fidelity import compare
     frames = []
     for p in sorted(exec_dir.glob("*/executor_steps.parquet")):
+        sim = sim_dir / "profiled" / p.parent.name
+        if not (sim / "summary.json").is_file():
+            continue
         x = pd.read_parquet(p)
+        f = compare(sim, p.parent)
+        if f.predicted_s is None or len(f.predicted_s) != len(x):
+            continue
+        x["predicted_s"] = f.predicted_s
         x["model"] = p.parent.name.split("__")[2] + "".join(f" {t}" for t in p.parent.name.split("__")[3:])
         x["run"] = p.parent.name
         frames.append(x)
@@ -233,7 +242,7 @@ def step_kinds(exec_dir: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def markdown_doc(rows: list[dict], exec_dir: Path) -> str:
+def markdown_doc(rows: list[dict], exec_dir: Path, sim_dir: Path) -> str:
     """benchmarks/FIDELITY.md: how the figures were made and the generated tables."""
     devices = sorted({json.loads(p.read_text()).get("device", "?") for p in exec_dir.glob("*/executor.json")})
     torch_v = sorted({json.loads(p.read_text()).get("torch", "?") for p in exec_dir.glob("*/executor.json")})
@@ -243,7 +252,7 @@ def markdown_doc(rows: list[dict], exec_dir: Path) -> str:
     missing = [w for w in want if w not in done]
     out.append(f"Executed runs: {len(want) - len(missing)} of {len(want)}"
                + (f"; not executed (device time): {', '.join(missing)}." if missing else ".") + "\n")
-    out.append(step_kinds(exec_dir))
+    out.append(step_kinds(exec_dir, sim_dir))
     for cost in ("profiled", "roofline"):
         sub = [r for r in rows if r["cost_model"] == cost]
         if not sub:
@@ -278,7 +287,10 @@ the measured GPU time), and the profile times prefill attention inside whole ste
 layers on real-valued operands, as the executed steps run them (`validation/VALIDATION.md`,
 `benchmarks/eager_gap.py`). The latency percentiles of these runs under memory pressure amplify
 small per-step differences through scheduling (a prompt admitted a step earlier or later), so
-the latency errors are larger than the per-step error.
+the latency errors are larger than the per-step error. Graph-replayed decode steps are priced from
+batches of equal contexts: a real batch of uneven contexts takes longer, its padding rows cost
+less than the table's real rows, and `n = 2` pairs sharing a prompt read it partly from the L2
+cache (`benchmarks/decode_step_shapes.py`, docs/cost_models.md, "The profiled model").
 
 Slices (`benchmarks/fidelity_runs.py`, prompts clipped to 4096 tokens): azure-conv = the bundled Azure
 conversation sample, arrivals [140 s, 160 s); azure-code = the Azure code sample, [200 s, 220 s) at

@@ -134,6 +134,24 @@ class ModelStepExecutor:
         self._shapes: set[tuple[int, int]] = set()  # (tokens, sampled) of the eager steps run so far
         self.rows: list[dict] = []
 
+    def new_run(self, config) -> None:
+        """Start another run on the same model, caches and CUDA graphs (several runs in one
+        process): the last run's sequences, sampled tokens, primed shapes, records and tiers are
+        forgotten. `config` must have the model, blocks, block size and batch limits of the first."""
+        keep = ("model", "num_gpu_blocks", "num_cpu_blocks", "tensor_parallel")
+        if (ModelDims.of(config.model) != self.dims or config.num_gpu_blocks != self.num_gpu_blocks
+                or config.num_cpu_blocks != self.num_cpu_blocks or config.cache.block_size != self.bs
+                or config.tensor_parallel != self.tp
+                or config.scheduler.max_num_seqs != self.config.scheduler.max_num_seqs):
+            raise ExecutorError(f"another run on this executor needs the same {', '.join(keep)}, block size and "
+                                f"max_num_seqs as its first; build a new executor")
+        self.config = config
+        self._last_token, self._generated, self._prompt_ids = {}, {}, {}
+        self._shapes, self.rows = set(), []
+        self.tier_ex = None
+        for k in ("tier_disk_io", "tier_disk_io_reason", "tier_transfer_prices"):
+            self.describe.pop(k, None)
+
     # --- token ids ------------------------------------------------------------------------------------
     def _ids(self, g, seq, positions: np.ndarray) -> np.ndarray:
         vocab = self.dims.vocab_size
@@ -301,9 +319,10 @@ class ModelStepExecutor:
 
     # --- KV tiers ---------------------------------------------------------------------------------------
     def attach_tiers(self, store) -> None:
-        """Perform the moves of `store` (a `blocksim.memory.tiers.TierStore`): a `TierExecutor` over the
-        model's caches, with as many host and disk chunks as the store's tiers hold (the disk tier in
-        a file under `tiers.disk_path`, else under the system's temporary directory)."""
+        """Perform the moves of `store` (a `blocksim.memory.tiers.TierStore`) as it issues them: a
+        `TierExecutor` over the model's caches, with as many host and disk chunks as the store's tiers
+        hold (the disk tier in a file under `tiers.disk_path`, else under the system's temporary
+        directory), attached to the store as its mover, so each transfer lasts what was measured."""
         from blocksim.config import ConfigError
         from validation.tiers.executor import TierExecutor
         if self.tp > 1:
@@ -315,20 +334,41 @@ class ModelStepExecutor:
             root = Path(store.config.disk_path or tempfile.gettempdir())
             path = root / f"blocksim-kv-{os.getpid()}.bin"
         self.tier_ex = TierExecutor(self.runner.k_caches, self.runner.v_caches, chunk_blocks=store.chunk_blocks,
-                                    host_chunks=cap.get("host", 0), disk_chunks=cap.get("disk", 0), disk_path=path)
-        self.describe.update(tier_disk_io=self.tier_ex.disk_mode, tier_disk_io_reason=self.tier_ex.disk_reason)
+                                    host_chunks=cap.get("host", 0), disk_chunks=cap.get("disk", 0), disk_path=path,
+                                    lead=True)
+        self.tier_store = store
+        self.tier_priced: list[float] = []  # per batch: what the store's links would have charged
+        store.attach_mover(self.tier_moves)
+        self.describe.update(tier_disk_io=self.tier_ex.disk_mode, tier_disk_io_reason=self.tier_ex.disk_reason,
+                             tier_transfer_prices=store.transfer_source)
 
-    def tier_moves(self, ops) -> None:
-        """The tier moves (`TierOp` rows, in issue order) of the step being run, performed now: loads
-        land before the step's attention, stores gather their blocks before the step writes them;
-        every restored chunk is checksummed against the stored one (`save` reports mismatches)."""
+    def tier_moves(self, ops) -> list[tuple[float, float]]:
+        """Perform tier moves (`TierOp` rows, in issue order) now: loads land before the step's
+        attention, stores gather their blocks before the step writes them; every restored chunk is
+        checksummed against the stored one (`save` reports mismatches). Returns, per row, its
+        measured (GPU copy, disk I/O) seconds: a batch's time split evenly over its chunks (the
+        copy: CUDA events around the gather or scatter and the host copies, with a sleep queued
+        first; the disk: the file I/O's wall time), (0, 0) for a drop."""
         from validation.tiers.replay import TierReplay
         table = {"step": [o.step for o in ops], "op": [o.op for o in ops], "src": [o.src for o in ops],
                  "dst": [o.dst for o in ops], "key": [o.key for o in ops],
                  "gpu_blocks": [list(o.gpu_blocks) for o in ops], "evict": [bool(o.evict) for o in ops]}
-        replay = TierReplay(self.tier_ex, table, source=f"the tier moves of step {ops[0].step}")
+        ex = self.tier_ex
+        done = ex.batches
+        replay = TierReplay(ex, table, source=f"the tier moves of step {ops[0].step}")
         for step in replay.steps:
             replay.step(step)
+        per_chunk = []
+        st = self.tier_store
+        price = {"gpu->host": (st.d2h, None), "gpu->disk": (st.d2h, st.disk_write),
+                 "host->disk": (None, st.disk_write), "host->gpu": (st.h2d, None), "disk->gpu": (st.h2d, st.disk_read)}
+        for r in ex.records(done):
+            n = r["chunks"]
+            copy_s = r.get("gather_s", 0.0) + r.get("copy_s", 0.0) + r.get("scatter_s", 0.0)
+            per_chunk += [(copy_s / n, r["disk_s"] / n)] * n
+            self.tier_priced.append(sum(n * link.seconds(st.chunk_bytes) for link in price[r["move"]] if link))
+        parts = iter(per_chunk)
+        return [(0.0, 0.0) if o.evict else next(parts) for o in ops]
 
     # --- results --------------------------------------------------------------------------------------
     def save(self, out_dir) -> None:
@@ -345,12 +385,15 @@ class ModelStepExecutor:
         if tiers is not None:  # every move done, every restored chunk checked
             tiers.synchronize()
             moves = pd.DataFrame(tiers.records())
+            if len(moves) == len(self.tier_priced):
+                moves["priced_s"] = self.tier_priced
             moves.to_parquet(out / "executor_tier_moves.parquet", index=False)
             summary.update(tier_moves=len(moves), tier_checked_loads=tiers.checked_loads,
                            tier_checksum_mismatches=tiers.mismatches(),
                            tier_moved_bytes=int(moves["bytes"].sum()) if len(moves) else 0,
                            tier_move_s=float(moves["seconds"].sum()) if len(moves) else 0.0)
             tiers.close()
+            self.tier_ex = None
         (out / "executor.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 

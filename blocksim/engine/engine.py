@@ -17,7 +17,8 @@ The memory manager is any `blocksim.interfaces.MemoryManager`; the engine reads 
 flags (clock, extents, prefix hashes, prefill reservation) and calls nothing else, but for KV tiers.
 
 KV tiers (`config.tiers`, `blocksim.memory.tiers`): the engine builds the `TierStore`, attaches it to
-the manager, prices its moves by a measured profile's tier tables when the cost model has them,
+the manager, prices its moves by a measured profile's tier tables when the cost model has them
+(by the executor's measurements of each move when an executor performs them),
 keeps its clock, reports each step's computed prompt chunks at the step's end, delays a step for
 write-back copies and for loads it outlasts (`TierStore.take_wait`), idles until the next load
 lands when every admitted request waits for one, ends spans before it, and records the tier
@@ -287,20 +288,30 @@ class Engine:
             "t_overhead_s": cm.overhead(out.has_work, n if decode_only else 0),
         }
 
+    def _tier_wait(self, out: SchedulerOutputs, duration: float):
+        """Wait before a step of `duration` for the write-back copies of blocks it overwrites and
+        the loads it outlasts (an onload wait of the requests loaded inside it)."""
+        env = self.env
+        wait = self.tiers.take_wait(duration)
+        if wait > 0:
+            now = env.now
+            for g, _, _ in out.prefills:
+                if g.onload_issue_s == now:  # loaded inside this step: the wait is its onload wait
+                    g.onload_wait_s += wait
+                    if g.first_token_s != g.first_token_s:
+                        g.onload_ttft_s += wait
+            yield env.timeout(wait)
+
     def _run_step(self, out: SchedulerOutputs):
         env, sched, tiers = self.env, self.sched, self.tiers
         times = self._step_times(out)
         duration = sum(times.values())
+        if self.executor is not None:  # executed (tier moves were performed as they were issued)
+            if tiers is not None:
+                self._tier_moves(tiers.take_ops())
+            duration = float(self.executor.execute(self.rec.num_steps, out, times))
         if tiers is not None:
-            wait = tiers.take_wait(duration)
-            if wait > 0:  # write-back copies of blocks this step overwrites; loads it outlasts
-                now = env.now
-                for g, _, _ in out.prefills:
-                    if g.onload_issue_s == now:  # loaded inside this step: the wait is its onload wait
-                        g.onload_wait_s += wait
-                        if g.first_token_s != g.first_token_s:
-                            g.onload_ttft_s += wait
-                yield env.timeout(wait)
+            yield from self._tier_wait(out, duration)
         start = env.now
         head = sched.waiting[0] if sched.waiting else None
         pending = self._pending_prefill(out) if sched.chunked and not self.bm.reserves_prefill else 0
@@ -308,10 +319,6 @@ class Engine:
         running, waiting, swapped = len(sched.running), len(sched.waiting), len(sched.swapped)
         if self.plan is not None:
             self.plan.on_step(self.rec.num_steps, out, times)
-        if self.executor is not None:
-            if tiers is not None:  # moves issued while scheduling (loads, drops, write-backs) precede the step
-                self._tier_moves(tiers.take_ops())
-            duration = float(self.executor.execute(self.rec.num_steps, out, times))
         if self._extents is not None and start >= self._next_extent_s:
             self._sample_extents(start)
         gpu_blocks_used, cpu_blocks_used = self.bm.num_gpu_blocks_used, self.bm.num_cpu_blocks_used
@@ -357,13 +364,9 @@ class Engine:
         self._tier_moves(tiers.take_ops())
 
     def _tier_moves(self, ops) -> None:
-        """Tier moves, in issue order, to the plan and the executor (which performs them now)."""
-        if not ops:
-            return
-        if self.plan is not None:
+        """Tier moves, in issue order, to the plan (an executor performed them as they were issued)."""
+        if ops and self.plan is not None:
             self.plan.on_tier_ops(ops)
-        if self.executor is not None:
-            self.executor.tier_moves(ops)
 
     def _pending_prefill(self, out: SchedulerOutputs) -> int:
         """Paged slots allocated to prompt positions a chunked prefill has not written yet (counted

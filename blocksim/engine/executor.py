@@ -26,6 +26,7 @@ class StepExecutor(Protocol):
 
 
 # An executor of a run with KV tiers also has `attach_tiers(store)` (the engine's
-# `blocksim.memory.tiers.TierStore`, once, before the first step) and `tier_moves(ops)` (the
-# `TierOp` rows the tiers issued, in issue order: those issued while a step was scheduled just
-# before `execute`, those of the chunks it computed just after it).
+# `blocksim.memory.tiers.TierStore`, once, before the first step), which attaches a mover to the
+# store (`TierStore.attach_mover`): the executor performs each tier move as the store issues it
+# (the loads and write-backs issued while a step is scheduled before `execute`, the stores of the
+# chunks it computed after it) and the store's transfers last the measured times.

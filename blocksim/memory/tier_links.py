@@ -6,6 +6,9 @@ transfer time): a transfer of `nbytes` that may start at `ready_s` starts when t
 and takes `latency_s + nbytes / (gbps * 1e9)`. The ends are known when a transfer is issued, so
 the channels are kept as the time each becomes free rather than as SimPy processes: the engine
 never has to wake for a transfer, only for a request whose chunks have landed.
+
+In a run whose moves are executed (`TierStore.attach_mover`), each transfer's duration is the
+executor's measurement of that move; the queue discipline is the same.
 """
 
 from __future__ import annotations
@@ -36,10 +39,13 @@ class Link:
         start = max(ready_s, self.free_s if free_s is None else free_s)
         return start + self.seconds(nbytes)
 
-    def transfer(self, ready_s: float, nbytes: int) -> float:
-        """Issue a transfer; returns its end."""
-        end = self.end_s(ready_s, nbytes)
+    def transfer(self, ready_s: float, nbytes: int, seconds: float | None = None) -> float:
+        """Issue a transfer; returns its end. `seconds`: its measured duration (an executed run's
+        move), instead of the link's price."""
+        if seconds is None:
+            seconds = self.seconds(nbytes)
+        end = max(ready_s, self.free_s) + seconds
         self.free_s = end
-        self.busy_s += self.seconds(nbytes)
+        self.busy_s += seconds
         self.bytes += nbytes
         return end

@@ -29,6 +29,14 @@ when the last lands. A load does not copy the chunk into the host tier.
 Every move is an operation (`TierOp`) in `ops`, in issue order, for the engine's step records and
 the execution plan; transfer times come from `blocksim.memory.tier_links`. `log`, when enabled,
 records the events above for an independent recount of the hits.
+
+Executed moves (`attach_mover`): in a GPU-in-the-loop replay the executor performs every move as
+it is issued, and each transfer lasts what the executor measured for it instead of the link's
+price: a load's host-link part (copy and scatter into the GPU blocks) and its disk read, a store's
+GPU part (gather and copy out) and its disk write. The channels keep their queues (each serves one
+transfer at a time, in issue order) and the engine's waits follow from the measured ends. The
+what-ifs of the onload modes (`plan_onload`) still price by the links, as an engine decides
+before it moves anything.
 """
 
 from __future__ import annotations
@@ -93,6 +101,10 @@ class TierStore:
         self.now_s = 0.0
         self.step = 0
         self.ops: list[TierOp] = []
+        #: `mover(ops) -> [(link_s, disk_s)]`: performs moves and returns each one's measured parts
+        #: (`attach_mover`); None: transfers are priced by the links.
+        self.mover: Callable[[list[TierOp]], list[tuple[float, float]]] | None = None
+        self._sent = 0  # rows of `ops` the mover has performed
         self.ops_on = False  # record every move in `ops` (for an execution plan and tests)
         self.log: list[tuple] | None = [] if log_events else None
         self.gpu_hits: dict[int, int] = {}
@@ -119,6 +131,24 @@ class TierStore:
         self.disk_read.set_chunk_seconds(max(per_chunk_s["disk_gpu"] - per_chunk_s["host_gpu"], 1e-9))
         self.transfer_source = source
 
+    def attach_mover(self, mover: Callable[[list[TierOp]], list[tuple[float, float]]]) -> None:
+        """Have `mover` perform every move as it is issued and price each transfer by what it
+        measured: `mover(rows)` applies the `TierOp` rows in order and returns, per row, the seconds
+        of its copy between the GPU and the host (or of its GPU part into or out of the disk tier)
+        and of its disk I/O ((0, 0) for a drop)."""
+        self.mover = mover
+        self.ops_on = True
+
+    def _measured(self) -> tuple[float, float] | None:
+        """Perform the rows issued since the last call; the measured parts of the last of them
+        (None when no mover is attached)."""
+        if self.mover is None:
+            return None
+        rows = self.ops[self._sent:]
+        self._sent = len(self.ops)
+        parts = self.mover(rows)
+        return parts[-1]
+
     # --- events from the GPU -----------------------------------------------------------------
     def on_computed(self, keys: list[int], table: list[int], first_block: int) -> None:
         """Prompt chunks whose K/V a step has just computed: chunk j is `keys[j]`, in the blocks
@@ -129,6 +159,13 @@ class TierStore:
         if top.write != WRITE_THROUGH:
             return
         members = top.cache.members
+        if self.mover is not None:  # each store performed and measured as it is issued
+            cb = self.chunk_blocks
+            for j, k in enumerate(keys):
+                if k not in members:
+                    b = first_block + j * cb
+                    self._store_from_gpu(k, table[b:b + cb], self.step)
+            return
         for k in keys:
             if k not in members:
                 self._store_run(keys, table, first_block)
@@ -263,23 +300,29 @@ class TierStore:
     def _store_from_gpu(self, key: int, gpu_blocks, step: int) -> float:
         """Copy a chunk from GPU blocks into the top tier; returns when the GPU copy is done."""
         top = self.levels[0]
-        d2h_end = end = self.d2h.transfer(self.now_s, self.chunk_bytes)
-        if top.name == DISK:
-            end = self.disk_write.transfer(end, self.chunk_bytes)
-        self.bytes[(GPU, top.name)] += self.chunk_bytes
-        row = TierOp(step, "store", GPU, top.name, key, tuple(gpu_blocks)) if self.ops_on else None
-        self._insert(0, key, end, step, row)
-        return d2h_end
+        nbytes = self.chunk_bytes
+        d2h_end = [0.0]
 
-    def _insert(self, i: int, key: int, landed_s: float, step: int, row: TierOp | None) -> None:
+        def land(parts) -> float:  # the GPU copy on the host link, then the disk write for a disk top tier
+            end = d2h_end[0] = self.d2h.transfer(self.now_s, nbytes, parts and parts[0])
+            if top.name == DISK:
+                end = self.disk_write.transfer(end, nbytes, parts and parts[1])
+            return end
+        self.bytes[(GPU, top.name)] += nbytes
+        row = TierOp(step, "store", GPU, top.name, key, tuple(gpu_blocks)) if self.ops_on else None
+        self._insert(0, key, land, step, row)
+        return d2h_end[0]
+
+    def _insert(self, i: int, key: int, land: Callable, step: int, row: TierOp | None) -> None:
         """Store `key` in tier i: its evictions first (write-backs below, drops), then the store's
-        `row`, then a write-through below."""
+        `row` (performed, when a mover is attached), then its transfers (`land(measured parts)`
+        issues them and returns when the chunk has landed), then a write-through below."""
         lv = self.levels[i]
         for victim in lv.cache.insert(key):
             self._evicted(i, victim, step)
         if row is not None:
             self.ops.append(row)
-        lv.landed_s[key] = landed_s
+        lv.landed_s[key] = land(self._measured())
         lv.stored += 1
         if i + 1 < len(self.levels):
             below = self.levels[i + 1]
@@ -301,10 +344,10 @@ class TierStore:
     def _store_down(self, i: int, key: int, step: int) -> None:
         lv, below = self.levels[i], self.levels[i + 1]
         start = max(self.now_s, lv.landed_s[key])
-        end = self.disk_write.transfer(start, self.chunk_bytes)
-        self.bytes[(lv.name, below.name)] += self.chunk_bytes
+        nbytes = self.chunk_bytes
+        self.bytes[(lv.name, below.name)] += nbytes
         row = TierOp(step, "store", lv.name, below.name, key, ()) if self.ops_on else None
-        self._insert(i + 1, key, end, step, row)
+        self._insert(i + 1, key, lambda parts: self.disk_write.transfer(start, nbytes, parts and parts[1]), step, row)
 
     # --- lookups and onloads ------------------------------------------------------------------
     def match(self, keys) -> int:
@@ -324,10 +367,13 @@ class TierStore:
             n += 1
         return n
 
-    def _load_ends(self, keys, n: int, commit: bool) -> tuple[list[float], list[int]]:
+    def _load_ends(self, keys, n: int, commit: bool, measured=None) -> tuple[list[float], list[int]]:
         """When each of the first `n` keys (all held) would land on the GPU, loaded in order from the
         highest tier holding it (disk reads, then the host link), and that tier's index; issued
-        (links advanced) when `commit`."""
+        (links advanced) when `commit`. `measured`: each load's measured (host link, disk read)
+        seconds, instead of the links' prices."""
+        if measured is not None:
+            return self._measured_load_ends(keys, n, measured)
         now, nbytes, levels = self.now_s, self.chunk_bytes, self.levels
         h2d, rd = self.h2d, self.disk_read
         t_h2d, t_rd = h2d.seconds(nbytes), rd.seconds(nbytes)
@@ -361,6 +407,23 @@ class TierStore:
             h2d.free_s, h2d.busy_s, h2d.bytes = h2d_free, h2d.busy_s + n * t_h2d, h2d.bytes + n * nbytes
             if reads:
                 rd.free_s, rd.busy_s, rd.bytes = rd_free, rd.busy_s + reads * t_rd, rd.bytes + reads * nbytes
+        return ends, where
+
+    def _measured_load_ends(self, keys, n: int, measured) -> tuple[list[float], list[int]]:
+        """`_load_ends` of issued loads lasting their measured parts."""
+        now, nbytes, levels = self.now_s, self.chunk_bytes, self.levels
+        m0, landed0 = levels[0].cache.members, levels[0].landed_s
+        landed1 = levels[1].landed_s if len(levels) > 1 else None
+        ends, where = [], []
+        for j in range(n):
+            k = keys[j]
+            i, ready = (0, landed0[k]) if k in m0 else (1, landed1[k])
+            ready = max(ready, now)
+            h2d_s, read_s = measured[j]
+            if levels[i].name == DISK:
+                ready = self.disk_read.transfer(ready, nbytes, read_s)
+            ends.append(self.h2d.transfer(ready, nbytes, h2d_s))
+            where.append(i)
         return ends, where
 
     def plan_onload(self, keys, found: int, start_tokens: int) -> int:
@@ -404,7 +467,8 @@ class TierStore:
             self.log.append(("lookup", tuple(keys[:found + 1]), found, n))
         self.lookups += 1
         cb, ct, levels = self.chunk_blocks, self.chunk_tokens, self.levels
-        ends, where = self._load_ends(keys, n, commit=True)
+        mover = self.mover
+        ends, where = self._load_ends(keys, n, commit=mover is None)
         loads = [0, 0]
         selective = []
         ops = self.ops if self.ops_on else None
@@ -418,6 +482,10 @@ class TierStore:
                 ops.append(TierOp(self.step, "load", levels[i].name, GPU, key, tuple(dest_blocks[j * cb:(j + 1) * cb])))
             if sel[i]:
                 selective.append((i, key))
+        if mover is not None and n:  # performed now, in one batch; they last what was measured
+            rows = self.ops[self._sent:]
+            self._sent = len(self.ops)
+            ends, where = self._load_ends(keys, n, True, mover(rows)[-n:])
         for i, key in selective:  # after the loads: a store below must not evict a chunk being loaded
             lv = levels[i]
             if key not in lv.cache.members or key in levels[i + 1].cache.members:
@@ -446,7 +514,9 @@ class TierStore:
                 ev.get(HOST, 0), ev.get(DISK, 0))
 
     def take_ops(self) -> list[TierOp]:
-        ops, self.ops = self.ops, []
+        if self.mover is not None and self._sent < len(self.ops):  # drops issued last
+            self._measured()
+        ops, self.ops, self._sent = self.ops, [], 0
         return ops
 
     def take_wait(self, duration_s: float) -> float:

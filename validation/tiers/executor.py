@@ -332,10 +332,16 @@ class TierExecutor:
                                          "stored": int(want)})
         self._checks = []
 
-    def records(self) -> list[dict]:
-        """Every batch moved so far: step, move, chunks, bytes, the timed parts (seconds) and wall_s."""
+    def records(self, since: int = 0) -> list[dict]:
+        """Every batch moved so far (from the `since`-th on): step, move, chunks, bytes, the timed
+        parts (seconds) and wall_s."""
         self._resolve()
-        return list(self._done)
+        return self._done[since:]
+
+    @property
+    def batches(self) -> int:
+        """Batches moved so far (resolved or not)."""
+        return len(self._done) + len(self._pending)
 
     def mismatches(self) -> int:
         """Loads whose restored blocks' checksum differs from the chunk's stored one (synchronizes)."""

@@ -1,0 +1,113 @@
+"""What a graph-replayed decode step costs beyond its padded batch size and mean context.
+
+The profiled cost model prices a pure-decode step by the profile's ``decode_step`` table: a whole
+step replayed as the CUDA graph of the padded batch size, measured with every row real and every
+context equal. An executed step differs in three ways, and this benchmark times each alone on the
+GPU, at the same total context tokens:
+
+* ``padded``: fewer real rows than the graph's size; the padding rows hold a one-token context;
+* ``uneven``: contexts of unequal length (log-normal, the same total);
+* ``scattered``: block tables of random blocks instead of each row's own run of blocks;
+* ``shared``: rows in pairs whose first blocks are the same (the prompt of ``n = 2`` sampling).
+
+    PYTHONPATH=. python benchmarks/decode_step_shapes.py --models llama-2-7b llama-3-8b --json OUT.json
+
+Writes one row per (model, padded size, case): real rows, total context tokens, the median step
+time and its ratio to the uniform step of the same total.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+
+def _contexts(kind: str, rows: int, total: int, rng) -> list[int]:
+    if kind == "uneven":
+        w = rng.lognormal(0.0, 0.8, rows)
+        c = np.maximum(16, np.round(w / w.sum() * total)).astype(int)
+        return c.tolist()
+    return [total // rows] * rows
+
+
+def measure(model: str, sizes: list[int], fill: float, per_row: int, seed: int = 0) -> list[dict]:
+    from blocksim.catalog import Catalog
+    from validation.profile import Profiler, _graph
+
+    prof = Profiler(Catalog([]).model(model))
+    r = prof.runner
+    r.capture_decode_graphs(max(sizes))
+    rng = np.random.default_rng(seed)
+    rows_out = []
+    for size in sizes:
+        total = size * per_row
+        real = max(1, int(round(size * fill)))
+        cases = {"uniform": (size, "even", "own"), "padded": (real, "even", "own"),
+                 "uneven": (size, "uneven", "own"), "uneven+padded": (real, "uneven", "own"),
+                 "scattered": (size, "even", "random"), "shared": (size, "even", "pairs")}
+        base = None
+        for name, (n, spread, tables) in cases.items():
+            ctx = _contexts(spread, n, total, rng)
+            b = prof.batch(decodes=ctx)
+            if tables == "random":  # every row's blocks drawn at random from the cache
+                perm = rng.permutation(prof.num_blocks)
+                at = 0
+                new = []
+                for t in b.decode_tables:
+                    new.append(perm[at:at + len(t)].astype(np.int64))
+                    at += len(t)
+                b = _retable(b, new, prof.bs)
+            elif tables == "pairs":  # the second row of each pair reads the first's blocks but its last
+                new = [t.copy() for t in b.decode_tables]
+                for i in range(1, len(new), 2):
+                    new[i][:-1] = new[i - 1][:-1]
+                b = _retable(b, new, prof.bs)
+            r.load_decode(b, size)
+            secs = prof.clock.median(_graph(r, size))
+            if name == "uniform":
+                base = secs
+            rows_out.append({"model": model, "padded_batch": size, "case": name, "rows": n,
+                             "context_tokens": int(sum(ctx)), "max_context": int(max(ctx)), "seconds": secs,
+                             "vs_uniform": secs / base})
+            print(f"{model} B={size} {name:14s} rows={n:3d} ctx={sum(ctx):6d} max={max(ctx):5d} "
+                  f"{secs * 1e3:.3f} ms  {secs / base:.3f}", flush=True)
+    del prof, r
+    return rows_out
+
+
+def _retable(b, tables, bs: int):
+    """`b` with its decode rows reading `tables` (the new token's slot in the table's last block)."""
+    from validation.model import StepBatch
+    pos = b.positions.copy()
+    slots = b.slots.copy()
+    for i, t in enumerate(tables):
+        p = int(pos[i])
+        slots[i] = t[p // bs] * bs + p % bs
+    return StepBatch(b.token_ids, pos, slots, b.prefills, tables, b.decode_context)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python benchmarks/decode_step_shapes.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--models", nargs="+", default=["llama-2-7b", "llama-3-8b"])
+    ap.add_argument("--sizes", nargs="+", type=int, default=[8, 16, 24])
+    ap.add_argument("--fill", type=float, default=0.65, help="real rows / padded size for the padded cases (default 0.65)")
+    ap.add_argument("--per-row", type=int, default=800, help="mean context tokens per padded row (default 800)")
+    ap.add_argument("--json", required=True)
+    a = ap.parse_args(argv)
+    import torch
+    rows = []
+    for m in a.models:
+        rows += measure(m, a.sizes, a.fill, a.per_row)
+        torch.cuda.empty_cache()
+    out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "command": " ".join(sys.argv),
+           "rows": rows}
+    with open(a.json, "w") as f:
+        json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

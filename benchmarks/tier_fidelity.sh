@@ -1,0 +1,56 @@
+#!/bin/bash
+# The executed runs of benchmarks/tier_fidelity.py on one GPU, one command (from the repository root):
+#
+#   GPU=h200 bash benchmarks/tier_fidelity.sh            # CONFIGS="none host8-lru-write-back" for a few
+#
+# Writes runs/tier_fidelity/exec-$GPU/ (one run directory per configuration) and, when $OUT is set,
+# packs it into $OUT/tier-fidelity-exec-$GPU.tgz. The disk tier's file lives on the machine's local
+# disk (DISK_DIR, default runs/tier_fidelity/disk under the repository). BUDGET_S (seconds from the
+# start, kernel build included) stops starting new runs. The machine needs simpy: a wheel under
+# .whl/ or runs/fidelity/whl/ is installed when it lacks it. KERNELS (a directory holding a
+# kernels/ package, e.g. the committed one exported by `git archive`) replaces the working tree's.
+# The executed runs' engine decides (onload recompute) by the shipped profile with the tier tables
+# of TABLES (default benchmarks/results/tier-h200.json); MEASURE_TIERS=1 measures them first
+# (benchmarks/tier_bandwidth.py, written to the run directory) and uses those.
+set -u
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
+GPU=${GPU:-h200}
+BUDGET_S=${BUDGET_S:-100000}
+EXEC=runs/tier_fidelity/exec-$GPU
+DISK_DIR=${DISK_DIR:-runs/tier_fidelity/disk}
+if ! python -c "import simpy" 2>/dev/null; then
+  python -m pip install -q --no-index --no-deps --target /tmp/site $(ls .whl/simpy-*.whl runs/fidelity/whl/simpy-*.whl 2>/dev/null | head -1) \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+if [ -n "${KERNELS:-}" ] && [ -d "$KERNELS/kernels" ]; then
+  rm -rf kernels && cp -r "$KERNELS/kernels" kernels
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+df -h "$(dirname "$DISK_DIR")" | tail -1
+t0=$(date +%s)
+python -c "from kernels._build import extension; extension(); print('kernels built')" || exit 1
+echo "kernels: $(( $(date +%s) - t0 )) s"
+mkdir -p "$DISK_DIR" "$EXEC"
+TABLES=${TABLES:-benchmarks/results/tier-h200.json}
+if [ -n "${MEASURE_TIERS:-}" ]; then  # the tier tables measured again first, by the code of this tree
+  python benchmarks/tier_bandwidth.py --model llama-3-8b --disk-dir "$DISK_DIR" --out "$EXEC/tier-$GPU.json" \
+    > "$EXEC/tier-bandwidth.log" 2>&1 && TABLES=$EXEC/tier-$GPU.json
+  tail -3 "$EXEC/tier-bandwidth.log"; echo "tier tables: $TABLES, $(( $(date +%s) - t0 )) s"
+fi
+python benchmarks/tier_fidelity.py execute --out "$EXEC" --disk-dir "$DISK_DIR" --tier-tables "$TABLES" \
+    --budget-s $(( BUDGET_S - ($(date +%s) - t0) )) ${CONFIGS:+--configs $CONFIGS}
+grep -E "^(Traceback|blocksim:)|Error" "$EXEC/execute.log" | sort | uniq -c | head -20
+python - "$EXEC" <<'EOF'
+import json, sys
+from pathlib import Path
+for p in sorted(Path(sys.argv[1]).glob("*/executor.json")):
+    e = json.loads(p.read_text())
+    s = json.loads((p.parent / "summary.json").read_text())
+    print(f"{p.parent.name}: ttft mean {s['ttft_mean_s']:.4f} s p90 {s['ttft_p90_s']:.4f} s; tier moves "
+          f"{e.get('tier_moves', 0)}, checked loads {e.get('tier_checked_loads', 0)}, mismatches "
+          f"{e.get('tier_checksum_mismatches', 0)}, disk {e.get('tier_disk_io', '-')}")
+EOF
+if [ -n "${OUT:-}" ]; then
+  tar czf "$OUT/tier-fidelity-exec-$GPU.tgz" "$EXEC"
+fi
+echo "done in $(( $(date +%s) - t0 )) s"
