@@ -30,6 +30,7 @@ SOURCES = (
     "fast_decode_bf16.cu",
     "paged_prefill_f16.cu",
     "paged_prefill_bf16.cu",
+    "paged_prefill_wgmma.cu",
     "torch_bindings.cpp",
 )
 
