@@ -166,12 +166,32 @@ def cmd_execute(a) -> int:
     return 0
 
 
-def merged_profile(out: Path, tables: Path) -> Path:
+def merged_profile(out: Path, tables: Path, name: str = "profile.json") -> Path:
     """The shipped profile with the tier executor's measured tables (`tables`) merged in."""
     from benchmarks.tier_bandwidth_merge import merge
-    path = out / "profile.json"
+    path = out / name
     path.write_text(json.dumps(merge(json.loads(tables.read_text()), json.loads(SHIPPED.read_text())), indent=1))
     return path
+
+
+MOVES = {"gpu->host": "tier_gpu_host", "gpu->disk": "tier_gpu_disk", "host->disk": "tier_host_disk",
+         "host->gpu": "tier_host_gpu", "disk->gpu": "tier_disk_gpu"}
+
+
+def in_run_tables(tables: dict, run: Path) -> dict:
+    """`tables` with the chunk size of this benchmark priced at the executed `run`'s mean measured
+    time per chunk of each move it made (a diagnosis: the run's own rates, not a prediction)."""
+    import copy
+
+    import pandas as pd
+    out = copy.deepcopy(tables)
+    moves = pd.read_parquet(run / "executor_tier_moves.parquet")
+    for move, g in moves.groupby("move"):
+        comp = out["components"][MOVES[move]]
+        row = comp["chunk_tokens"].index(CHUNK_TOKENS)
+        per_chunk = float(g.seconds.sum() / g.chunks.sum())
+        comp["seconds"][row] = [per_chunk * n for n in comp["grid"]["chunks"]]
+    return out
 
 
 def cmd_simulate(a) -> int:
@@ -181,6 +201,10 @@ def cmd_simulate(a) -> int:
     names = sorted(p.parent.name for p in exec_dir.glob("*/executor.json")) if not a.configs else a.configs
     with open(out / "simulate.log", "a") as log:
         for name in names:
+            if a.in_run_rates and CONFIGS[name]:
+                tables = out / f"{name}.tables.json"
+                tables.write_text(json.dumps(in_run_tables(json.loads(Path(a.tier_tables).read_text()), exec_dir / name)))
+                profile = merged_profile(out, tables, f"{name}.profile.json")
             shutil.rmtree(out / name, ignore_errors=True)  # a replay refuses a run directory that exists
             args = replay_args(name, out / name, None, a.model, a.catalog)
             if profile is not None:
@@ -239,10 +263,18 @@ def cmd_results(a) -> int:
             continue
         e, s = run_figures(run), run_figures(sim)
         ex = json.loads((run / "executor.json").read_text())
+        moves = {}
+        if (run / "executor_tier_moves.parquet").exists():  # per move: chunks, measured and link-priced seconds
+            import pandas as pd
+            m = pd.read_parquet(run / "executor_tier_moves.parquet")
+            for move, g in m.groupby("move"):
+                moves[move] = {"chunks": int(g.chunks.sum()), "measured_s": float(g.seconds.sum()),
+                               "disk_s": float(g.disk_s.sum()),
+                               "priced_s": float(g.priced_s.sum()) if "priced_s" in g else None}
         rows.append({"config": run.name, "flags": " ".join(CONFIGS.get(run.name, [])),
                      "ttft_mean_err": (s["ttft_mean_s"] - e["ttft_mean_s"]) / e["ttft_mean_s"],
                      "ttft_p90_err": (s["ttft_p90_s"] - e["ttft_p90_s"]) / e["ttft_p90_s"],
-                     "executed": e, "simulated": s,
+                     "executed": e, "simulated": s, "moves": moves,
                      "tier_moves": ex.get("tier_moves", 0), "tier_checked_loads": ex.get("tier_checked_loads", 0),
                      "tier_checksum_mismatches": ex.get("tier_checksum_mismatches", 0),
                      "tier_move_s": ex.get("tier_move_s", 0.0), "tier_disk_io": ex.get("tier_disk_io"),
@@ -253,12 +285,21 @@ def cmd_results(a) -> int:
     strict_ok, _ = pairwise(mean_e, mean_s, 0.0)
     beats = {}
     if "none" in mean_e:
+        p90_e = {r["config"]: r["executed"]["ttft_p90_s"] for r in rows}
+        p90_s = {r["config"]: r["simulated"]["ttft_p90_s"] for r in rows}
+        for r in rows:  # the error beyond the run without tiers': what the tier model adds
+            c = r["config"]
+            r["ttft_mean_err_vs_none"] = (mean_s[c] / mean_s["none"]) / (mean_e[c] / mean_e["none"]) - 1
+            r["ttft_p90_err_vs_none"] = (p90_s[c] / p90_s["none"]) / (p90_e[c] / p90_e["none"]) - 1
         for r in rows:
             if r["config"] != "none":
                 be, bs = (WORD[order(m[r["config"]], m["none"], TIE)] for m in (mean_e, mean_s))
                 r["beats_recompute"] = {"executed": be, "simulated": bs}
                 beats[r["config"]] = be == bs
-    result = {"model": MODEL, "gpu": GPU, "policy": POLICY, "gpu_blocks": GPU_BLOCKS, "chunk_tokens": CHUNK_TOKENS,
+    result = {"commands": ["KERNELS=DIR GPU=h200 bash benchmarks/tier_fidelity.sh (the executed runs, on the GPU)",
+                           f"python benchmarks/tier_fidelity.py simulate --exec {a.exec} --out {a.sim}" + (" --in-run-rates" if "in-run" in a.json else ""),
+                           f"python benchmarks/tier_fidelity.py results --exec {a.exec} --sim {a.sim} --json {a.json}"],
+              "model": MODEL, "gpu": GPU, "policy": POLICY, "batched_tokens": BATCHED_TOKENS, "gpu_blocks": GPU_BLOCKS, "chunk_tokens": CHUNK_TOKENS,
               "slice": {"source": "mooncake synthetic_trace.jsonl", "window_s": list(SLICE_S), "rate": RATE,
                         "clip_tokens": CLIP_TOKENS},
               "configs": rows, "pairwise_correct": ok, "pairs": n, "pairwise_accuracy": ok / n if n else None,
@@ -281,20 +322,22 @@ def pct(x) -> str:
 
 
 def markdown_table(r: dict) -> str:
-    lines = ["| config | exec mean | sim mean | mean err | exec p90 | sim p90 | p90 err | host / disk hit (exec) "
-             "| queue / onload / prefill (exec, ms) | against no tier (exec / sim) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| config | exec mean | sim mean | mean err | exec p90 | sim p90 | p90 err | mean / p90 err vs no tier "
+             "| host / disk hit (exec) | queue / onload / prefill (exec / sim, ms) | against no tier (exec / sim) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in r["configs"]:
         e, s = c["executed"], c["simulated"]
         hits = f"{100 * e.get('tier_host_hit_rate', 0):.1f}% / {100 * e.get('tier_disk_hit_rate', 0):.1f}%" \
             if "tier_host_hit_rate" in e else ""
-        split = " / ".join(f"{1e3 * e[k]:.0f}" for k in ("ttft_queue_s_mean_s", "ttft_onload_s_mean_s",
-                                                             "ttft_prefill_s_mean_s")) if "ttft_queue_s_mean_s" in e else ""
+        keys = ("ttft_queue_s_mean_s", "ttft_onload_s_mean_s", "ttft_prefill_s_mean_s")
+        split = " / ".join(f"{1e3 * e[k]:.0f}" for k in keys) + " vs " + " / ".join(f"{1e3 * s[k]:.0f}" for k in keys) \
+            if "ttft_queue_s_mean_s" in e else ""
+        rel = f"{pct(c['ttft_mean_err_vs_none'])} / {pct(c['ttft_p90_err_vs_none'])}" if "ttft_mean_err_vs_none" in c else ""
         b = c.get("beats_recompute")
         beats = f"{b['executed']} / {b['simulated']}" if b else ""
         lines.append(f"| {c['config']} | {1e3 * e['ttft_mean_s']:.1f} ms | {1e3 * s['ttft_mean_s']:.1f} ms | "
                      f"{pct(c['ttft_mean_err'])} | {1e3 * e['ttft_p90_s']:.1f} ms | {1e3 * s['ttft_p90_s']:.1f} ms | "
-                     f"{pct(c['ttft_p90_err'])} | {hits} | {split} | {beats} |")
+                     f"{pct(c['ttft_p90_err'])} | {rel} | {hits} | {split} | {beats} |")
     w = r["within"]
     lines += ["", f"Mean TTFT within 3%: {w['ttft_mean_3pct']} of {w['of']}; p90 TTFT within 5%: {w['ttft_p90_5pct']} "
               f"of {w['of']}; ranking by mean TTFT: {r['pairwise_correct']} of {r['pairs']} pairs in the same order "
@@ -343,6 +386,9 @@ def main(argv=None) -> int:
     s.add_argument("--out", required=True)
     s.add_argument("--configs", nargs="+", default=None, choices=list(CONFIGS),
                    help="configurations to simulate (default: those executed)")
+    s.add_argument("--in-run-rates", action="store_true",
+                   help="a diagnosis: price each configuration's tier moves at its executed run's mean measured "
+                        "time per chunk and move, instead of the tier tables")
     s.set_defaults(func=cmd_simulate)
     r = sub.add_parser("results")
     r.add_argument("--exec", required=True)
