@@ -64,6 +64,13 @@ for onload in ("wait", "recompute"):
 CONFIGS["disk32-wait"] = ["--tier-disk-gib", "32", "--tier-disk-write", "write-through"]
 
 
+def use_gpu(name: str) -> None:
+    """Run on catalog GPU `name` (its shipped profile of MODEL)."""
+    global GPU, SHIPPED
+    GPU = name
+    SHIPPED = ROOT / "blocksim" / "profiles" / f"{MODEL}__{GPU}__float16__tp1.json"
+
+
 def write_slice(path: Path | None = None) -> Path:
     """The trace slice as canonical Parquet (kept: the executed and simulated runs read the same file)."""
     path = path or SLICE
@@ -141,6 +148,7 @@ def execute_in_process(args: list[str], factory, log) -> int:
 def cmd_execute(a) -> int:
     global SLICE
     SLICE = Path(a.slice) if a.slice else SLICE
+    use_gpu(a.gpu)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     disk = Path(a.disk_dir) if a.disk_dir else out / "disk"
@@ -196,6 +204,9 @@ def in_run_tables(tables: dict, run: Path) -> dict:
 
 def cmd_simulate(a) -> int:
     exec_dir, out = Path(a.exec), Path(a.out)
+    runs = sorted(exec_dir.glob("*/summary.json"))
+    if runs:  # the executed runs' GPU
+        use_gpu(json.loads(runs[0].read_text())["config"]["gpu"]["name"])
     out.mkdir(parents=True, exist_ok=True)
     profile = merged_profile(out, Path(a.tier_tables)) if a.model == MODEL else None
     names = sorted(p.parent.name for p in exec_dir.glob("*/executor.json")) if not a.configs else a.configs
@@ -256,6 +267,9 @@ def pairwise(a: dict, b: dict, tie: float = TIE) -> tuple[int, int]:
 
 def cmd_results(a) -> int:
     exec_dir, sim_dir = Path(a.exec), Path(a.sim)
+    runs = sorted(exec_dir.glob("*/summary.json"))
+    if runs:
+        use_gpu(json.loads(runs[0].read_text())["config"]["gpu"]["name"])
     rows = []
     for run in sorted(p.parent for p in exec_dir.glob("*/executor.json")):
         sim = sim_dir / run.name
@@ -296,7 +310,7 @@ def cmd_results(a) -> int:
                 be, bs = (WORD[order(m[r["config"]], m["none"], TIE)] for m in (mean_e, mean_s))
                 r["beats_recompute"] = {"executed": be, "simulated": bs}
                 beats[r["config"]] = be == bs
-    result = {"commands": ["KERNELS=DIR GPU=h200 bash benchmarks/tier_fidelity.sh (the executed runs, on the GPU)",
+    result = {"commands": [f"KERNELS=DIR GPU={GPU.split('-')[0]} bash benchmarks/tier_fidelity.sh (the executed runs, on the GPU)",
                            f"python benchmarks/tier_fidelity.py simulate --exec {a.exec} --out {a.sim}" + (" --in-run-rates" if "in-run" in a.json else ""),
                            f"python benchmarks/tier_fidelity.py results --exec {a.exec} --sim {a.sim} --json {a.json}"],
               "model": MODEL, "gpu": GPU, "policy": POLICY, "batched_tokens": BATCHED_TOKENS, "gpu_blocks": GPU_BLOCKS, "chunk_tokens": CHUNK_TOKENS,
@@ -371,6 +385,7 @@ def main(argv=None) -> int:
     e.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     e.add_argument("--disk-dir", default=None, help="directory of the disk tier's file (default OUT/disk)")
     e.add_argument("--executor", default="cuda", choices=["cuda", "cpu"])
+    e.add_argument("--gpu", default=GPU, help=f"catalog GPU (default {GPU}): its shipped profile of {MODEL}")
     for p in (e, s := sub.add_parser("simulate")):
         p.add_argument("--model", default=MODEL, help=f"model (default {MODEL}; another is for trying the script)")
         p.add_argument("--catalog", default=None, help="a catalog file defining --model")
