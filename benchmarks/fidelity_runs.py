@@ -287,7 +287,10 @@ the measured GPU time), and the profile times prefill attention inside whole ste
 layers on real-valued operands, as the executed steps run them (`validation/VALIDATION.md`,
 `benchmarks/eager_gap.py`). The latency percentiles of these runs under memory pressure amplify
 small per-step differences through scheduling (a prompt admitted a step earlier or later), so
-the latency errors are larger than the per-step error.
+the latency errors are larger than the per-step error. Graph-replayed decode steps are priced from
+batches of equal contexts: a real batch of uneven contexts takes longer, its padding rows cost
+less than the table's real rows, and `n = 2` pairs sharing a prompt read it partly from the L2
+cache (`benchmarks/decode_step_shapes.py`, docs/cost_models.md, "The profiled model").
 
 Slices (`benchmarks/fidelity_runs.py`, prompts clipped to 4096 tokens): azure-conv = the bundled Azure
 conversation sample, arrivals [140 s, 160 s); azure-code = the Azure code sample, [200 s, 220 s) at

@@ -6,7 +6,8 @@ Each tiling is written as a canonical CSV (``arrival_s, prompt_tokens, output_to
 shifted by i periods, a period being the trace's span plus its mean gap between arrivals) and
 replayed by the whole command-line process, as a user runs it:
 ``blocksim replay FILE --out DIR --quiet --no-report`` (llama-2-7b / h100-80gb / block 16). Prints
-each run's wall seconds and peak RSS (median over ``--repeat``), and both per 1,000 requests: flat
+each run's wall seconds, CPU seconds (user + system; on a shared machine they vary less) and peak
+RSS (medians over ``--repeat``), and wall seconds and RSS per 1,000 requests: flat
 figures per request mean time and memory linear in the trace's length. The trace defaults to
 ../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv beside the repository.
 """
@@ -44,8 +45,8 @@ def tiled(trace: traces.Trace, times: int) -> pd.DataFrame:
     })
 
 
-def replay_process(path: Path, out: Path, policy: str) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of one `blocksim replay` process."""
+def replay_process(path: Path, out: Path, policy: str) -> tuple[float, float, float]:
+    """Wall seconds, peak RSS (MB) and CPU seconds of one `blocksim replay` process."""
     cmd = [sys.executable, "-m", "blocksim", "replay", str(path),
            "--out", str(out), "--policy", policy, "--quiet", "--no-report",
            "--cost-profile", str(ROOT / "benchmarks" / "roofline_defaults.json")]
@@ -56,7 +57,7 @@ def replay_process(path: Path, out: Path, policy: str) -> tuple[float, float]:
     wall = time.perf_counter() - t
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"replay of {path} failed (exit {os.waitstatus_to_exitcode(status)})")
-    return wall, usage.ru_maxrss / 1024  # ru_maxrss is in KiB on Linux
+    return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime  # ru_maxrss is in KiB on Linux
 
 
 def main() -> None:
@@ -68,7 +69,7 @@ def main() -> None:
     a = p.parse_args()
     trace = traces.read_trace(a.trace)
     print(f"trace {Path(a.trace).name}: {len(trace)} requests; policy {a.policy}; median of {a.repeat}")
-    print(f"{'tiles':>5} {'requests':>9} {'wall s':>7} {'peak MB':>8} {'s / 1k req':>10} {'MB / 1k req':>11}")
+    print(f"{'tiles':>5} {'requests':>9} {'wall s':>7} {'CPU s':>7} {'peak MB':>8} {'s / 1k req':>10} {'MB / 1k req':>11}")
     with tempfile.TemporaryDirectory() as tmp:
         for times in a.times:
             df = tiled(trace, times)
@@ -77,7 +78,8 @@ def main() -> None:
             runs = [replay_process(path, Path(tmp) / f"run_{times}_{i}", a.policy) for i in range(a.repeat)]
             wall = statistics.median(r[0] for r in runs)
             rss = statistics.median(r[1] for r in runs)
-            print(f"{times:>5} {len(df):>9,} {wall:>7.2f} {rss:>8.0f} {wall / len(df) * 1e3:>10.3f} "
+            cpu = statistics.median(r[2] for r in runs)
+            print(f"{times:>5} {len(df):>9,} {wall:>7.2f} {cpu:>7.2f} {rss:>8.0f} {wall / len(df) * 1e3:>10.3f} "
                   f"{rss / len(df) * 1e3:>11.2f}", flush=True)
 
 

@@ -13,7 +13,8 @@ The slice (`benchmarks/results/tier-fidelity/slice.parquet`, written from the Mo
 trace when absent): arrivals in [SLICE_S) of `../shared/traces/mooncake/synthetic_trace.jsonl`
 (prefix hashes of 512 tokens), at RATE times its rate, prompts clipped to CLIP_TOKENS. The engine:
 vllm-v1 with 256-token tier chunks on a GPU cache of GPU_BLOCKS blocks, small enough that the
-prefixes the slice re-sends leave the GPU before they come back. The configurations (`CONFIGS`):
+prefixes the slice re-sends leave the GPU before they come back, and at most BATCHED_TOKENS tokens
+per step (prefill chunks inside the profile's measured attention grid). The configurations (`CONFIGS`):
 no tier; a host tier of two sizes x LRU or ARC x write-through or write-back; host and disk,
 loaded on a hit (wait) or loaded only where the profile says it beats recomputing (recompute); a
 disk alone.
@@ -45,6 +46,8 @@ SOURCE = ROOT.parent / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl
 SLICE = ROOT / "benchmarks" / "results" / "tier-fidelity" / "slice.parquet"
 SLICE_S, RATE, CLIP_TOKENS = (960.0, 975.0), 0.75, 8192
 GPU_BLOCKS, CHUNK_TOKENS = 800, 256
+#: tokens per step: prefill chunks within the profile's measured attention grid (4,096 new tokens)
+BATCHED_TOKENS = 4096
 TIER_TABLES = ROOT / "benchmarks" / "results" / "tier-h200.json"
 SHIPPED = ROOT / "blocksim" / "profiles" / f"{MODEL}__{GPU}__float16__tp1.json"
 
@@ -59,6 +62,13 @@ for onload in ("wait", "recompute"):
     CONFIGS[f"host8-disk32-{onload}"] = ["--tier-host-gib", "8", "--tier-disk-gib", "32", "--tier-disk-write",
                                          "write-back", "--tier-onload", onload]
 CONFIGS["disk32-wait"] = ["--tier-disk-gib", "32", "--tier-disk-write", "write-through"]
+
+
+def use_gpu(name: str) -> None:
+    """Run on catalog GPU `name` (its shipped profile of MODEL)."""
+    global GPU, SHIPPED
+    GPU = name
+    SHIPPED = ROOT / "blocksim" / "profiles" / f"{MODEL}__{GPU}__float16__tp1.json"
 
 
 def write_slice(path: Path | None = None) -> Path:
@@ -85,7 +95,7 @@ def replay_args(name: str, out: Path, disk_dir: Path | None, model: str = MODEL,
     if catalog:
         flags += ["--catalog", catalog]
     return ["replay", str(write_slice()), "--model", model, "--gpu", GPU, "--policy", POLICY,
-            "--num-gpu-blocks", str(GPU_BLOCKS), *flags, "--quiet", "--no-report", "--out", str(out)]
+            "--num-gpu-blocks", str(GPU_BLOCKS), "--max-num-batched-tokens", str(BATCHED_TOKENS), *flags, "--quiet", "--no-report", "--out", str(out)]
 
 
 def blocksim(args: list[str], log) -> int:
@@ -99,12 +109,55 @@ def blocksim(args: list[str], log) -> int:
     return p.returncode
 
 
+def shared_executor(kind: str):
+    """A `config -> StepExecutor` factory building the model once: later runs reuse its weights,
+    caches and CUDA graphs (`ModelStepExecutor.new_run`)."""
+    from validation.step_executor import make_executor
+    build, held = make_executor(kind), []
+
+    def factory(config):
+        if not held:
+            held.append(build(config))
+        else:
+            held[0].new_run(config)
+        return held[0]
+    return factory
+
+
+def execute_in_process(args: list[str], factory, log) -> int:
+    """`blocksim replay ARGS` in this process, with the executor of `factory`."""
+    import contextlib
+    import io
+
+    import blocksim.cli as cli
+    t0 = time.perf_counter()
+    out, err = io.StringIO(), io.StringIO()
+    before = cli.executor_from_args
+    cli.executor_from_args = lambda _args: factory
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = cli.main(args)
+    finally:
+        cli.executor_from_args = before
+    log.write(f"$ blocksim {' '.join(args)}\n{out.getvalue()}{err.getvalue()}(rc {rc}, "
+              f"{time.perf_counter() - t0:.1f} s)\n")
+    log.flush()
+    return rc
+
+
 def cmd_execute(a) -> int:
+    global SLICE
+    SLICE = Path(a.slice) if a.slice else SLICE
+    use_gpu(a.gpu)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     disk = Path(a.disk_dir) if a.disk_dir else out / "disk"
     disk.mkdir(parents=True, exist_ok=True)
+    # the profile prices what the engine decides before moving (the recompute mode's what-ifs) as the
+    # simulated twin does; the clock takes the measured steps and moves
+    profile = ["--cost-profile", str(merged_profile(out, Path(a.tier_tables)))] if a.model == MODEL else []
     start = time.perf_counter()
+    factory = None if a.process_per_run else shared_executor(a.executor)
     with open(out / "execute.log", "a") as log:
         for name in a.configs:
             if (out / name / "executor.json").exists():
@@ -113,28 +166,56 @@ def cmd_execute(a) -> int:
                 print(f"execute {name}: skipped (past --budget-s {a.budget_s:.0f})", flush=True)
                 continue
             t0 = time.perf_counter()
-            rc = blocksim(replay_args(name, out / name, disk, a.model, a.catalog) + ["--executor", a.executor], log)
+            args = replay_args(name, out / name, disk, a.model, a.catalog) + profile + ["--executor", a.executor]
+            rc = blocksim(args, log) if a.process_per_run else execute_in_process(args, factory, log)
             for f in disk.glob("blocksim-kv-*.bin"):  # the disk tier's file of the run
                 f.unlink()
             print(f"execute {name}: rc {rc}, {time.perf_counter() - t0:.1f} s", flush=True)
     return 0
 
 
-def merged_profile(out: Path, tables: Path) -> Path:
+def merged_profile(out: Path, tables: Path, name: str = "profile.json") -> Path:
     """The shipped profile with the tier executor's measured tables (`tables`) merged in."""
     from benchmarks.tier_bandwidth_merge import merge
-    path = out / "profile.json"
+    path = out / name
     path.write_text(json.dumps(merge(json.loads(tables.read_text()), json.loads(SHIPPED.read_text())), indent=1))
     return path
 
 
+MOVES = {"gpu->host": "tier_gpu_host", "gpu->disk": "tier_gpu_disk", "host->disk": "tier_host_disk",
+         "host->gpu": "tier_host_gpu", "disk->gpu": "tier_disk_gpu"}
+
+
+def in_run_tables(tables: dict, run: Path) -> dict:
+    """`tables` with the chunk size of this benchmark priced at the executed `run`'s mean measured
+    time per chunk of each move it made (a diagnosis: the run's own rates, not a prediction)."""
+    import copy
+
+    import pandas as pd
+    out = copy.deepcopy(tables)
+    moves = pd.read_parquet(run / "executor_tier_moves.parquet")
+    for move, g in moves.groupby("move"):
+        comp = out["components"][MOVES[move]]
+        row = comp["chunk_tokens"].index(CHUNK_TOKENS)
+        per_chunk = float(g.seconds.sum() / g.chunks.sum())
+        comp["seconds"][row] = [per_chunk * n for n in comp["grid"]["chunks"]]
+    return out
+
+
 def cmd_simulate(a) -> int:
     exec_dir, out = Path(a.exec), Path(a.out)
+    runs = sorted(exec_dir.glob("*/summary.json"))
+    if runs:  # the executed runs' GPU
+        use_gpu(json.loads(runs[0].read_text())["config"]["gpu"]["name"])
     out.mkdir(parents=True, exist_ok=True)
     profile = merged_profile(out, Path(a.tier_tables)) if a.model == MODEL else None
     names = sorted(p.parent.name for p in exec_dir.glob("*/executor.json")) if not a.configs else a.configs
     with open(out / "simulate.log", "a") as log:
         for name in names:
+            if a.in_run_rates and CONFIGS[name]:
+                tables = out / f"{name}.tables.json"
+                tables.write_text(json.dumps(in_run_tables(json.loads(Path(a.tier_tables).read_text()), exec_dir / name)))
+                profile = merged_profile(out, tables, f"{name}.profile.json")
             shutil.rmtree(out / name, ignore_errors=True)  # a replay refuses a run directory that exists
             args = replay_args(name, out / name, None, a.model, a.catalog)
             if profile is not None:
@@ -186,6 +267,9 @@ def pairwise(a: dict, b: dict, tie: float = TIE) -> tuple[int, int]:
 
 def cmd_results(a) -> int:
     exec_dir, sim_dir = Path(a.exec), Path(a.sim)
+    runs = sorted(exec_dir.glob("*/summary.json"))
+    if runs:
+        use_gpu(json.loads(runs[0].read_text())["config"]["gpu"]["name"])
     rows = []
     for run in sorted(p.parent for p in exec_dir.glob("*/executor.json")):
         sim = sim_dir / run.name
@@ -193,10 +277,18 @@ def cmd_results(a) -> int:
             continue
         e, s = run_figures(run), run_figures(sim)
         ex = json.loads((run / "executor.json").read_text())
+        moves = {}
+        if (run / "executor_tier_moves.parquet").exists():  # per move: chunks, measured and link-priced seconds
+            import pandas as pd
+            m = pd.read_parquet(run / "executor_tier_moves.parquet")
+            for move, g in m.groupby("move"):
+                moves[move] = {"chunks": int(g.chunks.sum()), "measured_s": float(g.seconds.sum()),
+                               "disk_s": float(g.disk_s.sum()),
+                               "priced_s": float(g.priced_s.sum()) if "priced_s" in g else None}
         rows.append({"config": run.name, "flags": " ".join(CONFIGS.get(run.name, [])),
                      "ttft_mean_err": (s["ttft_mean_s"] - e["ttft_mean_s"]) / e["ttft_mean_s"],
                      "ttft_p90_err": (s["ttft_p90_s"] - e["ttft_p90_s"]) / e["ttft_p90_s"],
-                     "executed": e, "simulated": s,
+                     "executed": e, "simulated": s, "moves": moves,
                      "tier_moves": ex.get("tier_moves", 0), "tier_checked_loads": ex.get("tier_checked_loads", 0),
                      "tier_checksum_mismatches": ex.get("tier_checksum_mismatches", 0),
                      "tier_move_s": ex.get("tier_move_s", 0.0), "tier_disk_io": ex.get("tier_disk_io"),
@@ -207,12 +299,21 @@ def cmd_results(a) -> int:
     strict_ok, _ = pairwise(mean_e, mean_s, 0.0)
     beats = {}
     if "none" in mean_e:
+        p90_e = {r["config"]: r["executed"]["ttft_p90_s"] for r in rows}
+        p90_s = {r["config"]: r["simulated"]["ttft_p90_s"] for r in rows}
+        for r in rows:  # the error beyond the run without tiers': what the tier model adds
+            c = r["config"]
+            r["ttft_mean_err_vs_none"] = (mean_s[c] / mean_s["none"]) / (mean_e[c] / mean_e["none"]) - 1
+            r["ttft_p90_err_vs_none"] = (p90_s[c] / p90_s["none"]) / (p90_e[c] / p90_e["none"]) - 1
         for r in rows:
             if r["config"] != "none":
                 be, bs = (WORD[order(m[r["config"]], m["none"], TIE)] for m in (mean_e, mean_s))
                 r["beats_recompute"] = {"executed": be, "simulated": bs}
                 beats[r["config"]] = be == bs
-    result = {"model": MODEL, "gpu": GPU, "policy": POLICY, "gpu_blocks": GPU_BLOCKS, "chunk_tokens": CHUNK_TOKENS,
+    result = {"commands": [f"KERNELS=DIR GPU={GPU.split('-')[0]} bash benchmarks/tier_fidelity.sh (the executed runs, on the GPU)",
+                           f"python benchmarks/tier_fidelity.py simulate --exec {a.exec} --out {a.sim}" + (" --in-run-rates" if "in-run" in a.json else ""),
+                           f"python benchmarks/tier_fidelity.py results --exec {a.exec} --sim {a.sim} --json {a.json}"],
+              "model": MODEL, "gpu": GPU, "policy": POLICY, "batched_tokens": BATCHED_TOKENS, "gpu_blocks": GPU_BLOCKS, "chunk_tokens": CHUNK_TOKENS,
               "slice": {"source": "mooncake synthetic_trace.jsonl", "window_s": list(SLICE_S), "rate": RATE,
                         "clip_tokens": CLIP_TOKENS},
               "configs": rows, "pairwise_correct": ok, "pairs": n, "pairwise_accuracy": ok / n if n else None,
@@ -235,20 +336,22 @@ def pct(x) -> str:
 
 
 def markdown_table(r: dict) -> str:
-    lines = ["| config | exec mean | sim mean | mean err | exec p90 | sim p90 | p90 err | host / disk hit (exec) "
-             "| queue / onload / prefill (exec, ms) | against no tier (exec / sim) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| config | exec mean | sim mean | mean err | exec p90 | sim p90 | p90 err | mean / p90 err vs no tier "
+             "| host / disk hit (exec) | queue / onload / prefill (exec / sim, ms) | against no tier (exec / sim) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in r["configs"]:
         e, s = c["executed"], c["simulated"]
         hits = f"{100 * e.get('tier_host_hit_rate', 0):.1f}% / {100 * e.get('tier_disk_hit_rate', 0):.1f}%" \
             if "tier_host_hit_rate" in e else ""
-        split = " / ".join(f"{1e3 * e[k]:.0f}" for k in ("ttft_queue_s_mean_s", "ttft_onload_s_mean_s",
-                                                             "ttft_prefill_s_mean_s")) if "ttft_queue_s_mean_s" in e else ""
+        keys = ("ttft_queue_s_mean_s", "ttft_onload_s_mean_s", "ttft_prefill_s_mean_s")
+        split = " / ".join(f"{1e3 * e[k]:.0f}" for k in keys) + " vs " + " / ".join(f"{1e3 * s[k]:.0f}" for k in keys) \
+            if "ttft_queue_s_mean_s" in e else ""
+        rel = f"{pct(c['ttft_mean_err_vs_none'])} / {pct(c['ttft_p90_err_vs_none'])}" if "ttft_mean_err_vs_none" in c else ""
         b = c.get("beats_recompute")
         beats = f"{b['executed']} / {b['simulated']}" if b else ""
         lines.append(f"| {c['config']} | {1e3 * e['ttft_mean_s']:.1f} ms | {1e3 * s['ttft_mean_s']:.1f} ms | "
                      f"{pct(c['ttft_mean_err'])} | {1e3 * e['ttft_p90_s']:.1f} ms | {1e3 * s['ttft_p90_s']:.1f} ms | "
-                     f"{pct(c['ttft_p90_err'])} | {hits} | {split} | {beats} |")
+                     f"{pct(c['ttft_p90_err'])} | {rel} | {hits} | {split} | {beats} |")
     w = r["within"]
     lines += ["", f"Mean TTFT within 3%: {w['ttft_mean_3pct']} of {w['of']}; p90 TTFT within 5%: {w['ttft_p90_5pct']} "
               f"of {w['of']}; ranking by mean TTFT: {r['pairwise_correct']} of {r['pairs']} pairs in the same order "
@@ -282,16 +385,25 @@ def main(argv=None) -> int:
     e.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     e.add_argument("--disk-dir", default=None, help="directory of the disk tier's file (default OUT/disk)")
     e.add_argument("--executor", default="cuda", choices=["cuda", "cpu"])
+    e.add_argument("--gpu", default=GPU, help=f"catalog GPU (default {GPU}): its shipped profile of {MODEL}")
     for p in (e, s := sub.add_parser("simulate")):
         p.add_argument("--model", default=MODEL, help=f"model (default {MODEL}; another is for trying the script)")
         p.add_argument("--catalog", default=None, help="a catalog file defining --model")
+        p.add_argument("--tier-tables", default=str(TIER_TABLES),
+                       help="a tier_bandwidth.py result: its measured tables are merged into the shipped profile")
     e.add_argument("--budget-s", type=float, default=None, help="start no run after this many seconds")
+    e.add_argument("--process-per-run", action="store_true",
+                   help="one `blocksim replay` process per configuration (default: all in this process, the model "
+                        "built once)")
+    e.add_argument("--slice", default=None, help=argparse.SUPPRESS)  # another trace, for trying the script
     e.set_defaults(func=cmd_execute)
     s.add_argument("--exec", required=True)
     s.add_argument("--out", required=True)
     s.add_argument("--configs", nargs="+", default=None, choices=list(CONFIGS),
                    help="configurations to simulate (default: those executed)")
-    s.add_argument("--tier-tables", default=str(TIER_TABLES), help="a tier_bandwidth.py result (measured tables)")
+    s.add_argument("--in-run-rates", action="store_true",
+                   help="a diagnosis: price each configuration's tier moves at its executed run's mean measured "
+                        "time per chunk and move, instead of the tier tables")
     s.set_defaults(func=cmd_simulate)
     r = sub.add_parser("results")
     r.add_argument("--exec", required=True)

@@ -2,6 +2,7 @@
 # The executed runs of benchmarks/tier_fidelity.py on one GPU, one command (from the repository root):
 #
 #   GPU=h200 bash benchmarks/tier_fidelity.sh            # CONFIGS="none host8-lru-write-back" for a few
+#   GPU=h100 MEASURE_TIERS=1 bash benchmarks/tier_fidelity.sh   # an H100 (h100-80gb), its tier tables measured first
 #
 # Writes runs/tier_fidelity/exec-$GPU/ (one run directory per configuration) and, when $OUT is set,
 # packs it into $OUT/tier-fidelity-exec-$GPU.tgz. The disk tier's file lives on the machine's local
@@ -9,9 +10,13 @@
 # start, kernel build included) stops starting new runs. The machine needs simpy: a wheel under
 # .whl/ or runs/fidelity/whl/ is installed when it lacks it. KERNELS (a directory holding a
 # kernels/ package, e.g. the committed one exported by `git archive`) replaces the working tree's.
+# The executed runs' engine decides (onload recompute) by the shipped profile with the tier tables
+# of TABLES (default benchmarks/results/tier-$GPU.json); MEASURE_TIERS=1 measures them first
+# (benchmarks/tier_bandwidth.py, written to the run directory) and uses those.
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
 GPU=${GPU:-h200}
+case $GPU in h100) GPU_NAME=h100-80gb ;; *) GPU_NAME=h200-141gb ;; esac
 BUDGET_S=${BUDGET_S:-100000}
 EXEC=runs/tier_fidelity/exec-$GPU
 DISK_DIR=${DISK_DIR:-runs/tier_fidelity/disk}
@@ -27,8 +32,15 @@ df -h "$(dirname "$DISK_DIR")" | tail -1
 t0=$(date +%s)
 python -c "from kernels._build import extension; extension(); print('kernels built')" || exit 1
 echo "kernels: $(( $(date +%s) - t0 )) s"
-mkdir -p "$DISK_DIR"
-python benchmarks/tier_fidelity.py execute --out "$EXEC" --disk-dir "$DISK_DIR" \
+mkdir -p "$DISK_DIR" "$EXEC"
+TABLES=${TABLES:-benchmarks/results/tier-$GPU.json}
+if [ -n "${MEASURE_TIERS:-}" ]; then  # the tier tables measured again first, by the code of this tree
+  python benchmarks/tier_bandwidth.py --model llama-3-8b --disk-dir "$DISK_DIR" --out "$EXEC/tier-$GPU.json" \
+    > "$EXEC/tier-bandwidth.log" 2>&1 && TABLES=$EXEC/tier-$GPU.json
+  tail -3 "$EXEC/tier-bandwidth.log"; echo "tier tables: $TABLES, $(( $(date +%s) - t0 )) s"
+fi
+[ -f "$TABLES" ] || { echo "no tier tables $TABLES: set MEASURE_TIERS=1"; exit 2; }
+python benchmarks/tier_fidelity.py execute --out "$EXEC" --disk-dir "$DISK_DIR" --tier-tables "$TABLES" --gpu "$GPU_NAME" \
     --budget-s $(( BUDGET_S - ($(date +%s) - t0) )) ${CONFIGS:+--configs $CONFIGS}
 grep -E "^(Traceback|blocksim:)|Error" "$EXEC/execute.log" | sort | uniq -c | head -20
 python - "$EXEC" <<'EOF'

@@ -29,6 +29,8 @@ class GroupStatus(enum.StrEnum):
     HELD = "held"            # static batching: done, held until its batch ends
 
 
+_NAN = float("nan")
+
 #: `SequenceGroup.onload_state`: 0 (no tier load), its chunks loading, loaded and waiting to be scheduled.
 ONLOADING, ONLOADED = 1, 2
 
@@ -71,10 +73,9 @@ class SequenceGroup:
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
         self.priority = priority
-        self.seqs = [Sequence(first_seq_id + i, self, prompt_tokens) for i in range(n)]
-        self.first_scheduled_s = float("nan")
-        self.first_token_s = float("nan")
-        self.finish_s = float("nan")
+        self.seqs = ([Sequence(first_seq_id, self, prompt_tokens)] if n == 1
+                     else [Sequence(first_seq_id + i, self, prompt_tokens) for i in range(n)])
+        self.first_scheduled_s = self.first_token_s = self.finish_s = _NAN
         self.preemptions = 0
         self.swaps = 0
         self.recomputed_tokens = 0
@@ -89,14 +90,17 @@ class SequenceGroup:
         self.prefix_hit_tokens = 0
         # KV tiers (blocksim.memory.tiers): ONLOADING while chunks load, ONLOADED until scheduled after
         self.onload_state = 0
-        self.onload_issue_s = self.onload_ready_s = float("nan")
+        self.onload_issue_s = self.onload_ready_s = _NAN
         self.onload_wait_s = 0.0             # seconds spent waiting for loads, all admissions
         self.onload_ttft_s = 0.0             # of which before the first token
         self.tier_tokens = None              # [gpu, host, disk] prompt tokens hit, all admissions
         self.onload_skipped_tokens = 0       # found in a tier, recomputed by the onload mode
 
     def seqs_with(self, status: SeqStatus) -> list[Sequence]:
-        return [s for s in self.seqs if s.status is status]
+        seqs = self.seqs
+        if len(seqs) == 1:  # most requests
+            return [seqs[0]] if seqs[0].status is status else []
+        return [s for s in seqs if s.status is status]
 
     def num_unfinished(self) -> int:
         return sum(1 for s in self.seqs if s.status is not SeqStatus.FINISHED)

@@ -1,5 +1,6 @@
 """Just-in-time build of the CUDA extension (``torch.utils.cpp_extension.load``), done once per
-process on the first CUDA call and cached on disk between processes.
+process on the first CUDA call and cached on disk between processes; a digest of every file under
+csrc/ is part of the compile flags, so an edit of any of them (headers included) rebuilds.
 
 The build directory is ``$BLOCKSIM_KERNELS_CACHE`` if set, else ``$TORCH_EXTENSIONS_DIR/blocksim``,
 else ``~/.cache/blocksim/kernels``, with one subdirectory per (torch, CUDA, GPU architecture).
@@ -30,6 +31,7 @@ SOURCES = (
     "fast_decode_bf16.cu",
     "paged_prefill_f16.cu",
     "paged_prefill_bf16.cu",
+    "paged_prefill_wgmma.cu",
     "torch_bindings.cpp",
 )
 
@@ -44,6 +46,19 @@ def arch_flags(capabilities: set[tuple[int, int]]) -> list[str]:
         cc = f"{major}{minor}a" if (major, minor) == (9, 0) else f"{major}{minor}"
         flags.append(f"-gencode=arch=compute_{cc},code=sm_{cc}")
     return flags
+
+
+def sources_digest() -> str:
+    """A digest of every file under csrc/ (sources and headers). It goes into the compile flags, so
+    that an edit of a header alone rebuilds every object: torch's build cache versions the listed
+    sources and the flags only, and on a machine whose cache is warm a header-only edit was seen to
+    run stale kernel objects."""
+    h = hashlib.sha1()
+    for f in sorted(CSRC.iterdir()):
+        if f.is_file():
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def cache_dir(capabilities: set[tuple[int, int]]) -> Path:
@@ -97,11 +112,12 @@ def extension():
             caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
             build = cache_dir(caps)
             build.mkdir(parents=True, exist_ok=True)
+            digest = f"-DBLOCKSIM_SOURCES_DIGEST=0x{sources_digest()}"
             _ext = load(
                 name="blocksim_kernels",
                 sources=[str(CSRC / s) for s in SOURCES],
-                extra_cflags=["-O3"],
-                extra_cuda_cflags=["-O3", "-lineinfo", *arch_flags(caps),
+                extra_cflags=["-O3", digest],
+                extra_cuda_cflags=["-O3", "-lineinfo", digest, *arch_flags(caps),
                                    *shlex.split(os.environ.get("BLOCKSIM_NVCC_FLAGS", ""))],
                 build_directory=str(build),
                 verbose=os.environ.get("BLOCKSIM_KERNELS_VERBOSE") == "1",

@@ -209,6 +209,7 @@ class ModelRunner:
         self.dtype = DTYPES[dtype]
         self.attention = attention
         self.prefill_impl = self._choose_prefill(prefill)
+        self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.cuda else 132
         self.scale = dims.head_size ** -0.5
         self.pad_slot = num_blocks * block_size  # the scratch block's first slot
         g = torch.Generator(device=self.device).manual_seed(seed)
@@ -316,9 +317,13 @@ class ModelRunner:
         d = self.dims
         if self.prefill_impl == "kernel":
             tables, qsl, ctx = meta["tables"], meta["qsl"], meta["ctx"]
+            # The mma.sync tile configurations, which the shipped cost profiles measured (the
+            # kernels' own choice may take another path on some GPUs).
+            config = kernels.choose_prefill_config(tables.shape[0], meta["max_new"], d.num_heads, d.num_kv_heads,
+                                                   d.head_size, self.num_sms)
             kernels.paged_prefill_attention(out, q, self.k_caches[j], self.v_caches[j], d.num_kv_heads, self.scale,
                                             tables, qsl, ctx, self.block_size, max_query_len=meta["max_new"],
-                                            max_context_len=meta["max_ctx"], validate=not self.cuda)
+                                            max_context_len=meta["max_ctx"], validate=not self.cuda, config=config)
             return
         self._prefill_sdpa(j, out, q, k_new, v_new, meta)
 

@@ -134,6 +134,24 @@ class ModelStepExecutor:
         self._shapes: set[tuple[int, int]] = set()  # (tokens, sampled) of the eager steps run so far
         self.rows: list[dict] = []
 
+    def new_run(self, config) -> None:
+        """Start another run on the same model, caches and CUDA graphs (several runs in one
+        process): the last run's sequences, sampled tokens, primed shapes, records and tiers are
+        forgotten. `config` must have the model, blocks, block size and batch limits of the first."""
+        keep = ("model", "num_gpu_blocks", "num_cpu_blocks", "tensor_parallel")
+        if (ModelDims.of(config.model) != self.dims or config.num_gpu_blocks != self.num_gpu_blocks
+                or config.num_cpu_blocks != self.num_cpu_blocks or config.cache.block_size != self.bs
+                or config.tensor_parallel != self.tp
+                or config.scheduler.max_num_seqs != self.config.scheduler.max_num_seqs):
+            raise ExecutorError(f"another run on this executor needs the same {', '.join(keep)}, block size and "
+                                f"max_num_seqs as its first; build a new executor")
+        self.config = config
+        self._last_token, self._generated, self._prompt_ids = {}, {}, {}
+        self._shapes, self.rows = set(), []
+        self.tier_ex = None
+        for k in ("tier_disk_io", "tier_disk_io_reason", "tier_transfer_prices"):
+            self.describe.pop(k, None)
+
     # --- token ids ------------------------------------------------------------------------------------
     def _ids(self, g, seq, positions: np.ndarray) -> np.ndarray:
         vocab = self.dims.vocab_size
@@ -375,6 +393,7 @@ class ModelStepExecutor:
                            tier_moved_bytes=int(moves["bytes"].sum()) if len(moves) else 0,
                            tier_move_s=float(moves["seconds"].sum()) if len(moves) else 0.0)
             tiers.close()
+            self.tier_ex = None
         (out / "executor.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 

@@ -152,6 +152,10 @@ class RooflineCostModel:
         return max(tokens * self.linear_flops_per_token / self.flops, self.weight_time_s) * self.params.scale_linear
 
     def attn_prefill(self, new_tokens: np.ndarray, cached_tokens: np.ndarray | None = None) -> float:
+        if len(new_tokens) == 1:  # one prompt (most prompt steps): the same arithmetic on Python floats
+            p = float(new_tokens[0])
+            c = 0.0 if cached_tokens is None else float(cached_tokens[0])
+            return float(self.attn_flops_coef * (p * (c + p / 2)) / self.flops) * self.params.scale_attn_prefill
         p = np.asarray(new_tokens, dtype=np.float64)
         c = 0.0 if cached_tokens is None else np.asarray(cached_tokens, dtype=np.float64)
         return float(self.attn_flops_coef * np.sum(p * (c + p / 2)) / self.flops) * self.params.scale_attn_prefill

@@ -3,9 +3,11 @@
 `blocksim profile --tier-dir` (and `benchmarks/tier_bandwidth_merge.py`) add five tables to a profile,
 `tier_<src>_<dst>`: the seconds to move `chunks` chunks of `chunk_bytes` in one batch, as the GPU
 tier executor moves them (`docs/tier_executor.md`). A simulated tier serves one chunk at a time per
-channel, so each move is priced at its per-chunk time in the largest batch measured (the channel
-busy with back-to-back chunks), interpolated linearly in `chunk_bytes` and extrapolated from the
-nearest two sizes beyond the grid.
+channel. The engine stores chunk by chunk (each store is its own move: a computed chunk, a
+write-back, a copy down to the disk), so a store is priced at the table's single-chunk batch; it
+loads a request's chunks together, so a load is priced at its per-chunk time in the largest batch
+measured (the channel busy with back-to-back chunks). Both are interpolated linearly in
+`chunk_bytes` and extrapolated from the nearest two sizes beyond the grid.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from blocksim.cost.profile_file import TIER_COMPONENTS, Profile
+
+#: moves the engine issues one chunk at a time: priced at the single-chunk batch
+STORES = ("tier_gpu_host", "tier_gpu_disk", "tier_host_disk")
 
 
 def tier_chunk_seconds(profile: Profile, chunk_bytes: int) -> dict[str, float] | None:
@@ -24,7 +29,8 @@ def tier_chunk_seconds(profile: Profile, chunk_bytes: int) -> dict[str, float] |
     for name in TIER_COMPONENTS:
         g = profile.tables[name]
         sizes, batches = (np.asarray(x, np.float64) for x in g.grids)
-        per_chunk = np.asarray(g.seconds, np.float64)[:, -1] / batches[-1]
+        col = 0 if name in STORES else -1
+        per_chunk = np.asarray(g.seconds, np.float64)[:, col] / batches[col]
         x = float(chunk_bytes)
         if len(sizes) == 1:
             s = per_chunk[0] * x / sizes[0]

@@ -27,6 +27,7 @@ counters per step (`tier_steps.parquet`) and the moves for the plan.
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from typing import TYPE_CHECKING
@@ -411,7 +412,16 @@ class Engine:
         t0 = time.perf_counter()
         self.env.process(self._arrivals_proc())
         self.env.process(self._engine_proc())
-        self.env.run()
+        # The step loop allocates objects by the million and leaves no reference cycles behind (its
+        # requests and sequences refer to each other but live as long as the engine), so the cyclic
+        # garbage collector would only walk them again and again: it pauses for the run.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self.env.run()
+        finally:
+            if collecting:
+                gc.enable()
         if self.plan is not None:
             self.plan.close()
         wall = time.perf_counter() - t0

@@ -20,12 +20,14 @@ at the span's first step (`memory_breakdown`) and the appends of the further ste
 from __future__ import annotations
 
 import math
-from itertools import accumulate
+from bisect import bisect_left
+from itertools import accumulate, chain
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from blocksim.interfaces import MemoryManager
+from blocksim.records.steps import DeferredColumns
 from blocksim.scheduling.outputs import SchedulerOutputs
 from blocksim.sequence import Sequence, SeqStatus
 
@@ -41,10 +43,11 @@ class Span(NamedTuple):
     seqs: list[Sequence]      # the decoding sequences, in running order
     takers: list[int]         # the sequences (indices into `seqs`) taking a new block: step order, then running order
     new_blocks: list[int] | None  # blocks taken at each step (0 at the first); None when none are
-    starts_s: np.ndarray      # start time of each step (at least `steps` of them)
+    starts_s: np.ndarray      # start time of each step
     durations_s: np.ndarray
     ctx_tokens: np.ndarray    # decode context tokens of each step
     times: dict               # the cost model's components: t_linear_s, t_attn_decode_s, t_comm_s, t_overhead_s
+    end_s: float              # when the last step ends
 
 
 def decode_batch(sched: Scheduler, out: SchedulerOutputs):
@@ -78,7 +81,8 @@ def decode_times(cost, out: SchedulerOutputs, k: int, comm=None):
     and the steps' context tokens. `comm(tokens)`: the tensor-parallel all-reduces' time (None on
     one GPU), added in the order a single step sums its components."""
     n = out.num_decode_seqs
-    ctx = out.decode_ctx_tokens + n * np.arange(k, dtype=np.int64)
+    c0 = out.decode_ctx_tokens
+    ctx = np.arange(c0, c0 + n * k, n, dtype=np.int64) if n else np.full(k, c0, np.int64)
     times = {"t_linear_s": cost.linear(n, n, True), "t_attn_decode_s": cost.attn_decode(ctx, n, True),
              "t_comm_s": comm(n) if comm is not None else 0.0, "t_overhead_s": cost.overhead(True, n)}
     if comm is None:
@@ -110,9 +114,12 @@ def block_crossings(bm: MemoryManager, lens: list[int], k: int):
     takes = []
     for i, m in enumerate(lens):
         j = bs - (m - 1) % bs
-        while j < k:
+        if j < k:
             takes.append((j, i))
             j += bs
+            while j < k:  # a span longer than a block: more takes
+                takes.append((j, i))
+                j += bs
     takes.sort()
     if len(takes) > room:
         k = takes[room][0] if room >= 0 else 1
@@ -144,8 +151,9 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     guess = k if first_s <= 0 or next_arrival_s == math.inf else min(k, int((next_arrival_s - now_s) / first_s) + 2)
     while True:
         durations, times, ctx = decode_times(cost, out, guess, comm)
-        starts = np.fromiter(accumulate(durations[:-1].tolist(), initial=now_s), np.float64, guess)
-        before = int(np.searchsorted(starts, next_arrival_s, side="left"))  # steps starting before the arrival
+        step_s = durations.tolist()
+        starts = list(accumulate(step_s[:-1], initial=now_s))
+        before = bisect_left(starts, next_arrival_s)  # steps starting before the arrival
         if before < guess or guess == k:
             break
         guess = k
@@ -155,15 +163,53 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     k, takers, new_blocks = block_crossings(bm, lens, k)
     if k <= 1:
         return None
-    return Span(k, seqs, takers, new_blocks, starts, durations, ctx, times)
+    return Span(k, seqs, takers, new_blocks, np.array(starts[:k]), durations, ctx, times, starts[k - 1] + step_s[k - 1])
 
 
-def span_memory(bm: MemoryManager, k: int, written: np.ndarray, new_blocks: list[int] | None,
-                next_group) -> tuple[dict, dict]:
-    """Per-step block counts and memory columns over a span, from the state after its first step:
-    `(constant, varying)`, the columns that keep one value and those that change (arrays of k).
+def _span_steps(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For spans of `steps` steps laid end to end: each step's index within its span, and each
+    span's first row."""
+    first = np.cumsum(steps) - steps
+    return np.arange(int(steps.sum()), dtype=np.int64) - np.repeat(first, steps), first
 
-    `written[j]` slots are written by the steps before step j: out of the reservation where every slot was reserved at
+
+def _taking_columns(args: list, steps: np.ndarray) -> dict[str, np.ndarray]:
+    """`TAKING_MEMORY`'s columns of spans described by `(blocks used, breakdown, decoding sequences,
+    block size, new blocks per step)` at their first steps: step j has written `n * j` more slots
+    out of the unfilled part of the last blocks, and each block taken by then moved `block_size`
+    slots from free to that unfilled part."""
+    used, token_states, internal, free, n, bs = (np.repeat(np.array([a[i] for a in args], np.int64), steps)
+                                                 for i in range(6))
+    j, first = _span_steps(steps)
+    new = np.fromiter(chain.from_iterable(a[6] for a in args), np.int64, len(j))
+    total = np.cumsum(new)
+    taken = total - np.repeat(total[first] - new[first], steps)  # blocks taken by steps 1..j of its span
+    written, slots = n * j, bs * taken
+    return {"gpu_blocks_used": used + taken, "mem_token_states": token_states + written,
+            "mem_internal_frag": internal + slots - written, "mem_free": free - slots}
+
+
+def _reserved_columns(args: list, steps: np.ndarray) -> dict[str, np.ndarray]:
+    """`RESERVED_MEMORY`'s columns of spans described by `(token states, reservation, decoding
+    sequences)` at their first steps: step j has written `n * j` more slots out of the reservation."""
+    token_states, reservation, n = (np.repeat(np.array([a[i] for a in args], np.int64), steps) for i in range(3))
+    written = n * _span_steps(steps)[0]
+    return {"mem_token_states": token_states + written, "mem_reservation": reservation - written}
+
+
+#: The memory columns of a span under a manager that takes blocks as sequences grow, and under
+#: one that reserved every slot at admission.
+TAKING_MEMORY = DeferredColumns(("gpu_blocks_used", "mem_token_states", "mem_internal_frag", "mem_free"),
+                                _taking_columns)
+RESERVED_MEMORY = DeferredColumns(("mem_token_states", "mem_reservation"), _reserved_columns)
+
+
+def span_memory(bm: MemoryManager, n: int, new_blocks: list[int] | None, next_group) -> tuple[dict, tuple]:
+    """The memory columns of a span of `n` decoding sequences, from the state after its first
+    step: `(constant, deferred)`, the columns that keep one value and the description of those that
+    change (`TAKING_MEMORY` or `RESERVED_MEMORY` with its arguments, for the step records).
+
+    Each step writes `n` slots: out of the reservation where every slot was reserved at
     admission, else out of the unfilled part of the last blocks (internal fragmentation), each
     new block (`new_blocks[j]` taken at step j) moving `block_size` slots from free to that unfilled part.
     """
@@ -171,12 +217,10 @@ def span_memory(bm: MemoryManager, k: int, written: np.ndarray, new_blocks: list
     if new_blocks is None:
         return ({"gpu_blocks_used": bm.num_gpu_blocks_used, "mem_internal_frag": mem.internal_frag,
                  "mem_external_frag": mem.external_frag, "mem_free": mem.free},
-                {"mem_token_states": mem.token_states + written, "mem_reservation": mem.reservation - written})
-    taken = np.fromiter(accumulate(new_blocks), np.int64, k)  # blocks taken by steps 1..j
-    new_slots = bm.block_size * taken
+                (RESERVED_MEMORY, (mem.token_states, mem.reservation, n)))
     return ({"mem_reservation": mem.reservation, "mem_external_frag": mem.external_frag},
-            {"gpu_blocks_used": bm.num_gpu_blocks_used + taken, "mem_token_states": mem.token_states + written,
-             "mem_internal_frag": mem.internal_frag + new_slots - written, "mem_free": mem.free - new_slots})
+            (TAKING_MEMORY, (bm.num_gpu_blocks_used, mem.token_states, mem.internal_frag, mem.free, n,
+                             bm.block_size, new_blocks)))
 
 
 def exact_delay(now_s: float, end_s: float) -> float | None:
@@ -197,16 +241,13 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
     env, sched, bm = engine.env, engine.sched, engine.bm
     k, seqs = span.steps, span.seqs
     n = out.num_decode_seqs
-    ctx = span.ctx_tokens[:k]
-    constant, varying = span_memory(bm, k, ctx - out.decode_ctx_tokens, span.new_blocks,
-                                    sched.waiting[0] if sched.waiting else None)
+    constant, memory = span_memory(bm, n, span.new_blocks, sched.waiting[0] if sched.waiting else None)
     bm.append_span_slots(seqs, k - 1, span.takers)  # step order, then running order
     for s in seqs:
         s.num_tokens += k - 1
     # The clock adds each step's time, exactly as stepping does: one timeout to that sum when one
     # delay reaches it exactly from now (almost always), else one timeout per step.
-    end_s = span.starts_s[k - 1].item() + span.durations_s[k - 1].item()
-    delay = exact_delay(env.now, end_s)
+    delay = exact_delay(env.now, span.end_s)
     if delay is not None:
         yield env.timeout(delay)
     else:
@@ -214,8 +255,6 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
             yield env.timeout(d)
     sched.on_span_steps(k - 1)
     finished = sched.complete_step(out, env.now)
-    fin = np.zeros(k, dtype=np.int64)
-    fin[-1] = len(finished)
     if engine.tiers is not None:
         engine.tiers.now_s = env.now
         engine._tier_record(k)
@@ -224,8 +263,12 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
                     swapped=len(sched.swapped), cpu_blocks_used=bm.num_cpu_blocks_used,
                     t_linear_s=times["t_linear_s"], t_comm_s=times["t_comm_s"],
                     t_overhead_s=times["t_overhead_s"])  # the other columns are 0
-    varying.update(start_s=span.starts_s[:k], duration_s=span.durations_s[:k], decode_ctx_tokens=ctx,
-                   finished=fin, t_attn_decode_s=times["t_attn_decode_s"][:k])
-    engine.rec.add_many(k, constant, varying)
+    varying = {"start_s": span.starts_s, "duration_s": span.durations_s[:k], "decode_ctx_tokens": span.ctx_tokens[:k],
+               "t_attn_decode_s": times["t_attn_decode_s"][:k]}
+    if finished:  # requests finish at the last step only
+        fin = np.zeros(k, dtype=np.int64)
+        fin[-1] = len(finished)
+        varying["finished"] = fin
+    engine.rec.add_many(k, constant, varying, memory)
     if engine.check:
         bm.check_invariants(sched.live_seqs())

@@ -218,6 +218,20 @@ class BlockPool:
             else:
                 cached[h] = b
 
+    def cache_full_blocks_of(self, filled: list[tuple[list[int], list[int], int, int]]) -> None:
+        """`cache_full_blocks(blocks, hashes, start, stop)` for each tuple of `filled`, in order."""
+        if not self.enable_caching:
+            return
+        cached, bh, dups = self.cached, self.block_hash, self.duplicates
+        for blocks, hashes, start, stop in filled:
+            for i in range(start, stop):
+                b, h = blocks[i], hashes[i]
+                bh[b] = h
+                if h in cached:
+                    dups.setdefault(h, []).append(b)
+                else:
+                    cached[h] = b
+
     def check(self) -> None:
         """The free queue against the reference counts and the cache maps (O(num_blocks); tests)."""
         free = self.free_queue.blocks()

@@ -40,7 +40,8 @@ class BlockAllocator:
         self.num_blocks = num_blocks
         self.order = order
         self.ref_counts = [0] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        # a stack for LIFO (blocks taken from its end, several in one slice), a queue for FIFO
+        self._free: list[int] | deque[int] = list(range(num_blocks)) if order == "lifo" else deque(range(num_blocks))
         self._take = self._free.pop if order == "lifo" else self._free.popleft
 
     @property
@@ -66,7 +67,12 @@ class BlockAllocator:
         if n > len(self._free):
             raise BlockError(f"{self.device.value} allocator: out of blocks ({self.num_blocks} all in use)")
         take, refs = self._take, self.ref_counts
-        blocks = [take() for _ in range(n)]
+        if self.order == "lifo":  # the last n of the stack, last first
+            free = self._free
+            blocks = free[:-n - 1:-1] if n > 0 else []
+            del free[len(free) - len(blocks):]
+        else:
+            blocks = [take() for _ in range(n)]
         for block in blocks:
             refs[block] = 1
         return blocks
@@ -94,7 +100,17 @@ class BlockAllocator:
         table: this runs for every finished request.
         """
         refs, free_list = self.ref_counts, self._free
-        release = free_list.append if type(self)._release is BlockAllocator._release else self._release
+        plain = type(self)._release is BlockAllocator._release
+        if plain:
+            for b in table:
+                if refs[b] != 1:
+                    break
+            else:  # the common case: no block shared, every one released in table order
+                for b in table:
+                    refs[b] = 0
+                free_list.extend(table)
+                return max(0, min(kv_len, len(table) * block_size))
+        release = free_list.append if plain else self._release
         shared = False
         for b in table:
             rc = refs[b] - 1

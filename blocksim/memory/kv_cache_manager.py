@@ -80,11 +80,14 @@ class KVCacheManager:
         bs = self.block_size
         keys = prompt_block_keys(g, bs, self.hash_block_tokens) if len(hashes) < g.prompt_tokens // bs else ()
         parent = hashes[-1] if hashes else ROOT_HASH
+        append = hashes.append
+        for j in range(len(hashes), min(num_blocks, len(keys))):  # blocks the trace's prefix hashes cover
+            parent = hash((parent, keys[j]))
+            append(parent)
         unique = g.index << 24
-        for j in range(len(hashes), num_blocks):
-            content = keys[j] if j < len(keys) else ~(unique | j)
-            parent = hash((parent, content))
-            hashes.append(parent)
+        for j in range(len(hashes), num_blocks):  # content no other request shares
+            parent = hash((parent, ~(unique | j)))
+            append(parent)
         return hashes
 
     # --- V1's KVCacheManager -----------------------------------------------------------------
@@ -211,10 +214,11 @@ class KVCacheManager:
         if not table:
             return
         bs = self.block_size
-        released = set(self.pool.free_blocks(reversed(table)))
-        if len(released) == len(table):
+        released = self.pool.free_blocks(reversed(table))
+        if len(released) == len(table):  # every block released
             self.filled_slots -= min(num_computed, len(table) * bs)
         else:
+            released = set(released)
             self.filled_slots -= sum(max(0, min(bs, num_computed - i * bs))
                                      for i, b in enumerate(table) if b in released)
         seq.block_table = []
@@ -323,7 +327,8 @@ class KVCacheManager:
         if not self.enable_caching:
             return
         bs, ncached, hashes_of = self.block_size, self._num_cached, self._hashes
-        cache = self.pool.cache_full_blocks
+        filled = []
+        cache = filled.append
         for s in seqs:  # step j writes position num_tokens - 1 + j; blocks full after the last step
             full = (s.num_tokens + steps) // bs
             done = ncached.get(s.seq_id, 0)
@@ -337,8 +342,9 @@ class KVCacheManager:
                             hs.append(hash((hs[-1], ~(unique | k))))
                     else:
                         hs = self.block_hashes(s, full)
-                cache(s.block_table, hs, done, full)
+                cache((s.block_table, hs, done, full))
                 ncached[s.seq_id] = full
+        self.pool.cache_full_blocks_of(filled)
 
     def set_clock(self, now_s: float) -> None:
         """No clock: the free queue's order is the LRU order (`uses_clock` is False)."""

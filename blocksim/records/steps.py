@@ -2,11 +2,12 @@
 
 A step or a span of steps is one *segment*: a row of every column's value (0 where the value
 varies over the span) with its step count, kept in numpy chunks of `SEGMENT_CHUNK_ROWS` rows (one
-float64 and one int64 block each). A span's columns that vary from step to step (start times,
-contexts, memory columns) are kept as the arrays given, per column, and concatenated into one
-array per `PENDING_ARRAYS` spans (int32 where the values fit). A span thus costs one row write and
-a list append per varying column, and its constant columns take 8 bytes each for the whole span
-instead of per step.
+float64 and one int64 block each; rows are written into them `ROW_BUFFER` at a time). A span's
+columns that vary from step to step (start times, contexts, memory columns) are kept as the
+arrays given, per column, and concatenated into one array per `PENDING_ARRAYS` spans (int32 where the values fit); columns a span describes rather
+than gives (`DeferredColumns`: the memory columns, which follow from the span's first step) are
+computed then, for all those spans at once. A span thus costs one row write and a list append per
+varying column, and its constant columns take 8 bytes each for the whole span instead of per step.
 
 Once closed, the records come out as columns `row_groups` at a time (each column its segments'
 values repeated over their steps, with the span arrays written over the rows of the spans that
@@ -17,8 +18,9 @@ whole frame, `column_sum` and `end_s` answer the summary without it.
 from __future__ import annotations
 
 from collections import namedtuple
+from itertools import groupby
 from operator import itemgetter
-from typing import Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -33,6 +35,7 @@ from blocksim.records.schema import (COMM_COLUMN, FLOAT_COLUMNS, ROW_COLUMNS, ST
 StepRow = namedtuple("StepRow", ROW_COLUMNS)
 
 SEGMENT_CHUNK_ROWS = 1 << 14
+ROW_BUFFER = 1 << 10  # segment rows kept as tuples, then written into the chunks together
 PENDING_ARRAYS = 1 << 10
 FLOAT_ROW_COLUMNS = tuple(c for c in ROW_COLUMNS if c in FLOAT_COLUMNS)
 INT_ROW_COLUMNS = tuple(c for c in ROW_COLUMNS if c not in FLOAT_COLUMNS)
@@ -45,7 +48,19 @@ _PLACE = {c: (c in FLOAT_COLUMNS, (FLOAT_ROW_COLUMNS if c in FLOAT_COLUMNS else 
 _floats_of = itemgetter(*(ROW_COLUMNS.index(c) for c in FLOAT_ROW_COLUMNS))
 _ints_of = itemgetter(*(ROW_COLUMNS.index(c) for c in INT_ROW_COLUMNS))
 _ONE_STEP = (1, 0)  # a single step's count and varying-column bits
+_ZERO_ROW = dict.fromkeys(ROW_COLUMNS, 0)  # a span's row before its constant values: 0 where not given
+_float_values = itemgetter(*FLOAT_ROW_COLUMNS)
+_int_values = itemgetter(*INT_ROW_COLUMNS)
 _INT32 = np.iinfo(np.int32)
+
+
+class DeferredColumns(NamedTuple):
+    """Span columns given as a description and computed when pending spans are joined:
+    `build(args, steps)` gets the `args` of consecutive spans that share this spec (in order) and
+    their step counts (an int64 array), and returns each of `columns` over all their steps, in order."""
+
+    columns: tuple[str, ...]
+    build: Callable[[list, np.ndarray], dict[str, np.ndarray]]
 
 
 class StepRecorder:
@@ -57,38 +72,55 @@ class StepRecorder:
         self.columns = STEP_COLUMNS_TP if comm else STEP_COLUMNS  # the records' columns, in written order
         self._chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (floats, ints), SEGMENT_CHUNK_ROWS rows each
         self._used = SEGMENT_CHUNK_ROWS  # rows written in the last chunk
+        self._float_rows: list[tuple] = []  # segment rows not written into the chunks yet (ROW_BUFFER at most)
+        self._int_rows: list[tuple] = []
         self._pending: dict[str, list[np.ndarray]] = {c: [] for c in ROW_COLUMNS}  # spans' arrays, in order
         self._joined: dict[str, list[np.ndarray]] = {c: [] for c in ROW_COLUMNS}  # ... concatenated
-        self._num_pending = 0  # spans with arrays in `_pending`
+        self._num_pending = 0  # spans with arrays in `_pending` or `_deferred`
+        self._deferred: list[tuple[DeferredColumns, Any, int]] = []  # (spec, args, steps) of pending spans
         self.num_steps = 0
         self._closed = False
         self._frame: pd.DataFrame | None = None
 
-    def _row(self) -> tuple[np.ndarray, np.ndarray, int]:
-        """The chunk blocks and index of the next segment row, after starting a new chunk if the last is full."""
-        self._check_open()
-        if self._used == SEGMENT_CHUNK_ROWS:
-            self._chunks.append((np.empty((SEGMENT_CHUNK_ROWS, len(FLOAT_ROW_COLUMNS)), np.float64),
-                                 np.empty((SEGMENT_CHUNK_ROWS, len(INT_ROW_COLUMNS) + 2), np.int64)))
-            self._used = 0
-        floats, ints = self._chunks[-1]
-        u = self._used
-        self._used = u + 1
-        return floats, ints, u
+    def _flush_rows(self) -> None:
+        """Write the buffered segment rows into the chunks, starting chunks as the last fills."""
+        floats = np.array(self._float_rows, np.float64).reshape(-1, len(FLOAT_ROW_COLUMNS))
+        ints = np.array(self._int_rows, np.int64).reshape(-1, len(INT_ROW_COLUMNS) + 2)
+        self._float_rows.clear()
+        self._int_rows.clear()
+        i = 0
+        while i < len(floats):
+            if self._used == SEGMENT_CHUNK_ROWS:
+                self._chunks.append((np.empty((SEGMENT_CHUNK_ROWS, len(FLOAT_ROW_COLUMNS)), np.float64),
+                                     np.empty((SEGMENT_CHUNK_ROWS, len(INT_ROW_COLUMNS) + 2), np.int64)))
+                self._used = 0
+            u = self._used
+            m = min(len(floats) - i, SEGMENT_CHUNK_ROWS - u)
+            chunk_floats, chunk_ints = self._chunks[-1]
+            chunk_floats[u:u + m] = floats[i:i + m]
+            chunk_ints[u:u + m] = ints[i:i + m]
+            self._used = u + m
+            i += m
 
     def add(self, row: StepRow) -> None:
         """One step."""
-        floats, ints, u = self._row()
-        floats[u] = _floats_of(row)
-        ints[u] = _ints_of(row) + _ONE_STEP
+        if self._closed:
+            self._check_open()
+        self._float_rows.append(_floats_of(row))
+        self._int_rows.append(_ints_of(row) + _ONE_STEP)
         self.num_steps += 1
+        if len(self._int_rows) == ROW_BUFFER:
+            self._flush_rows()
 
-    def add_many(self, k: int, constant: dict, varying: dict) -> None:
-        """`k` steps: `constant` maps columns to one value each (a column in neither dict is 0),
-        `varying` to a numpy array of k values."""
-        floats, ints, u = self._row()
-        get = constant.get
-        floats[u] = [get(c, 0.0) for c in FLOAT_ROW_COLUMNS]
+    def add_many(self, k: int, constant: dict, varying: dict,
+                 deferred: tuple[DeferredColumns, Any] | None = None) -> None:
+        """`k` steps: `constant` maps columns to one value each (a column in none of them is 0),
+        `varying` to a numpy array of k values; `deferred`, `(spec, args)`: the columns of `spec`,
+        built from `args` when the pending spans are joined."""
+        if self._closed:
+            self._check_open()
+        row = _ZERO_ROW.copy()
+        row.update(constant)
         bits = 0
         pending = self._pending
         for c, v in varying.items():
@@ -96,14 +128,24 @@ class StepRecorder:
                 raise ValueError(f"step records: column {c} has {len(v)} values for {k} steps")
             pending[c].append(v)
             bits |= _PLACE[c][2]
-        ints[u] = [get(c, 0) for c in INT_ROW_COLUMNS] + [k, bits]
+        if deferred is not None:
+            spec, args = deferred
+            for c in spec.columns:
+                bits |= _PLACE[c][2]
+            self._deferred.append((spec, args, k))
+        self._float_rows.append(_float_values(row))
+        self._int_rows.append(_int_values(row) + (k, bits))
         self.num_steps += k
+        if len(self._int_rows) == ROW_BUFFER:
+            self._flush_rows()
         if bits:
             self._num_pending += 1
             if self._num_pending == PENDING_ARRAYS:
                 self._join_pending()
 
     def _join_pending(self) -> None:
+        if self._deferred:
+            self._build_deferred()
         for c, arrays in self._pending.items():
             if arrays:
                 joined = np.concatenate(arrays)
@@ -113,11 +155,28 @@ class StepRecorder:
                 arrays.clear()
         self._num_pending = 0
 
+    def _build_deferred(self) -> None:
+        """The pending spans' deferred columns, built per run of spans sharing a spec, into `_pending`."""
+        pending = self._pending
+        built: set[str] = set()
+        for _, run in groupby(self._deferred, key=lambda d: id(d[0])):
+            run = list(run)
+            spec = run[0][0]
+            columns = spec.build([args for _, args, _ in run], np.array([k for _, _, k in run], np.int64))
+            for c in spec.columns:
+                if pending[c] and c not in built:
+                    raise ValueError(f"step records: column {c} is given both as arrays and as deferred "
+                                     f"columns among the pending spans")
+                pending[c].append(columns[c])
+                built.add(c)
+        self._deferred.clear()
+
     def close(self) -> None:
         """End the records: no step can be added afterwards."""
         if self._closed:
             return
         self._join_pending()
+        self._flush_rows()
         if self._chunks:  # the unused rows of the last chunk are dropped
             floats, ints = self._chunks[-1]
             self._chunks[-1] = (floats[:self._used], ints[:self._used])

@@ -6,7 +6,7 @@ Names follow vLLM 0.6's `core/scheduler.py`: `SchedulingBudget`, `SchedulerOutpu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from blocksim.sequence import SequenceGroup
@@ -62,20 +62,35 @@ class ScheduledPrefill(NamedTuple):
     stop: int
 
 
-@dataclass
+@dataclass(init=False, slots=True)
 class SchedulerOutputs:
     """One step: the prefills and decodes to run and the block moves the worker does first."""
 
-    prefills: list[ScheduledPrefill] = field(default_factory=list)
-    decode_groups: list[SequenceGroup] = field(default_factory=list)
-    prefill_tokens: int = 0
-    num_decode_seqs: int = 0
-    decode_ctx_tokens: int = 0
-    blocks_to_swap_in: dict[int, int] = field(default_factory=dict)
-    blocks_to_swap_out: dict[int, int] = field(default_factory=dict)
-    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
-    preempted: list[SequenceGroup] = field(default_factory=list)
-    rejected: list[SequenceGroup] = field(default_factory=list)
+    prefills: list[ScheduledPrefill]
+    decode_groups: list[SequenceGroup]
+    prefill_tokens: int
+    num_decode_seqs: int
+    decode_ctx_tokens: int
+    blocks_to_swap_in: dict[int, int]
+    blocks_to_swap_out: dict[int, int]
+    blocks_to_copy: list[tuple[int, int]]
+    preempted: list[SequenceGroup]
+    rejected: list[SequenceGroup]
+
+    def __init__(self, prefills=None, decode_groups=None, prefill_tokens: int = 0, num_decode_seqs: int = 0,
+                 decode_ctx_tokens: int = 0, blocks_to_swap_in=None, blocks_to_swap_out=None,
+                 blocks_to_copy=None, preempted=None, rejected=None) -> None:
+        # written out (not field defaults): one is built per scheduling decision
+        self.prefills = [] if prefills is None else prefills
+        self.decode_groups = [] if decode_groups is None else decode_groups
+        self.prefill_tokens = prefill_tokens
+        self.num_decode_seqs = num_decode_seqs
+        self.decode_ctx_tokens = decode_ctx_tokens
+        self.blocks_to_swap_in = {} if blocks_to_swap_in is None else blocks_to_swap_in
+        self.blocks_to_swap_out = {} if blocks_to_swap_out is None else blocks_to_swap_out
+        self.blocks_to_copy = [] if blocks_to_copy is None else blocks_to_copy
+        self.preempted = [] if preempted is None else preempted
+        self.rejected = [] if rejected is None else rejected
 
     @property
     def has_work(self) -> bool:

@@ -145,11 +145,18 @@ class V1Scheduler(Scheduler):
             self._complete_decodes(self._order, end_s, finished)
         else:
             stops = {id(p.group): p.stop for p in out.prefills}
+            seq_running = SeqStatus.RUNNING
             for group in self._order:
                 if group.status is not RUNNING:
                     continue
                 stop = stops.get(id(group))
-                if stop is None or self._prompt_done(group, stop, end_s):
+                if stop is None:
+                    seq = group.seqs[0]  # one sequence per request under V1
+                    if seq.status is seq_running and seq.num_tokens + 1 - group.prompt_tokens < group.output_tokens:
+                        seq.num_tokens += 1  # `_advance` of a decode that does not finish
+                        continue
+                    self._advance(group, end_s, finished)
+                elif self._prompt_done(group, stop, end_s):
                     self._advance(group, end_s, finished)
         if finished:
             self.running = [g for g in self.running if g.status is RUNNING]

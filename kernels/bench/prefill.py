@@ -122,7 +122,9 @@ def prefill(args, copy_gbs, results):
             k, v = c.contiguous()
             label, backend, _ = best_backend(c, q, k, v, args.warmup, args.iters)
             r = {"model": model, "heads": heads, "kv_heads": kv_heads, "shape": list(shape), "flops": c.flops,
-                 "sdpa_backend": label}
+                 "sdpa_backend": label, "config": fast_prefill.choose_prefill_config(
+                     c.batch, c.new, heads, kv_heads, HEAD, torch.cuda.get_device_properties(0).multi_processor_count,
+                     wgmma=fast_prefill.wgmma_runs(DTYPE, DTYPE, HEAD, False, fast_prefill.device_capability(0)))}
             paged_runs, sdpa_runs = [], []
             for i in range(args.repeats):
                 pair = [lambda: paged_runs.append(graph_ms([c.paged], args.warmup, args.iters)),
@@ -156,20 +158,25 @@ def prefill(args, copy_gbs, results):
 
 
 def prefill_tiles(args, copy_gbs, results):
-    """Each tile configuration of the kernel (``PREFILL_CONFIGS``; float16, head 128) on the prefill
-    shapes, against the default (config 0): the measurements behind the default."""
-    configs = sorted(fast_prefill.PREFILL_CONFIGS)
+    """Each tile configuration of the kernel (``PREFILL_CONFIGS``; float16, head 128) and, on Hopper,
+    the warpgroup kernel (``WGMMA_CONFIG``) on the prefill shapes, against the default: the
+    measurements behind ``choose_prefill_config``."""
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
-    print("\n## Paged prefill tile configurations (16-row tiles per warp, keys per tile, ring stages): ms\n")
+    wgmma = fast_prefill.wgmma_runs(DTYPE, DTYPE, HEAD, False, fast_prefill.device_capability(0))
+    configs = sorted(fast_prefill.PREFILL_CONFIGS) + ([fast_prefill.WGMMA_CONFIG] if wgmma else [])
+    label = lambda k: fast_prefill.PREFILL_CONFIGS.get(k, "wgmma")  # noqa: E731
+    print("\n## Paged prefill tile configurations (16-row tiles per warp, keys per tile, ring stages; "
+          f"{fast_prefill.WGMMA_CONFIG}: the warpgroup kernel, on Hopper): ms\n")
     print("default: the configuration choose_prefill_config picks\n")
     print("| model heads | batch, cached c, new p | default (config) | "
-          + " | ".join(f"{k}: {fast_prefill.PREFILL_CONFIGS[k]}" for k in configs) + " | best |")
+          + " | ".join(f"{k}: {label(k)}" for k in configs) + " | best |")
     print("|---|---|---:|" + "---:|" * len(configs) + "---|")
     for model, heads, kv_heads in PREFILL_HEADS:
         for shape in PREFILL_SHAPES:
             c = PrefillCase(*shape, heads, kv_heads)
             row = {"model": model, "shape": list(shape), "default": graph_ms([c.paged], args.warmup, args.iters),
-                   "config": fast_prefill.choose_prefill_config(c.batch, c.new, heads, kv_heads, HEAD, nsm)}
+                   "config": fast_prefill.choose_prefill_config(c.batch, c.new, heads, kv_heads, HEAD, nsm,
+                                                                wgmma=wgmma)}
             for k in configs:
                 row[str(k)] = graph_ms([lambda k=k: fast_prefill.paged_prefill_attention(
                     c.out, c.query, c.kc, c.vc, c.kv_heads, c.scale, c.tables, c.loc, c.lens, BLOCK,

@@ -12,6 +12,10 @@
 
 namespace blocksim {
 
+// The config value of the warpgroup (wgmma, sm_90a) kernel: float16 or bfloat16 query and caches,
+// head size 128, no ALiBi, a Hopper GPU.
+constexpr int kPrefillWgmma = 6;
+
 struct PagedPrefillParams {
   void* out;                    // [total_new_tokens, num_heads, head_size], query's dtype
   const void* query;            // [total_new_tokens, num_heads, head_size], head rows contiguous
@@ -32,7 +36,8 @@ struct PagedPrefillParams {
   int num_blocks;               // block ids outside [0, num_blocks) are never read
   int max_query_len;            // the most new tokens of a sequence (sizes the grid)
   int config;                   // tile configuration (paged_prefill.cuh, kConfigs): 0 = the default;
-                                // 1-6 exist for float16 at head 128 only
+                                // 2-5 exist for float16 at head 128 only; kPrefillWgmma the
+                                // warpgroup kernel (paged_prefill_wgmma.cuh)
   int64_t q_token_stride;       // elements between query tokens
   int64_t out_token_stride;     // elements between output tokens
   int64_t k_block_stride, k_token_stride, k_head_stride;  // elements
@@ -42,6 +47,9 @@ struct PagedPrefillParams {
 // query_dtype: kFastF16 or kFastBF16; kv_dtype: the same, or kFastFp8E4M3 with a float16 query
 // (fast_decode.h's FastDtype). One kernel launch.
 cudaError_t launch_paged_prefill(const PagedPrefillParams& p, int query_dtype, int kv_dtype, cudaStream_t stream);
+
+// The warpgroup kernel (config kPrefillWgmma); dtype kFastF16 or kFastBF16 (query and caches).
+cudaError_t launch_paged_prefill_wgmma(const PagedPrefillParams& p, int dtype, cudaStream_t stream);
 
 // Query rows (packed (token, head of the GQA group) rows) per thread block for this head size and
 // tile configuration; 0 for an unknown configuration.

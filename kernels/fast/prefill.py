@@ -5,12 +5,14 @@ or earlier chunks of its prompt) and ``p_i`` new tokens, whose keys and values a
 the cache first (``reshape_and_cache_fast``). The ``p_i`` queries attend causally over all
 ``context_lens[i] = c_i + p_i`` keys and values, read through the block table: query ``j`` of
 sequence ``i`` sits at position ``c_i + j`` and sees keys ``0 .. c_i + j``. CUDA tensors run the
-tensor-core kernel (``kernels/csrc/paged_prefill.cuh``), CPU tensors the reference
+tensor-core kernel (``kernels/csrc/paged_prefill_wgmma.cuh`` on Hopper where it applies, else
+``kernels/csrc/paged_prefill.cuh``), CPU tensors the reference
 (``reference.paged_prefill_attention``). ``kernels/DESIGN.md`` describes the kernel.
 """
 
 from __future__ import annotations
 
+import functools
 import numbers
 
 import torch
@@ -28,21 +30,44 @@ PREFILL_HEAD_SIZES = (64, 80, 96, 112, 120, 128, 192, 256)
 # small ones (64 rows); above head 128 both are (1, 32, 2). 2-5 run float16 at head 128 only, for
 # measurements (the bench's prefill_tiles section).
 PREFILL_CONFIGS = {0: (2, 32, 4), 1: (1, 64, 2), 2: (2, 32, 2), 3: (2, 32, 3), 4: (1, 32, 3), 5: (2, 64, 2)}
+# The warpgroup kernel (kernels/csrc/paged_prefill_wgmma.cuh: wgmma on sm_90a, 128 packed rows per
+# thread block, 128 keys per tile, 3 ring stages): float16 or bfloat16 query and caches of the same
+# dtype, head size 128, no ALiBi, a Hopper GPU (compute capability 9.0).
+WGMMA_CONFIG = 6
+WGMMA_HEAD = 128
 LARGE_ROWS = 128          # packed query rows of a thread block in config 0
 PADDING_SHARE = 0.25      # config 1 where this share of config 0's rows would be padding
+WGMMA_MIN_ROWS = 64       # the warpgroup kernel from this many packed rows of a sequence
+
+
+def wgmma_runs(query_dtype: torch.dtype, cache_dtype: torch.dtype, head_size: int, alibi: bool,
+               capability: tuple[int, int]) -> bool:
+    """Whether the warpgroup kernel (``WGMMA_CONFIG``) runs these arguments on a GPU of this compute
+    capability."""
+    return (tuple(capability) == (9, 0) and query_dtype == cache_dtype and query_dtype in (torch.float16, torch.bfloat16)
+            and head_size == WGMMA_HEAD and not alibi)
+
+
+@functools.lru_cache(maxsize=8)
+def device_capability(index: int) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(index))
 
 
 def choose_prefill_config(num_seqs: int, max_query_len: int, num_heads: int, num_kv_heads: int, head_size: int,
-                          num_sms: int = 132) -> int:
-    """The tile configuration ``paged_prefill_attention`` runs: the small row blocks (1) where the
+                          num_sms: int = 132, *, wgmma: bool = False) -> int:
+    """The tile configuration ``paged_prefill_attention`` runs. ``wgmma``: the warpgroup kernel can
+    run the call (``wgmma_runs``); it then runs ``WGMMA_CONFIG`` wherever a sequence has at least
+    ``WGMMA_MIN_ROWS`` packed rows. Otherwise the mma.sync kernel: the small row blocks (1) where the
     large ones (0) would make at most one wave at 2 per SM (few new tokens over long contexts: twice
     the thread blocks fill the SMs) or where ``PADDING_SHARE`` of their rows would be padding
     (short chunks, one new token); the large ones otherwise, which share each K/V fragment between
     two row tiles per warp. ``max_query_len * num_heads / num_kv_heads`` is a sequence's packed
     rows."""
+    rows = max(1, max_query_len * (num_heads // num_kv_heads))
+    if wgmma and head_size == WGMMA_HEAD and rows >= WGMMA_MIN_ROWS:
+        return WGMMA_CONFIG
     if head_size > 128:
         return 0
-    rows = max(1, max_query_len * (num_heads // num_kv_heads))
     large = -(-rows // LARGE_ROWS)
     if large * num_kv_heads * num_seqs <= 2 * num_sms:
         return 1
@@ -175,7 +200,8 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
             None reads them from the index tensors (one device synchronisation, as does
             ``validate``). Give both with ``validate=False`` to capture the call in a CUDA graph.
         config: the kernel's tile configuration (a key of ``PREFILL_CONFIGS``; 2-5 for float16
-            query and caches at head size 128 only), None for ``choose_prefill_config``'s.
+            query and caches at head size 128 only; ``WGMMA_CONFIG`` the warpgroup kernel, where
+            ``wgmma_runs``), None for ``choose_prefill_config``'s.
         validate: read the index tensors to check them (offsets, lengths, block ids).
 
     Returns:
@@ -184,11 +210,18 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
     max_query_len, max_context_len = check_prefill(
         out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, query_start_loc, context_lens,
         block_size, alibi_slopes, k_scale, v_scale, max_query_len, max_context_len, validate)
-    if config is not None and config not in (0, 1) and not (
+    if config == WGMMA_CONFIG:
+        if not (query.is_cuda and wgmma_runs(query.dtype, key_cache.dtype, query.shape[2], alibi_slopes is not None,
+                                             device_capability(query.device.index or 0))):
+            raise ValueError(f"config {WGMMA_CONFIG} (the warpgroup kernel) needs a CUDA device of compute capability "
+                             f"9.0, float16 or bfloat16 query and caches of one dtype, head size {WGMMA_HEAD} and no "
+                             f"alibi_slopes; got {query.dtype} / {key_cache.dtype} at head size {query.shape[2]} on "
+                             f"{query.device}")
+    elif config is not None and config not in (0, 1) and not (
             config in PREFILL_CONFIGS and query.dtype == key_cache.dtype == torch.float16 and query.shape[2] == 128):
-        raise ValueError(f"config must be None, 0, 1, or one of {sorted(PREFILL_CONFIGS)[2:]} with float16 query and "
-                         f"caches at head size 128; got {config!r} for {query.dtype} / {key_cache.dtype} at head size "
-                         f"{query.shape[2]}")
+        raise ValueError(f"config must be None, 0, 1, {WGMMA_CONFIG}, or one of {sorted(PREFILL_CONFIGS)[2:]} with "
+                         f"float16 query and caches at head size 128; got {config!r} for {query.dtype} / "
+                         f"{key_cache.dtype} at head size {query.shape[2]}")
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
     if not query.is_cuda:
@@ -203,8 +236,11 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
     if query.shape[0] == 0 or max_query_len == 0:
         return out
     if config is None:
+        index = query.device.index or 0
         config = choose_prefill_config(context_lens.shape[0], max_query_len, query.shape[1], int(num_kv_heads),
-                                       query.shape[2], device_sms(query.device.index or 0))
+                                       query.shape[2], device_sms(index),
+                                       wgmma=wgmma_runs(query.dtype, key_cache.dtype, query.shape[2],
+                                                        alibi_slopes is not None, device_capability(index)))
     if query.stride(2) != 1 or query.stride(1) != query.shape[2] or query.stride(0) % 8 or query.data_ptr() % 16:
         query = query.contiguous()
     if alibi_slopes is not None:

@@ -142,3 +142,46 @@ def test_can_append_needs_a_free_block_per_running_sequence(bm):
     g = make_group(prompt=36, n=2)  # 9 blocks, 1 free
     admit(bm, g)
     assert not bm.can_append_slots(g), "vLLM's rule: one free block for each running sequence"
+
+
+def test_allocate_many_takes_the_blocks_single_allocations_take():
+    """A prompt's blocks in one call are the blocks (and the order) that as many `allocate` calls
+    give, from a LIFO stack or a FIFO queue, after frees have reordered the free list."""
+    from blocksim.memory.blocks import BlockAllocator, Device
+
+    for order in ("lifo", "fifo"):
+        one, many = BlockAllocator(Device.GPU, 30, order), BlockAllocator(Device.GPU, 30, order)
+        for a in (one, many):
+            held = [a.allocate() for _ in range(12)]
+            for b in held[::3]:
+                a.free(b)
+        for n in (0, 5, 1, 9):
+            assert many.allocate_many(n) == [one.allocate() for _ in range(n)], order
+        assert one.ref_counts == many.ref_counts
+        many.check()
+        with pytest.raises(BlockError, match="out of blocks"):
+            many.allocate_many(many.num_free + 1)
+
+
+def test_free_table_releases_unshared_tables_whole_and_shared_blocks_alone(bm):
+    """An unshared table goes back to the free list in table order and returns its filled slots; in a
+    table sharing blocks with a fork only the blocks left without references are released."""
+    g = make_group(prompt=10)
+    admit(bm, g)
+    table = list(g.seqs[0].block_table)
+    assert bm.gpu.free_table(table, 10, 4) == 10
+    assert [bm.gpu.allocate() for _ in range(3)] == table[::-1], "LIFO: the last released comes back first"
+    for b in table:
+        bm.gpu.free(b)
+    bm.gpu.check()
+
+    g = make_group(prompt=10, n=2)
+    admit(bm, g)
+    first, second = g.seqs
+    step(g)
+    assert bm.append_slots(second) is not None, "the shared last block is copied on write"
+    free_before = bm.gpu.num_free
+    # only its own copy of the last block goes, holding K/V positions 8 and 9
+    assert bm.gpu.free_table(second.block_table, second.kv_len, 4) == 2
+    assert bm.gpu.num_free == free_before + 1
+    bm.gpu.check()

@@ -76,6 +76,31 @@ def test_a_bundled_trace_replays_with_spans_identical_to_single_steps():
     assert a.summary["finished"] + a.summary["rejected"] == 300
 
 
+@pytest.mark.parametrize("policy", ["vllm", "vllm-v1", "sglang", "orca-pow2"])
+def test_a_run_pauses_the_cycle_collector_and_leaves_no_cycles(policy):
+    """The step loop runs without the cyclic garbage collector because it leaves no garbage cycles
+    behind (a run then collected finds none), and the collector's state is restored either way."""
+    import gc
+
+    import traces
+    tr = traces.head(traces.read_trace(traces.bundled("azure-conv")), 200)
+    cfg = build_config(policy, model="llama-2-7b", gpu="a100-40gb")
+    gc.collect()
+    was = gc.isenabled()
+    try:
+        gc.disable()
+        engine = Engine(cfg, tr)
+        result = engine.run()
+        assert not gc.isenabled(), "a disabled collector stays disabled"
+        assert gc.collect() == 0, "the run left garbage cycles (its requests' own cycles live as long as the engine)"
+        gc.enable()
+        Engine(cfg, tr).run()
+        assert gc.isenabled(), "an enabled collector is enabled again after the run"
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert result.summary["finished"] + result.summary["rejected"] == 200
+
+
 def test_bad_trace_rows_are_named():
     cfg = build_config()
     bad = pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": [10, 0], "output_tokens": [5, 5]})

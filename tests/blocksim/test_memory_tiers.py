@@ -431,12 +431,13 @@ def test_a_profiles_measured_tier_tables_price_the_moves(tmp_path):
     e = Engine(cfg, repeated_prefixes(n=12, prompt=1040, families=4), make_cost_model(cfg, str(path)))
     per_chunk = tier_chunk_seconds(e.cost.profile, e.tiers.chunk_bytes)
     assert e.tiers.chunk_bytes == 256 * 131072 == measured["tier_host_gpu"]["grid"]["chunk_bytes"][2]
-    assert per_chunk["host_gpu"] == measured["tier_host_gpu"]["seconds"][2][-1] / 16, "on the grid: the 16-chunk batch"
+    assert per_chunk["host_gpu"] == measured["tier_host_gpu"]["seconds"][2][-1] / 16, "a load: the 16-chunk batch"
+    assert per_chunk["gpu_host"] == measured["tier_gpu_host"]["seconds"][2][0], "a store: one chunk per batch"
     assert e.tiers.h2d.seconds(e.tiers.chunk_bytes) == per_chunk["host_gpu"]
     assert e.tiers.disk_read.seconds(1) == per_chunk["disk_gpu"] - per_chunk["host_gpu"]
     half = tier_chunk_seconds(e.cost.profile, 3 * 2**23)  # between the 8 and 32 MiB points: linear
-    lo, hi = (measured["tier_gpu_host"]["seconds"][i][-1] / 16 for i in (1, 2))
-    assert abs(half["gpu_host"] - (lo + (hi - lo) * (3 * 2**23 - 2**23) / (2**25 - 2**23))) < 1e-12
+    lo, hi = (measured["tier_host_gpu"]["seconds"][i][-1] / 16 for i in (1, 2))
+    assert abs(half["host_gpu"] - (lo + (hi - lo) * (3 * 2**23 - 2**23) / (2**25 - 2**23))) < 1e-12
     res = e.run()
     assert res.summary["tier_transfer_source"] == f"profile {e.cost.profile.path}"
 

@@ -147,13 +147,14 @@ def test_summary_and_analysis_metrics_agree_on_random_runs(workload, blocks, pol
 
 @pytest.mark.parametrize("comm", [False, True])
 def test_step_recorder_keeps_every_value_across_chunk_boundaries(monkeypatch, comm):
-    """Steps and spans of steps that straddle the recorder's chunks and its joins of span arrays
+    """Steps and spans of steps that straddle the recorder's chunks, its row buffer and its joins of span arrays
     come out in order, each value in its column's dtype, as the plain rows given; t_comm_s only in
     a tensor-parallel run's frame."""
     from blocksim.records import steps as steps_mod
 
     monkeypatch.setattr(steps_mod, "SEGMENT_CHUNK_ROWS", 3)
     monkeypatch.setattr(steps_mod, "PENDING_ARRAYS", 2)
+    monkeypatch.setattr(steps_mod, "ROW_BUFFER", 2)
     rec = steps_mod.StepRecorder(comm=comm)
     rng = np.random.default_rng(3)
     expected = []
@@ -199,6 +200,45 @@ def test_step_recorder_keeps_every_value_across_chunk_boundaries(monkeypatch, co
         if c not in steps_mod.FLOAT_COLUMNS:
             assert rec.column_sum(c) == int(frame[c].sum()), c
     assert rec.end_s() == frame.start_s.iloc[-1] + frame.duration_s.iloc[-1]
+
+
+def test_step_recorder_builds_deferred_columns_in_order(monkeypatch):
+    """Spans whose columns are deferred (built from a description when pending spans are joined,
+    runs of two specs interleaved with plain spans and steps) give the rows of the same columns
+    given as arrays; a column given both ways among pending spans is refused."""
+    from blocksim.records import steps as steps_mod
+
+    monkeypatch.setattr(steps_mod, "PENDING_ARRAYS", 3)
+
+    def build(args, steps):  # column c of a span (base, slope): base + slope * j
+        assert len(args) == len(steps)
+        return {c: np.concatenate([np.arange(k, dtype=np.int64) * slope + base for (base, slope), k in zip(args, steps)])
+                for c in ("mem_free", "waiting")}
+
+    first = steps_mod.DeferredColumns(("mem_free", "waiting"), build)
+    second = steps_mod.DeferredColumns(("mem_free", "waiting"), build)
+    deferred, explicit = steps_mod.StepRecorder(), steps_mod.StepRecorder()
+    rng = np.random.default_rng(5)
+    for i in range(25):
+        k = int(rng.integers(1, 9))
+        if i % 6 == 5:  # a single step between spans
+            row = steps_mod.StepRow(*[0.5 if c in steps_mod.FLOAT_COLUMNS else 7 for c in steps_mod.ROW_COLUMNS])
+            deferred.add(row)
+            explicit.add(row)
+            continue
+        base, slope = int(rng.integers(0, 2**40)), int(rng.integers(-5, 5))
+        values = np.arange(k, dtype=np.int64) * slope + base
+        starts = rng.random(k)
+        deferred.add_many(k, {"running": i}, {"start_s": starts}, ((first, second)[i // 4 % 2], (base, slope)))
+        explicit.add_many(k, {"running": i}, {"start_s": starts, "mem_free": values, "waiting": values})
+    pd.testing.assert_frame_equal(deferred.to_frame(), explicit.to_frame(), check_exact=True)
+    assert deferred.column_sum("mem_free") == explicit.column_sum("mem_free")
+
+    mixed = steps_mod.StepRecorder()
+    mixed.add_many(2, {}, {"mem_free": np.arange(2)})
+    mixed.add_many(2, {}, {}, (first, (0, 1)))
+    with pytest.raises(ValueError, match="both as arrays and as deferred"):
+        mixed.close()
 
 
 def test_step_recorder_without_steps_gives_empty_columns():

@@ -209,6 +209,16 @@ def test_hopper_builds_for_sm90a():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
+def test_sources_digest_follows_every_csrc_file(tmp_path, monkeypatch):
+    for name in ("a.cu", "b.cuh"):
+        (tmp_path / name).write_text("x")
+    monkeypatch.setattr(_build, "CSRC", tmp_path)
+    before = _build.sources_digest()
+    assert before == _build.sources_digest()
+    (tmp_path / "b.cuh").write_text("y")  # a header alone
+    assert _build.sources_digest() != before
+
+
 def test_building_without_cuda_fails_clearly():
     with pytest.raises(RuntimeError, match="kernels: .*(CPU-only|no CUDA device)"):
         _build.extension()

@@ -5,7 +5,8 @@ Grid: plain prefill (c = 0), one new token over a cached context (checked agains
 kernel too), chunks whose boundaries fall inside blocks, prefixes whose blocks several sequences
 of the batch share, up to 16k new tokens and 128k cached ones; MHA, GQA and MQA; every head size;
 float16, bfloat16 and fp8 (e4m3) caches with scales; block sizes 8 to 256; every storage order;
-ALiBi. Block tables are random and every cache slot no sequence uses holds NaN (as do unused
+ALiBi; the warpgroup (wgmma) kernel on Hopper over the same grid where it applies (float16 and
+bfloat16 at head size 128, no ALiBi). Block tables are random and every cache slot no sequence uses holds NaN (as do unused
 table entries' blocks), so a read of one shows in the output. Tolerances are the decode kernel's
 (tests/kernels/test_fast_decode.py).
 """
@@ -23,10 +24,14 @@ if not torch.cuda.is_available():
 import kernels  # noqa: E402
 from kernels.fast import layout as fast_layout  # noqa: E402
 from kernels.fast import reference as fast_reference  # noqa: E402
-from kernels.fast.prefill import PREFILL_CONFIGS  # noqa: E402
+from kernels.fast.prefill import PREFILL_CONFIGS, WGMMA_CONFIG  # noqa: E402
 from kernel_cases import assert_attention_close  # noqa: E402
 
 pytestmark = pytest.mark.gpu
+HOPPER = torch.cuda.get_device_capability() == (9, 0)
+# the kernels a test runs: the mma.sync kernel's configurations, and the warpgroup kernel on Hopper
+WGMMA = [WGMMA_CONFIG] if HOPPER else []
+needs_hopper = pytest.mark.skipif(not HOPPER, reason="the warpgroup kernel runs on compute capability 9.0")
 
 ATOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2, fast_layout.FP8: 1e-3}
 REL = {torch.float16: 1e-3, torch.bfloat16: 8e-3, fast_layout.FP8: 1e-3}
@@ -113,17 +118,35 @@ def test_head_sizes_and_groups(config, dtype, head_size, heads, batch):
           config=config)
 
 
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(8, 8), (8, 2), (4, 1), (32, 8)])
+@pytest.mark.parametrize("batch", sorted(BATCHES))
+def test_warpgroup_kernel_groups(dtype, heads, batch):
+    cached, new = BATCHES[batch]
+    check(build(cached=cached, new=new, num_heads=heads[0], num_kv_heads=heads[1], dtype=dtype), config=WGMMA_CONFIG)
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_default_runs_the_warpgroup_kernel(dtype):
+    new = [300, 64, 1, 129]
+    assert kernels.choose_prefill_config(4, max(new), 32, 8, 128, 132, wgmma=True) == WGMMA_CONFIG
+    check(build(cached=[0, 700, 33, 2000], new=new, num_heads=32, num_kv_heads=8, dtype=dtype))
+
+
 @pytest.mark.parametrize("config", sorted(PREFILL_CONFIGS))
 def test_every_tile_configuration(config):
     check(build(cached=[0, 700, 33, 2000], new=[300, 64, 1, 129], num_heads=32, num_kv_heads=8, alibi=True),
           config=config)
 
 
+@pytest.mark.parametrize("config", [0, *WGMMA])
 @pytest.mark.parametrize("block_size", fast_layout.FAST_BLOCK_SIZES)
 @pytest.mark.parametrize("storage", fast_layout.STORAGES)
-def test_block_sizes_and_storages(block_size, storage):
+def test_block_sizes_and_storages(block_size, storage, config):
     check(build(cached=[3 * block_size + 5, 0, block_size], new=[block_size + 3, 2 * block_size - 1, 1],
-                block_size=block_size, storage=storage, num_heads=32, num_kv_heads=8))
+                block_size=block_size, storage=storage, num_heads=32, num_kv_heads=8), config=config)
 
 
 @pytest.mark.parametrize("config", [0, 1])
@@ -141,48 +164,53 @@ def test_alibi(dtype, heads):
                 alibi=True))
 
 
+@pytest.mark.parametrize("config", [0, *WGMMA])
 @pytest.mark.parametrize("block_size", [16, 64])
-def test_prefix_blocks_shared_by_the_batch(block_size):
+def test_prefix_blocks_shared_by_the_batch(block_size, config):
     shared = 5
     c0 = shared * block_size
     check(build(cached=[c0, c0 + 7, c0 + block_size, c0], new=[33, 1, 200, 64], shared_blocks=shared,
-                block_size=block_size, num_heads=32, num_kv_heads=8))
+                block_size=block_size, num_heads=32, num_kv_heads=8), config=config)
 
 
+@pytest.mark.parametrize("config", [0, *WGMMA])
 @pytest.mark.parametrize("seed", range(4))
-def test_random_chunks_not_aligned_to_blocks(seed):
+def test_random_chunks_not_aligned_to_blocks(seed, config):
     gen = torch.Generator().manual_seed(seed)
     cached = torch.randint(0, 3000, (6,), generator=gen).tolist()
     new = torch.randint(1, 700, (6,), generator=gen).tolist()
-    check(build(cached=cached, new=new, num_heads=32, num_kv_heads=8, block_size=[8, 16, 32, 128][seed], seed=seed))
+    check(build(cached=cached, new=new, num_heads=32, num_kv_heads=8, block_size=[8, 16, 32, 128][seed], seed=seed),
+          config=config)
 
 
-def test_one_new_token_equals_the_decode_kernel():
-    a = build(cached=[4000, 17, 130, 1], new=[1, 1, 1, 1], num_heads=32, num_kv_heads=8, alibi=True)
-    out = check(a)
+@pytest.mark.parametrize("config", [None, *WGMMA])
+def test_one_new_token_equals_the_decode_kernel(config):
+    a = build(cached=[4000, 17, 130, 1], new=[1, 1, 1, 1], num_heads=32, num_kv_heads=8, alibi=config is None)
+    out = check(a, config=config)
     dec = kernels.paged_attention(None, a["query"], a["key_cache"], a["value_cache"], 8, a["scale"],
                                   a["block_tables"], a["context_lens"], 16, None, a["alibi_slopes"], impl="fast")
     torch.testing.assert_close(out.float(), dec.float(), atol=1e-3, rtol=0)
 
 
-@pytest.mark.parametrize("config", [0, 1])
+@pytest.mark.parametrize("config", [0, 1, *WGMMA])
 @pytest.mark.parametrize("cached,new", [([0], [16384]), ([131072], [512]), ([120000, 3000], [16384, 100])])
 def test_long_contexts(config, cached, new):
     check(build(cached=cached, new=new, num_heads=8, num_kv_heads=2, block_size=64), config=config)
 
 
-def test_graph_capture_with_given_lengths():
+@pytest.mark.parametrize("config", [0, *WGMMA])
+def test_graph_capture_with_given_lengths(config):
     a = build(cached=[100, 0], new=[50, 300], num_heads=32, num_kv_heads=8)
     out = torch.full_like(a["query"], float("nan"))
     args = (out, a["query"], a["key_cache"], a["value_cache"], 8, a["scale"], a["block_tables"], a["query_start_loc"],
             a["context_lens"], 16)
-    kernels.paged_prefill_attention(*args, max_query_len=300, max_context_len=400, validate=False)
+    kernels.paged_prefill_attention(*args, max_query_len=300, max_context_len=400, validate=False, config=config)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     want = out.clone()
     out.fill_(float("nan"))
     with torch.cuda.graph(graph):
-        kernels.paged_prefill_attention(*args, max_query_len=300, max_context_len=400, validate=False)
+        kernels.paged_prefill_attention(*args, max_query_len=300, max_context_len=400, validate=False, config=config)
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out, want, atol=0, rtol=0)

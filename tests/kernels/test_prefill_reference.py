@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 import kernels  # noqa: E402
+from kernels.fast import prefill  # noqa: E402
 from kernels.fast import reference as fast_reference  # noqa: E402
 
 from kernel_cases import fill_  # noqa: E402
@@ -207,3 +208,31 @@ def test_prefill_config_rule(batch, new, heads, kv_heads, want):
 
 def test_prefill_config_rule_above_head_128_has_one_shape():
     assert all(kernels.choose_prefill_config(b, 64, 32, 8, 256) == 0 for b in (1, 4, 64))
+
+
+@pytest.mark.parametrize("batch,new,heads,kv_heads,want", [
+    (1, 2048, 32, 8, 6),     # the warpgroup kernel where it runs
+    (64, 64, 32, 32, 6),     # 64 rows: one warpgroup's worth
+    (256, 1, 32, 8, 1),      # decode-like: 4 rows stay on the mma.sync kernel's rule
+])
+def test_prefill_config_rule_with_the_warpgroup_kernel(batch, new, heads, kv_heads, want):
+    assert kernels.choose_prefill_config(batch, new, heads, kv_heads, 128, 132, wgmma=True) == want
+    assert kernels.choose_prefill_config(batch, new, heads, kv_heads, 256, 132, wgmma=True) == 0
+
+
+@pytest.mark.parametrize("query_dtype,cache_dtype,head,alibi,capability,want", [
+    (torch.float16, torch.float16, 128, False, (9, 0), True),
+    (torch.bfloat16, torch.bfloat16, 128, False, (9, 0), True),
+    (torch.float16, torch.float16, 128, False, (8, 0), False),
+    (torch.float16, torch.float16, 128, False, (10, 0), False),
+    (torch.float16, torch.float16, 64, False, (9, 0), False),
+    (torch.float16, torch.float16, 128, True, (9, 0), False),
+    (torch.float16, torch.float8_e4m3fn, 128, False, (9, 0), False),
+])
+def test_where_the_warpgroup_kernel_runs(query_dtype, cache_dtype, head, alibi, capability, want):
+    assert prefill.wgmma_runs(query_dtype, cache_dtype, head, alibi, capability) is want
+
+
+def test_the_warpgroup_config_needs_a_hopper_gpu():
+    with pytest.raises(ValueError, match=r"config 6 \(the warpgroup kernel\) needs a CUDA device of compute capability 9\.0"):
+        call(config=prefill.WGMMA_CONFIG)

@@ -1,0 +1,459 @@
+// Paged prefill attention on Hopper's warpgroup tensor-core products (wgmma, sm_90a), float16 and
+// bfloat16 at head size 128: the path kernels/fast/prefill.py dispatches to on compute capability
+// 9.0 (paged_prefill.cuh's mma.sync kernel runs every other case).
+//
+// Rows and grid as the mma.sync kernel's: the queries of one KV head's GQA group are packed rows
+// (packed row R is new token R / group of query head kvh * group + R % group); a thread block of
+// two warpgroups (256 threads) takes 128 consecutive packed rows of one (sequence, KV head), each
+// warpgroup 64 of them, the grid's longest row blocks first.
+//
+// Shared memory (224 KB, one block per SM): Q's 128 rows, a ring of 3 key tiles and one of 3
+// value tiles of 128 keys each. A tile is stored as two halves of 64 head dims, each row of a half
+// 128 bytes with its 16-byte chunk c at c ^ (row % 8): the 128-byte swizzle the products'
+// shared-memory descriptors name, so a copy of 8 rows and a product's reads are conflict-free.
+// Every thread copies 16-byte chunks with cp.async, gathering each key row through the block table
+// (any block size); chunks past the rows' last key or of a block id outside the cache are
+// zero-filled without reading memory, so unused cache slots never reach the arithmetic.
+//
+// Per key tile n, each warpgroup: S_n = Q K_n^T (8 wgmma m64n128k16, both operands in shared
+// memory, K-major), issued together with O += P_{n-1} V_{n-1} (8 wgmma with P, the previous tile's
+// probabilities, as register A fragments: S's accumulator layout is the A fragment layout, so the
+// probabilities never leave registers; V is read N-major through the descriptor, no transpose).
+// While that product runs, the warpgroup waits for S_n only and computes its online softmax (log2
+// domain, the causal mask only on tiles that cross a row's position); then it waits for the
+// product, rescales O where a row's max moved and packs P_n. The copies of key tile n + 2 and
+// value tile n + 1 are issued between the products and the softmax, so the ring keeps two tiles
+// of copies in flight; one barrier per tile orders the ring (every thread's copies of the tiles
+// about to be read have landed, and every warpgroup is done with the stages about to be
+// refilled).
+#pragma once
+
+#include "paged_prefill.cuh"
+
+namespace blocksim {
+namespace prefill {
+namespace wg {
+
+constexpr int kHead = 128;
+constexpr int kRows = 128;          // packed query rows per thread block
+constexpr int kKeys = 128;          // keys per tile
+constexpr int kStages = 3;          // ring stages of key tiles, and of value tiles
+constexpr int kThreads = 256;       // two warpgroups
+constexpr int kHalfRow = 128;       // bytes of a swizzled row of 64 head dims
+constexpr int kQBytes = kRows * kHead * 2;
+constexpr int kTileBytes = kKeys * kHead * 2;
+constexpr int kIdsPerTile = kKeys / 8;  // block ids of a tile's keys at the smallest block size
+constexpr int kIdSlots = 8;             // tiles of block ids in their ring
+constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + kIdSlots * kIdsPerTile * 4 + 1024;  // + alignment slack
+
+// Shared-memory matrix descriptor of a 128-byte-swizzled operand: start address, leading and
+// stride byte offsets (each in 16-byte units), layout type 1 (128-byte swizzle).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead_bytes, uint32_t stride_bytes) {
+  return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | (static_cast<uint64_t>(lead_bytes >> 4) << 16) |
+         (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Keeps the compiler from moving reads or writes of these registers across the asynchronous
+// products' issue and wait.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+#define BLOCKSIM_WGMMA_SS(TY)                                                                         \
+  asm volatile(                                                                                       \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                   \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                                   \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                              \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                                              \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                                              \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                                              \
+      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                                              \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                                        \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),                                        \
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),                                        \
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),                                        \
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),                                        \
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),                                        \
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),                                        \
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                         \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+
+#define BLOCKSIM_WGMMA_RS(TY)                                                                         \
+  asm volatile(                                                                                       \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                   \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                                   \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                              \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                                              \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                                              \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                                              \
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                                               \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                                        \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),                                        \
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),                                        \
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),                                        \
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),                                        \
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),                                        \
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),                                        \
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                         \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
+
+// D (64 x 128, float) (+)= A B: A from shared memory (desc_a, K-major) or registers (a, the A
+// fragments of 16 columns), B from shared memory (desc_b); scale_d 0 overwrites D.
+template <typename T>
+struct Wgmma;
+
+template <>
+struct Wgmma<__half> {
+  __device__ __forceinline__ static void ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    BLOCKSIM_WGMMA_SS("f16");
+  }
+  __device__ __forceinline__ static void rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+    BLOCKSIM_WGMMA_RS("f16");
+  }
+};
+
+template <>
+struct Wgmma<__nv_bfloat16> {
+  __device__ __forceinline__ static void ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    BLOCKSIM_WGMMA_SS("bf16");
+  }
+  __device__ __forceinline__ static void rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+    BLOCKSIM_WGMMA_RS("bf16");
+  }
+};
+
+// Byte offset of 16-byte chunk c (0-15) of row r in a swizzled tile of `rows` rows.
+template <int ROWS>
+__device__ __forceinline__ uint32_t tile_offset(int r, int c) {
+  return static_cast<uint32_t>((c >> 3) * ROWS * kHalfRow + r * kHalfRow + (((c & 7) ^ (r & 7)) << 4));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_kernel(const PagedPrefillParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const int seq = blockIdx.z;
+  const int kvh = blockIdx.y;
+  const int group = p.num_heads / p.num_kv_heads;
+  const int q_start = p.query_start_loc[seq];
+  const int new_tokens = p.query_start_loc[seq + 1] - q_start;
+  const int rows = new_tokens * group;
+  const int m0 = (gridDim.x - 1 - blockIdx.x) * kRows;
+  if (m0 >= rows) return;
+  const int ctx = p.context_lens[seq];
+  const int cached = ctx - new_tokens;
+  const int kv_end = cached + (min(m0 + kRows, rows) - 1) / group + 1;  // keys any row of the block sees
+  const int n_tiles = (kv_end + kKeys - 1) / kKeys;
+
+  const int tid = threadIdx.x;
+  const int wgi = tid / 128;          // warpgroup
+  const int warp = (tid / 32) % 4;    // warp in the warpgroup
+  const int lane = tid % 32;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int wg_row0 = m0 + wgi * 64;  // the warpgroup's first packed row
+  const bool wg_live = wg_row0 < rows;
+  const int wg_first_pos = cached + wg_row0 / group;
+  const int wg_kv_end = wg_live ? cached + (min(wg_row0 + 64, rows) - 1) / group + 1 : 0;
+  const int wg_tiles = (wg_kv_end + kKeys - 1) / kKeys;
+
+  extern __shared__ __align__(1024) unsigned char wgmma_smem[];
+  const uint32_t smem_raw = static_cast<uint32_t>(__cvta_generic_to_shared(wgmma_smem));
+  const uint32_t smem = (smem_raw + 1023) & ~1023u;
+  unsigned char* const smem_ptr = wgmma_smem + (smem - smem_raw);
+  const uint32_t q_smem = smem;
+  const uint32_t k_ring = smem + kQBytes;
+  const uint32_t v_ring = k_ring + kStages * kTileBytes;
+  const uint32_t id_ring = v_ring + kStages * kTileBytes;
+
+  // Copy roles: thread tid copies chunk tid % 16 of rows tid / 16 + 16 i (i = 0..7) of a 128-row
+  // tile; the swizzled offset within a row is the same for all of them.
+  const int c_chunk = tid & 15;
+  const int c_row0 = tid >> 4;
+  const uint32_t c_off = tile_offset<kKeys>(c_row0, c_chunk);
+  {
+    const T* q = static_cast<const T*>(p.query);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int R = m0 + c_row0 + 16 * i;
+      const bool live = R < rows;
+      const T* src = q;
+      if (live) src = q + (q_start + R / group) * p.q_token_stride + static_cast<int64_t>(kvh * group + R % group) * kHead + c_chunk * 8;
+      cp_async16(smem_ptr + (q_smem - smem) + tile_offset<kRows>(c_row0 + 16 * i, c_chunk), src, live);
+    }
+  }
+  const int* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  const T* kc = static_cast<const T*>(p.key_cache) + kvh * p.k_head_stride + c_chunk * 8;
+  const T* vc = static_cast<const T*>(p.value_cache) + kvh * p.v_head_stride + c_chunk * 8;
+  const int bs_mask = (1 << p.block_size_log2) - 1;
+  // The block ids of tile m's keys (entry e: keys e * block_size .. of the tile; -1 past the
+  // block's keys) sit in slot m % kIdSlots of a shared-memory ring, copied four iterations ahead
+  // of the key tile's copies, so that no copy waits on a read of the table.
+  int* const ids = reinterpret_cast<int*>(smem_ptr + (id_ring - smem));
+  auto copy_ids = [&](int tile, bool async) {
+    if (tid < kIdsPerTile) {
+      const int first = (tile * kKeys) >> p.block_size_log2;
+      const int key = (first + tid) << p.block_size_log2;
+      int* const dst = ids + (tile % kIdSlots) * kIdsPerTile + tid;
+      const bool live = tile < n_tiles && key < kv_end && key < (tile + 1) * kKeys;
+      if (!live) {
+        *dst = -1;
+      } else if (async) {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+                     "l"(table + first + tid)
+                     : "memory");
+      } else {
+        *dst = __ldg(table + first + tid);
+      }
+    }
+  };
+  // One tile of keys (which = 0) or values (1) into its ring stage. Byte offsets within a block fit
+  // 32 bits (launch checks the strides), so each row's address is one wide multiply-add from its id.
+  const char* const k_bytes = reinterpret_cast<const char*>(kc);
+  const char* const v_bytes = reinterpret_cast<const char*>(vc);
+  const int k_block_bytes = static_cast<int>(p.k_block_stride * 2), k_token_bytes = static_cast<int>(p.k_token_stride * 2);
+  const int v_block_bytes = static_cast<int>(p.v_block_stride * 2), v_token_bytes = static_cast<int>(p.v_token_stride * 2);
+  auto load_tile = [&](int tile, int which) {
+    const char* const base = which ? v_bytes : k_bytes;
+    const int block_bytes = which ? v_block_bytes : k_block_bytes;
+    const int token_bytes = which ? v_token_bytes : k_token_bytes;
+    const uint32_t dst = (which ? v_ring : k_ring) + (tile % kStages) * kTileBytes + c_off - smem;
+    const int* const tile_ids = ids + (tile % kIdSlots) * kIdsPerTile;
+    const int key0 = tile * kKeys + c_row0;
+    const int left = kv_end - key0;  // rows i with 16 i < left hold keys of the block
+    // every id read before the first copy: the copies are ordered asm statements, and a read after
+    // one would wait for it, chaining the rows' latencies
+    int b[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) b[i] = tile_ids[(c_row0 + 16 * i) >> p.block_size_log2];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const bool live = 16 * i < left && static_cast<unsigned>(b[i]) < static_cast<unsigned>(p.num_blocks);
+      int64_t off;
+      asm("mul.wide.s32 %0, %1, %2;\n" : "=l"(off) : "r"(live ? b[i] : 0), "r"(block_bytes));
+      const char* src = base + off + ((key0 + 16 * i) & bs_mask) * token_bytes;
+      cp_async16(smem_ptr + dst + i * 16 * kHalfRow, src, live);
+    }
+  };
+#pragma unroll
+  for (int m = 0; m < 4; ++m) copy_ids(m, false);
+  __syncthreads();
+  load_tile(0, 0);
+  cp_async_commit();  // the Q rows and key tile 0
+  if (n_tiles > 1) load_tile(1, 0);
+  load_tile(0, 1);
+  cp_async_commit();  // key tile 1, value tile 0
+
+  const float scale2 = p.scale * kLog2e;
+  float o[64];
+  float s[64];
+  uint32_t pa[32];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) pa[i] = 0u;
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.f, 0.f};
+  // packed rows g and g + 8 of the thread's warp: their positions (dead rows take the last row's)
+  int qpos[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) qpos[h] = cached + min(wg_row0 + warp * 16 + g + 8 * h, rows - 1) / group;
+
+  const uint64_t q_desc = smem_desc(q_smem + wgi * 64 * kHalfRow, 16, 1024);
+  const uint64_t k_desc = smem_desc(k_ring, 16, 1024);
+  // V is N-major: its leading byte offset steps between the two halves of 64 head dims, its stride
+  // byte offset between groups of 8 keys (Q's and K's leading offsets are unused: K-major, swizzled)
+  const uint64_t v_desc = smem_desc(v_ring, kKeys * kHalfRow, 1024);
+
+  // The ring's barrier: this thread's copies of key tile n and value tile n - 1 landed and are
+  // visible to the tensor cores' reads, for every thread; every warpgroup is done with key tile
+  // n - 1 and value tile n - 2, whose stages the copies issued next refill.
+  auto ring_barrier = [&]() {
+    cp_async_wait<1>();
+    fence_proxy_async();
+    __syncthreads();
+  };
+  // copies of key tile n + 2 and value tile n + 1, issued while the products of tile n run
+  auto copies = [&](int n) {
+    if (n + 2 < n_tiles) load_tile(n + 2, 0);
+    if (n + 1 < n_tiles) load_tile(n + 1, 1);
+    copy_ids(n + 4, true);
+    cp_async_commit();
+  };
+  auto issue_s = [&](int n) {
+    const uint64_t kd = k_desc + (((n % kStages) * kTileBytes) >> 4);
+#pragma unroll
+    for (int ks = 0; ks < kHead / 16; ++ks) {
+      const uint32_t off = (ks >> 2) * kRows * kHalfRow + (ks & 3) * 32;
+      const uint32_t koff = (ks >> 2) * kKeys * kHalfRow + (ks & 3) * 32;
+      Wgmma<T>::ss(s, q_desc + (off >> 4), kd + (koff >> 4), ks);
+    }
+    wgmma_commit();
+  };
+  auto issue_pv = [&](int n) {  // O += P_n V_n
+    const uint64_t vd = v_desc + (((n % kStages) * kTileBytes) >> 4);
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
+      Wgmma<T>::rs(o, a, vd + ((kk * 16 * kHalfRow) >> 4), 1);
+    }
+    wgmma_commit();
+  };
+  // online softmax of S_n (log2 domain) in place; masked tiles get their scaled and masked scores
+  // first. Returns nothing; alpha receives the rows' rescale factors.
+  auto softmax = [&](int n, float (&alpha)[2]) {
+    const int key0 = n * kKeys;
+    float sc = scale2;
+    if (key0 + kKeys - 1 > wg_first_pos) {
+      sc = 1.f;
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = key0 + j * 8 + 2 * t + e;
+            const float v = s[4 * j + 2 * h + e] * scale2;
+            s[4 * j + 2 * h + e] = key > qpos[h] ? -INFINITY : v;
+          }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float part[4];  // four independent chains (a single chain's latency shows: two warps per scheduler)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) part[k] = fmaxf(s[4 * k + 2 * h], s[4 * k + 2 * h + 1]);
+#pragma unroll
+      for (int j = 4; j < kKeys / 8; ++j) part[j % 4] = fmaxf(part[j % 4], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+      float mx = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+      mx = fmaxf(mx, __shfl_xor_sync(kMask, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(kMask, mx, 2));
+      const float m_new = fmaxf(m_run[h], mx * sc);
+      const float base = m_new == -INFINITY ? 0.f : m_new;
+      alpha[h] = ex2(m_run[h] - base);
+      m_run[h] = m_new;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) part[k] = 0.f;
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pv = ex2(fmaf(s[4 * j + 2 * h + e], sc, -base));
+          s[4 * j + 2 * h + e] = pv;
+          part[(2 * j + e) % 4] += pv;
+        }
+      l_run[h] = l_run[h] * alpha[h] + ((part[0] + part[1]) + (part[2] + part[3]));
+    }
+  };
+  auto rescale_and_pack = [&](const float (&alpha)[2]) {
+    if (alpha[0] != 1.f || alpha[1] != 1.f) {  // only where a row's max moved
+#pragma unroll
+      for (int d = 0; d < kHead / 8; ++d) {
+        o[4 * d] *= alpha[0];
+        o[4 * d + 1] *= alpha[0];
+        o[4 * d + 2] *= alpha[1];
+        o[4 * d + 3] *= alpha[1];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j) {
+      pa[2 * j] = Mma<T>::pack(s[4 * j], s[4 * j + 1]);
+      pa[2 * j + 1] = Mma<T>::pack(s[4 * j + 2], s[4 * j + 3]);
+    }
+  };
+
+  int n = 0;
+  if (wg_live) {  // wg_tiles >= 1
+    float alpha[2];
+    ring_barrier();
+    wgmma_fence();
+    issue_s(0);
+    copies(0);
+    wgmma_wait<0>();
+    fence_regs(s);
+    softmax(0, alpha);
+    rescale_and_pack(alpha);
+    for (n = 1; n < wg_tiles; ++n) {
+      ring_barrier();
+      fence_regs(o);
+      fence_regs(pa);
+      wgmma_fence();
+      issue_s(n);
+      issue_pv(n - 1);
+      copies(n);
+      wgmma_wait<1>();
+      fence_regs(s);
+      softmax(n, alpha);
+      wgmma_wait<0>();
+      fence_regs(o);
+      fence_regs(pa);
+      rescale_and_pack(alpha);
+    }
+    ring_barrier();
+    fence_regs(o);
+    fence_regs(pa);
+    wgmma_fence();
+    issue_pv(n - 1);
+    copies(n);
+    wgmma_wait<0>();
+    fence_regs(o);
+    ++n;
+  }
+  for (; n <= n_tiles; ++n) {  // the block's other warpgroup still reads tiles: keep the ring going
+    ring_barrier();
+    copies(n);
+  }
+  cp_async_wait<0>();  // no copy may still target shared memory when the block exits
+
+  if (!wg_live) return;
+  T* out = static_cast<T*>(p.out);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(kMask, l, 1);
+    l += __shfl_xor_sync(kMask, l, 2);
+    const int R = wg_row0 + warp * 16 + g + 8 * h;
+    if (R >= rows) continue;
+    const float f = 1.f / l;
+    T* dst = out + (q_start + R / group) * p.out_token_stride + static_cast<int64_t>(kvh * group + R % group) * kHead + 2 * t;
+#pragma unroll
+    for (int d = 0; d < kHead / 8; ++d) {
+      *reinterpret_cast<uint32_t*>(dst + d * 8) = Mma<T>::pack(o[4 * d + 2 * h] * f, o[4 * d + 2 * h + 1] * f);
+    }
+  }
+#endif
+}
+
+template <typename T>
+cudaError_t launch(const PagedPrefillParams& p, cudaStream_t stream) {
+  if (p.head_size != kHead || p.alibi_slopes != nullptr) return cudaErrorInvalidValue;
+  for (const int64_t stride : {p.k_block_stride, p.k_token_stride, p.v_block_stride, p.v_token_stride}) {
+    if (stride < 0 || stride > 0x3fffffff) return cudaErrorInvalidValue;  // the kernel's 32-bit byte offsets
+  }
+  auto* kernel = paged_prefill_wgmma_kernel<T>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const int group = p.num_heads / p.num_kv_heads;
+  const int64_t m_blocks = (static_cast<int64_t>(p.max_query_len) * group + kRows - 1) / kRows;
+  if (m_blocks == 0) return cudaSuccess;
+  if (m_blocks > 0x7fffffff || p.num_kv_heads > 65535 || p.num_seqs > 65535) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(m_blocks), p.num_kv_heads, p.num_seqs);
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace wg
+}  // namespace prefill
+}  // namespace blocksim
