@@ -28,7 +28,10 @@ when the last lands. A load does not copy the chunk into the host tier.
 
 Every move is an operation (`TierOp`) in `ops`, in issue order, for the engine's step records and
 the execution plan; transfer times come from `blocksim.memory.tier_links`. `log`, when enabled,
-records the events above for an independent recount of the hits.
+records the events above for an independent recount of the hits. Runs that record no moves store a
+step's computed chunks and compute a lookup's loads with whole-list operations (`batched`; an LRU
+tier's dict is its recency order and holds each chunk's landing time), with the results of one
+chunk at a time.
 
 Executed moves (`attach_mover`): in a GPU-in-the-loop replay the executor performs every move as
 it is issued, and each transfer lasts what the executor measured for it instead of the link's
