@@ -226,6 +226,11 @@ def step_kinds(exec_dir: Path, sim_dir: Path) -> str:
         share = g.measured_s.sum() / x[x.model == model].measured_s.sum()
         lines.append(f"| {model} | {kind} | {len(g)} | {100 * share:.1f}% | {100 * g.err.mean():+.1f}% | "
                      f"{100 * g.err.abs().mean():.1f}% |")
+    g = x[x.kind == "decode, CUDA graph"]
+    lines += ["", "Graph-replayed decode steps by run (the pricing of uneven, padded and shared batches: "
+              "docs/cost_models.md):", "", "| run | steps | mean error | MAPE |", "| --- | ---: | ---: | ---: |"]
+    for run, r in g.groupby("run"):
+        lines.append(f"| {run} | {len(r)} | {100 * r.err.mean():+.1f}% | {100 * r.err.abs().mean():.1f}% |")
     e = x[x.kind == "eager, with a prompt"].copy()
     e["again"] = e.groupby("run").num_tokens.transform(lambda t: t.duplicated())
     e["tokens"] = pd.cut(e.num_tokens, [0, 256, 1024, 2048, 4096, 1 << 20],

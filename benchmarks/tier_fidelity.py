@@ -174,9 +174,19 @@ def cmd_execute(a) -> int:
     return 0
 
 
+class UsageError(Exception):
+    """Bad input to this script: one line naming the option and the fix."""
+
+
 def merged_profile(out: Path, tables: Path, name: str = "profile.json") -> Path:
     """The shipped profile with the tier executor's measured tables (`tables`) merged in."""
     from benchmarks.tier_bandwidth_merge import merge
+    if not SHIPPED.is_file():
+        have = sorted(p.name.split("__")[1] for p in SHIPPED.parent.glob(f"{MODEL}__*__float16__tp1.json"))
+        raise UsageError(f"--gpu {GPU}: no shipped profile of {MODEL} for it ({SHIPPED}); "
+                         f"choose one of {', '.join(have)}")
+    if not tables.is_file():
+        raise UsageError(f"--tier-tables {tables}: no such file; give a benchmarks/tier_bandwidth.py result")
     path = out / name
     path.write_text(json.dumps(merge(json.loads(tables.read_text()), json.loads(SHIPPED.read_text())), indent=1))
     return path
@@ -196,6 +206,9 @@ def in_run_tables(tables: dict, run: Path) -> dict:
     moves = pd.read_parquet(run / "executor_tier_moves.parquet")
     for move, g in moves.groupby("move"):
         comp = out["components"][MOVES[move]]
+        if CHUNK_TOKENS not in comp["chunk_tokens"]:
+            raise UsageError(f"--tier-tables: {MOVES[move]} has no {CHUNK_TOKENS}-token chunks "
+                             f"(it has {comp['chunk_tokens']}); measure them with benchmarks/tier_bandwidth.py")
         row = comp["chunk_tokens"].index(CHUNK_TOKENS)
         per_chunk = float(g.seconds.sum() / g.chunks.sum())
         comp["seconds"][row] = [per_chunk * n for n in comp["grid"]["chunks"]]
@@ -412,7 +425,11 @@ def main(argv=None) -> int:
     r.add_argument("--markdown", default=None)
     r.set_defaults(func=cmd_results)
     a = ap.parse_args(argv)
-    return a.func(a)
+    try:
+        return a.func(a)
+    except UsageError as e:
+        print(f"tier_fidelity: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -51,8 +51,8 @@ def arch_flags(capabilities: set[tuple[int, int]]) -> list[str]:
 def sources_digest() -> str:
     """A digest of every file under csrc/ (sources and headers). It goes into the compile flags, so
     that an edit of a header alone rebuilds every object: torch's build cache versions the listed
-    sources and the flags only, and on a machine whose cache is warm a header-only edit was seen to
-    run stale kernel objects."""
+    sources and the flags only, so without it a warm cache keeps the objects of an edited header's
+    old version."""
     h = hashlib.sha1()
     for f in sorted(CSRC.iterdir()):
         if f.is_file():

@@ -139,15 +139,18 @@ class ModelStepExecutor:
         process): the last run's sequences, sampled tokens, primed shapes, records and tiers are
         forgotten. `config` must have the model, blocks, block size and batch limits of the first."""
         keep = ("model", "num_gpu_blocks", "num_cpu_blocks", "tensor_parallel")
+        sched, first = config.scheduler, self.config.scheduler
         if (ModelDims.of(config.model) != self.dims or config.num_gpu_blocks != self.num_gpu_blocks
                 or config.num_cpu_blocks != self.num_cpu_blocks or config.cache.block_size != self.bs
-                or config.tensor_parallel != self.tp
-                or config.scheduler.max_num_seqs != self.config.scheduler.max_num_seqs):
-            raise ExecutorError(f"another run on this executor needs the same {', '.join(keep)}, block size and "
-                                f"max_num_seqs as its first; build a new executor")
+                or config.tensor_parallel != self.tp or sched.max_num_seqs != first.max_num_seqs
+                or sched.max_num_batched_tokens != first.max_num_batched_tokens):
+            raise ExecutorError(f"another run on this executor needs the same {', '.join(keep)}, block size, "
+                                f"max_num_seqs and max_num_batched_tokens as its first; build a new executor")
         self.config = config
         self._last_token, self._generated, self._prompt_ids = {}, {}, {}
         self._shapes, self.rows = set(), []
+        if getattr(self, "tier_ex", None) is not None:  # a run that ended before `save` leaves its disk file and
+            self.tier_ex.close()                        # I/O threads open
         self.tier_ex = None
         for k in ("tier_disk_io", "tier_disk_io_reason", "tier_transfer_prices"):
             self.describe.pop(k, None)

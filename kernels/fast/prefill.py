@@ -53,6 +53,12 @@ def device_capability(index: int) -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(index))
 
 
+def _wgmma_applies(query: torch.Tensor, key_cache: torch.Tensor, alibi_slopes) -> bool:
+    """``wgmma_runs`` for the arguments of a call on the query's CUDA device."""
+    return query.is_cuda and wgmma_runs(query.dtype, key_cache.dtype, query.shape[2], alibi_slopes is not None,
+                                        device_capability(query.device.index or 0))
+
+
 def choose_prefill_config(num_seqs: int, max_query_len: int, num_heads: int, num_kv_heads: int, head_size: int,
                           num_sms: int = 132, *, wgmma: bool = False) -> int:
     """The tile configuration ``paged_prefill_attention`` runs. ``wgmma``: the warpgroup kernel can
@@ -211,8 +217,7 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
         out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, query_start_loc, context_lens,
         block_size, alibi_slopes, k_scale, v_scale, max_query_len, max_context_len, validate)
     if config == WGMMA_CONFIG:
-        if not (query.is_cuda and wgmma_runs(query.dtype, key_cache.dtype, query.shape[2], alibi_slopes is not None,
-                                             device_capability(query.device.index or 0))):
+        if not _wgmma_applies(query, key_cache, alibi_slopes):
             raise ValueError(f"config {WGMMA_CONFIG} (the warpgroup kernel) needs a CUDA device of compute capability "
                              f"9.0, float16 or bfloat16 query and caches of one dtype, head size {WGMMA_HEAD} and no "
                              f"alibi_slopes; got {query.dtype} / {key_cache.dtype} at head size {query.shape[2]} on "
@@ -236,11 +241,9 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
     if query.shape[0] == 0 or max_query_len == 0:
         return out
     if config is None:
-        index = query.device.index or 0
         config = choose_prefill_config(context_lens.shape[0], max_query_len, query.shape[1], int(num_kv_heads),
-                                       query.shape[2], device_sms(index),
-                                       wgmma=wgmma_runs(query.dtype, key_cache.dtype, query.shape[2],
-                                                        alibi_slopes is not None, device_capability(index)))
+                                       query.shape[2], device_sms(query.device.index or 0),
+                                       wgmma=_wgmma_applies(query, key_cache, alibi_slopes))
     if query.stride(2) != 1 or query.stride(1) != query.shape[2] or query.stride(0) % 8 or query.data_ptr() % 16:
         query = query.contiguous()
     if alibi_slopes is not None:

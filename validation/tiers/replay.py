@@ -10,7 +10,8 @@
 Within a step the rows run in table order; consecutive rows of one move (op, src, dst) run as one
 batch, and drops free their slot at once. Loads into the GPU are complete on the caller's stream
 when `step` returns (the step's attention may read them); stores from the GPU have gathered their
-blocks (the step may overwrite them) and finish their copies in the background.
+blocks (the step may overwrite them) and finish their copies in the background (a caller that
+reads their times, as the GPU-in-the-loop executor does, waits for them).
 """
 
 from __future__ import annotations
