@@ -207,16 +207,7 @@ class BlockPool:
 
     def cache_full_blocks(self, blocks: list[int], hashes: list[int], start: int, stop: int) -> None:
         """Record the content hashes of `blocks[start:stop]`, which have just become full."""
-        if not self.enable_caching:
-            return
-        cached, bh = self.cached, self.block_hash
-        for i in range(start, stop):
-            b, h = blocks[i], hashes[i]
-            bh[b] = h
-            if h in cached:
-                self.duplicates.setdefault(h, []).append(b)
-            else:
-                cached[h] = b
+        self.cache_full_blocks_of([(blocks, hashes, start, stop)])
 
     def cache_full_blocks_of(self, filled: list[tuple[list[int], list[int], int, int]]) -> None:
         """`cache_full_blocks(blocks, hashes, start, stop)` for each tuple of `filled`, in order."""

@@ -153,15 +153,16 @@ class TierStore:
         self.mover = mover
         self.ops_on = True
 
+    def _perform(self) -> list[tuple[float, float]]:
+        """Perform the rows issued since the last call (a mover is attached); their measured parts."""
+        rows = self.ops[self._sent:]
+        self._sent = len(self.ops)
+        return self.mover(rows)
+
     def _measured(self) -> tuple[float, float] | None:
         """Perform the rows issued since the last call; the measured parts of the last of them
         (None when no mover is attached)."""
-        if self.mover is None:
-            return None
-        rows = self.ops[self._sent:]
-        self._sent = len(self.ops)
-        parts = self.mover(rows)
-        return parts[-1]
+        return None if self.mover is None else self._perform()[-1]
 
     # --- events from the GPU -----------------------------------------------------------------
     def on_computed(self, keys: list[int], table: list[int], first_block: int) -> None:
@@ -624,9 +625,7 @@ class TierStore:
             if sel[i]:
                 selective.append((i, key))
         if mover is not None and n:  # performed now, in one batch; they last what was measured
-            rows = self.ops[self._sent:]
-            self._sent = len(self.ops)
-            ends, where = self._load_ends(keys, n, True, mover(rows)[-n:])
+            ends, where = self._load_ends(keys, n, True, self._perform()[-n:])
         for i, key in selective:  # after the loads: a store below must not evict a chunk being loaded
             lv = levels[i]
             if key not in lv.cache.members or key in levels[i + 1].cache.members:
