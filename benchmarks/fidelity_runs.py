@@ -121,6 +121,7 @@ def cmd_execute(a) -> int:
                 for preset in a.presets:
                     name = run_name(trace, preset, model, a.tensor_parallel)
                     if (out / name / "executor.json").exists():
+                        print(f"execute {name}: kept (already in {out})", flush=True)
                         continue
                     if a.budget_s and time.perf_counter() - start > a.budget_s:
                         print(f"execute {name}: skipped (past --budget-s {a.budget_s:.0f})", flush=True)
