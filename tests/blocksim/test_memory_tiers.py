@@ -7,13 +7,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import traces
 from blocksim.config import ConfigError
 from blocksim.engine import Engine
 from blocksim.experiments.runner import build_config
 from blocksim.memory.eviction import ARC, LFU, LRU
 from blocksim.records.schema import TIER_REQUEST_COLUMNS, TIER_STEP_COLUMNS
 from tests.blocksim.tier_recount import POLICIES, Recount
+from tests.blocksim.workloads import family_trace
 
 H = 16  # tokens per prefix hash = the block size
 KV_BYTES = 2 * 32 * 32 * 128 * 2  # llama-2-7b, bytes of K/V per token
@@ -22,11 +22,7 @@ GIB = 1024**3
 
 def workload(arrivals, prompts, outputs, families):
     """Prompts sharing hash blocks within a family (family f, block j -> hash f * 1000 + j)."""
-    hashes = [[f * 1000 + j for j in range(-(-p // H))] for p, f in zip(prompts, families)]
-    arrival_s = np.cumsum(arrivals)
-    df = pd.DataFrame({"arrival_s": arrival_s - arrival_s[0], "prompt_tokens": prompts, "output_tokens": outputs,
-                       "prefix_hashes": hashes})
-    return traces.Trace(df, hash_block_tokens=H)
+    return family_trace(arrivals, prompts, outputs, families, hash_tokens=H, family_stride=1000)
 
 
 def chunks_gib(n, chunk_tokens=H):

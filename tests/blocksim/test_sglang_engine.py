@@ -1,26 +1,21 @@
 """The sglang preset end to end on random workloads with shared prefixes: nothing lost, the pool
 conserved after every step, spans equal to single steps, plans that validate."""
 
-import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import traces
 from blocksim.engine import Engine
 from blocksim.experiments.runner import build_config
+from tests.blocksim.workloads import family_trace
 
 H = 16  # tokens per prefix hash
 
 
 def workload(arrivals, prompts, outputs, families):
-    """Requests whose prompts share hash blocks within a family (family f, block j -> hash f*100 + j)."""
-    hashes = [[f * 100 + j for j in range(-(-p // H))] for p, f in zip(prompts, families)]
-    arrival_s = np.cumsum(arrivals)
-    df = pd.DataFrame({"arrival_s": arrival_s - arrival_s[0], "prompt_tokens": prompts, "output_tokens": outputs,
-                       "prefix_hashes": hashes})
-    return traces.Trace(df, hash_block_tokens=H)
+    """Prompts sharing hash blocks within a family (family f, block j -> hash f * 100 + j)."""
+    return family_trace(arrivals, prompts, outputs, families, hash_tokens=H, family_stride=100)
 
 
 requests = st.integers(1, 25).flatmap(lambda k: st.tuples(
