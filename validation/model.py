@@ -317,13 +317,10 @@ class ModelRunner:
         d = self.dims
         if self.prefill_impl == "kernel":
             tables, qsl, ctx = meta["tables"], meta["qsl"], meta["ctx"]
-            # The mma.sync tile configurations, which the shipped cost profiles measured (the
-            # kernels' own choice may take another path on some GPUs).
-            config = kernels.choose_prefill_config(tables.shape[0], meta["max_new"], d.num_heads, d.num_kv_heads,
-                                                   d.head_size, self.num_sms)
             kernels.paged_prefill_attention(out, q, self.k_caches[j], self.v_caches[j], d.num_kv_heads, self.scale,
                                             tables, qsl, ctx, self.block_size, max_query_len=meta["max_new"],
-                                            max_context_len=meta["max_ctx"], validate=not self.cuda, config=config)
+                                            max_context_len=meta["max_ctx"], validate=not self.cuda,
+                                            config=meta["config"])
             return
         self._prefill_sdpa(j, out, q, k_new, v_new, meta)
 
@@ -377,6 +374,10 @@ class ModelRunner:
                                                      for p in batch.prefills]), torch.int32),
                     "qsl": self._as(qsl, torch.int32), "ctx": self._as(stops, torch.int32),
                     "max_new": int((stops - starts).max()), "max_ctx": int(stops.max())}
+            if self.prefill_impl == "kernel":  # the mma.sync tile configurations, which the shipped cost
+                d = self.dims                      # profiles measured (the kernels' own choice may differ)
+                meta["config"] = kernels.choose_prefill_config(len(batch.prefills), meta["max_new"], d.num_heads,
+                                                               d.num_kv_heads, d.head_size, self.num_sms)
             if self.prefill_impl == "sdpa":
                 meta["seqs"] = [(int(qsl[i]), int(qsl[i + 1]), int(p.start),
                                  self._as(p.block_table[:-(-p.start // self.block_size)]) if p.start else None)
