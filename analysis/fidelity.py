@@ -263,12 +263,16 @@ def step_pairs(sim: Run, exe: Run) -> tuple[np.ndarray | None, np.ndarray | None
     return None, None, "no per-step comparison (" + "; ".join(why or ["no cost model recorded"]) + ")"
 
 
+def errors(f: Fidelity) -> dict:
+    """`f`'s errors as a flat dict: step_mape and the ``*_err`` keys of `ROW_KEYS`, the p90 errors,
+    and how they were obtained (cost profile, counts, step source)."""
+    return {k: v for k, v in f.row().items() if k not in ("trace", "preset", "model", "gpu", "tensor_parallel",
+                                                         "cost_model")}
+
+
 def compare_runs(sim_dir, exec_dir) -> dict:
-    """The errors of SIM against EXEC as a flat dict: step_mape and the ``*_err`` keys of `ROW_KEYS`,
-    the p90 errors, and how they were obtained (cost profile, counts, step source)."""
-    row = compare(sim_dir, exec_dir).row()
-    return {k: v for k, v in row.items() if k not in ("trace", "preset", "model", "gpu", "tensor_parallel",
-                                                      "cost_model")}
+    """The errors of SIM against EXEC as a flat dict (`errors`)."""
+    return errors(compare(sim_dir, exec_dir))
 
 
 def compare(sim_dir, exec_dir) -> Fidelity:

@@ -155,9 +155,9 @@ def cmd_simulate(a) -> int:
 
 
 def cmd_results(a) -> int:
-    from analysis.fidelity import compare_runs  # the fidelity report's library
+    from analysis.fidelity import compare, errors  # the fidelity report's library
     exec_dir, sim_dir = Path(a.exec), Path(a.sim)
-    rows = []
+    rows, priced = [], {}  # priced: run -> the profiled twin's price of each executed step
     for run in sorted(p.parent for p in exec_dir.glob("*/executor.json")):
         trace, preset, model, _ = parse_name(run.name)
         summary = json.loads((run / "summary.json").read_text())
@@ -165,7 +165,10 @@ def cmd_results(a) -> int:
             sim = sim_dir / cost / run.name
             if not (sim / "summary.json").exists():
                 continue
-            e = compare_runs(sim, run)
+            f = compare(sim, run)
+            if cost == "profiled":
+                priced[run.name] = f.predicted_s
+            e = errors(f)
             rows.append({"trace": trace, "preset": preset, "model": model,
                          "gpu": summary["config"]["gpu"]["name"], "tensor_parallel": summary["config"]["tensor_parallel"],
                          "cost_model": cost, **e})
@@ -176,7 +179,7 @@ def cmd_results(a) -> int:
         rows = [r for r in json.loads(Path(a.json).read_text()) if key(r) not in new] + rows
     Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
     if a.markdown:
-        Path(a.markdown).write_text(markdown_doc(rows, exec_dir, sim_dir))
+        Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced))
     print(f"{len(rows)} comparisons written to {a.json}")
     return 0
 
@@ -194,23 +197,20 @@ def met(rows: list[dict], key: str) -> str:
     return f"{sum(abs(v) <= TARGETS[key] for v in vals)}/{len(vals)}"
 
 
-def step_kinds(exec_dir: Path, sim_dir: Path) -> str:
+def step_kinds(exec_dir: Path, priced: dict) -> str:
     """Per model and kind of step, the profiled model of the simulated twin pricing each executed
-    step against its measured time (executor_steps.parquet): where the per-step error comes from.
-    Runs without a profiled twin, or whose steps it cannot price one for one, are left out."""
+    step (`priced`: run -> seconds per executed step) against its measured time
+    (executor_steps.parquet): where the per-step error comes from. Runs without a profiled twin,
+    or whose steps it cannot price one for one, are left out."""
     import numpy as np
     import pandas as pd
-    from analysis.fidelity import compare
     frames = []
     for p in sorted(exec_dir.glob("*/executor_steps.parquet")):
-        sim = sim_dir / "profiled" / p.parent.name
-        if not (sim / "summary.json").is_file():
-            continue
+        pred = priced.get(p.parent.name)
         x = pd.read_parquet(p)
-        f = compare(sim, p.parent)
-        if f.predicted_s is None or len(f.predicted_s) != len(x):
+        if pred is None or len(pred) != len(x):
             continue
-        x["predicted_s"] = f.predicted_s
+        x["predicted_s"] = pred
         x["model"] = p.parent.name.split("__")[2] + "".join(f" {t}" for t in p.parent.name.split("__")[3:])
         x["run"] = p.parent.name
         frames.append(x)
@@ -248,7 +248,7 @@ def step_kinds(exec_dir: Path, sim_dir: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def markdown_doc(rows: list[dict], exec_dir: Path, sim_dir: Path) -> str:
+def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict) -> str:
     """benchmarks/FIDELITY.md: how the figures were made and the generated tables."""
     devices = sorted({json.loads(p.read_text()).get("device", "?") for p in exec_dir.glob("*/executor.json")})
     torch_v = sorted({json.loads(p.read_text()).get("torch", "?") for p in exec_dir.glob("*/executor.json")})
@@ -258,7 +258,7 @@ def markdown_doc(rows: list[dict], exec_dir: Path, sim_dir: Path) -> str:
     missing = [w for w in want if w not in done]
     out.append(f"Executed runs: {len(want) - len(missing)} of {len(want)}"
                + (f"; not executed (device time): {', '.join(missing)}." if missing else ".") + "\n")
-    out.append(step_kinds(exec_dir, sim_dir))
+    out.append(step_kinds(exec_dir, priced))
     for cost in ("profiled", "roofline"):
         sub = [r for r in rows if r["cost_model"] == cost]
         if not sub:
