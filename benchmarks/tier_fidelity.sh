@@ -20,10 +20,7 @@ case $GPU in h100) GPU_NAME=h100-80gb ;; *) GPU_NAME=h200-141gb ;; esac
 BUDGET_S=${BUDGET_S:-100000}
 EXEC=runs/tier_fidelity/exec-$GPU
 DISK_DIR=${DISK_DIR:-runs/tier_fidelity/disk}
-if ! python -c "import simpy" 2>/dev/null; then
-  python -m pip install -q --no-index --no-deps --target /tmp/site $(ls .whl/simpy-*.whl runs/fidelity/whl/simpy-*.whl 2>/dev/null | head -1) \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
+. "$(dirname "$0")/device_simpy.sh"   # simpy as a carried wheel where the machine lacks it
 if [ -n "${KERNELS:-}" ] && [ -d "$KERNELS/kernels" ]; then
   rm -rf kernels && cp -r "$KERNELS/kernels" kernels
 fi

@@ -24,10 +24,7 @@ PRESETS=${PRESETS:-"vllm vllm-prefix vllm-chunked swap-n2"}
 BUDGET_S=${BUDGET_S:-100000}
 ROOT=runs/fidelity/tp
 EXEC=$ROOT/exec
-if ! python -c "import simpy" 2>/dev/null; then   # simpy as a carried wheel where the machine lacks it
-  python -m pip install -q --no-index --no-deps --target /tmp/site $(ls .whl/simpy-*.whl runs/fidelity/whl/simpy-*.whl 2>/dev/null | head -1) \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
+. "$(dirname "$0")/device_simpy.sh"   # simpy as a carried wheel where the machine lacks it
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 NGPU=$(nvidia-smi -L | wc -l)
 t0=$(date +%s)
