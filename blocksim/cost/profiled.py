@@ -24,7 +24,10 @@ engine's columns `t_<component>_s` hold:
   Block counts are converted to the profile's block size (a run with blocks twice as large moves
   twice as many of the profile's blocks).
 * ``t_overhead_s``: the profile's fixed per-step cost when the step runs anything, ``graph_s`` for
-  a graph-replayed decode step, ``eager_s`` otherwise.
+  a graph-replayed decode step, else the eager step's: the median of the profile's
+  ``eager_cases_s`` (whole eager steps less the sum of their components), negative where the
+  components timed alone add up to more than the whole step (each timed alone pays a start the
+  whole step pays once); ``eager_s`` for a profile without the cases.
 * ``t_comm_s`` (tensor_parallel > 1 only): ``2 * layers`` all-reduces of ``tokens * hidden *
   dtype_bytes`` bytes each (attention output and MLP output, Megatron-style), each priced by the
   profile's ``allreduce`` table by message bytes when it has one, else by the roofline's ring

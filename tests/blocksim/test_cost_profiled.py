@@ -122,6 +122,20 @@ def test_the_longest_row_prices_an_uneven_graph_step(tmp_path):
     assert cm.step_outside == {"decode_step_longest.longest": 2}, "longest over the mean beyond the grid's 8"
 
 
+def test_an_eager_step_costs_the_median_of_the_profiles_measured_differences(tmp_path):
+    prof = synthetic_profile()
+    prof["components"]["overhead"].update(eager_s=0.0, eager_cases_s=[-3e-4, -1e-4, 2e-4, -2e-4])
+    path = tmp_path / "o.json"
+    path.write_text(json.dumps(prof))
+    cm = model(path)
+    assert cm.overhead(True, 0) == pytest.approx(-1.5e-4, rel=1e-12), "the parts over-count: a negative difference"
+    assert cm.overhead(True, 17) == prof["components"]["overhead"]["graph_s"], "a graph step is measured whole"
+    prof["components"]["overhead"]["eager_cases_s"] = ["x"]
+    path.write_text(json.dumps(prof))
+    with pytest.raises(ConfigError, match="components.overhead.eager_cases_s"):
+        load_profile(path)
+
+
 def test_prefill_attention_sums_sequences_and_applies_the_batch_efficiency(profile_path):
     cm = model(profile_path)
     one = cm.prefill.eval(1.0, np.array([256.0, 1024.0]), np.array([0.0, 512.0]))
