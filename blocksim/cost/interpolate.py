@@ -6,11 +6,13 @@ Rule: piecewise-linear in seconds along each axis (multilinear across axes), exc
 slope (a launch floor plus bytes or FLOPs): linear interpolation is exact for those, while a power
 law between far-apart grid points overshoots by several per cent where the floor and the slope are
 of one size. The one power axis is prefill attention's ``new_tokens``, whose cost grows with the
-square of the new tokens. Leave-one-out on the H200 profile of llama-2-7b (each inner grid point
-dropped and interpolated from its neighbours, a grid twice as coarse): median errors along
-decode_step.context 0.2% linear against 6.1% power law, attn_decode.context 1.9% against 8.4%,
-attn_prefill.cached_tokens 0.5% against 34.6% (log-seconds linear in tokens), linear.tokens 0.6%
-against 1.0%; along attn_prefill.new_tokens the power law is the better (26.8% against 31.8%).
+square of the new tokens. Leave-one-out on the shipped H200 profiles
+(`benchmarks/interpolation_check.py`: each inner grid point dropped and interpolated from its
+neighbours) gives median errors along decode_step.context of 0.2-0.3% with straight lines against
+4.3-6.5% with power laws, attn_decode.context 1.5-2.2% against 6.1-8.3%,
+attn_prefill.cached_tokens 0.9-1.1% against 14.7-14.8%, linear.tokens 0.9-1.3% against 1.2-1.4%;
+along attn_prefill.new_tokens the two are level (28.6-31.9% power law, 28.7-32.7% straight), and
+the power law keeps the quadratic growth beyond the grid.
 
 On grid points the table's values come back exactly (tables without a power axis) or up to one
 rounding of ``exp(log(t))``. Outside the grid an axis is extrapolated from its two nearest grid

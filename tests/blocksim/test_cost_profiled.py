@@ -303,3 +303,20 @@ def test_the_one_point_path_agrees_with_the_vectorized_one(b, p, c):
 
 def load_profile_dict(d):
     return parse_profile(d, "synthetic.json")
+
+
+def test_the_leave_one_out_check_is_exact_for_the_shapes_each_rule_follows(tmp_path):
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "interpolation_check", Path(__file__).resolve().parents[2] / "benchmarks" / "interpolation_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    x = np.array([16.0, 64.0, 256.0, 1024.0])
+    line = mod.leave_one_out(x, np.stack([3e-4 + 2e-6 * x, 5e-4 + 1e-6 * x], axis=1), 0)
+    assert line["straight_line"] == pytest.approx(0.0, abs=1e-12) and line["power_law"] > 0.01
+    square = mod.leave_one_out(x, 1e-9 * x ** 2, 0)
+    assert square["power_law"] == pytest.approx(0.0, abs=1e-12) and square["straight_line"] > 0.1
+    path = write_profile(tmp_path / "p.json", decode_step=True)
+    got = {(r["table"], r["axis"]) for r in mod.check(path)["rows"]}
+    assert ("decode_step", "context") in got and ("attn_prefill", "new_tokens") in got
