@@ -320,3 +320,18 @@ def test_the_leave_one_out_check_is_exact_for_the_shapes_each_rule_follows(tmp_p
     path = write_profile(tmp_path / "p.json", decode_step=True)
     got = {(r["table"], r["axis"]) for r in mod.check(path)["rows"]}
     assert ("decode_step", "context") in got and ("attn_prefill", "new_tokens") in got
+
+
+@settings(max_examples=40, deadline=None)
+@given(x=st.lists(st.floats(0.5, 20000), min_size=1, max_size=6), y=st.floats(0.5, 12), one=st.booleans())
+def test_the_plane_gives_the_tables_bilinear_values_inside_and_beyond_the_grid(x, y, one):
+    from blocksim.cost.interpolate import Plane
+    from blocksim.cost.profile_file import Grid
+    gx, gy = np.array([16.0, 64.0, 256.0, 1024.0, 4096.0]), (np.array([2.0]) if one else np.array([1.0, 2.0, 3.0, 8.0]))
+    secs = 1e-3 + 1e-7 * gx[:, None] * (1 + 0.3 * np.log(gy)[None, :]) + 1e-5 * np.sqrt(gy)[None, :]
+    tab = Table(Grid("decode_step_longest", ("context", "longest"), (gx, gy), secs))
+    xs = np.asarray(x)
+    ys = np.full(len(xs), y)
+    plane = Plane("p", gx, gy, secs)
+    np.testing.assert_allclose(plane.eval(xs, ys), tab.eval(xs, ys), rtol=1e-9)
+    assert [plane.point(float(a), y) for a in xs] == plane.eval(xs, ys).tolist(), "one point: the same bits"
