@@ -64,6 +64,25 @@ for onload in ("wait", "recompute"):
 CONFIGS["disk32-wait"] = ["--tier-disk-gib", "32", "--tier-disk-write", "write-through"]
 
 
+#: the prefix-caching presets a run may take (`--policy`)
+POLICIES = ("vllm-v1", "vllm-prefix", "sglang")
+
+
+def use_policy(name: str) -> None:
+    """Run under preset `name`."""
+    global POLICY
+    POLICY = name
+
+
+def engine_flags() -> list[str]:
+    """The engine's size flags under POLICY: SGLang names its pages and prefill budget its own way."""
+    if POLICY == "sglang":
+        return ["--page-size", "16", "--num-gpu-blocks", str(GPU_BLOCKS), "--chunked-prefill-size", str(BATCHED_TOKENS)]
+    # vLLM v0 without chunked prefill runs a prompt in one step: the budget holds the longest one
+    budget = CLIP_TOKENS if POLICY == "vllm-prefix" else BATCHED_TOKENS
+    return ["--num-gpu-blocks", str(GPU_BLOCKS), "--max-num-batched-tokens", str(budget)]
+
+
 def use_gpu(name: str) -> None:
     """Run on catalog GPU `name` (its shipped profile of MODEL)."""
     global GPU, SHIPPED
@@ -94,8 +113,8 @@ def replay_args(name: str, out: Path, disk_dir: Path | None, model: str = MODEL,
             flags += ["--tier-disk-path", str(disk_dir)]
     if catalog:
         flags += ["--catalog", catalog]
-    return ["replay", str(write_slice()), "--model", model, "--gpu", GPU, "--policy", POLICY,
-            "--num-gpu-blocks", str(GPU_BLOCKS), "--max-num-batched-tokens", str(BATCHED_TOKENS), *flags, "--quiet", "--no-report", "--out", str(out)]
+    return ["replay", str(write_slice()), "--model", model, "--gpu", GPU, "--policy", POLICY, *engine_flags(),
+            *flags, "--quiet", "--no-report", "--out", str(out)]
 
 
 def blocksim(args: list[str], log) -> int:
@@ -149,6 +168,7 @@ def cmd_execute(a) -> int:
     global SLICE
     SLICE = Path(a.slice) if a.slice else SLICE
     use_gpu(a.gpu)
+    use_policy(a.policy)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     disk = Path(a.disk_dir) if a.disk_dir else out / "disk"
@@ -217,6 +237,7 @@ def in_run_tables(tables: dict, run: Path) -> dict:
 
 def cmd_simulate(a) -> int:
     exec_dir, out = Path(a.exec), Path(a.out)
+    use_policy(a.policy)
     runs = sorted(exec_dir.glob("*/summary.json"))
     if runs:  # the executed runs' GPU
         use_gpu(json.loads(runs[0].read_text())["config"]["gpu"]["name"])
@@ -282,7 +303,9 @@ def cmd_results(a) -> int:
     exec_dir, sim_dir = Path(a.exec), Path(a.sim)
     runs = sorted(exec_dir.glob("*/summary.json"))
     if runs:
-        use_gpu(json.loads(runs[0].read_text())["config"]["gpu"]["name"])
+        cfg = json.loads(runs[0].read_text())["config"]
+        use_gpu(cfg["gpu"]["name"])
+        use_policy(cfg["policy"])
     rows = []
     for run in sorted(p.parent for p in exec_dir.glob("*/executor.json")):
         sim = sim_dir / run.name
@@ -324,7 +347,9 @@ def cmd_results(a) -> int:
                 r["beats_recompute"] = {"executed": be, "simulated": bs}
                 beats[r["config"]] = be == bs
     result = {"commands": [f"KERNELS=DIR GPU={GPU.split('-')[0]} bash benchmarks/tier_fidelity.sh (the executed runs, on the GPU)",
-                           f"python benchmarks/tier_fidelity.py simulate --exec {a.exec} --out {a.sim}" + (" --in-run-rates" if "in-run" in a.json else ""),
+                           f"python benchmarks/tier_fidelity.py simulate --exec {a.exec} --out {a.sim}"
+                           + (f" --policy {POLICY}" if POLICY != POLICIES[0] else "")
+                           + (" --in-run-rates" if "in-run" in a.json else ""),
                            f"python benchmarks/tier_fidelity.py results --exec {a.exec} --sim {a.sim} --json {a.json}"],
               "model": MODEL, "gpu": GPU, "policy": POLICY, "batched_tokens": BATCHED_TOKENS, "gpu_blocks": GPU_BLOCKS, "chunk_tokens": CHUNK_TOKENS,
               "slice": {"source": "mooncake synthetic_trace.jsonl", "window_s": list(SLICE_S), "rate": RATE,
@@ -401,6 +426,7 @@ def main(argv=None) -> int:
     e.add_argument("--gpu", default=GPU, help=f"catalog GPU (default {GPU}): its shipped profile of {MODEL}")
     for p in (e, s := sub.add_parser("simulate")):
         p.add_argument("--model", default=MODEL, help=f"model (default {MODEL}; another is for trying the script)")
+        p.add_argument("--policy", default=POLICY, choices=POLICIES, help=f"the engine (default {POLICY})")
         p.add_argument("--catalog", default=None, help="a catalog file defining --model")
         p.add_argument("--tier-tables", default=str(TIER_TABLES),
                        help="a tier_bandwidth.py result: its measured tables are merged into the shipped profile")

@@ -3,9 +3,10 @@
 #
 #   GPU=h200 bash benchmarks/tier_fidelity.sh            # CONFIGS="none host8-lru-write-back" for a few
 #   GPU=h100 MEASURE_TIERS=1 bash benchmarks/tier_fidelity.sh   # an H100 (h100-80gb), its tier tables measured first
+#   POLICY=sglang CONFIGS="none host8-lru-write-through" bash benchmarks/tier_fidelity.sh   # another engine
 #
-# Writes runs/tier_fidelity/exec-$GPU/ (one run directory per configuration) and, when $OUT is set,
-# packs it into $OUT/tier-fidelity-exec-$GPU.tgz. The disk tier's file lives on the machine's local
+# Writes runs/tier_fidelity/exec-$GPU/ (exec-$GPU-$POLICY/ for POLICY vllm-prefix or sglang; one run
+# directory per configuration) and, when $OUT is set, packs it into $OUT/tier-fidelity-exec-$GPU.tgz. The disk tier's file lives on the machine's local
 # disk (DISK_DIR, default runs/tier_fidelity/disk under the repository). BUDGET_S (seconds from the
 # start, kernel build included) stops starting new runs. The machine needs simpy: a wheel under
 # .whl/ or runs/fidelity/whl/ is installed when it lacks it. KERNELS (a directory holding a
@@ -18,7 +19,9 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. MAX_JOBS=${MAX_JOBS:-16} PYTHONUN
 GPU=${GPU:-h200}
 case $GPU in h100) GPU_NAME=h100-80gb ;; *) GPU_NAME=h200-141gb ;; esac
 BUDGET_S=${BUDGET_S:-100000}
-EXEC=runs/tier_fidelity/exec-$GPU
+POLICY=${POLICY:-vllm-v1}
+SUFFIX=$([ "$POLICY" = vllm-v1 ] || echo "-$POLICY")
+EXEC=runs/tier_fidelity/exec-$GPU$SUFFIX
 DISK_DIR=${DISK_DIR:-runs/tier_fidelity/disk}
 . "$(dirname "$0")/device_simpy.sh"   # simpy as a carried wheel where the machine lacks it
 if [ -n "${KERNELS:-}" ] && [ -d "$KERNELS/kernels" ]; then
@@ -38,7 +41,7 @@ if [ -n "${MEASURE_TIERS:-}" ]; then  # the tier tables measured again first, by
 fi
 [ -f "$TABLES" ] || { echo "no tier tables $TABLES: set MEASURE_TIERS=1"; exit 2; }
 python benchmarks/tier_fidelity.py execute --out "$EXEC" --disk-dir "$DISK_DIR" --tier-tables "$TABLES" --gpu "$GPU_NAME" \
-    --budget-s $(( BUDGET_S - ($(date +%s) - t0) )) ${CONFIGS:+--configs $CONFIGS}
+    --policy "$POLICY" --budget-s $(( BUDGET_S - ($(date +%s) - t0) )) ${CONFIGS:+--configs $CONFIGS}
 grep -E "^(Traceback|blocksim:)|Error" "$EXEC/execute.log" | sort | uniq -c | head -20
 python - "$EXEC" <<'EOF'
 import json, sys
@@ -51,6 +54,6 @@ for p in sorted(Path(sys.argv[1]).glob("*/executor.json")):
           f"{e.get('tier_checksum_mismatches', 0)}, disk {e.get('tier_disk_io', '-')}")
 EOF
 if [ -n "${OUT:-}" ]; then
-  tar czf "$OUT/tier-fidelity-exec-$GPU.tgz" "$EXEC"
+  tar czf "$OUT/tier-fidelity-exec-$GPU$SUFFIX.tgz" "$EXEC"
 fi
 echo "done in $(( $(date +%s) - t0 )) s"

@@ -69,3 +69,25 @@ def test_another_model_shape_is_refused(tmp_path):
                          max_num_seqs=4, max_num_batched_tokens=128)
     with pytest.raises(ExecutorError, match="same model"):
         ex.new_run(other)
+
+
+@pytest.mark.parametrize("preset", ["vllm-prefix", "sglang"])
+def test_the_other_prefix_caching_engines_perform_and_check_their_tier_moves(tmp_path, preset):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    knobs = (dict(page_size=BS, max_running_requests=4, chunked_prefill_size=128) if preset == "sglang"
+             else dict(block_size=BS, max_num_seqs=4, max_num_batched_tokens=128))
+    for i, tiers in enumerate([dict(tier_host_gib=40 * CHUNK_BYTES / 2**30),
+                               dict(tier_host_gib=4 * CHUNK_BYTES / 2**30, tier_disk_gib=200 * CHUNK_BYTES / 2**30,
+                                    tier_disk_path=str(tmp_path))]):
+        cfg = build_config(preset, catalog=[str(tmp_path / "tiny.yaml")], model="tiny", num_gpu_blocks=24,
+                           **knobs, **tiers)
+        ex = ModelStepExecutor(cfg, device="cpu")
+        res = Engine(cfg, workload(12), executor=ex).run()
+        ex.save(tmp_path / f"run{i}")
+        summary = json.loads((tmp_path / f"run{i}" / "executor.json").read_text())
+        hits = res.summary["tier_host_hit_tokens"] + res.summary.get("tier_disk_hit_tokens", 0)
+        chunk = cfg.tier_chunk_tokens  # sglang: 64-token chunks by default
+        assert hits > 0 and summary["tier_checked_loads"] * chunk == hits, "every restored chunk checked"
+        assert summary["tier_checksum_mismatches"] == 0 and summary["tier_moves"] > 0
+        if "tier_disk_gib" in tiers:
+            assert res.summary.get("tier_disk_hit_tokens", 0) > 0, "the disk tier served loads"
