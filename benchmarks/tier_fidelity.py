@@ -400,16 +400,20 @@ def markdown_table(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-BEGIN, END = "<!-- tier-fidelity:begin -->", "<!-- tier-fidelity:end -->"
+def markers() -> tuple[str, str]:
+    """The generated table's markers in the markdown file: one pair per engine."""
+    tag = "tier-fidelity" if POLICY == POLICIES[0] else f"tier-fidelity-{POLICY}"
+    return f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->"
 
 
 def replace_section(path: Path, table: str) -> None:
     """Put the generated table between the markers of `path` (appended with them when absent)."""
+    begin, end = markers()
     text = path.read_text() if path.exists() else ""
-    block = f"{BEGIN}\n{table}{END}"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
+    block = f"{begin}\n{table}{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     path.write_text(text)
