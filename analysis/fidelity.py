@@ -213,7 +213,10 @@ def reprice_plan(run_dir, cost) -> tuple[np.ndarray, np.ndarray]:
         sampled = n + (int((pre.new_end >= pre.prompt_tokens).sum()) if P else 0)  # prompts that end
         t = cost.linear(int(new.sum()) + n, sampled, decode_only)
         t += cost.attn_prefill(new, cached) if P else 0.0
-        t += float(cost.attn_decode(ctx, n, decode_only))
+        if n and decode_only and getattr(cost, "prices_longest_row", False):
+            t += float(cost.attn_decode(ctx, n, True, int(dec.context_len.max())))
+        else:
+            t += float(cost.attn_decode(ctx, n, decode_only))
         t += cost.swap(len(row.swap_in_src), len(row.swap_out_src)) + cost.copy(len(row.copy_src))
         comm = getattr(cost, "comm", None)  # tensor-parallel all-reduces (0 on one GPU)
         t += comm(int(new.sum()) + n) if comm is not None else 0.0

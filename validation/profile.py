@@ -20,8 +20,10 @@ Tables (seconds, whole model, one GPU):
 * ``swap_out``, ``swap_in`` (pinned host memory) and ``copy`` (copy-on-write) by blocks;
 * ``tier_<src>_<dst>`` by (chunk bytes, chunks), with ``--tier-dir``: the five tier moves
   (`validation.tiers.bench`);
-* ``decode_step`` by (batch, context): a whole pure-decode step replayed as the CUDA graph of
-  that padded batch size;
+* ``decode_step_longest`` by (batch, context, longest): a whole pure-decode step replayed as the
+  CUDA graph of that padded batch size, its rows holding ``batch * context`` context tokens in all,
+  the longest row ``longest`` times the mean (`uneven_contexts`); ``decode_step`` by (batch,
+  context) is its slice of equal rows (``longest`` 1);
 * ``overhead``: ``eager_s``, the median of (a whole eager step) - (the sum of its components:
   attention timed inside the step, the others alone) over a few mixed steps, at least 0 (``eager_cases_s`` the differences);
   ``graph_s`` 0 (a graph step is measured whole).
@@ -65,11 +67,13 @@ PREFILL_CACHED = (0, 512, 2048, 8192)
 DECODE_BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DECODE_CONTEXT = (16, 64, 256, 1024, 2048, 4096, 8192)
 STEP_BATCH = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+#: The longest row's context over the mean context of a graph step's rows (`uneven_contexts`).
+LONGEST = (1.0, 1.5, 2.0, 3.0, 5.0, 8.0)
 SEQUENCES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BLOCKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 QUICK = {"TOKENS": (1, 16, 256), "GRAPH_TOKENS": (1, 8), "PREFILL_BATCH": (1, 2), "PREFILL_NEW": (16, 64),
          "PREFILL_CACHED": (0, 32), "DECODE_BATCH": (1, 4), "DECODE_CONTEXT": (16, 64), "STEP_BATCH": (1, 4),
-         "SEQUENCES": (1, 4), "BLOCKS": (1, 4)}
+         "LONGEST": (1.0, 2.0), "SEQUENCES": (1, 4), "BLOCKS": (1, 4)}
 CACHE_BYTES = 40 << 30  # the KV cache the profiler allocates (at most)
 
 
@@ -131,6 +135,18 @@ def _graph(runner, b: int, parts=None):
         runner.replay_decode(b, parts or PARTS)
         timer.end()
     return fn
+
+
+def uneven_contexts(batch: int, context: int, longest: float, max_len: int) -> list[int]:
+    """The rows' contexts of a synthetic graph step: `batch * context` tokens in all, the first row
+    `longest` times the mean (at most the model's length and the total less one token per other
+    row, so a point beyond those holds the longest row it can), the others sharing the rest evenly."""
+    if batch == 1 or longest <= 1.0:
+        return [context] * batch
+    total = batch * context
+    first = max(context, min(int(round(longest * context)), max_len, total - (batch - 1)))
+    base, extra = divmod(total - first, batch - 1)
+    return [first] + [base + 1] * extra + [base] * (batch - 1 - extra)
 
 
 class Profiler:
@@ -330,22 +346,28 @@ class Profiler:
         self._say("swaps and copies done")
         return out
 
-    def decode_step(self) -> dict | None:
+    def decode_step(self) -> tuple[dict, dict] | None:
+        """(``decode_step``, ``decode_step_longest``): whole graph-replayed decode steps."""
         if not self.cuda:
             return None
         g, r = self.grid, self.runner
-        sizes = list(g["STEP_BATCH"])
+        sizes, contexts, longest = list(g["STEP_BATCH"]), list(g["DECODE_CONTEXT"]), list(g["LONGEST"])
         r.capture_decode_graphs(max(sizes))
         secs = []
         for b in sizes:
-            row = []
-            for c in g["DECODE_CONTEXT"]:
-                r.load_decode(self.batch(decodes=[c] * b), b)
-                row.append(self.clock.median(_graph(r, b)))
-            secs.append(row)
+            plane = []
+            for c in contexts:
+                row = []
+                for x in longest:
+                    r.load_decode(self.batch(decodes=uneven_contexts(b, c, x, self.dims.max_model_len)), b)
+                    row.append(self.clock.median(_graph(r, b)))
+                plane.append(row)
+            secs.append(plane)
         self._say("decode_step done")
-        return {"axes": ["batch", "context"], "grid": {"batch": sizes, "context": list(g["DECODE_CONTEXT"])},
-                "seconds": secs}
+        flat = [[plane[ci][longest.index(1.0)] for ci in range(len(contexts))] for plane in secs]
+        return ({"axes": ["batch", "context"], "grid": {"batch": sizes, "context": contexts}, "seconds": flat},
+                {"axes": ["batch", "context", "longest"],
+                 "grid": {"batch": sizes, "context": contexts, "longest": longest}, "seconds": secs})
 
     def overhead(self) -> dict:
         """Whole eager steps against the sum of their components timed alone."""
@@ -400,7 +422,7 @@ class Profiler:
             comps["allreduce"] = self.allreduce()
         step = self.decode_step()
         if step is not None:
-            comps["decode_step"] = step
+            comps["decode_step"], comps["decode_step_longest"] = step
         self._say(f"measured in {time.perf_counter() - t0:.0f} s")
         return comps
 

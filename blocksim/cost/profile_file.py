@@ -35,7 +35,8 @@ ROOFLINE_FORMAT = "blocksim-roofline/1"
 KNOWN_FORMATS = (PROFILE_FORMAT, ROOFLINE_FORMAT)
 PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
 
-#: Each table's axes, in order. `decode_step` and the tier tables are optional; the others are required.
+#: Each table's axes, in order. `decode_step`, `decode_step_longest`, `allreduce` and the tier tables are
+#: optional; the others are required.
 COMPONENT_AXES: dict[str, tuple[str, ...]] = {
     "linear": ("tokens",),
     "attn_prefill": ("batch", "new_tokens", "cached_tokens"),
@@ -46,6 +47,8 @@ COMPONENT_AXES: dict[str, tuple[str, ...]] = {
     "swap_in": ("blocks",),
     "copy": ("blocks",),
     "decode_step": ("batch", "context"),
+    # a whole graph step by its rows' mean context and its longest row over that mean
+    "decode_step_longest": ("batch", "context", "longest"),
     "allreduce": ("bytes",),
     # tier transfers (`blocksim profile --tier-dir`): seconds to move `chunks` chunks of `chunk_bytes`
     "tier_gpu_host": ("chunk_bytes", "chunks"),
@@ -55,7 +58,7 @@ COMPONENT_AXES: dict[str, tuple[str, ...]] = {
     "tier_disk_gpu": ("chunk_bytes", "chunks"),
 }
 TIER_COMPONENTS = ("tier_gpu_host", "tier_host_gpu", "tier_host_disk", "tier_gpu_disk", "tier_disk_gpu")
-OPTIONAL = ("decode_step", "allreduce", *TIER_COMPONENTS)
+OPTIONAL = ("decode_step", "decode_step_longest", "allreduce", *TIER_COMPONENTS)
 #: Header fields a profile must have, checked against the run's configuration where they name it.
 HEADER = ("model", "gpu", "dtype", "tensor_parallel", "block_size", "cuda_graph_batch_sizes")
 

@@ -52,7 +52,7 @@ import pandas as pd
 
 from blocksim.config import SimConfig
 from blocksim.cost.interpolate import Line, Table
-from blocksim.cost.profile_file import Profile, ProfileWarning
+from blocksim.cost.profile_file import Grid, Profile, ProfileWarning
 from blocksim.cost.roofline import ALLREDUCES_PER_LAYER, RooflineCostModel
 
 
@@ -75,6 +75,11 @@ class ProfiledCostModel:
         self._prefill_range = [(float(g[0]), float(g[-1])) for g in self.prefill.grids]
         self.decode = Table(t["attn_decode"])
         self.decode_step = Table(t["decode_step"]) if "decode_step" in t else None
+        self.decode_longest = Table(t["decode_step_longest"]) if "decode_step_longest" in t else None
+        #: Whether a graph-replayed decode step is priced by its longest row too: callers then pass
+        #: `longest` to `attn_decode` and count its steps with `count_longest`.
+        self.prices_longest_row = self.decode_longest is not None
+        self._longest_planes: dict = {}
         self.graph_sizes = np.asarray(profile.cuda_graph_batch_sizes, dtype=np.int64)
         self.max_graph = int(self.graph_sizes[-1]) if len(self.graph_sizes) else 0
         self._pad = [None] + [int(self.graph_sizes[np.searchsorted(self.graph_sizes, b)])
@@ -167,21 +172,52 @@ class ProfiledCostModel:
             self.step_outside[f"attn_prefill.{axis}"] += 1
         return hit[0]
 
-    def attn_decode(self, ctx_tokens, batch: int = 0, decode_only: bool = False):
+    def _longest_plane(self, pad: int) -> Table:
+        """`decode_step_longest` at the padded batch `pad`: a table over (context, longest)."""
+        hit = self._longest_planes.get(pad)
+        if hit is None:
+            tab = self.decode_longest
+            c, x = tab.grids[1], tab.grids[2]
+            cc, xx = np.meshgrid(c, x, indexing="ij")
+            secs = tab.eval(float(pad), cc, xx)
+            hit = self._longest_planes[pad] = Table(Grid(tab.name, tab.axes[1:], (c, x), secs))
+        return hit
+
+    def attn_decode(self, ctx_tokens, batch: int = 0, decode_only: bool = False, longest=None):
         """Decode attention of `batch` sequences holding `ctx_tokens` context tokens in all (an int,
-        or an int array for a span of steps: then an array of seconds)."""
+        or an int array for a span of steps: then an array of seconds). `longest`: the longest
+        sequence's context (an int, or an array like `ctx_tokens`), read by a profile with the
+        ``decode_step_longest`` table for a graph-replayed step."""
         if batch <= 0:
             return np.zeros(len(ctx_tokens)) if isinstance(ctx_tokens, np.ndarray) else 0.0
-        line, whole = self._decode_line(batch, decode_only)
         scalar = not isinstance(ctx_tokens, np.ndarray)
         ctx = np.array([ctx_tokens], dtype=np.int64) if scalar else ctx_tokens.astype(np.int64, copy=False)
-        t = line.eval(ctx / batch)
+        pad = self.padded(batch) if decode_only and longest is not None and self.decode_longest is not None else None
+        if pad is not None:
+            mean = ctx / pad  # the padding rows count as rows of no context
+            t = self._longest_plane(pad).eval(mean, np.maximum(np.asarray(longest, np.float64) / mean, 1.0))
+            whole = True
+        else:
+            line, whole = self._decode_line(batch, decode_only)
+            t = line.eval(ctx / batch)
         if whole:
             rest = self.linear(batch, batch, True)
             if self.allreduces_per_step:
                 rest += self.comm(batch)
             t = np.maximum(t - rest, 0.0)
         return float(t[0]) if scalar else t
+
+    def count_longest(self, ctx_tokens, batch: int, longest) -> None:
+        """Count the graph steps (`ctx_tokens`, `longest` per step, int arrays or ints, of a `batch`
+        of sequences) whose longest row over the mean lies beyond ``decode_step_longest``'s grid:
+        the step records hold neither, so the engine counts them as it records the steps."""
+        pad = self.padded(batch)
+        if pad is None or self.decode_longest is None:
+            return
+        ratio = np.asarray(longest, np.float64) * pad / np.maximum(np.asarray(ctx_tokens, np.float64), 1.0)
+        n = int(np.count_nonzero(ratio > self.decode_longest.grids[2][-1]))
+        if n:
+            self.step_outside["decode_step_longest.longest"] += n
 
     def swap(self, blocks_in: int, blocks_out: int = 0) -> float:
         key = ("swap", blocks_in, blocks_out)
@@ -258,11 +294,14 @@ class ProfiledCostModel:
         add("cache_write.tokens", (T > 0) & self.cache_write.outside(T))
         add("sample.sequences", decode_only & self.sample.outside(D))
         mean_ctx = np.where(D > 0, C / np.maximum(D, 1), 0.0)
-        whole = graph if self.decode_step is not None else np.zeros_like(graph)
+        whole = graph if self.decode_step is not None or self.decode_longest is not None else np.zeros_like(graph)
         dec = (D > 0) & ~whole
         add("attn_decode.batch", dec & self.decode.outside(0, D))
         add("attn_decode.context", dec & self.decode.outside(1, mean_ctx))
-        if self.decode_step is not None:
+        if self.decode_longest is not None:  # its context: the mean over the padded rows
+            add("decode_step_longest.batch", whole & self.decode_longest.outside(0, pad))
+            add("decode_step_longest.context", whole & self.decode_longest.outside(1, C / np.maximum(pad, 1)))
+        elif self.decode_step is not None:
             add("decode_step.batch", whole & self.decode_step.outside(0, pad))
             add("decode_step.context", whole & self.decode_step.outside(1, mean_ctx))
         for col, line in (("blocks_swapped_in", self.swap_in_line), ("blocks_swapped_out", self.swap_out_line),

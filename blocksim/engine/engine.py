@@ -48,7 +48,7 @@ from blocksim.records.schema import FREE_EXTENT_COLUMNS, FREE_EXTENT_DTYPES
 from blocksim.records.steps import StepRecorder, StepRow
 from blocksim.records.tier_records import TierStepRecorder
 from blocksim.scheduling.outputs import SchedulerOutputs
-from blocksim.sequence import GroupStatus, SequenceGroup
+from blocksim.sequence import GroupStatus, SequenceGroup, SeqStatus
 
 if TYPE_CHECKING:
     from blocksim.records.result import RunResult
@@ -146,6 +146,8 @@ class Engine:
         self._next_extent_s = 0.0
         # tensor-parallel communication: a cost model's `comm(tokens)`, recorded as t_comm_s when TP > 1
         self._comm = getattr(self.cost, "comm", None) if config.tensor_parallel > 1 else None
+        # a cost model that prices a graph step by its longest row (a profile with `decode_step_longest`)
+        self._longest = bool(getattr(self.cost, "prices_longest_row", False))
         self.rec = StepRecorder(comm=config.tensor_parallel > 1)
         self.groups: list[SequenceGroup] = []
         self._arrivals = self.reqs.arrival_s.to_numpy()
@@ -278,10 +280,17 @@ class Engine:
         n = out.num_decode_seqs
         # sequences that sample a token: every decode, and each prompt (chunk) that reaches its end
         sampled = n + sum(1 for g, _, stop in out.prefills if stop >= g.seqs[0].num_tokens)
+        if self._longest and decode_only and n:
+            longest = max((s.num_tokens for g in out.decode_groups for s in g.seqs
+                          if s.status is SeqStatus.RUNNING), default=0)
+            attn_decode = float(cm.attn_decode(out.decode_ctx_tokens, n, True, longest))
+            cm.count_longest(out.decode_ctx_tokens, n, longest)
+        else:
+            attn_decode = float(cm.attn_decode(out.decode_ctx_tokens, n, decode_only))
         return {
             "t_linear_s": cm.linear(tokens, sampled, decode_only),
             "t_attn_prefill_s": attn_prefill,
-            "t_attn_decode_s": float(cm.attn_decode(out.decode_ctx_tokens, n, decode_only)),
+            "t_attn_decode_s": attn_decode,
             "t_swap_s": cm.swap(len(out.blocks_to_swap_in), len(out.blocks_to_swap_out)),
             "t_copy_s": cm.copy(len(out.blocks_to_copy)),
             "t_comm_s": self._comm(tokens) if self._comm is not None else 0.0,

@@ -46,6 +46,7 @@ class Span(NamedTuple):
     starts_s: np.ndarray      # start time of each step
     durations_s: np.ndarray
     ctx_tokens: np.ndarray    # decode context tokens of each step
+    longest: np.ndarray | None  # the longest sequence's context of each step, where the cost model prices it
     times: dict               # the cost model's components: t_linear_s, t_attn_decode_s, t_comm_s, t_overhead_s
     end_s: float              # when the last step ends
 
@@ -76,20 +77,26 @@ def decode_batch(sched: Scheduler, out: SchedulerOutputs):
     return seqs, lens, k
 
 
-def decode_times(cost, out: SchedulerOutputs, k: int, comm=None):
-    """Durations of `k` decode steps of the batch, each context one token longer, their components
-    and the steps' context tokens. `comm(tokens)`: the tensor-parallel all-reduces' time (None on
-    one GPU), added in the order a single step sums its components."""
+def decode_times(cost, out: SchedulerOutputs, k: int, comm=None, longest: int | None = None):
+    """Durations of `k` decode steps of the batch, each context one token longer, their components,
+    the steps' context tokens and longest contexts (None without `longest`, the first step's).
+    `comm(tokens)`: the tensor-parallel all-reduces' time (None on one GPU), added in the order a
+    single step sums its components."""
     n = out.num_decode_seqs
     c0 = out.decode_ctx_tokens
     ctx = np.arange(c0, c0 + n * k, n, dtype=np.int64) if n else np.full(k, c0, np.int64)
-    times = {"t_linear_s": cost.linear(n, n, True), "t_attn_decode_s": cost.attn_decode(ctx, n, True),
+    if longest is None:
+        top, attn = None, cost.attn_decode(ctx, n, True)
+    else:
+        top = np.arange(longest, longest + k, dtype=np.int64)
+        attn = cost.attn_decode(ctx, n, True, top)
+    times = {"t_linear_s": cost.linear(n, n, True), "t_attn_decode_s": attn,
              "t_comm_s": comm(n) if comm is not None else 0.0, "t_overhead_s": cost.overhead(True, n)}
     if comm is None:
         durations = times["t_linear_s"] + times["t_attn_decode_s"] + times["t_overhead_s"]
     else:
         durations = times["t_linear_s"] + times["t_attn_decode_s"] + times["t_comm_s"] + times["t_overhead_s"]
-    return durations, times, ctx
+    return durations, times, ctx, top
 
 
 def block_crossings(bm: MemoryManager, lens: list[int], k: int):
@@ -145,12 +152,15 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     # Times for the steps that can start before the next arrival, estimated from the first step's
     # duration (all of them again if every estimated step starts before it: the cut stays exact).
     n = out.num_decode_seqs  # priced as `decode_times` prices each step
-    first_s = cost.linear(n, n, True) + cost.attn_decode(out.decode_ctx_tokens, n, True) + cost.overhead(True, n)
+    longest = max(lens) if getattr(cost, "prices_longest_row", False) else None
+    attn = cost.attn_decode(out.decode_ctx_tokens, n, True) if longest is None else \
+        cost.attn_decode(out.decode_ctx_tokens, n, True, longest)
+    first_s = cost.linear(n, n, True) + attn + cost.overhead(True, n)
     if comm is not None:
         first_s += comm(n)
     guess = k if first_s <= 0 or next_arrival_s == math.inf else min(k, int((next_arrival_s - now_s) / first_s) + 2)
     while True:
-        durations, times, ctx = decode_times(cost, out, guess, comm)
+        durations, times, ctx, top = decode_times(cost, out, guess, comm, longest)
         step_s = durations.tolist()
         starts = list(accumulate(step_s[:-1], initial=now_s))
         before = bisect_left(starts, next_arrival_s)  # steps starting before the arrival
@@ -163,7 +173,8 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     k, takers, new_blocks = block_crossings(bm, lens, k)
     if k <= 1:
         return None
-    return Span(k, seqs, takers, new_blocks, np.array(starts[:k]), durations, ctx, times, starts[k - 1] + step_s[k - 1])
+    return Span(k, seqs, takers, new_blocks, np.array(starts[:k]), durations, ctx, top, times,
+                starts[k - 1] + step_s[k - 1])
 
 
 def _span_steps(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -259,6 +270,8 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
         engine.tiers.now_s = env.now
         engine._tier_record(k)
     times = span.times
+    if span.longest is not None:
+        engine.cost.count_longest(span.ctx_tokens[:k], n, span.longest[:k])
     constant.update(num_decode_seqs=n, running=len(out.decode_groups), waiting=len(sched.waiting),
                     swapped=len(sched.swapped), cpu_blocks_used=bm.num_cpu_blocks_used,
                     t_linear_s=times["t_linear_s"], t_comm_s=times["t_comm_s"],

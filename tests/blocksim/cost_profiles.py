@@ -17,7 +17,7 @@ GRAPH_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256]
 
 
 def synthetic_profile(model: str = "llama-2-7b", gpu: str = "h100-80gb", *, tensor_parallel: int = 1,
-                      block_size: int = 16, dtype: str = "float16", decode_step: bool = False,
+                      block_size: int = 16, dtype: str = "float16", decode_step: bool | str = False,
                       allreduce: bool = False) -> dict:
     m, g = MODELS[model], GPUS[gpu]
     flops, bw = g.fp16_tflops * 1e12 * 0.6, g.hbm_bw_gbps * 1e9 * 0.8
@@ -57,11 +57,18 @@ def synthetic_profile(model: str = "llama-2-7b", gpu: str = "h100-80gb", *, tens
     n = tensor_parallel
     ring = (lambda nbytes: 8e-6 + 2 * (n - 1) / n * nbytes / 360e9)  # a latency plus the ring's traffic at 360 GB/s
     comm = (lambda b: 2 * layers * ring(b * m.hidden_size * 2) if n > 1 else 0.0)  # a step's all-reduces
+    longest = [1.0, 2.0, 4.0, 8.0]
+
+    def step(i: int, b: int, x: int, r: float) -> float:  # the longest row adds a critical path
+        return 0.9 * (graph[i] + cw[0] + sample[0] + layers * 4e-6 + (b + 0.5 * (r - 1.0)) * x * kvb / bw) + comm(b)
     if decode_step:
         comps["decode_step"] = {
             "axes": ["batch", "context"], "grid": {"batch": GRAPH_SIZES, "context": ctx},
-            "seconds": [[0.9 * (graph[i] + cw[0] + sample[0] + layers * 4e-6 + b * x * kvb / bw) + comm(b) for x in ctx]
-                        for i, b in enumerate(GRAPH_SIZES)]}
+            "seconds": [[step(i, b, x, 1.0) for x in ctx] for i, b in enumerate(GRAPH_SIZES)]}
+    if decode_step == "longest":
+        comps["decode_step_longest"] = {
+            "axes": ["batch", "context", "longest"], "grid": {"batch": GRAPH_SIZES, "context": ctx, "longest": longest},
+            "seconds": [[[step(i, b, x, r) for r in longest] for x in ctx] for i, b in enumerate(GRAPH_SIZES)]}
     if allreduce:  # one all-reduce by message bytes
         nbytes = [2 ** k for k in range(10, 31, 2)]
         comps["allreduce"] = {"axes": ["bytes"], "grid": {"bytes": nbytes}, "seconds": [ring(b) for b in nbytes]}

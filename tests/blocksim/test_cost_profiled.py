@@ -99,6 +99,29 @@ def test_decode_step_table_prices_a_whole_graph_step(tmp_path):
         cm.decode.eval(np.array([30.0]), np.array([1000.0]))[0], rel=1e-12), "with a prompt: attention alone"
 
 
+def test_the_longest_row_prices_an_uneven_graph_step(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(synthetic_profile(decode_step="longest")))
+    cm = model(path)
+    assert cm.prices_longest_row and not model(write_profile(tmp_path / "p.json", decode_step=True)).prices_longest_row
+    lin = cm.linear(32, 32, True)
+    even = cm.attn_decode(32 * 1000, 32, True, 1000)
+    assert lin + even == pytest.approx(cm.decode_step.eval(32.0, 1000.0)[0], rel=1e-12), \
+        "equal rows at a graph size: the table's slice of equal rows"
+    uneven = cm.attn_decode(32 * 1000, 32, True, 3000)
+    assert lin + uneven == pytest.approx(cm.decode_longest.eval(32.0, 1000.0, 3.0)[0], rel=1e-12)
+    assert uneven > even, "the same tokens with a longer longest row cost more"
+    # 30 rows replay the graph of 32: the mean counts the two padding rows as rows of no context
+    assert cm.attn_decode(30 * 1000, 30, True, 1000) + cm.linear(30, 30, True) == pytest.approx(
+        cm.decode_longest.eval(32.0, 30 * 1000 / 32, 32 / 30)[0], rel=1e-12)
+    spans = cm.attn_decode(np.array([30 * 1000, 30 * 1001]), 30, True, np.array([1000, 1001]))
+    assert spans.tolist() == [cm.attn_decode(30 * 1000, 30, True, 1000), cm.attn_decode(30 * 1001, 30, True, 1001)]
+    assert cm.attn_decode(30 * 1000, 30, False, 3000) == pytest.approx(
+        cm.decode.eval(np.array([30.0]), np.array([1000.0]))[0], rel=1e-12), "with a prompt: attention alone"
+    cm.count_longest(np.array([32 * 100, 32 * 100, 32 * 1000]), 32, np.array([100, 900, 32 * 1000]))
+    assert cm.step_outside == {"decode_step_longest.longest": 2}, "longest over the mean beyond the grid's 8"
+
+
 def test_prefill_attention_sums_sequences_and_applies_the_batch_efficiency(profile_path):
     cm = model(profile_path)
     one = cm.prefill.eval(1.0, np.array([256.0, 1024.0]), np.array([0.0, 512.0]))
@@ -236,7 +259,7 @@ requests = st.integers(1, 20).flatmap(lambda k: st.tuples(
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lists=requests, blocks=st.integers(8, 80), block_size=st.sampled_from([8, 16, 32]),
        preset=st.sampled_from(["vllm", "vllm-prefix", "vllm-chunked", "orca-pow2"]),
-       decode_step=st.booleans(), max_seqs=st.sampled_from([4, 20]),
+       decode_step=st.sampled_from([False, True, "longest"]), max_seqs=st.sampled_from([4, 20]),
        mode=st.sampled_from(["auto", "recompute", "swap"]), tp=st.sampled_from([1, 2]), allreduce=st.booleans())
 def test_spans_price_steps_exactly_as_stepping_one_by_one(tmp_path_factory, lists, blocks, block_size, preset,
                                                          decode_step, max_seqs, mode, tp, allreduce):

@@ -72,3 +72,15 @@ def test_a_tensor_parallel_degree_that_does_not_divide_the_heads_is_refused(caps
     assert main(["profile", "--model", "llama-2-7b", "--tensor-parallel", "3", "--device", "cpu",
                  "--gpu-name", "h200-141gb"]) == 2
     assert "must divide by tensor_parallel 3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("batch,context,longest,max_len", [
+    (1, 100, 8.0, 4096), (8, 100, 1.0, 4096), (8, 100, 3.0, 4096), (8, 1000, 8.0, 4096), (5, 33, 1.5, 4096),
+    (2, 4096, 2.0, 4096), (4, 10, 5.0, 4096)])
+def test_uneven_contexts_keep_the_total_and_put_the_longest_row_first(batch, context, longest, max_len):
+    rows = profile.uneven_contexts(batch, context, longest, max_len)
+    assert len(rows) == batch and sum(rows) == batch * context, "the same tokens in all"
+    assert rows[0] == max(rows) and min(rows) >= 1 and max(rows) <= max_len
+    assert max(rows[1:], default=0) - min(rows[1:], default=0) <= 1, "the other rows share the rest evenly"
+    want = min(round(longest * context), max_len, batch * context - (batch - 1)) if batch > 1 else context
+    assert rows[0] == max(context, want), "the longest row the point asks for, or the longest it can hold"
