@@ -30,118 +30,108 @@ _NIL = -1
 class FreeBlockQueue:
     """The free blocks in eviction order (vLLM's `FreeKVCacheBlockQueue`), as one append-only list.
 
-    vLLM links the free blocks in a doubly linked list. Here `order[pos - base]` holds the
-    block appended at position `pos` (positions count every append), the queue runs from position
-    `start` to the end, and `pos[b]` is the position of block b's entry: b is free exactly when
-    `pos[b] >= start`. Taking blocks from the head moves `start` on (a slice of the list, no work
-    per block); appending sets the block's position; a block taken out of the middle (a prefix hit)
-    leaves a stale entry behind (`pos[b]` no longer points at it), which taking from the head skips.
-    The list drops the entries before `start` once they are half of it.
+    vLLM links the free blocks in a doubly linked list. Here the queue is `order[first:]`: blocks
+    are taken from the head by moving `first` on (a slice, no work per block) and appended at the
+    end. A block taken out of the middle (a prefix hit on a free block) leaves its entry in place
+    and is counted in `removed`; taking from the head skips as many entries of that block as it has
+    removals: a block's entries ahead of the head are its removed ones, then, when it is free, its
+    last one. The entries before `first` are dropped once they are half of the list.
     """
 
-    __slots__ = ("order", "pos", "base", "start", "stale", "num_free")
+    __slots__ = ("order", "first", "removed", "num_free")
 
     def __init__(self, num_blocks: int) -> None:
         self.order = list(range(num_blocks))
-        self.pos = list(range(num_blocks))
-        self.base = 0    # position of order[0]
-        self.start = 0   # position of the head's entry
-        self.stale = 0   # entries from `start` on that no longer hold their block
+        self.first = 0
+        self.removed: dict[int, int] = {}  # block -> its entries from `first` on that are no longer in the queue
         self.num_free = num_blocks
 
-    def __contains__(self, b: int) -> bool:
-        return self.pos[b] >= self.start
+    def _live(self) -> list[int]:
+        removed = dict(self.removed)
+        out = []
+        for b in self.order[self.first:]:
+            if removed.get(b):
+                removed[b] -= 1
+            else:
+                out.append(b)
+        return out
 
     @property
     def head(self) -> int:
         """The block taken next (-1 when none is free)."""
-        order, pos, base = self.order, self.pos, self.base
-        for p in range(self.start, base + len(order)):
-            if pos[order[p - base]] == p:
-                return order[p - base]
-        return _NIL
+        live = self._live()
+        return live[0] if live else _NIL
 
     @property
     def tail(self) -> int:
         """The block appended last (-1 when none is free)."""
-        order, pos, base = self.order, self.pos, self.base
-        for p in range(base + len(order) - 1, self.start - 1, -1):
-            if pos[order[p - base]] == p:
-                return order[p - base]
-        return _NIL
+        live = self._live()
+        return live[-1] if live else _NIL
 
     def take(self, n: int) -> list[int]:
         """The first `n` blocks of the queue, taken out (the caller checks that `n` are free)."""
-        i = self.start - self.base
-        order = self.order
-        if not self.stale:
+        i, order = self.first, self.order
+        if not self.removed:
             out = order[i:i + n]
-            self.start += n
+            i += n
         else:
-            pos, out, p = self.pos, [], self.start
+            removed, out = self.removed, []
             while len(out) < n:
-                b = order[p - self.base]
-                if pos[b] == p:
-                    out.append(b)
+                b = order[i]
+                i += 1
+                r = removed.get(b)
+                if r:
+                    if r == 1:
+                        del removed[b]
+                    else:
+                        removed[b] = r - 1
                 else:
-                    self.stale -= 1
-                p += 1
-            self.start = p
+                    out.append(b)
         self.num_free -= n
-        if not self.num_free:  # nothing left: the entries left are stale
-            self.start = self.base + len(order)
-            self.stale = 0
-        if self.start - self.base > len(order) >> 1 and len(order) > 64:
-            self._compact()
+        if not self.num_free:  # the entries left are removed ones
+            i = len(order)
+            self.removed.clear()
+        if i > 64 and i >= len(order) >> 1:
+            del order[:i]
+            i = 0
+        self.first = i
         return out
-
-    def _compact(self) -> None:
-        del self.order[:self.start - self.base]
-        self.base = self.start
 
     def popleft(self) -> int:
         if not self.num_free:
             raise BlockError("free block queue: empty")
-        if self.stale:
+        if self.removed or self.num_free == 1:
             return self.take(1)[0]
-        i = self.start - self.base
+        i = self.first
         b = self.order[i]
-        self.start += 1
+        i += 1
+        if i > 64 and i >= len(self.order) >> 1:
+            del self.order[:i]
+            i = 0
+        self.first = i
         self.num_free -= 1
-        if i > 32 and i >= len(self.order) >> 1:
-            self._compact()
         return b
 
     def remove(self, b: int) -> None:
-        if self.pos[b] < self.start:
-            raise BlockError(f"free block queue: block {b} is not in the queue")
-        self.pos[b] = -1
-        self.stale += 1
+        """Take block `b`, which the caller knows to be free, out of the queue."""
+        self.removed[b] = self.removed.get(b, 0) + 1
         self.num_free -= 1
         if not self.num_free:
-            self.start = self.base + len(self.order)
-            self.stale = 0
+            self.first = len(self.order)
+            self.removed.clear()
 
     def append(self, b: int) -> None:
-        self.pos[b] = self.base + len(self.order)
         self.order.append(b)
         self.num_free += 1
 
     def extend(self, blocks: list[int]) -> None:
         """Append `blocks` in order."""
-        order = self.order
-        p = self.base + len(order)
-        pos = self.pos
-        for b in blocks:
-            pos[b] = p
-            p += 1
-        order += blocks
+        self.order += blocks
         self.num_free += len(blocks)
 
     def blocks(self) -> list[int]:
         """The free blocks from head (evicted first) to tail; O(num_free), for tests and checks."""
-        order, pos, base = self.order, self.pos, self.base
-        return [b for p, b in enumerate(order[self.start - base:], self.start) if pos[b] == p]
+        return self._live()
 
 
 class BlockPool:
@@ -179,20 +169,23 @@ class BlockPool:
         if n > q.num_free:
             raise BlockError(f"block pool: cannot take {n} blocks, {q.num_free} free")
         out = q.take(n)
-        refs = self.ref_cnt
+        refs, hashes = self.ref_cnt, self.block_hash
         if self.cached:
-            hashes = self.block_hash
-            held = [b for b in out if hashes[b] is not None]
+            held = [h for h in map(hashes.__getitem__, out) if h is not None]
             if held:
                 if self.duplicates or self.on_evict is not None:
-                    for b in held:
-                        self._evict(b)
-                else:  # each hash names one block: `_evict` is forgetting it
+                    for b in out:
+                        if hashes[b] is not None:
+                            self._evict(b)
+                else:  # each hash names one block: `_evict` forgets it
                     cached = self.cached
-                    for b in held:
-                        del cached[hashes[b]]
-                        hashes[b] = None
+                    for h in held:
+                        del cached[h]
                     self.evictions += len(held)
+                    for b in out:
+                        hashes[b] = None
+                        refs[b] = 1
+                    return out
         for b in out:
             refs[b] = 1
         return out
@@ -256,21 +249,8 @@ class BlockPool:
             return
         cached, bh, dups = self.cached, self.block_hash, self.duplicates
         for blocks, hashes, start, stop in filled:
-            if stop - start == 1:
-                b, h = blocks[start], hashes[start]
-                bh[b] = h
-                if h in cached:
-                    dups.setdefault(h, []).append(b)
-                else:
-                    cached[h] = b
-                continue
-            new_hashes, new_blocks = hashes[start:stop], blocks[start:stop]
-            if cached.keys().isdisjoint(new_hashes) and len(set(new_hashes)) == len(new_hashes):
-                cached.update(zip(new_hashes, new_blocks))  # new content only: each the first of its hash
-                for b, h in zip(new_blocks, new_hashes):
-                    bh[b] = h
-                continue
-            for b, h in zip(new_blocks, new_hashes):
+            for i in range(start, stop):
+                b, h = blocks[i], hashes[i]
                 bh[b] = h
                 if h in cached:
                     dups.setdefault(h, []).append(b)
@@ -283,8 +263,8 @@ class BlockPool:
         free = q.blocks()
         if len(free) != q.num_free or len(set(free)) != len(free):
             raise BlockError("block pool: the free queue's length disagrees with its entries")
-        if len(q.order) - (q.start - q.base) != q.num_free + q.stale:
-            raise BlockError("block pool: the free queue's count of stale entries is wrong")
+        if len(q.order) - q.first != q.num_free + sum(q.removed.values()):
+            raise BlockError("block pool: the free queue's count of removed entries is wrong")
         zero = {b for b in range(1, self.num_blocks) if self.ref_cnt[b] == 0}
         if set(free) != zero or NULL_BLOCK in free:
             raise BlockError(f"block pool: free queue disagrees with reference counts at "
