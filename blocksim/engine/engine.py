@@ -117,6 +117,8 @@ class Engine:
             self.bm: MemoryManager = make_memory_manager(config)
         else:
             self.bm = block_manager(config) if callable(block_manager) else block_manager
+        if (self.plan is not None or executor is not None) and getattr(self.bm, "defer_unique_hashes", False):
+            self.bm.defer_unique_hashes = False  # plans and executors read every prompt block's content key
         self.sched = make_scheduler(config, self.bm)
         self.tiers = None
         if config.tiers is not None:

@@ -25,6 +25,10 @@ from blocksim.memory.blocks import BlockError
 
 NULL_BLOCK = 0
 _NIL = -1
+#: `BlockPool.block_hash` of a full block whose content no other request shares and whose hash is
+#: not computed (`KVCacheManager` defers those hashes): it is evicted like a cached block, but no
+#: lookup can find it.
+UNIQUE = object()
 
 
 class FreeBlockQueue:
@@ -170,28 +174,33 @@ class BlockPool:
             raise BlockError(f"block pool: cannot take {n} blocks, {q.num_free} free")
         out = q.take(n)
         refs, hashes = self.ref_cnt, self.block_hash
-        if self.cached:
-            held = [h for h in map(hashes.__getitem__, out) if h is not None]
-            if held:
-                if self.duplicates or self.on_evict is not None:
-                    for b in out:
-                        if hashes[b] is not None:
-                            self._evict(b)
-                else:  # each hash names one block: `_evict` forgets it
+        held = [h for h in map(hashes.__getitem__, out) if h is not None]
+        if held:
+            if self.duplicates or self.on_evict is not None:
+                for b in out:
+                    if hashes[b] is not None:
+                        self._evict(b)
+            else:  # each hash names one block: `_evict` forgets it
+                if held.count(UNIQUE) != len(held):
                     cached = self.cached
                     for h in held:
-                        del cached[h]
-                    self.evictions += len(held)
-                    for b in out:
-                        hashes[b] = None
-                        refs[b] = 1
-                    return out
+                        if h is not UNIQUE:
+                            del cached[h]
+                self.evictions += len(held)
+                for b in out:
+                    hashes[b] = None
+                    refs[b] = 1
+                return out
         for b in out:
             refs[b] = 1
         return out
 
     def _evict(self, b: int) -> None:
         h = self.block_hash[b]
+        if h is UNIQUE:
+            self.block_hash[b] = None
+            self.evictions += 1
+            return
         dups = self.duplicates.get(h)
         if self.cached[h] == b:
             if dups:
@@ -257,6 +266,14 @@ class BlockPool:
                 else:
                     cached[h] = b
 
+    def hold_unique(self, blocks: list[int]) -> None:
+        """`blocks` have just become full with content no other request shares (`UNIQUE`)."""
+        if not self.enable_caching:
+            return
+        bh = self.block_hash
+        for b in blocks:
+            bh[b] = UNIQUE
+
     def check(self) -> None:
         """The free queue against the reference counts and the cache maps (O(num_blocks); tests)."""
         q = self.free_queue
@@ -276,5 +293,5 @@ class BlockPool:
                 raise BlockError(f"block pool: hash {h} maps to a block that holds other content")
         if not set(self.duplicates) <= set(self.cached):
             raise BlockError("block pool: duplicates of a hash no block is cached under")
-        if len(self.cached) + sum(map(len, self.duplicates.values())) != sum(h is not None for h in self.block_hash):
+        if len(self.cached) + sum(map(len, self.duplicates.values())) != sum(h is not None and h is not UNIQUE for h in self.block_hash):
             raise BlockError("block pool: a hashed block is missing from the cache map")
