@@ -4,10 +4,11 @@
 parses the file (every line with the header's number of fields, no blank line), and the trace is
 built here when every needed column is clean: token counts and counts parsed as integers at
 least their minimum (no zero output of a format that marks failed requests by it), request ids
-unique, arrivals ISO 8601 date-times or integer numbers in the format's unit. The values are those
-the general reader (`traces.read`) gives: date-times parsed by the same Arrow cast, seconds from
-the earliest arrival computed alike, rows sorted by arrival (stable) and rebased to 0. Anything
-else returns None, and the general reader reads the file (naming any problem).
+unique, arrivals ISO 8601 date-times or finite numbers in the format's unit. The values are those
+the general reader (`traces.read`) gives: date-times parsed by the same Arrow cast, numbers
+rounded to the nearest double as pandas' parser rounds them, seconds from the earliest arrival
+computed alike, rows sorted by arrival (stable) and rebased to 0. Anything else returns None, and
+the general reader reads the file (naming any problem).
 """
 
 from __future__ import annotations
@@ -54,16 +55,17 @@ def _header(path: Path) -> list[str] | None:
 
 def _seconds(column, unit: str | None) -> tuple[np.ndarray, str] | None:
     """Seconds from the earliest arrival and the unit read, as `columns.to_seconds` gives them for
-    a clean column; None when the column is not date-time strings or integers (or has a bad value)."""
+    a clean column; None when the column is neither numbers nor date-times (or has a bad value).
+    Numbers parse as the general reader parses them (both round each to the nearest double)."""
     if unit is None or unit in TIME_UNITS_S:
-        for numeric in (pa.int64(),):  # integer numbers: the unit's seconds (float text: the general reader)
-            try:
-                values = _numpy(pc.cast(column, numeric))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                values = None
-            if values is not None:
-                values = values.astype(np.float64)
-                return (values - values.min()) * TIME_UNITS_S[unit or "s"], unit or "s"
+        try:
+            values = _numpy(pc.cast(column, pa.float64()))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            values = None
+        if values is not None:
+            if not np.isfinite(values).all():
+                return None
+            return (values - values.min()) * TIME_UNITS_S[unit or "s"], unit or "s"
         if unit is not None:
             return None
     for target in (pa.timestamp("ns"), pa.timestamp("ns", tz="UTC")):

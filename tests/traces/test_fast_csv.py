@@ -49,8 +49,17 @@ def test_unsorted_integer_arrivals_ids_and_counts_equal_the_general_reader(tmp_p
     assert fast.arrays["request_id"].tolist() == [3, 9, 4, 7] and fast.arrays["arrival_s"].tolist() == [0, 0, 10, 20]
 
 
+def test_float_arrivals_parse_as_the_general_reader_parses_them(tmp_path):
+    rng = np.random.default_rng(0)
+    arrival = np.sort(np.concatenate([rng.random(3000) * 3600, rng.random(1000) * 10.0 ** rng.integers(-6, 6, 1000)]))
+    lines = [repr(float(a)) for a in arrival] + ["%.25f" % (1 / 3), "1234.50000000000000000001", "7e2", "12"]
+    p = tmp_path / "t.csv"
+    p.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(f"{a},10,5\n" for a in lines))
+    assert_same(traces.read_trace(p), general(p))
+
+
 @pytest.mark.parametrize("body", [
-    "arrival_s,prompt_tokens,output_tokens\n0.5,10,5\n1.25,20,6\n",   # float arrivals
+    "arrival_s,prompt_tokens,output_tokens\n0.5,10,5\nnan,20,6\n",   # a non-finite arrival
     "arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,,6\n",          # a missing count
     "arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,20,6\n\n",      # a trailing blank line
     "arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,20.5,6\n",      # a fractional count
