@@ -179,7 +179,7 @@ def cmd_results(a) -> int:
         rows = [r for r in json.loads(Path(a.json).read_text()) if key(r) not in new] + rows
     Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
     if a.markdown:
-        Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced))
+        Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced, repeats(a.repeat, exec_dir)))
     print(f"{len(rows)} comparisons written to {a.json}")
     return 0
 
@@ -248,7 +248,30 @@ def step_kinds(exec_dir: Path, priced: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict) -> str:
+def repeats(repeat_dir, exec_dir: Path) -> str:
+    """The table of slices executed twice: the run in `repeat_dir` against its namesake in `exec_dir`,
+    each figure a signed fraction (repeat - first) / first, as the twins' errors are; '' without."""
+    if not repeat_dir:
+        return ""
+    from analysis.fidelity import compare, errors
+    lines = []
+    for run in sorted(p.parent for p in Path(repeat_dir).glob("*/executor.json")):
+        first = exec_dir / run.name
+        if not (first / "executor.json").is_file():
+            continue
+        e = errors(compare(run, first))
+        rep, one = (json.loads((d / "executor.json").read_text()).get("device", "?") for d in (run, first))
+        lines.append(f"| {run.name} | {rep} | " + " | ".join(f"{100 * e[k]:+.1f}%" for k in ERRORS[1:]) + " |")
+    if not lines:
+        return ""
+    head = "| run | device | " + " | ".join(ERRORS[1:]) + " |"
+    return ("### Executed twice\n\nThe same slice executed again on another lease of the device (another machine "
+            "of the same kind, or the same one later), against the run in the tables: how far the executed "
+            "runs themselves move (signed fractions, second - first).\n\n"
+            + "\n".join([head, "|" + " --- |" * (1 + len(ERRORS))] + lines) + "\n")
+
+
+def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str = "") -> str:
     """benchmarks/FIDELITY.md: how the figures were made and the generated tables."""
     devices = sorted({json.loads(p.read_text()).get("device", "?") for p in exec_dir.glob("*/executor.json")})
     torch_v = sorted({json.loads(p.read_text()).get("torch", "?") for p in exec_dir.glob("*/executor.json")})
@@ -266,6 +289,8 @@ def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict) -> str:
         out.append(f"### {cost} cost model\n")
         out.append(markdown_table(sub))
         out.append("Within target (|error| <= target): " + ", ".join(f"{k} {met(sub, k)}" for k in ERRORS) + ".\n")
+    if repeated:
+        out.append(repeated)
     return "\n".join(out)
 
 
@@ -293,10 +318,11 @@ the measured GPU time), and the profile times prefill attention inside whole ste
 layers on real-valued operands, as the executed steps run them (`validation/VALIDATION.md`,
 `benchmarks/eager_gap.py`). The latency percentiles of these runs under memory pressure amplify
 small per-step differences through scheduling (a prompt admitted a step earlier or later), so
-the latency errors are larger than the per-step error. Graph-replayed decode steps are priced from
-batches of equal contexts: a real batch of uneven contexts takes longer, its padding rows cost
-less than the table's real rows, and `n = 2` pairs sharing a prompt read it partly from the L2
-cache (`benchmarks/decode_step_shapes.py`, docs/cost_models.md, "The profiled model").
+the latency errors are larger than the per-step error. A graph-replayed decode step is priced by its
+padded batch, the mean context over its rows (padding rows as rows of no context) and its longest
+row over that mean (the profile's `decode_step_longest` table, measured on batches of one long
+row); `n = 2` pairs sharing a prompt, which read it partly from the L2 cache, are priced as if they
+did not share it (`benchmarks/decode_step_shapes.py`, docs/cost_models.md, "The profiled model").
 
 Slices (`benchmarks/fidelity_runs.py`, prompts clipped to 4096 tokens): azure-conv = the bundled Azure
 conversation sample, arrivals [140 s, 160 s); azure-code = the Azure code sample, [200 s, 220 s) at
@@ -313,7 +339,7 @@ GPU=h200-141gb PROFILE_MODELS="llama-2-7b llama-3-8b mistral-7b" RUN_MODELS="lla
 # on any machine, with the executed runs and profiles fetched
 python benchmarks/fidelity_runs.py simulate --exec runs/fidelity/exec --out runs/fidelity/sim
 python benchmarks/fidelity_runs.py results --exec runs/fidelity/exec --sim runs/fidelity/sim \\
-    --json benchmarks/results/fidelity-h200.json --markdown benchmarks/FIDELITY.md
+    --json benchmarks/results/fidelity-h200.json --markdown benchmarks/FIDELITY.md [--repeat DIR]
 ```
 """
 
@@ -352,6 +378,8 @@ def main(argv=None) -> int:
     r.add_argument("--cost-models", nargs="+", default=["profiled", "roofline"])
     r.add_argument("--json", required=True)
     r.add_argument("--markdown", default=None)
+    r.add_argument("--repeat", default=None, metavar="DIR",
+                   help="executed runs of the same slices made again: a table of their differences")
     r.add_argument("--merge", action="store_true",
                    help="keep the --json file's rows of other runs (model, GPU, tensor-parallel degree, ...)")
     r.set_defaults(func=cmd_results)

@@ -25,7 +25,9 @@ Tables (seconds, whole model, one GPU):
   the longest row ``longest`` times the mean (`uneven_contexts`); ``decode_step`` by (batch,
   context) is its slice of equal rows (``longest`` 1);
 * ``overhead``: ``eager_s``, the median of (a whole eager step) - (the sum of its components:
-  attention timed inside the step, the others alone) over a few mixed steps, at least 0 (``eager_cases_s`` the differences);
+  attention timed inside the step, the others alone) over a few mixed steps, at least 0;
+  ``eager_cases_s`` the differences, whose median (negative where the components timed alone add
+  up to more than the whole step) the profiled cost model reads;
   ``graph_s`` 0 (a graph step is measured whole).
 
 With ``--tensor-parallel N`` the model is split over N GPUs, one process each (`validation.sharded`,

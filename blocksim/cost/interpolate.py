@@ -6,11 +6,13 @@ Rule: piecewise-linear in seconds along each axis (multilinear across axes), exc
 slope (a launch floor plus bytes or FLOPs): linear interpolation is exact for those, while a power
 law between far-apart grid points overshoots by several per cent where the floor and the slope are
 of one size. The one power axis is prefill attention's ``new_tokens``, whose cost grows with the
-square of the new tokens. Leave-one-out on the H200 profile of llama-2-7b (each inner grid point
-dropped and interpolated from its neighbours, a grid twice as coarse): median errors along
-decode_step.context 0.2% linear against 6.1% power law, attn_decode.context 1.9% against 8.4%,
-attn_prefill.cached_tokens 0.5% against 34.6% (log-seconds linear in tokens), linear.tokens 0.6%
-against 1.0%; along attn_prefill.new_tokens the power law is the better (26.8% against 31.8%).
+square of the new tokens. Leave-one-out on the shipped H200 profiles
+(`benchmarks/interpolation_check.py`: each inner grid point dropped and interpolated from its
+neighbours) gives median errors along decode_step.context of 0.2-0.3% with straight lines against
+4.3-6.5% with power laws, attn_decode.context 1.5-2.2% against 6.1-8.3%,
+attn_prefill.cached_tokens 0.9-1.1% against 14.7-14.8%, linear.tokens 0.9-1.3% against 1.2-1.4%;
+along attn_prefill.new_tokens the two are level (28.6-31.9% power law, 28.7-32.7% straight), and
+the power law keeps the quadratic growth beyond the grid.
 
 On grid points the table's values come back exactly (tables without a power axis) or up to one
 rounding of ``exp(log(t))``. Outside the grid an axis is extrapolated from its two nearest grid
@@ -186,3 +188,42 @@ class Line:
 
     def outside(self, x: np.ndarray) -> np.ndarray:
         return (x < self.lo) | (x > self.hi)
+
+
+class Plane:
+    """A 2-D table with two straight-line axes, the hot path of a graph step priced by its longest
+    row: per grid cell (i, j), seconds = ``a + b x + c y + d x y`` (bilinear; at least `FLOOR_S`),
+    which is `Table.eval`'s rule on such a table, inside the grid and beyond it."""
+
+    def __init__(self, name: str, gx: np.ndarray, gy: np.ndarray, seconds: np.ndarray) -> None:
+        self.name = name
+        s = np.asarray(seconds, dtype=np.float64)
+        gx, gy = np.asarray(gx, np.float64), np.asarray(gy, np.float64)
+        if len(gx) == 1:  # constant along a one-point axis
+            gx, s = np.array([gx[0], gx[0] + 1.0]), np.concatenate([s, s], axis=0)
+        if len(gy) == 1:
+            gy, s = np.array([gy[0], gy[0] + 1.0]), np.concatenate([s, s], axis=1)
+        x0, x1, y0, y1 = gx[:-1, None], gx[1:, None], gy[None, :-1], gy[None, 1:]
+        s00, s10, s01, s11 = s[:-1, :-1], s[1:, :-1], s[:-1, 1:], s[1:, 1:]
+        area = (x1 - x0) * (y1 - y0)
+        # s(x, y) = [s00 (x1-x)(y1-y) + s10 (x-x0)(y1-y) + s01 (x1-x)(y-y0) + s11 (x-x0)(y-y0)] / area
+        self._d = (s00 - s10 - s01 + s11) / area
+        self._b = (-s00 * y1 + s10 * y1 + s01 * y0 - s11 * y0) / area
+        self._c = (-s00 * x1 + s10 * x0 + s01 * x1 - s11 * x0) / area
+        self._a = (s00 * x1 * y1 - s10 * x0 * y1 - s01 * x1 * y0 + s11 * x0 * y0) / area
+        self._inner_x, self._inner_y = np.asarray(gx[1:-1], np.float64), np.asarray(gy[1:-1], np.float64)
+        self._ix, self._iy = self._inner_x.tolist(), self._inner_y.tolist()
+        self._coef = [[(float(self._a[i, j]), float(self._b[i, j]), float(self._c[i, j]), float(self._d[i, j]))
+                       for j in range(self._a.shape[1])] for i in range(self._a.shape[0])]
+
+    def eval(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Seconds at the points (`x`, `y`) (1-D float64 arrays of one length)."""
+        i = np.searchsorted(self._inner_x, x, side="right")
+        j = np.searchsorted(self._inner_y, y, side="right")
+        return np.maximum(self._a[i, j] + self._b[i, j] * x + self._c[i, j] * y + self._d[i, j] * x * y, FLOOR_S)
+
+    def point(self, x: float, y: float) -> float:
+        """`eval` at one point in plain Python: the same operations in the same order, so the same
+        seconds bit for bit."""
+        a, b, c, d = self._coef[bisect_right(self._ix, x)][bisect_right(self._iy, y)]
+        return max(a + b * x + c * y + d * x * y, FLOOR_S)

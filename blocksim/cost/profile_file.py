@@ -281,6 +281,12 @@ def parse_profile(data: dict, path: str) -> Profile:
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v < 0:
             raise _bad(path, f"components.overhead.{key}", f"expected seconds >= 0, got {v!r}")
         ov[key] = float(v)
+    cases = over.get("eager_cases_s")
+    if cases is not None:  # the measured differences: their median, negative where the parts over-count
+        if (not isinstance(cases, list) or not cases
+                or not all(isinstance(c, (int, float)) and not isinstance(c, bool) and np.isfinite(c) for c in cases)):
+            raise _bad(path, "components.overhead.eager_cases_s", f"expected a list of seconds, got {cases!r}")
+        ov["eager_s"] = float(np.median(cases))
     header = {k: v for k, v in data.items() if k not in ("components",)}
     return Profile(path=path, model=data["model"], gpu=data["gpu"], dtype=data["dtype"],
                    kv_dtype=str(data.get("kv_dtype", data["dtype"])), tensor_parallel=data["tensor_parallel"],

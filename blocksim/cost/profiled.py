@@ -24,7 +24,10 @@ engine's columns `t_<component>_s` hold:
   Block counts are converted to the profile's block size (a run with blocks twice as large moves
   twice as many of the profile's blocks).
 * ``t_overhead_s``: the profile's fixed per-step cost when the step runs anything, ``graph_s`` for
-  a graph-replayed decode step, ``eager_s`` otherwise.
+  a graph-replayed decode step, else the eager step's: the median of the profile's
+  ``eager_cases_s`` (whole eager steps less the sum of their components), negative where the
+  components timed alone add up to more than the whole step (each timed alone pays a start the
+  whole step pays once); ``eager_s`` for a profile without the cases.
 * ``t_comm_s`` (tensor_parallel > 1 only): ``2 * layers`` all-reduces of ``tokens * hidden *
   dtype_bytes`` bytes each (attention output and MLP output, Megatron-style), each priced by the
   profile's ``allreduce`` table by message bytes when it has one, else by the roofline's ring
@@ -51,8 +54,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from blocksim.config import SimConfig
-from blocksim.cost.interpolate import Line, Table
-from blocksim.cost.profile_file import Grid, Profile, ProfileWarning
+from blocksim.cost.interpolate import Line, Plane, Table
+from blocksim.cost.profile_file import Profile, ProfileWarning
 from blocksim.cost.roofline import ALLREDUCES_PER_LAYER, RooflineCostModel
 
 if TYPE_CHECKING:
@@ -175,15 +178,14 @@ class ProfiledCostModel:
             self.step_outside[f"attn_prefill.{axis}"] += 1
         return hit[0]
 
-    def _longest_plane(self, pad: int) -> Table:
-        """`decode_step_longest` at the padded batch `pad`: a table over (context, longest)."""
+    def _longest_plane(self, pad: int) -> Plane:
+        """`decode_step_longest` at the padded batch `pad`: a plane over (context, longest)."""
         hit = self._longest_planes.get(pad)
         if hit is None:
             tab = self.decode_longest
             c, x = tab.grids[1], tab.grids[2]
             cc, xx = np.meshgrid(c, x, indexing="ij")
-            secs = tab.eval(float(pad), cc, xx)
-            hit = self._longest_planes[pad] = Table(Grid(tab.name, tab.axes[1:], (c, x), secs))
+            hit = self._longest_planes[pad] = Plane(tab.name, c, x, tab.eval(float(pad), cc, xx))
         return hit
 
     def attn_decode(self, ctx_tokens, batch: int = 0, decode_only: bool = False, longest=None):
@@ -194,8 +196,12 @@ class ProfiledCostModel:
         if batch <= 0:
             return np.zeros(len(ctx_tokens)) if isinstance(ctx_tokens, np.ndarray) else 0.0
         scalar = not isinstance(ctx_tokens, np.ndarray)
-        ctx = np.array([ctx_tokens], dtype=np.int64) if scalar else ctx_tokens.astype(np.int64, copy=False)
         pad = self.padded(batch) if decode_only and longest is not None and self.decode_longest is not None else None
+        if pad is not None and scalar:  # plain Python, the same operations as the array path below
+            mean = ctx_tokens / pad
+            rest = self.linear(batch, batch, True) + (self.comm(batch) if self.allreduces_per_step else 0.0)
+            return max(self._longest_plane(pad).point(mean, max(longest / mean, 1.0)) - rest, 0.0)
+        ctx = np.array([ctx_tokens], dtype=np.int64) if scalar else ctx_tokens.astype(np.int64, copy=False)
         if pad is not None:
             mean = ctx / pad  # the padding rows count as rows of no context
             t = self._longest_plane(pad).eval(mean, np.maximum(np.asarray(longest, np.float64) / mean, 1.0))

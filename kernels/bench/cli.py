@@ -57,12 +57,23 @@ def main(argv=None) -> int:
                     help="comma-separated: headline, backends, splits, stages, occupancy, blocks, fp8, sweep, prefill, "
                          "prefill_tiles (the paged prefill kernel and its tile configurations, kernels/bench/prefill.py; "
                          "not in the default list)")
+    ap.add_argument("--prefill-shapes", default=None,
+                    help="prefill and prefill_tiles sections: only these (batch, cached c, new p) shapes, as "
+                         "'b,c,p;b,c,p' (default: every shape of kernels/bench/prefill.py)")
     ap.add_argument("--depths", default="0,2,3,4", help="stages section: load paths (0 = registers, 2-4 = ring)")
     ap.add_argument("--max-kv-gb", type=float, default=4.3, help="largest KV (GB) of a sweep point")
     ap.add_argument("--json", default=None, help="write every number to this JSON file")
     ap.add_argument("--plot", default=None, help="PNG of the sweep (needs matplotlib)")
     ap.add_argument("--plot-from", default=None, help="plot a saved --json file and exit (no GPU needed)")
     args = ap.parse_args(argv)
+    if args.prefill_shapes is not None:
+        try:
+            args.prefill_shapes = [tuple(int(x) for x in shape.split(",")) for shape in args.prefill_shapes.split(";")]
+        except ValueError:
+            ap.error(f"--prefill-shapes: expected 'batch,cached,new;...' integers, got {args.prefill_shapes!r}")
+        if any(len(shape) != 3 or min(shape) < 0 or shape[0] == 0 or shape[2] == 0 for shape in args.prefill_shapes):
+            ap.error(f"--prefill-shapes: each shape is batch,cached,new with batch and new >= 1, got "
+                     f"{args.prefill_shapes!r}")
     unknown = [name for name in args.sections.split(",") if name not in SECTIONS]
     if unknown:
         ap.error(f"--sections: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(SECTIONS)}")

@@ -33,6 +33,11 @@ BLOCK = 16
 DTYPE = torch.float16
 
 
+def shapes(args):
+    """The shapes a run measures: ``--prefill-shapes`` where given, else ``PREFILL_SHAPES``."""
+    return getattr(args, "prefill_shapes", None) or PREFILL_SHAPES
+
+
 def causal_sdpa(q, k, v, cached: int, backend):
     """SDPA on contiguous ``[batch, heads, tokens, head]`` tensors with the causal mask of new
     tokens after ``cached`` ones: ``is_causal`` when there are none, else the bottom-right-aligned
@@ -115,7 +120,7 @@ def prefill(args, copy_gbs, results):
           "max abs diff |")
     print("|---|---|---:|---:|---|---:|---:|---|---:|---:|---:|")
     for model, heads, kv_heads in PREFILL_HEADS:
-        for shape in PREFILL_SHAPES:
+        for shape in shapes(args):
             c = PrefillCase(*shape, heads, kv_heads)
             c.paged(validate=True)
             q = c.sdpa_query()
@@ -172,7 +177,7 @@ def prefill_tiles(args, copy_gbs, results):
           + " | ".join(f"{k}: {label(k)}" for k in configs) + " | best |")
     print("|---|---|---:|" + "---:|" * len(configs) + "---|")
     for model, heads, kv_heads in PREFILL_HEADS:
-        for shape in PREFILL_SHAPES:
+        for shape in shapes(args):
             c = PrefillCase(*shape, heads, kv_heads)
             row = {"model": model, "shape": list(shape), "default": graph_ms([c.paged], args.warmup, args.iters),
                    "config": fast_prefill.choose_prefill_config(c.batch, c.new, heads, kv_heads, HEAD, nsm,

@@ -122,6 +122,20 @@ def test_the_longest_row_prices_an_uneven_graph_step(tmp_path):
     assert cm.step_outside == {"decode_step_longest.longest": 2}, "longest over the mean beyond the grid's 8"
 
 
+def test_an_eager_step_costs_the_median_of_the_profiles_measured_differences(tmp_path):
+    prof = synthetic_profile()
+    prof["components"]["overhead"].update(eager_s=0.0, eager_cases_s=[-3e-4, -1e-4, 2e-4, -2e-4])
+    path = tmp_path / "o.json"
+    path.write_text(json.dumps(prof))
+    cm = model(path)
+    assert cm.overhead(True, 0) == pytest.approx(-1.5e-4, rel=1e-12), "the parts over-count: a negative difference"
+    assert cm.overhead(True, 17) == prof["components"]["overhead"]["graph_s"], "a graph step is measured whole"
+    prof["components"]["overhead"]["eager_cases_s"] = ["x"]
+    path.write_text(json.dumps(prof))
+    with pytest.raises(ConfigError, match="components.overhead.eager_cases_s"):
+        load_profile(path)
+
+
 def test_prefill_attention_sums_sequences_and_applies_the_batch_efficiency(profile_path):
     cm = model(profile_path)
     one = cm.prefill.eval(1.0, np.array([256.0, 1024.0]), np.array([0.0, 512.0]))
@@ -289,3 +303,35 @@ def test_the_one_point_path_agrees_with_the_vectorized_one(b, p, c):
 
 def load_profile_dict(d):
     return parse_profile(d, "synthetic.json")
+
+
+def test_the_leave_one_out_check_is_exact_for_the_shapes_each_rule_follows(tmp_path):
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "interpolation_check", Path(__file__).resolve().parents[2] / "benchmarks" / "interpolation_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    x = np.array([16.0, 64.0, 256.0, 1024.0])
+    line = mod.leave_one_out(x, np.stack([3e-4 + 2e-6 * x, 5e-4 + 1e-6 * x], axis=1), 0)
+    assert line["straight_line"] == pytest.approx(0.0, abs=1e-12) and line["power_law"] > 0.01
+    square = mod.leave_one_out(x, 1e-9 * x ** 2, 0)
+    assert square["power_law"] == pytest.approx(0.0, abs=1e-12) and square["straight_line"] > 0.1
+    path = write_profile(tmp_path / "p.json", decode_step=True)
+    got = {(r["table"], r["axis"]) for r in mod.check(path)["rows"]}
+    assert ("decode_step", "context") in got and ("attn_prefill", "new_tokens") in got
+
+
+@settings(max_examples=40, deadline=None)
+@given(x=st.lists(st.floats(0.5, 20000), min_size=1, max_size=6), y=st.floats(0.5, 12), one=st.booleans())
+def test_the_plane_gives_the_tables_bilinear_values_inside_and_beyond_the_grid(x, y, one):
+    from blocksim.cost.interpolate import Plane
+    from blocksim.cost.profile_file import Grid
+    gx, gy = np.array([16.0, 64.0, 256.0, 1024.0, 4096.0]), (np.array([2.0]) if one else np.array([1.0, 2.0, 3.0, 8.0]))
+    secs = 1e-3 + 1e-7 * gx[:, None] * (1 + 0.3 * np.log(gy)[None, :]) + 1e-5 * np.sqrt(gy)[None, :]
+    tab = Table(Grid("decode_step_longest", ("context", "longest"), (gx, gy), secs))
+    xs = np.asarray(x)
+    ys = np.full(len(xs), y)
+    plane = Plane("p", gx, gy, secs)
+    np.testing.assert_allclose(plane.eval(xs, ys), tab.eval(xs, ys), rtol=1e-9)
+    assert [plane.point(float(a), y) for a in xs] == plane.eval(xs, ys).tolist(), "one point: the same bits"

@@ -133,3 +133,20 @@ device copy bandwidth after the run: 4270 GB/s
     assert [r["fast ms"] for r in section["rows"]] == [0.2417, 0.0428]
     assert section["rows"][1]["load path"] == "ring 2, <= 2/SM"
     assert section["rows"][0]["batch, heads, kv heads, context"] == "64, 32, 32, 1024"
+
+
+@pytest.mark.parametrize("bad", ["1,0", "1,0,x", "0,0,512", "1,0,0", "1,-1,512"])
+def test_prefill_shapes_must_be_batch_cached_new_triples(bad, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--sections", "prefill", "--prefill-shapes", bad])
+    assert exc.value.code == 2
+    assert "--prefill-shapes" in capsys.readouterr().err
+
+
+def test_prefill_shapes_select_the_sections_shapes():
+    from kernels.bench import prefill
+
+    args = type("Args", (), {"prefill_shapes": [(1, 0, 2048), (4, 4096, 1024)]})()
+    assert prefill.shapes(args) == [(1, 0, 2048), (4, 4096, 1024)]
+    args.prefill_shapes = None
+    assert prefill.shapes(args) == prefill.PREFILL_SHAPES
