@@ -14,6 +14,13 @@ GPU, at the same total context tokens:
 
 Writes one row per (model, padded size, case): real rows, total context tokens, the median step
 time and its ratio to the uniform step of the same total.
+
+Offline, ``--priced RESULTS.json`` prices the padded and uneven cases of a results file with the
+shipped profiles of its device (the profiled cost model's graph-step rule, by the longest row, and
+the rule by the mean context over the real rows alone) against the measured ratios:
+
+    python benchmarks/decode_step_shapes.py --priced benchmarks/results/decode_step_shapes-h200.json \
+        --gpu h200-141gb --json benchmarks/results/decode_step_shapes-h200-priced.json
 """
 
 from __future__ import annotations
@@ -89,6 +96,43 @@ def _retable(b, tables, bs: int):
     return StepBatch(b.token_ids, pos, slots, b.prefills, tables, b.decode_context)
 
 
+PRICED_CASES = ("padded", "uneven", "uneven+padded")
+
+
+def priced(results: dict, gpu: str) -> list[dict]:
+    """Each padded or uneven row of `results` priced against its uniform step, by the shipped profile
+    of its model on `gpu`: with the longest row (``by_longest``) and by the mean context over the
+    real rows alone (``by_mean``), as ratios like the measured ``vs_uniform``. Rows whose real rows
+    a run would replay at a smaller captured size than the one timed are left out."""
+    import warnings
+
+    from blocksim.cost import ProfiledCostModel, load_profile, shipped_profile
+    from blocksim.experiments.runner import build_config
+    out, models = [], {}
+    for r in results["rows"]:
+        if r["case"] not in PRICED_CASES:
+            continue
+        m = r["model"]
+        if m not in models:
+            cfg = build_config(model=m, gpu=gpu)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                models[m] = ProfiledCostModel(cfg, load_profile(shipped_profile(cfg)))
+        cm = models[m]
+        b, n, total, top = r["padded_batch"], r["rows"], r["context_tokens"], r["max_context"]
+        if cm.padded(n) != b:  # a run replays these rows at a smaller captured size, not the one timed
+            continue
+
+        def step(rows: int, longest: int | None) -> float:
+            args = (total, rows, True) if longest is None else (total, rows, True, longest)
+            return cm.linear(rows, rows, True) + cm.attn_decode(*args)
+        uniform = step(b, total // b)
+        out.append({"model": m, "padded_batch": b, "case": r["case"], "rows": n, "max_context": top,
+                    "measured": r["vs_uniform"], "by_longest": step(n, top) / uniform,
+                    "by_mean": step(n, None) / step(b, None)})
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/decode_step_shapes.py", description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", default=["llama-2-7b", "llama-3-8b"])
@@ -96,7 +140,26 @@ def main(argv=None) -> int:
     ap.add_argument("--fill", type=float, default=0.65, help="real rows / padded size for the padded cases (default 0.65)")
     ap.add_argument("--per-row", type=int, default=800, help="mean context tokens per padded row (default 800)")
     ap.add_argument("--json", required=True)
+    ap.add_argument("--priced", default=None, metavar="RESULTS",
+                    help="price a results file's padded and uneven cases with the shipped profiles (no GPU)")
+    ap.add_argument("--gpu", default="h200-141gb", help="with --priced: the catalog GPU of the profiles")
     a = ap.parse_args(argv)
+    if a.priced:
+        try:
+            rows = priced(json.loads(open(a.priced).read()), a.gpu)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"decode_step_shapes: --priced {a.priced}: {e}; give a results file this benchmark wrote",
+                  file=sys.stderr)
+            return 2
+        for r in rows:
+            print(f"{r['model']} {r['padded_batch']:3d} {r['case']:14s} measured {r['measured']:.3f}  "
+                  f"by longest row {r['by_longest']:.3f}  by mean {r['by_mean']:.3f}")
+        for key in ("by_longest", "by_mean"):
+            err = [r[key] / r["measured"] - 1 for r in rows]
+            print(f"{key}: mean error {100 * np.mean(err):+.1f}%, mean absolute {100 * np.mean(np.abs(err)):.1f}%")
+        with open(a.json, "w") as f:
+            json.dump({"priced": a.priced, "gpu": a.gpu, "command": " ".join(sys.argv), "rows": rows}, f, indent=1)
+        return 0
     import torch
     rows = []
     for m in a.models:

@@ -35,6 +35,7 @@ struct PagedPrefillParams {
   int max_blocks_per_seq;
   int num_blocks;               // block ids outside [0, num_blocks) are never read
   int max_query_len;            // the most new tokens of a sequence (sizes the grid)
+  int max_context_len;          // the longest context, cached plus new (the warpgroup kernel's launch rule)
   int config;                   // tile configuration (paged_prefill.cuh, kConfigs): 0 = the default;
                                 // 2-5 exist for float16 at head 128 only; kPrefillWgmma the
                                 // warpgroup kernel (paged_prefill_wgmma.cuh)

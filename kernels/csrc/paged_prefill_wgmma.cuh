@@ -2,18 +2,21 @@
 // bfloat16 at head size 128: the path kernels/fast/prefill.py dispatches to on compute capability
 // 9.0 (paged_prefill.cuh's mma.sync kernel runs every other case).
 //
-// Rows and grid as the mma.sync kernel's: the queries of one KV head's GQA group are packed rows
-// (packed row R is new token R / group of query head kvh * group + R % group); a thread block of
-// two warpgroups (256 threads) takes 128 consecutive packed rows of one (sequence, KV head), each
-// warpgroup 64 of them, the grid's longest row blocks first.
+// Rows as the mma.sync kernel's: the queries of one KV head's GQA group are packed rows (packed
+// row R is new token R / group of query head kvh * group + R % group). A thread block of two
+// warpgroups (256 threads) takes 128 consecutive packed rows of one (sequence, KV head) pair, each
+// warpgroup 64 of them. Two kernels (launch's rule): the in-step kernel, on the grid (row blocks,
+// KV heads, sequences) with the row blocks with the most keys first; and the ping-pong kernel, on
+// a grid of items ordered in bands of row blocks, the band with the most keys first, pair by pair
+// within a band (item_at).
 //
-// Shared memory (224 KB, one block per SM): Q's 128 rows, a ring of 3 key tiles and one of 3
-// value tiles of 128 keys each. A tile is stored as two halves of 64 head dims, each row of a half
-// 128 bytes with its 16-byte chunk c at c ^ (row % 8): the 128-byte swizzle the products'
-// shared-memory descriptors name, so a copy of 8 rows and a product's reads are conflict-free.
-// Every thread copies 16-byte chunks with cp.async, gathering each key row through the block table
-// (any block size); chunks past the rows' last key or of a block id outside the cache are
-// zero-filled without reading memory, so unused cache slots never reach the arithmetic.
+// Shared memory (225 KB, one block per SM): Q's 128 rows, a ring of 3 key tiles and one of 3
+// value tiles of 128 keys each, and a ring of block ids. A tile is stored as two halves of 64
+// head dims, each row of a half 128 bytes with its 16-byte chunk c at c ^ (row % 8): the 128-byte
+// swizzle the products' shared-memory descriptors name, so a copy of 8 rows and a product's reads
+// are conflict-free. Threads copy 16-byte chunks with cp.async, gathering each key row through
+// the block table (any block size); chunks past the rows' last key or of a block id outside the
+// cache are zero-filled without reading memory, so unused cache slots never reach the arithmetic.
 //
 // Per key tile n, each warpgroup: S_n = Q K_n^T (8 wgmma m64n128k16, both operands in shared
 // memory, K-major), issued together with O += P_{n-1} V_{n-1} (8 wgmma with P, the previous tile's
@@ -21,12 +24,17 @@
 // probabilities never leave registers; V is read N-major through the descriptor, no transpose).
 // While that product runs, the warpgroup waits for S_n only and computes its online softmax (log2
 // domain, the causal mask only on tiles that cross a row's position); then it waits for the
-// product, rescales O where a row's max moved and packs P_n. The copies of key tile n + 2 and
-// value tile n + 1 are issued between the products and the softmax, so the ring keeps two tiles
-// of copies in flight; one barrier per tile orders the ring (every thread's copies of the tiles
-// about to be read have landed, and every warpgroup is done with the stages about to be
-// refilled).
+// product, rescales O where a row's max moved and packs P_n. One barrier per tile orders the ring
+// (the copies of the tiles about to be read have landed, and every warpgroup is done with the
+// stages about to be refilled). In step: both warpgroups together, every thread copying key tile
+// n + 2 and value tile n + 1 after barrier n. Ping-pong: the second warpgroup half a tile behind
+// (its softmax under the first one's products and the first one's under its own), the first
+// warpgroup copying value tile n and the second key tile n + 2 after barrier n.
 #pragma once
+
+#include <algorithm>
+#include <cstdlib>
+#include <type_traits>
 
 #include "paged_prefill.cuh"
 
@@ -134,6 +142,443 @@ __device__ __forceinline__ uint32_t tile_offset(int r, int c) {
   return static_cast<uint32_t>((c >> 3) * ROWS * kHalfRow + r * kHalfRow + (((c & 7) ^ (r & 7)) << 4));
 }
 
+// One work item: 128 packed rows (row block mb) of one (sequence, KV head) pair.
+struct Item {
+  int seq, kvh, m0, rows, q_start, cached, kv_end, n_tiles;
+};
+
+// The work items in the order the blocks take them: bands of `band` row blocks, the band of the
+// last row blocks (the most keys) first; in a band, pair by pair (a pair's row blocks read the same
+// keys, so the blocks running a band's items together share them in L2), each pair's row blocks
+// from the last. Item idx of m_blocks row blocks per pair, `pairs` (sequence, KV head) pairs.
+__device__ __forceinline__ Item item_at(const PagedPrefillParams& p, int idx, int pairs, int m_blocks, int band,
+                                        int group) {
+  const int per_band = band * pairs;
+  const int bi = idx / per_band;
+  const int r = idx - bi * per_band;
+  const int width = min(band, m_blocks - bi * band);
+  const int pair = r / width;
+  Item it;
+  it.seq = pair / p.num_kv_heads;
+  it.kvh = pair - it.seq * p.num_kv_heads;
+  it.m0 = (m_blocks - 1 - bi * band - (r - pair * width)) * kRows;
+  it.q_start = __ldg(p.query_start_loc + it.seq);
+  const int new_tokens = __ldg(p.query_start_loc + it.seq + 1) - it.q_start;
+  it.rows = new_tokens * group;
+  it.cached = __ldg(p.context_lens + it.seq) - new_tokens;
+  it.kv_end = it.cached + (min(it.m0 + kRows, it.rows) - 1) / group + 1;  // keys any row of the item sees
+  it.n_tiles = (it.kv_end + kKeys - 1) / kKeys;
+  return it;
+}
+
+// The ping-pong kernel: block b runs item b of item_at's order (items past a sequence's rows
+// exit). The first warpgroup copies the value tiles, the second the key tiles, and the second
+// runs half a tile behind the first, so that each one's softmax runs under the other's products.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_pingpong_kernel(const PagedPrefillParams p,
+                                                                                   const int m_blocks, const int band) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const int group = p.num_heads / p.num_kv_heads;
+  const Item it = item_at(p, blockIdx.x, p.num_seqs * p.num_kv_heads, m_blocks, band, group);
+  if (it.m0 >= it.rows) return;
+
+  const int tid = threadIdx.x;
+  const int wgi = tid / 128;          // warpgroup
+  const int warp = (tid / 32) % 4;    // warp in the warpgroup
+  const int lane = tid % 32;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+
+  extern __shared__ __align__(1024) unsigned char wgmma_smem[];
+  const uint32_t smem_raw = static_cast<uint32_t>(__cvta_generic_to_shared(wgmma_smem));
+  const uint32_t smem = (smem_raw + 1023) & ~1023u;
+  unsigned char* const smem_ptr = wgmma_smem + (smem - smem_raw);
+  const uint32_t q_smem = smem;
+  const uint32_t k_ring = smem + kQBytes;
+  const uint32_t v_ring = k_ring + kStages * kTileBytes;
+  const uint32_t id_ring = v_ring + kStages * kTileBytes;
+
+  // Copy roles: thread tid copies chunk tid % 16 of rows tid / 16 + 16 i (i = 0..7) of a 128-row
+  // tile; the swizzled offset within a row is the same for all of them.
+  const int c_chunk = tid & 15;
+  const int c_row0 = tid >> 4;
+  const uint32_t c_off = tile_offset<kKeys>(c_row0, c_chunk);
+  const T* const q_base = static_cast<const T*>(p.query) + c_chunk * 8;
+  auto load_q = [&](const Item& it) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int R = it.m0 + c_row0 + 16 * i;
+      const bool live = R < it.rows;
+      const T* src = q_base;
+      if (live) src = q_base + (it.q_start + R / group) * p.q_token_stride + static_cast<int64_t>(it.kvh * group + R % group) * kHead;
+      cp_async16(smem_ptr + (q_smem - smem) + tile_offset<kRows>(c_row0 + 16 * i, c_chunk), src, live);
+    }
+  };
+  const int bs_mask = (1 << p.block_size_log2) - 1;
+  // The block ids of the item's tile m (entry e: keys e * block_size .. of the tile; -1 past the
+  // item's keys) sit in slot m % kIdSlots of a ring of ids in shared memory, copied four tiles
+  // ahead of the key tile's copies, so that no copy waits on a read of the table.
+  auto copy_ids = [&](const Item& it, int* ids, int tile, int e, bool async) {
+    const int first = (tile * kKeys) >> p.block_size_log2;
+    const int key = (first + e) << p.block_size_log2;
+    int* const dst = ids + (tile % kIdSlots) * kIdsPerTile + e;
+    const bool live = tile < it.n_tiles && key < it.kv_end && key < (tile + 1) * kKeys;
+    const int* const table = p.block_tables + static_cast<int64_t>(it.seq) * p.max_blocks_per_seq;
+    if (!live) {
+      *dst = -1;
+    } else if (async) {
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+                   "l"(table + first + e)
+                   : "memory");
+    } else {
+      *dst = __ldg(table + first + e);
+    }
+  };
+  // One tile of keys (which = 0) or values (1) of an item into ring stage `stage`. Byte offsets
+  // within a block fit 32 bits (launch checks the strides), so each row's address is one wide
+  // multiply-add from its id.
+  const char* const k_bytes = reinterpret_cast<const char*>(static_cast<const T*>(p.key_cache) + c_chunk * 8);
+  const char* const v_bytes = reinterpret_cast<const char*>(static_cast<const T*>(p.value_cache) + c_chunk * 8);
+  const int k_block_bytes = static_cast<int>(p.k_block_stride * 2), k_token_bytes = static_cast<int>(p.k_token_stride * 2);
+  const int v_block_bytes = static_cast<int>(p.v_block_stride * 2), v_token_bytes = static_cast<int>(p.v_token_stride * 2);
+  auto load_tile = [&](const Item& it, const int* ids, int tile, int stage, int which) {
+    const char* const base = which ? v_bytes + it.kvh * p.v_head_stride * 2 : k_bytes + it.kvh * p.k_head_stride * 2;
+    const int block_bytes = which ? v_block_bytes : k_block_bytes;
+    const int token_bytes = which ? v_token_bytes : k_token_bytes;
+    const uint32_t dst = (which ? v_ring : k_ring) + stage * kTileBytes + c_off - smem;
+    const int* const tile_ids = ids + (tile % kIdSlots) * kIdsPerTile;
+    const int key0 = tile * kKeys + c_row0;
+    const int left = it.kv_end - key0;  // rows i with 16 i < left hold keys of the item
+    // every id read before the first copy: the copies are ordered asm statements, and a read after
+    // one would wait for it, chaining the rows' latencies
+    int bid[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) bid[i] = tile_ids[(c_row0 + 16 * i) >> p.block_size_log2];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const bool live = 16 * i < left && static_cast<unsigned>(bid[i]) < static_cast<unsigned>(p.num_blocks);
+      int64_t off;
+      asm("mul.wide.s32 %0, %1, %2;\n" : "=l"(off) : "r"(live ? bid[i] : 0), "r"(block_bytes));
+      const char* src = base + off + ((key0 + 16 * i) & bs_mask) * token_bytes;
+      cp_async16(smem_ptr + dst + i * 16 * kHalfRow, src, live);
+    }
+  };
+  // The same by one warpgroup's 128 threads alone (the ping-pong split: the first warpgroup copies
+  // value tiles, the second key tiles): thread l copies chunk l % 16 of rows l / 16 + 8 i.
+  const int h_chunk = tid & 15;
+  const int h_row0 = (tid & 127) >> 4;
+  const uint32_t h_off = tile_offset<kKeys>(h_row0, h_chunk);
+  auto load_tile_wg = [&](const Item& it, const int* ids, int tile, int stage, int which) {
+    const char* const base = which ? v_bytes + it.kvh * p.v_head_stride * 2 : k_bytes + it.kvh * p.k_head_stride * 2;
+    const int block_bytes = which ? v_block_bytes : k_block_bytes;
+    const int token_bytes = which ? v_token_bytes : k_token_bytes;
+    const uint32_t dst = (which ? v_ring : k_ring) + stage * kTileBytes + h_off - smem;
+    const int* const tile_ids = ids + (tile % kIdSlots) * kIdsPerTile;
+    const int key0 = tile * kKeys + h_row0;
+    const int left = it.kv_end - key0;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // 8 ids read before 8 copies, twice
+      int bid[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) bid[i] = tile_ids[(h_row0 + 64 * half + 8 * i) >> p.block_size_log2];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int r = 64 * half + 8 * i;
+        const bool live = r < left && static_cast<unsigned>(bid[i]) < static_cast<unsigned>(p.num_blocks);
+        int64_t off;
+        asm("mul.wide.s32 %0, %1, %2;\n" : "=l"(off) : "r"(live ? bid[i] : 0), "r"(block_bytes));
+        const char* src = base + off + ((key0 + r) & bs_mask) * token_bytes;
+        cp_async16(smem_ptr + dst + r * kHalfRow, src, live);
+      }
+    }
+  };
+  // The first copies, in two groups: the Q rows and key tile 0, then key tile 1 and value tile 0
+  // (tile j in ring stage j % kStages).
+  auto first_copies = [&](const Item& it, const int* ids) {
+    load_q(it);
+    load_tile(it, ids, 0, 0, 0);
+    cp_async_commit();
+    if (it.n_tiles > 1) load_tile(it, ids, 1, 1, 0);
+    load_tile(it, ids, 0, 0, 1);
+    cp_async_commit();
+  };
+
+  int* const ids = reinterpret_cast<int*>(smem_ptr + (id_ring - smem));
+  if (tid < 4 * kIdsPerTile) copy_ids(it, ids, tid / kIdsPerTile, tid % kIdsPerTile, false);
+  __syncthreads();
+  first_copies(it, ids);
+
+  const float scale2 = p.scale * kLog2e;
+  const uint64_t q_desc = smem_desc(q_smem + wgi * 64 * kHalfRow, 16, 1024);
+  const uint64_t k_desc = smem_desc(k_ring, 16, 1024);
+  // V is N-major: its leading byte offset steps between the two halves of 64 head dims, its stride
+  // byte offset between groups of 8 keys (Q's and K's leading offsets are unused: K-major, swizzled)
+  const uint64_t v_desc = smem_desc(v_ring, kKeys * kHalfRow, 1024);
+
+  {
+    const int n_tiles = it.n_tiles;
+    const int wg_row0 = it.m0 + wgi * 64;  // the warpgroup's first packed row
+    const bool wg_live = wg_row0 < it.rows;
+    const int wg_first_pos = it.cached + wg_row0 / group;
+    const int wg_kv_end = wg_live ? it.cached + (min(wg_row0 + 64, it.rows) - 1) / group + 1 : 0;
+    const int wg_tiles = (wg_kv_end + kKeys - 1) / kKeys;
+    auto stage = [&](int n) { return n % kStages; };
+
+    // The ring's barrier before tile n's products: key tile n and value tile n - 1 landed and are
+    // visible to the tensor cores' reads; the stages that the copies issued after it refill are
+    // free. The first warpgroup waits for its own copies of value tile n - 1 (at n = 0 for its
+    // share of the Q rows and key tile 0), the second for those of key tile n.
+    auto ring_barrier = [&](int n) {
+      if (wgi == 0 ? n > 0 : n == n_tiles) {
+        cp_async_wait<0>();
+      } else {
+        cp_async_wait<1>();
+      }
+      fence_proxy_async();
+      __syncthreads();
+    };
+    // After barrier n: the first warpgroup copies value tile n (from n = 1; value tile 0 comes with
+    // the first copies) and the ids of tile n + 4, the second key tile n + 2. Value tile n's stage
+    // held value tile n - 3, which both warpgroups are done with at barrier n (the second
+    // warpgroup's product of value tile n - 2 may still run); key tile n + 2's held key tile
+    // n - 1, whose products both waited for before barrier n. role: the calling warpgroup where
+    // the caller knows it at compile time (std::integral_constant 0 or 1), else -1.
+    auto copies = [&](int n, auto role) {
+      constexpr int kRole = decltype(role)::value;
+      if (kRole == 0 || (kRole < 0 && wgi == 0)) {
+        if (n > 0 && n < n_tiles) load_tile_wg(it, ids, n, stage(n), 1);
+      } else if (n + 2 < n_tiles) {
+        load_tile_wg(it, ids, n + 2, stage(n + 2), 0);
+      }
+      if (tid < kIdsPerTile) copy_ids(it, ids, n + 4, tid, true);
+      cp_async_commit();
+    };
+    constexpr std::integral_constant<int, -1> kAny{};
+    constexpr std::integral_constant<int, 0> kFirst{};
+    constexpr std::integral_constant<int, 1> kSecond{};
+
+    float o[64];
+    float s[64];
+    uint32_t pa[32];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) pa[i] = 0u;
+    float m_run[2] = {-INFINITY, -INFINITY};
+    float l_run[2] = {0.f, 0.f};
+    // packed rows g and g + 8 of the thread's warp: their positions (dead rows take the last row's)
+    int qpos[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) qpos[h] = it.cached + min(wg_row0 + warp * 16 + g + 8 * h, it.rows - 1) / group;
+
+    auto issue_s = [&](int n) {
+      const uint64_t kd = k_desc + ((stage(n) * kTileBytes) >> 4);
+#pragma unroll
+      for (int ks = 0; ks < kHead / 16; ++ks) {
+        const uint32_t off = (ks >> 2) * kRows * kHalfRow + (ks & 3) * 32;
+        const uint32_t koff = (ks >> 2) * kKeys * kHalfRow + (ks & 3) * 32;
+        Wgmma<T>::ss(s, q_desc + (off >> 4), kd + (koff >> 4), ks);
+      }
+      wgmma_commit();
+    };
+    auto issue_pv = [&](int n) {  // O += P_n V_n
+      const uint64_t vd = v_desc + ((stage(n) * kTileBytes) >> 4);
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
+        const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
+        Wgmma<T>::rs(o, a, vd + ((kk * 16 * kHalfRow) >> 4), 1);
+      }
+      wgmma_commit();
+    };
+    // online softmax of S_n (log2 domain) in place; masked tiles get their scaled and masked scores
+    // first. alpha receives the rows' rescale factors.
+    auto softmax = [&](int n, float (&alpha)[2]) {
+      const int key0 = n * kKeys;
+      float sc = scale2;
+      if (key0 + kKeys - 1 > wg_first_pos) {
+        sc = 1.f;
+#pragma unroll
+        for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int key = key0 + j * 8 + 2 * t + e;
+              const float v = s[4 * j + 2 * h + e] * scale2;
+              s[4 * j + 2 * h + e] = key > qpos[h] ? -INFINITY : v;
+            }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float part[4];  // four independent chains (a single chain's latency shows: two warps per scheduler)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) part[k] = fmaxf(s[4 * k + 2 * h], s[4 * k + 2 * h + 1]);
+#pragma unroll
+        for (int j = 4; j < kKeys / 8; ++j) part[j % 4] = fmaxf(part[j % 4], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+        float mx = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+        mx = fmaxf(mx, __shfl_xor_sync(kMask, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(kMask, mx, 2));
+        const float m_new = fmaxf(m_run[h], mx * sc);
+        const float base = m_new == -INFINITY ? 0.f : m_new;
+        alpha[h] = ex2(m_run[h] - base);
+        m_run[h] = m_new;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) part[k] = 0.f;
+#pragma unroll
+        for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pv = ex2(fmaf(s[4 * j + 2 * h + e], sc, -base));
+            s[4 * j + 2 * h + e] = pv;
+            part[(2 * j + e) % 4] += pv;
+          }
+        l_run[h] = l_run[h] * alpha[h] + ((part[0] + part[1]) + (part[2] + part[3]));
+      }
+    };
+    // Pins the softmax's results before the wait for the P V product that follows it: without it the
+    // compiler is free to sink the exponentials and sums past that wait, so the softmax would run
+    // after the product instead of under it.
+    auto fence_softmax = [&](float (&alpha)[2]) {
+      fence_regs(s);
+      fence_regs(alpha);
+      fence_regs(l_run);
+      fence_regs(m_run);
+    };
+    auto rescale_and_pack = [&](const float (&alpha)[2]) {
+      if (alpha[0] != 1.f || alpha[1] != 1.f) {  // only where a row's max moved
+#pragma unroll
+        for (int d = 0; d < kHead / 8; ++d) {
+          o[4 * d] *= alpha[0];
+          o[4 * d + 1] *= alpha[0];
+          o[4 * d + 2] *= alpha[1];
+          o[4 * d + 3] *= alpha[1];
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) {
+        pa[2 * j] = Mma<T>::pack(s[4 * j], s[4 * j + 1]);
+        pa[2 * j + 1] = Mma<T>::pack(s[4 * j + 2], s[4 * j + 3]);
+      }
+    };
+
+    int n = 0;
+    if (wgi == 1 && wg_live) {
+      // The second warpgroup runs half a tile behind: after barrier n it computes the softmax of
+      // S_{n-1} while the first warpgroup's products of tile n run, then issues its own S_n and
+      // P_{n-1} V_{n-1}, which the tensor cores run while the first warpgroup computes its
+      // softmax of S_n; it waits for S_n before barrier n + 1 (key tile n's stage is refilled
+      // there) and for P_{n-1} V_{n-1} only before its next rescale.
+      float alpha[2];
+      ring_barrier(0);
+      wgmma_fence();
+      issue_s(0);
+      copies(0, kSecond);
+      wgmma_wait<0>();
+      fence_regs(s);
+      for (n = 1; n < wg_tiles; ++n) {
+        ring_barrier(n);
+        softmax(n - 1, alpha);
+        fence_softmax(alpha);
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(pa);
+        rescale_and_pack(alpha);
+        fence_regs(o);
+        fence_regs(pa);
+        fence_regs(s);
+        wgmma_fence();
+        issue_s(n);
+        issue_pv(n - 1);
+        copies(n, kSecond);
+        wgmma_wait<1>();
+        fence_regs(s);
+      }
+      ring_barrier(n);
+      softmax(n - 1, alpha);
+      fence_softmax(alpha);
+      wgmma_wait<0>();
+      fence_regs(o);
+      fence_regs(pa);
+      rescale_and_pack(alpha);
+      fence_regs(o);
+      fence_regs(pa);
+      wgmma_fence();
+      issue_pv(n - 1);
+      copies(n, kSecond);
+      wgmma_wait<0>();
+      fence_regs(o);
+      ++n;
+    } else if (wg_live) {  // wg_tiles >= 1
+      float alpha[2];
+      ring_barrier(0);
+      wgmma_fence();
+      issue_s(0);
+      copies(0, kFirst);
+      wgmma_wait<0>();
+      fence_regs(s);
+      softmax(0, alpha);
+      rescale_and_pack(alpha);
+      for (n = 1; n < wg_tiles; ++n) {
+        ring_barrier(n);
+        fence_regs(o);
+        fence_regs(pa);
+        wgmma_fence();
+        issue_s(n);
+        issue_pv(n - 1);
+        copies(n, kFirst);
+        wgmma_wait<1>();
+        fence_regs(s);
+        softmax(n, alpha);
+        fence_softmax(alpha);
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(pa);
+        rescale_and_pack(alpha);
+      }
+      ring_barrier(n);
+      fence_regs(o);
+      fence_regs(pa);
+      wgmma_fence();
+      issue_pv(n - 1);
+      copies(n, kFirst);
+      wgmma_wait<0>();
+      fence_regs(o);
+      ++n;
+    }
+    for (; n <= n_tiles; ++n) {  // the block's other warpgroup still reads tiles: keep the ring going
+      ring_barrier(n);
+      copies(n, kAny);
+    }
+
+    if (wg_live) {
+      T* out = static_cast<T*>(p.out);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float l = l_run[h];
+        l += __shfl_xor_sync(kMask, l, 1);
+        l += __shfl_xor_sync(kMask, l, 2);
+        const int R = wg_row0 + warp * 16 + g + 8 * h;
+        if (R >= it.rows) continue;
+        const float f = 1.f / l;
+        T* dst = out + (it.q_start + R / group) * p.out_token_stride + static_cast<int64_t>(it.kvh * group + R % group) * kHead + 2 * t;
+#pragma unroll
+        for (int d = 0; d < kHead / 8; ++d) {
+          *reinterpret_cast<uint32_t*>(dst + d * 8) = Mma<T>::pack(o[4 * d + 2 * h] * f, o[4 * d + 2 * h + 1] * f);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();  // no copy may still target shared memory when the block exits
+#endif
+}
+
+// Row blocks per band of the items' order (item_at): at least 4, the GQA group's rows per position
+// where larger (a band then covers 128 positions of a pair), at most all of them.
+inline int band_for(int group, int m_blocks) { return std::max(1, std::min(m_blocks, std::max(4, group))); }
+
+// The in-step kernel: both warpgroups in step, every thread copying key tile n + 2 and value tile
+// n + 1 after barrier n; grid (row blocks of the longest sequence, KV heads, sequences), the row
+// blocks with the most keys launched first.
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_kernel(const PagedPrefillParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -428,19 +873,39 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_kernel(const 
 #endif
 }
 
+// The launch rule: the ping-pong kernel where a new token sees, on average over a sequence of
+// max_query_len new tokens, kPingPongKeys[0] to kPingPongKeys[1] keys and a sequence fills a block's
+// rows; the in-step kernel otherwise (long contexts, short sequences, few rows).
+constexpr int kPingPongKeys[2] = {512, 4096};
+inline bool pingpong_applies(const PagedPrefillParams& p) {
+  const int64_t keys = static_cast<int64_t>(p.max_context_len) - p.max_query_len / 2;
+  const int64_t rows = static_cast<int64_t>(p.max_query_len) * (p.num_heads / p.num_kv_heads);
+  return keys >= kPingPongKeys[0] && keys < kPingPongKeys[1] && rows >= kRows;
+}
+
 template <typename T>
 cudaError_t launch(const PagedPrefillParams& p, cudaStream_t stream) {
   if (p.head_size != kHead || p.alibi_slopes != nullptr) return cudaErrorInvalidValue;
   for (const int64_t stride : {p.k_block_stride, p.k_token_stride, p.v_block_stride, p.v_token_stride}) {
     if (stride < 0 || stride > 0x3fffffff) return cudaErrorInvalidValue;  // the kernel's 32-bit byte offsets
   }
-  auto* kernel = paged_prefill_wgmma_kernel<T>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (err != cudaSuccess) return err;
   const int group = p.num_heads / p.num_kv_heads;
   const int64_t m_blocks = (static_cast<int64_t>(p.max_query_len) * group + kRows - 1) / kRows;
   if (m_blocks == 0) return cudaSuccess;
   if (m_blocks > 0x7fffffff || p.num_kv_heads > 65535 || p.num_seqs > 65535) return cudaErrorInvalidValue;
+  if (pingpong_applies(p)) {
+    const int64_t items = m_blocks * p.num_seqs * p.num_kv_heads;
+    if (items > 0x7fffffff) return cudaErrorInvalidValue;
+    auto* kernel = paged_prefill_wgmma_pingpong_kernel<T>;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (err != cudaSuccess) return err;
+    kernel<<<static_cast<unsigned>(items), kThreads, kSmemBytes, stream>>>(p, static_cast<int>(m_blocks),
+                                                                          band_for(group, static_cast<int>(m_blocks)));
+    return cudaGetLastError();
+  }
+  auto* kernel = paged_prefill_wgmma_kernel<T>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(m_blocks), p.num_kv_heads, p.num_seqs);
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
   return cudaGetLastError();

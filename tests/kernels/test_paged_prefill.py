@@ -135,6 +135,17 @@ def test_the_default_runs_the_warpgroup_kernel(dtype):
     check(build(cached=[0, 700, 33, 2000], new=new, num_heads=32, num_kv_heads=8, dtype=dtype))
 
 
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(8, 8), (8, 2), (4, 1), (32, 8)])
+def test_warpgroup_pingpong_kernel(dtype, heads):
+    """Contexts the launch rule gives the ping-pong kernel (a new token sees 512 to 4096 keys on
+    average): row blocks past a short sequence's rows, blocks whose second warpgroup has no rows,
+    one new token, chunks not aligned to blocks."""
+    check(build(cached=[1500, 0, 700, 3], new=[600, 2000, 1, 130], num_heads=heads[0], num_kv_heads=heads[1],
+                dtype=dtype), config=WGMMA_CONFIG)
+
+
 @pytest.mark.parametrize("config", sorted(PREFILL_CONFIGS))
 def test_every_tile_configuration(config):
     check(build(cached=[0, 700, 33, 2000], new=[300, 64, 1, 129], num_heads=32, num_kv_heads=8, alibi=True),
