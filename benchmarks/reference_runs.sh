@@ -21,3 +21,5 @@ blocksim replay $conv --out $D/vllm-v1 --policy vllm-v1 $q
 blocksim replay $conv --out $D/sglang --policy sglang $q
 blocksim replay $T/mooncake/synthetic_trace.jsonl --out $D/v1-prefix --policy vllm-v1 $q --clip-to-model
 blocksim replay $T/mooncake/synthetic_trace.jsonl --out $D/sglang-prefix --policy sglang $q --clip-to-model
+blocksim replay $conv --out $D/v1-recompute --policy vllm-v1 $q --max-requests 3000 --num-gpu-blocks 1000 --rate-scale 8 --clip-to-model
+blocksim replay $T/mooncake/synthetic_trace.jsonl --out $D/v1-prefix-recompute --policy vllm-v1 $q --clip-to-model --num-gpu-blocks 600 --max-requests 2000 --rate-scale 4

@@ -12,9 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from .lazy_pandas import pd
 
 TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0}
 TIME_UNITS = tuple(TIME_UNITS_S) + ("datetime",)

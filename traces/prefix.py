@@ -10,10 +10,10 @@ part, or a partial last block) get ids used nowhere else.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
-from .trace import HASH_DTYPE
+from .lazy_pandas import pd
+from .trace import hash_dtype
 
 
 def lineage_hashes(prompt_tokens: np.ndarray, shared_tokens: np.ndarray, lineage: np.ndarray,
@@ -37,4 +37,4 @@ def lineage_hashes(prompt_tokens: np.ndarray, shared_tokens: np.ndarray, lineage
     ids[~shared] = per_lineage.sum() + np.arange(int((~shared).sum()))
     offsets = np.concatenate([[0], np.cumsum(blocks)])
     return pd.Series(pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(ids, pa.int64())),
-                     dtype=HASH_DTYPE)
+                     dtype=hash_dtype())

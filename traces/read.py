@@ -1,8 +1,9 @@
 """``read_trace``: any supported file to a canonical :class:`Trace`.
 
-Pipeline: detect the format from the columns, load the needed columns (vectorized),
-convert each to canonical units while collecting bad rows, then either raise a
-:class:`TraceError` for the first bad row or (``lenient``) drop the bad rows and report them.
+Pipeline: a clean CSV file is read by Arrow alone (`traces.fast_csv`); any other file: detect
+the format from the columns, load the needed columns (vectorized), convert each to canonical units
+while collecting bad rows, then either raise a :class:`TraceError` for the first bad row or
+(``lenient``) drop the bad rows and report them.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .columns import RowProblem, is_text, to_counts, to_hashes, to_integers, to_seconds
 from .errors import ReadReport, TraceError, TraceWarning
+from .fast_csv import read_plain_csv
 from .formats import FormatSpec, resolve_format
+from .lazy_pandas import pd
 from .tables import RawTable, _parquet_error, container_of, load_table, name_mismatch, peek_columns
 from .timespan import check_span
 from .trace import Trace
@@ -65,6 +67,10 @@ def read_trace(
 
 def _read(path: Path, container: str, format, mapping, lenient, keep_failed, time_unit, hash_block_tokens,
           name) -> Trace:
+    if container == "csv" and not lenient:  # a clean CSV file: Arrow alone (traces.fast_csv)
+        trace = read_plain_csv(path, format, mapping, keep_failed, time_unit, hash_block_tokens, name)
+        if trace is not None:
+            return trace
     columns = peek_columns(path, container)
     spec = resolve_format(path, columns, format, mapping, time_unit, hash_block_tokens)
     written_by_us = container == "parquet" and spec.name == "canonical" and format is None and not mapping

@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .trace import HASH_DTYPE, Trace
+from .lazy_pandas import pd
+from .trace import Trace, hash_dtype
 
 
 def _with_rows(trace: Trace, rows: np.ndarray, arrival_s: np.ndarray | None = None) -> Trace:
@@ -112,4 +112,4 @@ def _truncate_lists(lists: pa.ListArray, keep: np.ndarray) -> pd.Series:
     take = np.repeat(flat_starts, keep) + (np.arange(keep.sum()) - np.repeat(np.cumsum(keep) - keep, keep))
     offsets = np.concatenate([[0], np.cumsum(keep)]).astype(np.int32)
     out = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values[take], pa.int64()))
-    return pd.Series(out, dtype=HASH_DTYPE)
+    return pd.Series(out, dtype=hash_dtype())

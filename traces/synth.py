@@ -11,9 +11,9 @@ beam search ``beam_width`` (which sets ``n = beam_width`` and adds a ``beam_widt
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from .arrivals import gamma_arrivals
+from .lazy_pandas import pd
 from .lengths import LengthDist
 from .prefix import lineage_hashes
 from .trace import Trace

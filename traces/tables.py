@@ -15,12 +15,12 @@ from io import BytesIO
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.json as pj
 import pyarrow.parquet as pq
 
 from .errors import TraceError
+from .lazy_pandas import pd
 
 CONTAINERS = ("csv", "jsonl", "parquet")
 _COMPRESSION = {".gz", ".bz2", ".xz", ".zst", ".zip"}

@@ -7,18 +7,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import ReadReport
+from .lazy_pandas import pd
 
 INT_COLUMNS = ("request_id", "prompt_tokens", "output_tokens", "n", "priority")
 REQUIRED_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "n", "priority")
 OPTIONAL_COLUMNS = ("prefix_hashes", "beam_width")
-HASH_DTYPE = pd.ArrowDtype(pa.list_(pa.int64()))
 PARQUET_KEY = b"blocksim.trace"
+
+
+def hash_dtype():
+    """The pandas dtype of `prefix_hashes`: Arrow lists of int64."""
+    return pd.ArrowDtype(pa.list_(pa.int64()))
+
+
+def __getattr__(name: str):
+    if name == "HASH_DTYPE":  # pandas loads only when a frame of hashes is built
+        return hash_dtype()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -36,6 +46,9 @@ class Trace:
     Construction checks these invariants and fills ``n`` = 1, ``priority`` = 0 and
     ``request_id`` = 0..N-1 when absent. Treat ``df`` as read-only: the shaping
     functions return new traces.
+
+    ``arrays`` holds the canonical numeric columns as numpy arrays. A trace made by
+    :meth:`from_arrays` (a plain CSV file read by Arrow) builds ``df`` on first use only.
     """
 
     df: pd.DataFrame
@@ -46,17 +59,47 @@ class Trace:
     def __post_init__(self) -> None:
         object.__setattr__(self, "df", _canonical_frame(self.df, self.hash_block_tokens))
 
+    @classmethod
+    def from_arrays(cls, columns: dict[str, np.ndarray], name: str = "", report: ReadReport | None = None) -> Trace:
+        """A trace of the canonical columns `REQUIRED_COLUMNS` (numpy arrays, `beam_width` optional,
+        no prefix hashes), checked as construction checks a frame; its ``df`` is built on first use."""
+        cols = {c: _as_int64(c, columns[c]) if c != "arrival_s" else _as_float64(c, columns[c])
+                for c in (*REQUIRED_COLUMNS, *(["beam_width"] if "beam_width" in columns else []))}
+        _check_values(cols)
+        trace = object.__new__(cls)
+        for k, v in (("hash_block_tokens", None), ("name", name), ("report", report or ReadReport()),
+                     ("_arrays", cols)):
+            object.__setattr__(trace, k, v)
+        return trace
+
+    def __getattr__(self, name: str):
+        if name == "df" and "_arrays" in self.__dict__:  # a trace from arrays: its frame, built now
+            cols = self.__dict__["_arrays"]
+            frame = pd.DataFrame({c: cols[c] for c in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS) if c in cols})
+            object.__setattr__(self, "df", frame)
+            return frame
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The canonical numeric columns (`REQUIRED_COLUMNS`, and `beam_width` when present) as numpy arrays."""
+        if "_arrays" in self.__dict__:
+            return self.__dict__["_arrays"]
+        df = self.df
+        return {c: df[c].to_numpy() for c in (*REQUIRED_COLUMNS, "beam_width") if c in df.columns}
+
     def __len__(self) -> int:
-        return len(self.df)
+        return len(self.arrays["arrival_s"]) if "df" not in self.__dict__ else len(self.df)
 
     def __repr__(self) -> str:
-        span = float(self.df["arrival_s"].iloc[-1]) if len(self) else 0.0
+        arrival = self.arrays["arrival_s"]
+        span = float(arrival[-1]) if len(arrival) else 0.0
         hashes = f", hash_block_tokens={self.hash_block_tokens}" if self.has_hashes else ""
         return f"Trace(name={self.name!r}, requests={len(self)}, span_s={span:.3f}{hashes})"
 
     @property
     def has_hashes(self) -> bool:
-        return "prefix_hashes" in self.df.columns
+        return "df" in self.__dict__ and "prefix_hashes" in self.df.columns
 
     def to_parquet(self, path: str | Path) -> None:
         """Write the trace; ``name`` and ``hash_block_tokens`` travel in the file metadata."""
@@ -75,7 +118,7 @@ class Trace:
 
 
 def _arrow_list_mapper(arrow_type: pa.DataType):
-    return HASH_DTYPE if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) else None
+    return hash_dtype() if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) else None
 
 
 def _canonical_frame(df: pd.DataFrame, hash_block_tokens: int | None) -> pd.DataFrame:
@@ -108,7 +151,7 @@ def _canonical_frame(df: pd.DataFrame, hash_block_tokens: int | None) -> pd.Data
 
 
 def _as_int64(name: str, values) -> np.ndarray:
-    arr = pd.Series(values).to_numpy()
+    arr = values if isinstance(values, np.ndarray) else pd.Series(values).to_numpy()
     if arr.dtype.kind in "iu":
         return arr.astype(np.int64, copy=False)
     if len(arr) == 0:
@@ -117,7 +160,7 @@ def _as_int64(name: str, values) -> np.ndarray:
 
 
 def _as_float64(name: str, values) -> np.ndarray:
-    arr = pd.Series(values).to_numpy()
+    arr = values if isinstance(values, np.ndarray) else pd.Series(values).to_numpy()
     if arr.dtype.kind not in "fiu" and len(arr):
         raise ValueError(f"Trace column {name!r} must be numeric seconds, got dtype {arr.dtype}")
     return arr.astype(np.float64, copy=False)
@@ -148,7 +191,7 @@ def _check_values(cols: dict[str, np.ndarray]) -> None:
         if unsorted.any():
             raise ValueError(f"Trace must be sorted by arrival_s; row {_first_bad(unsorted) + 1} is earlier than the row before")
     ids = cols["request_id"]
-    if not pd.Index(ids).is_unique:
+    if len(np.unique(ids)) != len(ids):
         raise ValueError("Trace request_id values must be unique")
 
 
@@ -167,4 +210,4 @@ def _as_hashes(values, prompt_tokens: np.ndarray, hash_block_tokens: int | None)
             f"Trace row {i}: {lengths[i]} prefix hashes for {prompt_tokens[i]} prompt tokens; "
             f"expected ceil(prompt_tokens / {hash_block_tokens}) = {expected[i]}"
         )
-    return pd.Series(arr, dtype=HASH_DTYPE)
+    return pd.Series(arr, dtype=hash_dtype())

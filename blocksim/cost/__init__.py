@@ -90,9 +90,9 @@ def build_cost_model(config: SimConfig, name: str = "auto", source=None):
 
 def cost_record(model, steps) -> dict:
     """What summary.json records of the cost model a run used: its `report(steps)`, else its
-    `describe()`, else its name. `steps`: the run's step frame, or a function of the columns a
-    model's `report_columns` names (None: every column) returning it, called only for a model with
-    `report` (so a run priced by the roofline builds no step frame)."""
+    `describe()`, else its name. `steps`: the run's step frame or columns, or a function of the
+    columns a model's `report_columns` names (None: every column) returning them, called only for
+    a model with `report` (so a run priced by the roofline builds no step records)."""
     report = getattr(model, "report", None)
     if report is not None:
         return report(steps(getattr(model, "report_columns", None)) if callable(steps) else steps)

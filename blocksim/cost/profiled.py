@@ -49,14 +49,17 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from blocksim.config import SimConfig
 from blocksim.cost.interpolate import Line, Plane, Table
 from blocksim.cost.profile_file import Profile, ProfileWarning
 from blocksim.cost.roofline import ALLREDUCES_PER_LAYER, RooflineCostModel
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class ProfiledCostModel:
@@ -267,19 +270,19 @@ class ProfiledCostModel:
         return self.profile.overhead_graph_s if self.padded(decode_batch) is not None else self.profile.overhead_eager_s
 
     # --- end of run --------------------------------------------------------------------------------
-    def extrapolated(self, steps: pd.DataFrame) -> Counter:
+    def extrapolated(self, steps: pd.DataFrame | dict[str, np.ndarray]) -> Counter:
         """Steps priced outside a table's grid, per ``component.axis``, from a run's step records
-        (prefill attention, and the sampling of steps that are not decode-only, counted as their
-        steps were priced)."""
+        (a frame, or its `report_columns` as arrays; prefill attention, and the sampling of steps
+        that are not decode-only, counted as their steps were priced)."""
         out = Counter(self.step_outside)
-        if steps.empty:
+        P = np.asarray(steps["num_prefill_seqs"], np.int64)
+        if not len(P):
             return out
-        P = steps["num_prefill_seqs"].to_numpy(np.int64)
-        D = steps["num_decode_seqs"].to_numpy(np.int64)
-        T = steps["prefill_tokens"].to_numpy(np.int64) + D
-        C = steps["decode_ctx_tokens"].to_numpy(np.int64)
-        moves = (steps["blocks_swapped_in"].to_numpy(np.int64) + steps["blocks_swapped_out"].to_numpy(np.int64)
-                 + steps["blocks_copied"].to_numpy(np.int64))
+        D = np.asarray(steps["num_decode_seqs"], np.int64)
+        T = np.asarray(steps["prefill_tokens"], np.int64) + D
+        C = np.asarray(steps["decode_ctx_tokens"], np.int64)
+        moves = (np.asarray(steps["blocks_swapped_in"], np.int64) + np.asarray(steps["blocks_swapped_out"], np.int64)
+                 + np.asarray(steps["blocks_copied"], np.int64))
         decode_only = (P == 0) & (D > 0) & (moves == 0)
         graph = decode_only & (D <= self.max_graph)
         if len(self.graph_sizes):
@@ -312,7 +315,7 @@ class ProfiledCostModel:
             add("decode_step.context", whole & self.decode_step.outside(1, mean_ctx))
         for col, line in (("blocks_swapped_in", self.swap_in_line), ("blocks_swapped_out", self.swap_out_line),
                           ("blocks_copied", self.copy_line)):
-            b = steps[col].to_numpy(np.int64)
+            b = np.asarray(steps[col], np.int64)
             add(f"{line.name}.blocks", (b > 0) & line.outside(b * self.block_ratio))
         if self.allreduces_per_step and self.allreduce_line is not None:
             add("allreduce.bytes", (T > 0) & self.allreduce_line.outside(T * self.allreduce_bytes_per_token))
@@ -330,13 +333,14 @@ class ProfiledCostModel:
     report_columns = ("num_prefill_seqs", "prefill_tokens", "num_decode_seqs", "decode_ctx_tokens",
                       "blocks_swapped_in", "blocks_swapped_out", "blocks_copied")
 
-    def report(self, steps: pd.DataFrame) -> dict:
+    def report(self, steps: pd.DataFrame | dict[str, np.ndarray]) -> dict:
         """summary.json's record of the cost model; warns once when steps left the profiled grid."""
         counts = self.extrapolated(steps)
         rec = self.describe()
         rec["extrapolated_steps"] = dict(sorted(counts.items()))
         if counts:
             parts = ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
-            warnings.warn(f"cost profile {self.profile.path}: steps extrapolated beyond its grid (of {len(steps)} "
+            warnings.warn(f"cost profile {self.profile.path}: steps extrapolated beyond its grid (of "
+                          f"{len(steps['num_prefill_seqs'])} "
                           f"steps), per component.axis: {parts}", ProfileWarning, stacklevel=2)
         return rec

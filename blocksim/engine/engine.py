@@ -33,7 +33,6 @@ import time
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from blocksim.config import ConfigError, SimConfig
@@ -51,6 +50,8 @@ from blocksim.scheduling.outputs import SchedulerOutputs
 from blocksim.sequence import GroupStatus, SequenceGroup, SeqStatus
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from blocksim.records.result import RunResult
 
 REQUIRED_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
@@ -60,38 +61,54 @@ class EngineError(RuntimeError):
     pass
 
 
-def requests_frame(trace) -> pd.DataFrame:
+def request_arrays(trace) -> dict[str, np.ndarray]:
     """Normalize a trace (a `traces.Trace` or a DataFrame) to the engine's columns, validated, sorted by
-    arrival and rebased so the first request arrives at 0 s (as `traces.read_trace` reads files)."""
-    df = getattr(trace, "df", trace)
-    if not isinstance(df, pd.DataFrame):
-        raise TypeError(f"expected a traces.Trace or a pandas DataFrame, got {type(trace).__name__}")
-    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
-    if missing:
-        raise EngineError(f"trace lacks column(s) {missing}; it needs {list(REQUIRED_COLUMNS)} "
-                          f"(read files with traces.read_trace)")
-    out = pd.DataFrame({
-        "request_id": df["request_id"].to_numpy(np.int64) if "request_id" in df else np.arange(len(df)),
-        "arrival_s": df["arrival_s"].to_numpy(np.float64),
-        "prompt_tokens": df["prompt_tokens"].to_numpy(np.int64),
-        "output_tokens": df["output_tokens"].to_numpy(np.int64),
-        "n": df["n"].to_numpy(np.int64) if "n" in df else np.ones(len(df), np.int64),
-        "priority": df["priority"].to_numpy(np.int64) if "priority" in df else np.zeros(len(df), np.int64),
-        "_row": np.arange(len(df)),
-    })
-    bad = {"prompt_tokens": out.prompt_tokens < 1, "output_tokens": out.output_tokens < 1, "n": out.n < 1,
-           "arrival_s": ~np.isfinite(out.arrival_s) | (out.arrival_s < 0)}
+    arrival and rebased so the first request arrives at 0 s (as `traces.read_trace` reads files):
+    request_id, arrival_s, prompt_tokens, output_tokens, n, priority and `_row` (the trace's row)."""
+    df = getattr(trace, "arrays", None)  # a Trace's canonical columns, without its frame
+    if df is None:
+        df = getattr(trace, "df", trace)
+        import pandas as pd
+
+        if not isinstance(df, pd.DataFrame):
+            raise TypeError(f"expected a traces.Trace or a pandas DataFrame, got {type(trace).__name__}")
+        missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+        if missing:
+            raise EngineError(f"trace lacks column(s) {missing}; it needs {list(REQUIRED_COLUMNS)} "
+                              f"(read files with traces.read_trace)")
+    n_rows = len(df["arrival_s"])
+    out = {
+        "request_id": np.asarray(df["request_id"], np.int64) if "request_id" in df else np.arange(n_rows),
+        "arrival_s": np.asarray(df["arrival_s"], np.float64),
+        "prompt_tokens": np.asarray(df["prompt_tokens"], np.int64),
+        "output_tokens": np.asarray(df["output_tokens"], np.int64),
+        "n": np.asarray(df["n"], np.int64) if "n" in df else np.ones(n_rows, np.int64),
+        "priority": np.asarray(df["priority"], np.int64) if "priority" in df else np.zeros(n_rows, np.int64),
+        "_row": np.arange(n_rows),
+    }
+    arrival = out["arrival_s"]
+    bad = {"prompt_tokens": out["prompt_tokens"] < 1, "output_tokens": out["output_tokens"] < 1, "n": out["n"] < 1,
+           "arrival_s": ~np.isfinite(arrival) | (arrival < 0)}
     for col, mask in bad.items():
         if mask.any():
-            i = int(np.argmax(mask.to_numpy()))
-            raise EngineError(f"trace row {i + 1} (request_id {out.request_id.iloc[i].item()}): "
-                              f"{col}={out[col].iloc[i].item()!r} is invalid (lengths and n must be >= 1, arrivals "
+            i = int(np.argmax(mask))
+            raise EngineError(f"trace row {i + 1} (request_id {out['request_id'][i].item()}): "
+                              f"{col}={out[col][i].item()!r} is invalid (lengths and n must be >= 1, arrivals "
                               f"finite and >= 0); remove the row (traces.read_trace skips such rows with --lenient)")
-    if (np.diff(out.arrival_s.to_numpy()) < 0).any():
-        out = out.sort_values("arrival_s", kind="stable").reset_index(drop=True)
-    if len(out) and out.arrival_s.iloc[0] != 0.0:  # rebased as traces.read_trace does: every path alike
-        out["arrival_s"] = out.arrival_s - out.arrival_s.iloc[0]
+    if (np.diff(arrival) < 0).any():
+        order = np.argsort(arrival, kind="stable")
+        out = {c: v[order] for c, v in out.items()}
+        arrival = out["arrival_s"]
+    if n_rows and arrival[0] != 0.0:  # rebased as traces.read_trace does: every path alike
+        out["arrival_s"] = arrival - arrival[0]
     return out
+
+
+def requests_frame(trace) -> pd.DataFrame:
+    """`request_arrays` as a frame."""
+    import pandas as pd
+
+    return pd.DataFrame(request_arrays(trace))
 
 
 class Engine:
@@ -99,7 +116,7 @@ class Engine:
                  check_invariants: bool = False, progress: bool = False, plan_dir=None,
                  block_manager=None, executor: StepExecutor | None = None, log_tier_events: bool = False) -> None:
         self.config = config
-        self.reqs = requests_frame(trace)
+        self.reqs = request_arrays(trace)
         self.cost = cost_model or make_cost_model(config)
         self.plan = None
         if plan_dir is not None:
@@ -117,6 +134,8 @@ class Engine:
             self.bm: MemoryManager = make_memory_manager(config)
         else:
             self.bm = block_manager(config) if callable(block_manager) else block_manager
+        if (self.plan is not None or executor is not None) and getattr(self.bm, "defer_unique_hashes", False):
+            self.bm.defer_unique_hashes = False  # plans and executors read every prompt block's content key
         self.sched = make_scheduler(config, self.bm)
         self.tiers = None
         if config.tiers is not None:
@@ -150,15 +169,16 @@ class Engine:
         self._longest = bool(getattr(self.cost, "prices_longest_row", False))
         self.rec = StepRecorder(comm=config.tensor_parallel > 1)
         self.groups: list[SequenceGroup] = []
-        self._arrivals = self.reqs.arrival_s.to_numpy()
+        self._arrivals = self.reqs["arrival_s"]
         self._arrival_list = self._arrivals.tolist() + [math.inf]  # for the step loop: floats, then inf
         self._next_arrival_idx = 0
         self._wake: simpy.Event | None = None
         r = self.reqs
-        self._cols = tuple(r[c].to_numpy() for c in ("request_id", "prompt_tokens", "output_tokens", "n", "priority"))
-        df = getattr(trace, "df", trace)
+        self._cols = tuple(r[c] for c in ("request_id", "prompt_tokens", "output_tokens", "n", "priority"))
         self._hashes = None
-        if "prefix_hashes" in df.columns and self.bm.hashes_prefixes:
+        has_hashes = trace.has_hashes if hasattr(trace, "has_hashes") else \
+            "prefix_hashes" in getattr(trace, "df", trace).columns
+        if has_hashes and self.bm.hashes_prefixes:
             h, bs = getattr(trace, "hash_block_tokens", None), self.bm.block_size
             self.bm.hash_block_tokens = h  # a manager may refuse it with its own reason (the radix pool's page size)
             if h and h % bs and bs % h:
@@ -167,8 +187,8 @@ class Engine:
                                   f"known; choose a block size that divides {h}")
             self.bm.hash_block_tokens = h
             if self.bm.hash_block_tokens:
-                order = self.reqs["_row"].to_numpy()
-                hashes = df["prefix_hashes"].tolist()
+                order = self.reqs["_row"]
+                hashes = getattr(trace, "df", trace)["prefix_hashes"].tolist()
                 self._hashes = [hashes[i] for i in order]
         self._seq_id = 0
         self.env = simpy.Environment()
@@ -399,6 +419,8 @@ class Engine:
         """Free extents sampled about every EXTENT_SAMPLE_S simulated seconds (contiguous allocators)."""
         if self._extents is None:
             return None
+        import pandas as pd
+
         rows = [(step, t, int(x)) for step, t, ext in self._extents for x in ext]
         return pd.DataFrame(rows, columns=list(FREE_EXTENT_COLUMNS)).astype(FREE_EXTENT_DTYPES)
 
@@ -435,9 +457,10 @@ class Engine:
             self.plan.close()
         wall = time.perf_counter() - t0
         lost = [g for g in self.groups if g.status not in (GroupStatus.FINISHED, GroupStatus.REJECTED)]
-        if lost or len(self.groups) != len(self.reqs):
+        num_requests = len(self.reqs["request_id"])
+        if lost or len(self.groups) != num_requests:
             raise EngineError(f"{len(lost)} requests neither finished nor rejected; "
-                              f"{len(self.groups)} of {len(self.reqs)} arrived")
+                              f"{len(self.groups)} of {num_requests} arrived")
         result = RunResult.build(self, wall)
-        result.summary["cost_model"] = cost_record(self.cost, result.step_frame)  # warns of extrapolated steps
+        result.summary["cost_model"] = cost_record(self.cost, result.step_columns)  # warns of extrapolated steps
         return result

@@ -104,7 +104,7 @@ def rejected_on_arrival(trace, config: SimConfig) -> tuple[int, int]:
     """How many of `trace`'s requests the scheduler will reject as never schedulable, by its own
     `NEVER` rules: (prompt + output longer than the model's max_model_len, prompt over the step's
     token budget without chunked prefill). A request counts once, under the first rule it breaks."""
-    df = trace.df
+    df = trace.arrays if hasattr(trace, "arrays") else trace.df  # a Trace's columns, without its frame
     too_long = (df["prompt_tokens"] + df["output_tokens"]) > config.model.max_model_len
     over_budget = too_long & False
     if not config.policy_config.chunked_prefill:

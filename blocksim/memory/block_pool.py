@@ -4,9 +4,11 @@ Follows `vllm/v1/core/block_pool.py` and `kv_cache_utils.py` of vLLM v0.11:
 
 * Blocks are ints `0 .. num_blocks - 1`. Block 0 is the null block (a placeholder vLLM takes out
   of the free queue at start-up and never hands out), so `num_blocks - 1` blocks serve requests.
-* The free queue (`FreeBlockQueue`, vLLM's `FreeKVCacheBlockQueue`) is a doubly linked list in
+* The free queue (`FreeBlockQueue`, vLLM's `FreeKVCacheBlockQueue`) holds the free blocks in
   eviction order: new blocks are taken from its head, freed blocks appended at its tail, and a
-  block anywhere in it can be taken out in O(1) (a prefix-cache hit on a free block).
+  block anywhere in it can be taken out in O(1) (a prefix-cache hit on a free block). vLLM links
+  them in a doubly linked list; here they are one list with each block's position, so that taking
+  and freeing many blocks is a slice and an extend.
 * A cached block keeps its hash while it waits in the free queue; it is evicted (its hash
   forgotten) only when the queue hands it out as a new block. A hash may name several blocks
   (vLLM does not de-duplicate, so block tables stay append-only); a lookup returns the first.
@@ -23,69 +25,117 @@ from blocksim.memory.blocks import BlockError
 
 NULL_BLOCK = 0
 _NIL = -1
+#: `BlockPool.block_hash` of a full block whose content no other request shares and whose hash is
+#: not computed (`KVCacheManager` defers those hashes): it is evicted like a cached block, but no
+#: lookup can find it.
+UNIQUE = object()
 
 
 class FreeBlockQueue:
-    """Doubly linked list of free block ids (vLLM's `FreeKVCacheBlockQueue`), as two int arrays."""
+    """The free blocks in eviction order (vLLM's `FreeKVCacheBlockQueue`), as one append-only list.
 
-    __slots__ = ("prev", "next", "head", "tail", "num_free")
+    vLLM links the free blocks in a doubly linked list. Here the queue is `order[first:]`: blocks
+    are taken from the head by moving `first` on (a slice, no work per block) and appended at the
+    end. A block taken out of the middle (a prefix hit on a free block) leaves its entry in place
+    and is counted in `removed`; taking from the head skips as many entries of that block as it has
+    removals: a block's entries ahead of the head are its removed ones, then, when it is free, its
+    last one. The entries before `first` are dropped once they are half of the list.
+    """
+
+    __slots__ = ("order", "first", "removed", "num_free")
 
     def __init__(self, num_blocks: int) -> None:
-        self.prev = [i - 1 for i in range(num_blocks)]
-        self.next = [i + 1 for i in range(num_blocks)]
-        if num_blocks:
-            self.next[-1] = _NIL
-        self.head = 0 if num_blocks else _NIL
-        self.tail = num_blocks - 1 if num_blocks else _NIL
+        self.order = list(range(num_blocks))
+        self.first = 0
+        self.removed: dict[int, int] = {}  # block -> its entries from `first` on that are no longer in the queue
         self.num_free = num_blocks
 
-    def popleft(self) -> int:
-        b = self.head
-        if b == _NIL:
-            raise BlockError("free block queue: empty")
-        n = self.next[b]
-        self.head = n
-        if n == _NIL:
-            self.tail = _NIL
+    def _live(self) -> list[int]:
+        removed = dict(self.removed)
+        out = []
+        for b in self.order[self.first:]:
+            if removed.get(b):
+                removed[b] -= 1
+            else:
+                out.append(b)
+        return out
+
+    @property
+    def head(self) -> int:
+        """The block taken next (-1 when none is free)."""
+        live = self._live()
+        return live[0] if live else _NIL
+
+    @property
+    def tail(self) -> int:
+        """The block appended last (-1 when none is free)."""
+        live = self._live()
+        return live[-1] if live else _NIL
+
+    def take(self, n: int) -> list[int]:
+        """The first `n` blocks of the queue, taken out (the caller checks that `n` are free)."""
+        i, order = self.first, self.order
+        if not self.removed:
+            out = order[i:i + n]
+            i += n
         else:
-            self.prev[n] = _NIL
-        self.prev[b] = self.next[b] = _NIL
+            removed, out = self.removed, []
+            while len(out) < n:
+                b = order[i]
+                i += 1
+                r = removed.get(b)
+                if r:
+                    if r == 1:
+                        del removed[b]
+                    else:
+                        removed[b] = r - 1
+                else:
+                    out.append(b)
+        self.num_free -= n
+        if not self.num_free:  # the entries left are removed ones
+            i = len(order)
+            self.removed.clear()
+        if i > 64 and i >= len(order) >> 1:
+            del order[:i]
+            i = 0
+        self.first = i
+        return out
+
+    def popleft(self) -> int:
+        if not self.num_free:
+            raise BlockError("free block queue: empty")
+        if self.removed or self.num_free == 1:
+            return self.take(1)[0]
+        i = self.first
+        b = self.order[i]
+        i += 1
+        if i > 64 and i >= len(self.order) >> 1:
+            del self.order[:i]
+            i = 0
+        self.first = i
         self.num_free -= 1
         return b
 
     def remove(self, b: int) -> None:
-        p, n = self.prev[b], self.next[b]
-        if p == _NIL:
-            if self.head != b:
-                raise BlockError(f"free block queue: block {b} is not in the queue")
-            self.head = n
-        else:
-            self.next[p] = n
-        if n == _NIL:
-            self.tail = p
-        else:
-            self.prev[n] = p
-        self.prev[b] = self.next[b] = _NIL
+        """Take block `b`, which the caller knows to be free, out of the queue."""
+        self.removed[b] = self.removed.get(b, 0) + 1
         self.num_free -= 1
+        if not self.num_free:
+            self.first = len(self.order)
+            self.removed.clear()
 
     def append(self, b: int) -> None:
-        t = self.tail
-        self.prev[b] = t
-        self.next[b] = _NIL
-        if t == _NIL:
-            self.head = b
-        else:
-            self.next[t] = b
-        self.tail = b
+        self.order.append(b)
         self.num_free += 1
+
+    def extend(self, blocks: list[int]) -> None:
+        """Append `blocks` in order."""
+        self.order += blocks
+        self.num_free += len(blocks)
 
     def blocks(self) -> list[int]:
         """The free blocks from head (evicted first) to tail; O(num_free), for tests and checks."""
-        out, b = [], self.head
-        while b != _NIL:
-            out.append(b)
-            b = self.next[b]
-        return out
+        return self._live()
 
 
 class BlockPool:
@@ -122,36 +172,35 @@ class BlockPool:
         q = self.free_queue
         if n > q.num_free:
             raise BlockError(f"block pool: cannot take {n} blocks, {q.num_free} free")
-        nxt, prv, refs, hashes = q.next, q.prev, self.ref_cnt, self.block_hash
-        cached, dups = self.cached, self.duplicates
-        out = []
-        b = q.head
-        for _ in range(n):  # the queue's popleft and `_evict`, unrolled
-            out.append(b)
-            n_ = nxt[b]
-            prv[b] = nxt[b] = _NIL
-            h = hashes[b]
-            if h is not None:
-                if h in dups or cached[h] != b:
-                    self._evict(b)
-                else:
-                    del cached[h]
+        out = q.take(n)
+        refs, hashes = self.ref_cnt, self.block_hash
+        held = [h for h in map(hashes.__getitem__, out) if h is not None]
+        if held:
+            if self.duplicates or self.on_evict is not None:
+                for b in out:
+                    if hashes[b] is not None:
+                        self._evict(b)
+            else:  # each hash names one block: `_evict` forgets it
+                if held.count(UNIQUE) != len(held):
+                    cached = self.cached
+                    for h in held:
+                        if h is not UNIQUE:
+                            del cached[h]
+                self.evictions += len(held)
+                for b in out:
                     hashes[b] = None
-                    self.evictions += 1
-                    if self.on_evict is not None:
-                        self.on_evict(b, h)
+                    refs[b] = 1
+                return out
+        for b in out:
             refs[b] = 1
-            b = n_
-        q.head = b
-        if b == _NIL:
-            q.tail = _NIL
-        else:
-            prv[b] = _NIL
-        q.num_free -= n
         return out
 
     def _evict(self, b: int) -> None:
         h = self.block_hash[b]
+        if h is UNIQUE:
+            self.block_hash[b] = None
+            self.evictions += 1
+            return
         dups = self.duplicates.get(h)
         if self.cached[h] == b:
             if dups:
@@ -181,28 +230,22 @@ class BlockPool:
         """Drop one reference each; blocks left with none join the free queue in the given order
         (the first is evicted first). Returns those blocks."""
         refs = self.ref_cnt
+        blocks = list(ordered)
+        if [refs[b] for b in blocks].count(1) == len(blocks):  # the common case: every block released
+            for b in blocks:
+                refs[b] = 0
+            self.free_queue.extend(blocks)
+            return blocks
         released = []
-        for b in ordered:
+        for b in blocks:
             rc = refs[b] - 1
             if rc < 0:
                 raise BlockError(f"block pool: block {b} freed twice")
             refs[b] = rc
             if rc == 0:
                 released.append(b)
-        if released:  # the queue's append, unrolled: link the released blocks after the tail
-            q = self.free_queue
-            nxt, prv = q.next, q.prev
-            t = q.tail
-            for b in released:
-                prv[b] = t
-                if t == _NIL:
-                    q.head = b
-                else:
-                    nxt[t] = b
-                t = b
-            nxt[t] = _NIL
-            q.tail = t
-            q.num_free += len(released)
+        if released:
+            self.free_queue.extend(released)
         return released
 
     def cache_full_blocks(self, blocks: list[int], hashes: list[int], start: int, stop: int) -> None:
@@ -223,11 +266,22 @@ class BlockPool:
                 else:
                     cached[h] = b
 
+    def hold_unique(self, blocks: list[int]) -> None:
+        """`blocks` have just become full with content no other request shares (`UNIQUE`)."""
+        if not self.enable_caching:
+            return
+        bh = self.block_hash
+        for b in blocks:
+            bh[b] = UNIQUE
+
     def check(self) -> None:
         """The free queue against the reference counts and the cache maps (O(num_blocks); tests)."""
-        free = self.free_queue.blocks()
-        if len(free) != self.free_queue.num_free or len(set(free)) != len(free):
-            raise BlockError("block pool: the free queue's length disagrees with its links")
+        q = self.free_queue
+        free = q.blocks()
+        if len(free) != q.num_free or len(set(free)) != len(free):
+            raise BlockError("block pool: the free queue's length disagrees with its entries")
+        if len(q.order) - q.first != q.num_free + sum(q.removed.values()):
+            raise BlockError("block pool: the free queue's count of removed entries is wrong")
         zero = {b for b in range(1, self.num_blocks) if self.ref_cnt[b] == 0}
         if set(free) != zero or NULL_BLOCK in free:
             raise BlockError(f"block pool: free queue disagrees with reference counts at "
@@ -239,5 +293,5 @@ class BlockPool:
                 raise BlockError(f"block pool: hash {h} maps to a block that holds other content")
         if not set(self.duplicates) <= set(self.cached):
             raise BlockError("block pool: duplicates of a hash no block is cached under")
-        if len(self.cached) + sum(map(len, self.duplicates.values())) != sum(h is not None for h in self.block_hash):
+        if len(self.cached) + sum(map(len, self.duplicates.values())) != sum(h is not None and h is not UNIQUE for h in self.block_hash):
             raise BlockError("block pool: a hashed block is missing from the cache map")

@@ -17,6 +17,12 @@ Follows `vllm/v1/core/kv_cache_manager.py` and `single_type_kv_cache_manager.py`
   same step hits them).
 * `free` releases a request's blocks tail first, so within a request the last block is evicted
   first, and across requests the least recently freed first (LRU).
+* Hashes of content no other request shares are computed only when they can matter
+  (`defer_unique_hashes`): only the request itself can hit such a block, and only after it is
+  preempted. Until then its full blocks of unique content are marked `UNIQUE` in the pool (each is
+  evicted and counted like a cached block when the free queue hands it out); a preemption computes
+  their hashes and caches them in table order, as caching each when it filled would have. KV tiers,
+  recorded plans and step executors read every block's hash: they turn the deferral off.
 
 There is no swap space and no watermark (V1 preempts by recomputation only). Memory accounting:
 a scheduled token's slot counts as holding K/V from the step it is scheduled in (as the v0
@@ -31,7 +37,7 @@ calls `get_computed_blocks`, `allocate_slots` and `free_request` instead).
 from __future__ import annotations
 
 from blocksim.interfaces import MemoryBreakdown
-from blocksim.memory.block_pool import NULL_BLOCK, BlockPool
+from blocksim.memory.block_pool import NULL_BLOCK, UNIQUE, BlockPool
 from blocksim.memory.blocks import BlockError, cdiv
 from blocksim.memory.prefix_cache import prompt_block_keys
 from blocksim.sequence import Sequence, SequenceGroup, SeqStatus
@@ -61,6 +67,9 @@ class KVCacheManager:
         self.filled_slots = 0
         self._hashes: dict[int, list[int]] = {}      # seq_id -> chained hashes of its full blocks so far
         self._num_cached: dict[int, int] = {}        # seq_id -> leading blocks whose hashes are recorded
+        self._covered: dict[int, int] = {}           # seq_id -> leading blocks the trace's prefix hashes cover
+        #: Unique content's hashes computed only when its request is preempted (the module's notes).
+        self.defer_unique_hashes = enable_caching
         # vLLM V1's PrefixCacheStats, in tokens: new requests, and requests coming back from preemption.
         self.queries = self.hits = self.requests = 0
         self.preempted_queries = self.preempted_hits = self.preempted_requests = 0
@@ -90,6 +99,45 @@ class KVCacheManager:
             append(parent)
         return hashes
 
+    def covered_blocks(self, seq: Sequence) -> int:
+        """Leading blocks of the sequence whose content the trace's prefix hashes give (content
+        other requests may share); every later block's content is its own."""
+        g = seq.group
+        if g.prefix_hashes is None or not self.hash_block_tokens:
+            return 0
+        c = self._covered.get(seq.seq_id)
+        if c is None:
+            c = self._covered[seq.seq_id] = len(prompt_block_keys(g, self.block_size, self.hash_block_tokens))
+        return c
+
+    def _cache_full(self, seq: Sequence, done: int, full: int) -> None:
+        """Record blocks [done, full) of the sequence's table as cached (unique content deferred)."""
+        table, pool = seq.block_table, self.pool
+        if self.defer_unique_hashes and not seq.group.preemptions:
+            covered = self.covered_blocks(seq)
+            if done < covered:
+                stop = min(full, covered)
+                pool.cache_full_blocks(table, self.block_hashes(seq, stop), done, stop)
+                done = stop
+            if full > done:
+                pool.hold_unique(table[done:full])
+        else:
+            pool.cache_full_blocks(table, self.block_hashes(seq, full), done, full)
+
+    def _hash_deferred(self, seq: Sequence) -> None:
+        """Before a request that deferred its unique content's hashes is preempted: compute them
+        and cache its blocks of unique content in table order."""
+        done = self._num_cached.get(seq.seq_id, 0)
+        covered = self.covered_blocks(seq)
+        if done <= covered:
+            return
+        table, bh = seq.block_table, self.pool.block_hash
+        for b in table[covered:done]:
+            if bh[b] is not UNIQUE:
+                raise BlockError(f"sequence {seq.seq_id}: block {b} of deferred unique content is not marked so")
+            bh[b] = None
+        self.pool.cache_full_blocks(table, self.block_hashes(seq, done), covered, done)
+
     # --- V1's KVCacheManager -----------------------------------------------------------------
     def get_computed_blocks(self, group: SequenceGroup) -> tuple[list[int], int]:
         """The longest cached prefix of a waiting request: (its blocks, its tokens)."""
@@ -98,9 +146,12 @@ class KVCacheManager:
             return [], 0
         max_blocks = (seq.num_tokens - 1) // self.block_size
         prompt_blocks = group.prompt_tokens // self.block_size
-        hashes = self.block_hashes(seq, max(max_blocks, prompt_blocks))
-        if group.block_keys is None:
-            group.block_keys = hashes[:prompt_blocks]  # the plan's content identity of prompt blocks
+        if self.defer_unique_hashes and not group.preemptions:  # no lookup can find its unique content
+            hashes = self.block_hashes(seq, self.covered_blocks(seq))
+        else:
+            hashes = self.block_hashes(seq, max(max_blocks, prompt_blocks))
+            if group.block_keys is None:
+                group.block_keys = hashes[:prompt_blocks]  # the plan's content identity of prompt blocks
         blocks: list[int] = []
         if max_blocks:
             get = self.pool.get_cached_block
@@ -155,7 +206,7 @@ class KVCacheManager:
             full = min(num_computed + num_new, seq.num_tokens) // bs
             done = self._num_cached.get(seq.seq_id, 0)
             if full > done:
-                pool.cache_full_blocks(table, self.block_hashes(seq, full), done, full)
+                self._cache_full(seq, done, full)
                 self._num_cached[seq.seq_id] = full
         return True
 
@@ -170,6 +221,7 @@ class KVCacheManager:
         pool, bs = self.pool, self.block_size
         q, refs, block_hash = pool.free_queue, pool.ref_cnt, pool.block_hash
         caching, ncached, hashes_of = self.enable_caching, self._num_cached, self._hashes
+        defer = self.defer_unique_hashes
         limit = self.max_model_len
         stop = min(end, start + max_groups)
         ctx = 0
@@ -191,7 +243,17 @@ class KVCacheManager:
                     pool._evict(b)
                 refs[b] = 1
                 table.append(b)
-            if caching and n % bs == 0:  # the token fills its block: cache it
+            if caching and n % bs == 0 and defer and not g.preemptions:  # fills its block: cache it
+                j = n // bs
+                sid = s.seq_id
+                done = ncached.get(sid, 0)
+                if j > done:
+                    if done == j - 1 and done >= g.prompt_tokens // bs:  # a generated block: unique
+                        block_hash[table[done]] = UNIQUE
+                    else:
+                        self._cache_full(s, done, j)
+                    ncached[sid] = j
+            elif caching and n % bs == 0:
                 j = n // bs
                 sid = s.seq_id
                 hs = hashes_of.get(sid)
@@ -209,7 +271,13 @@ class KVCacheManager:
         return i, ctx
 
     def free_request(self, seq: Sequence, num_computed: int) -> None:
-        """Release a request's blocks, tail first; `num_computed` tokens of K/V were in them."""
+        """Release a request's blocks, tail first; `num_computed` tokens of K/V were in them. The
+        request may come back (a preemption): its unique content's hashes are computed now."""
+        if self.defer_unique_hashes and not seq.group.preemptions and self.enable_caching:
+            self._hash_deferred(seq)
+        self._release(seq, num_computed)
+
+    def _release(self, seq: Sequence, num_computed: int) -> None:
         table = seq.block_table
         if not table:
             return
@@ -228,6 +296,7 @@ class KVCacheManager:
     def attach_tiers(self, tiers) -> None:
         """Look prefixes up in `tiers` after the GPU, and report computed, hit and evicted chunks."""
         self.tiers = tiers
+        self.defer_unique_hashes = False  # the tiers key chunks by their blocks' hashes
         if tiers.wants_gpu_evictions:
             self.pool.on_evict = self._tier_evicted
 
@@ -293,8 +362,9 @@ class KVCacheManager:
     # --- MemoryManager: what the engine calls ----------------------------------------------------
     def free(self, seq: Sequence) -> None:
         """A finished sequence: its K/V covers `kv_len` tokens."""
-        self.free_request(seq, seq.kv_len)
+        self._release(seq, seq.kv_len)
         self._hashes.pop(seq.seq_id, None)
+        self._covered.pop(seq.seq_id, None)
 
     @property
     def num_gpu_blocks_used(self) -> int:
@@ -329,6 +399,29 @@ class KVCacheManager:
         bs, ncached, hashes_of = self.block_size, self._num_cached, self._hashes
         filled = []
         cache = filled.append
+        if self.defer_unique_hashes:
+            bh = self.pool.block_hash
+            for s in seqs:  # as below, unique content marked
+                full = (s.num_tokens + steps) // bs
+                done = ncached.get(s.seq_id, 0)
+                if full > done:
+                    g = s.group
+                    if g.preemptions:
+                        cache((s.block_table, self.block_hashes(s, full), done, full))
+                    elif done >= g.prompt_tokens // bs:  # generated blocks
+                        for b in s.block_table[done:full]:
+                            bh[b] = UNIQUE
+                    else:
+                        covered = self.covered_blocks(s)
+                        if done < covered:
+                            stop = min(full, covered)
+                            cache((s.block_table, self.block_hashes(s, stop), done, stop))
+                            done = stop
+                        for b in s.block_table[done:full]:
+                            bh[b] = UNIQUE
+                    ncached[s.seq_id] = full
+            self.pool.cache_full_blocks_of(filled)
+            return
         for s in seqs:  # step j writes position num_tokens - 1 + j; blocks full after the last step
             full = (s.num_tokens + steps) // bs
             done = ncached.get(s.seq_id, 0)

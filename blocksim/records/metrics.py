@@ -19,11 +19,17 @@ Conventions:
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from blocksim.records.schema import MEMORY_CATEGORIES, MEMORY_COLUMNS, SLO_COLUMNS
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# `finished` ... `event_counts_from` read a request frame or a run's request columns
+# (`blocksim.records.result.RequestColumns`) alike: a column by name, the rows of a mask, len().
 
 #: Latency metrics (``<name>_s`` columns of requests.parquet) with statistics in `run_metrics`.
 LATENCY_METRICS = ("ttft", "tpot", "e2e", "queue")
@@ -84,13 +90,24 @@ def latency_stats(requests: pd.DataFrame, names: tuple[str, ...] = LATENCY_METRI
     done = finished(requests)
     out: dict[str, float] = {}
     for name in names:
-        v = done[f"{name}_s"].to_numpy(dtype=np.float64)
+        v = np.asarray(done[f"{name}_s"], dtype=np.float64)
         v = v[np.isfinite(v)]
         out[f"{name}_mean_s"] = float(v.mean()) if len(v) else math.nan
         pcts = np.percentile(v, PERCENTILES) if len(v) else [math.nan] * len(PERCENTILES)
         out.update({f"{name}_p{p}_s": float(x) for p, x in zip(PERCENTILES, pcts)})
-    out["norm_latency_mean_s"] = float(done["norm_latency_s"].mean()) if len(done) else math.nan
+    out["norm_latency_mean_s"] = _mean(done["norm_latency_s"]) if len(done) else math.nan
     return out
+
+
+def _mean(values) -> float:
+    """The mean of the values that are not NaN as pandas takes it (NaN as 0 in the sum, not in the
+    count); NaN when every value is NaN."""
+    v = np.asarray(values, dtype=np.float64)
+    nan = np.isnan(v)
+    if not nan.any():
+        return float(v.sum() / len(v))
+    count = len(v) - int(nan.sum())
+    return float(np.where(nan, 0.0, v).sum() / count) if count else math.nan
 
 
 #: The steps.parquet columns `event_counts` totals.

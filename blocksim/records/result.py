@@ -1,17 +1,24 @@
-"""A finished run: per-request and per-step frames, the summary, and the run directory writer."""
+"""A finished run: per-request and per-step frames, the summary, and the run directory writer.
+
+A run keeps its request records as numpy columns (`RequestColumns`): the summary reads them and
+requests.parquet is written from them, like steps.parquet from the step records, through Arrow
+arrays built from their buffers (`blocksim.records.arrow`), so a replay that writes its run
+directory never loads pandas; `RunResult.requests` builds the frame on first use.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from blocksim.records import metrics
 from blocksim.records.schema import (
     FREE_EXTENTS_FILE,
     REQUEST_COLUMNS,
+    REQUEST_DTYPES,
     REQUESTS_FILE,
     RUN_FORMAT_VERSION,
     STEP_DTYPES,
@@ -24,6 +31,9 @@ from blocksim.records.schema import (
 from blocksim.records.steps import StepRecorder
 from blocksim.records.tier_records import tier_request_frame
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 #: Steps per row group of steps.parquet: the columns of one row group are built and buffered by the
 #: Parquet writer at a time, so this bounds the memory of writing (30 columns of 8 bytes: under 8 MB per group).
 STEP_ROW_GROUP = 1 << 15
@@ -33,11 +43,35 @@ STEP_ROW_GROUP = 1 << 15
 STEP_ENCODING = {"use_dictionary": False, "compression": "zstd"}
 
 
-def request_frame(groups, reqs: pd.DataFrame) -> pd.DataFrame:
-    """requests.parquet: the trace's columns plus each group's outcome and latencies, in
-    `schema.REQUEST_COLUMNS` order."""
+class RequestColumns:
+    """requests.parquet's columns as numpy arrays (`schema.REQUEST_COLUMNS`): a column by name, the
+    rows of a boolean mask (`columns[mask]`) and the number of rows, what the summary's metrics read."""
+
+    __slots__ = ("columns",)
+
+    def __init__(self, columns: dict[str, np.ndarray]) -> None:
+        self.columns = columns
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return self.columns[key]
+        return RequestColumns({c: v[key] for c, v in self.columns.items()})
+
+    def __len__(self) -> int:
+        return len(self.columns["request_id"])
+
+    def frame(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame(self.columns)
+
+
+def request_columns(groups, reqs) -> RequestColumns:
+    """requests.parquet: the trace's columns (`reqs`, by name: the engine's request columns) plus
+    each group's outcome and latencies, in `schema.REQUEST_COLUMNS` order."""
     groups = sorted(groups, key=lambda g: g.index)
-    cols = {c: reqs[c].to_numpy() for c in reqs.columns if c != "_row"}
+    cols = {c: np.asarray(reqs[c]) for c in ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "n",
+                                              "priority")}
     cols["status"] = np.array([str(g.status) for g in groups], dtype=object)
     cols["reject_reason"] = np.array([g.reject_reason for g in groups], dtype=object)
     for col in ("first_scheduled_s", "first_token_s", "finish_s"):
@@ -51,14 +85,28 @@ def request_frame(groups, reqs: pd.DataFrame) -> pd.DataFrame:
     with np.errstate(invalid="ignore", divide="ignore"):
         cols["tpot_s"] = np.where(output > 1, (cols["finish_s"] - cols["first_token_s"]) / (output - 1), np.nan)
     cols["norm_latency_s"] = cols["e2e_s"] / output
-    return pd.DataFrame({c: cols[c] for c in REQUEST_COLUMNS})
+    return RequestColumns({c: cols[c] for c in REQUEST_COLUMNS})
 
 
-def summarize(requests: pd.DataFrame, steps: StepRecorder, config, block_bytes: int, wall_s: float,
+def request_frame(groups, reqs) -> pd.DataFrame:
+    """`request_columns` as a frame."""
+    return request_columns(groups, reqs).frame()
+
+
+def _by_frequency(values) -> dict:
+    """How often each value occurs, the most frequent first (ties in order of first occurrence)."""
+    counts: dict = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def summarize(requests: RequestColumns | pd.DataFrame, steps: StepRecorder, config, block_bytes: int, wall_s: float,
               num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> dict:
     """summary.json: the run's configuration and sizes, and its metrics (`blocksim.records.metrics`),
     from the step records' totals (no step frame is built)."""
     fin = metrics.finished(requests)
+    status = np.asarray(requests["status"])
     counts = metrics.event_counts_from(requests, {c: steps.column_sum(c) for c in metrics.EVENT_STEP_COLUMNS})
     end_s = steps.end_s()
     swapped_blocks = counts["blocks_swapped_in"] + counts["blocks_swapped_out"]
@@ -68,7 +116,7 @@ def summarize(requests: pd.DataFrame, steps: StepRecorder, config, block_bytes: 
         "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": num_cpu_blocks, "block_size": block_size,
         "capacity_tokens": num_gpu_blocks * block_size,
         "requests": int(len(requests)), "finished": int(len(fin)),
-        "rejected": int((requests.status == "rejected").sum()),
+        "rejected": int((status == "rejected").sum()),
         "simulated_s": end_s, "wall_s": wall_s, "steps": steps.num_steps,
         **metrics.throughput_until(requests, end_s),
         **metrics.latency_stats(requests, metrics.SUMMARY_LATENCY_METRICS),
@@ -77,7 +125,7 @@ def summarize(requests: pd.DataFrame, steps: StepRecorder, config, block_bytes: 
         "bytes_swapped": swapped_blocks * block_bytes,
         "blocks_copied": counts["blocks_copied"], "recomputed_tokens": counts["recomputed_tokens"],
         "reject_reasons": {str(k): int(v) for k, v in
-                           requests.loc[requests.status == "rejected", "reject_reason"].value_counts().items()},
+                           _by_frequency(np.asarray(requests["reject_reason"])[status == "rejected"]).items()},
     }
 
 
@@ -86,10 +134,10 @@ class RunResult:
     allocators) and tier tables (KV tiers). `steps` builds the step frame on first use; `save` writes steps.parquet from the
     records a row group at a time, without it."""
 
-    def __init__(self, requests: pd.DataFrame, steps: StepRecorder, summary: dict,
+    def __init__(self, requests: RequestColumns | pd.DataFrame, steps: StepRecorder, summary: dict,
                  free_extents: pd.DataFrame | None = None, tier_requests: pd.DataFrame | None = None,
                  tier_steps: pd.DataFrame | None = None) -> None:
-        self.requests = requests
+        self._requests = requests
         self.step_records = steps
         self.summary = summary
         self.free_extents = free_extents
@@ -97,8 +145,20 @@ class RunResult:
         self.tier_steps = tier_steps
 
     @property
+    def requests(self) -> pd.DataFrame:
+        """The request frame (built from the request columns on first use)."""
+        if isinstance(self._requests, RequestColumns):
+            self._requests = self._requests.frame()
+        return self._requests
+
+    @property
     def steps(self) -> pd.DataFrame:
         return self.step_records.to_frame()
+
+    def step_columns(self, columns: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+        """The step records' columns (`columns`: those only) as arrays, built without a frame."""
+        rec = self.step_records
+        return next(rec.row_groups(max(rec.num_steps, 1), columns))
 
     def step_frame(self, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
         """The step frame, or (`columns`) a frame of those columns only, built without the others."""
@@ -108,7 +168,7 @@ class RunResult:
     def build(cls, engine, wall_s: float) -> "RunResult":
         rec = engine.rec
         rec.close()
-        reqs = request_frame(engine.groups, engine.reqs)
+        reqs = request_columns(engine.groups, engine.reqs)
         cfg = engine.config
         summary = summarize(reqs, rec, cfg.to_dict(), cfg.block_bytes, wall_s, engine.bm.num_total_gpu_blocks,
                             engine.bm.num_total_cpu_blocks, engine.bm.block_size)
@@ -124,7 +184,10 @@ class RunResult:
     def save(self, out_dir: str | Path) -> Path:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        self.requests.to_parquet(out / REQUESTS_FILE, index=False)
+        if isinstance(self._requests, RequestColumns):
+            write_requests(self._requests, out / REQUESTS_FILE)
+        else:
+            self._requests.to_parquet(out / REQUESTS_FILE, index=False)
         write_steps(self.step_records, out / STEPS_FILE)
         if self.free_extents is not None:
             self.free_extents.to_parquet(out / FREE_EXTENTS_FILE, index=False)
@@ -135,16 +198,32 @@ class RunResult:
         return out
 
 
+_ARROW_TYPES = {"int64": "int64", "float64": "float64", "str": "large_string"}  # as a frame of them is written
+
+
+def write_requests(requests: RequestColumns, path: Path) -> None:
+    """requests.parquet from the request columns."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from blocksim.records.arrow import table
+
+    schema = pa.schema([(c, getattr(pa, _ARROW_TYPES[t])()) for c, t in REQUEST_DTYPES.items()])
+    pq.write_table(table(requests.columns, schema), path)
+
+
 def write_steps(records: StepRecorder, path: Path) -> None:
     """steps.parquet from the step records, one row group of `STEP_ROW_GROUP` steps at a time."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from blocksim.records.arrow import table
+
     dtypes = STEP_DTYPES_TP if records.comm else STEP_DTYPES
     schema = pa.schema([(c, pa.float64() if dtype == "float64" else pa.int64()) for c, dtype in dtypes.items()])
     with pq.ParquetWriter(path, schema, **STEP_ENCODING) as writer:
         for cols in records.row_groups(STEP_ROW_GROUP):
-            writer.write_table(pa.table(cols, schema=schema))
+            writer.write_table(table(cols, schema))
             del cols  # before the next group is built
 
 

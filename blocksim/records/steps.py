@@ -20,15 +20,17 @@ from __future__ import annotations
 from collections import namedtuple
 from itertools import groupby
 from operator import itemgetter
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
 import numpy as np
-import pandas as pd
 
 # ROW_COLUMNS: every column of steps.parquet but `step`, in the order rows are given to `add`.
 from blocksim.records.schema import (COMM_COLUMN, FLOAT_COLUMNS, ROW_COLUMNS, STEP_COLUMNS,  # noqa: F401 (re-exported)
                                      STEP_COLUMNS_TP)
 
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # One step's values by column name: `StepRow(start_s=..., duration_s=..., ...)`, every column of
 # steps.parquet but `step`.
@@ -236,6 +238,8 @@ class StepRecorder:
     def to_frame(self, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
         """The steps as a frame in `self.columns` order, built on the first call (which closes the
         records); with `columns`, a frame of those columns only, built on each call."""
+        import pandas as pd
+
         if columns is not None:
             _check_columns(columns, self.columns)
             if self._frame is not None:

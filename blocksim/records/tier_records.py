@@ -4,11 +4,14 @@ the TTFT split (`blocksim.records.schema.TIER_STEP_DTYPES`, `TIER_REQUEST_DTYPES
 from __future__ import annotations
 
 from itertools import chain
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from blocksim.records.schema import TIER_REQUEST_COLUMNS, TIER_REQUEST_DTYPES, TIER_STEP_COLUMNS, TIER_STEP_DTYPES
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 class TierStepRecorder:
     """Per step, the tiers' cumulative counters after it (`TierStore.totals`); `to_frame` takes
@@ -35,6 +38,8 @@ class TierStepRecorder:
         for k, c in enumerate(TIER_STEP_COLUMNS[1:8]):
             cols[c] = per[:, k]
         cols["onloading"] = np.array(self._onloading, np.int64)
+        import pandas as pd
+
         return pd.DataFrame(cols).astype(TIER_STEP_DTYPES)
 
 
@@ -57,4 +62,6 @@ def tier_request_frame(groups, onload_before_schedule: bool = True) -> pd.DataFr
         "ttft_onload_s": np.where(np.isnan(first_token), np.nan, onload_ttft),
         "ttft_prefill_s": first_token - first_sched - (0.0 if onload_before_schedule else onload_ttft),
     }
+    import pandas as pd
+
     return pd.DataFrame({c: cols[c] for c in TIER_REQUEST_COLUMNS}).astype(TIER_REQUEST_DTYPES)

@@ -3,6 +3,7 @@
 
 import pytest
 
+from blocksim.memory.block_pool import UNIQUE
 from blocksim.memory.kv_cache_manager import ROOT_HASH, KVCacheManager
 from blocksim.sequence import SequenceGroup
 
@@ -203,6 +204,7 @@ def test_block_size_must_fit_the_hash_granularity():
 
 def test_hashes_extended_by_decode_and_spans_equal_those_computed_at_once():
     m = manager()
+    m.defer_unique_hashes = False  # every hash computed as its block fills
     g = request(0, [1, 2], tail_tokens=5)
     admit(m, g)
     s = g.seqs[0]
@@ -216,3 +218,59 @@ def test_hashes_extended_by_decode_and_spans_equal_those_computed_at_once():
     fresh = manager()
     want = fresh.block_hashes(s, len(m._hashes[s.seq_id]))
     assert m._hashes[s.seq_id] == want and len(want) == (s.num_tokens - 1) // BS
+
+
+def decode_and_span(m, g, steps=20, span=25):
+    """`steps` decode steps on the scheduler's fast path, then a span of `span` further steps."""
+    s = g.seqs[0]
+    s.num_tokens += 1
+    for _ in range(steps):
+        assert m.allocate_decode_slots([g], 0, 1, 1) == (1, s.num_tokens)
+        s.num_tokens += 1
+    takers = [0 for j in range(1, span + 1) if (s.num_tokens - 1 + j) % BS == 0]
+    m.append_span_slots([s], span, takers)
+    s.num_tokens += span
+
+
+def same_pools(deferred, eager):
+    """The same blocks free, in the same order, with the same references and evictions; each block
+    holds the same hash but for those of unique content marked UNIQUE, which no lookup can find."""
+    d, e = deferred.pool, eager.pool
+    assert (d.free_queue.blocks(), d.ref_cnt, d.evictions) == (e.free_queue.blocks(), e.ref_cnt, e.evictions)
+    unique = {e.block_hash[b] for b, h in enumerate(d.block_hash) if h is UNIQUE}
+    assert None not in unique
+    assert [None if h is UNIQUE else h for h in d.block_hash] == \
+        [None if h in unique else h for h in e.block_hash]
+    assert d.cached == {h: b for h, b in e.cached.items() if h not in unique} and d.duplicates == e.duplicates
+    return len(unique)
+
+
+@pytest.mark.parametrize("contents, tail", [([1, 2], 5), ([], 40), ([7], 0)])
+def test_deferred_unique_hashes_give_the_pool_of_hashing_each_block_as_it_fills(contents, tail):
+    """Unique content's hashes deferred until a preemption: the pool then holds what computing each
+    hash as its block filled gives; evictions of never-hashed blocks count the same."""
+    eager, deferred = manager(num_blocks=40), manager(num_blocks=40)
+    eager.defer_unique_hashes = False
+    groups = {}
+    for m in (eager, deferred):
+        first = request(0, contents, tail_tokens=tail)  # finishes: its unique blocks are never hashed
+        admit(m, first)
+        decode_and_span(m, first)
+        m.free(first.seqs[0])
+        g = groups[id(m)] = request(1, contents, tail_tokens=tail)
+        admit(m, g)
+        decode_and_span(m, g, steps=9, span=30)
+        m.free_request(g.seqs[0], g.seqs[0].kv_len)  # a preemption: hashes computed, blocks cached
+        g.preemptions += 1
+    assert same_pools(deferred, eager) > 0, "the finished request's unique blocks stay unhashed"
+    assert any(h is not None and h is not UNIQUE for h in deferred.pool.block_hash)
+    for m in (eager, deferred):  # back from preemption: hits on its own blocks, then more steps
+        g = groups[id(m)]
+        blocks, hit, ok = admit(m, g)
+        assert ok and hit > 0
+        decode_and_span(m, g, steps=3, span=20)
+        taker = request(2, [99], tail_tokens=m.num_free_gpu_blocks * BS - BS)  # takes every free block
+        admit(m, taker)
+    same_pools(deferred, eager)
+    assert deferred.pool.evictions > 0
+    deferred.pool.check()

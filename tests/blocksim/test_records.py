@@ -249,3 +249,27 @@ def test_step_recorder_without_steps_gives_empty_columns():
     frame = rec.to_frame()
     assert len(frame) == 0 and frame.dtypes.astype(str).to_dict() == schema.STEP_DTYPES
     assert rec.column_sum("blocks_swapped_in") == 0 and rec.end_s() == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "c", "d"]), max_size=30),
+       st.lists(st.one_of(st.floats(-1e6, 1e6), st.just(math.nan)), min_size=1, max_size=40))
+def test_summary_counts_and_means_of_request_columns_are_those_of_pandas(reasons, values):
+    """The summary reads request columns, not a frame: reject reasons by frequency (ties in order of
+    first occurrence) and means over the values that are not NaN, bit for bit as pandas takes them."""
+    from blocksim.records.result import _by_frequency
+
+    assert list(_by_frequency(np.array(reasons, dtype=object)).items()) == \
+        list(pd.Series(reasons, dtype=object).value_counts().items())
+    want = pd.Series(values, dtype=np.float64).mean()
+    assert_same(metrics._mean(np.array(values)), float(want), "mean")
+
+
+def test_requests_parquet_written_from_columns_reads_back_as_the_frame(tmp_path):
+    cfg = build_config("vllm", num_gpu_blocks=64)
+    result = Engine(cfg, traces.head(traces.read_trace(traces.bundled("azure-conv")), 60)).run()
+    result.save(tmp_path)
+    frame = result.requests  # built from the columns now
+    back = pd.read_parquet(tmp_path / schema.REQUESTS_FILE)
+    pd.testing.assert_frame_equal(back, frame)
+    assert (frame.status == "rejected").any() or (frame.status == "finished").all()
