@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from itertools import accumulate, chain
+from operator import sub
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -49,20 +50,34 @@ class Span(NamedTuple):
     longest: np.ndarray | None  # the longest sequence's context of each step, where the cost model prices it
     times: dict               # the cost model's components: t_linear_s, t_attn_decode_s, t_comm_s, t_overhead_s
     end_s: float              # when the last step ends
+    finishes: bool            # whether a sequence reaches its output length at the last step
 
 
 def decode_batch(sched: Scheduler, out: SchedulerOutputs):
     """The sequences of a possible span after a plain decode step and its length bound.
 
     Returns `(seqs, lens, k)`, `lens` their token counts (a list) and `k` the number of steps (this one
-    included) before the first sequence finishes; None when a group is mid-prompt, a group
-    decodes several sequences, or a sequence finishes within two steps.
+    included) before the first sequence finishes (it finishes at step `k`); None when a group is
+    mid-prompt, a group decodes several sequences, or a sequence finishes within two steps.
     """
-    if len(out.decode_groups) != len(sched.running):
+    groups = out.decode_groups
+    if len(groups) != len(sched.running):
         return None  # a group is mid-prompt (chunked prefill) and would resume
+    seqs = [one[0] for g in groups if len(one := g.seqs) == 1]
+    if len(seqs) != len(groups):
+        return _decode_batch_forked(groups)
+    lens = [s.num_tokens for s in seqs]
+    k = min(map(sub, [g.prompt_tokens + g.output_tokens for g in groups], lens), default=1 << 62)
+    if k < 2:
+        return None
+    return seqs, lens, k
+
+
+def _decode_batch_forked(groups: list):
+    """`decode_batch` where some group holds several sequences: a span when each decodes one."""
     seqs, lens = [], []
     k = 1 << 62
-    for g in out.decode_groups:
+    for g in groups:
         run = g.seqs if len(g.seqs) == 1 else [s for s in g.seqs if s.status is SeqStatus.RUNNING]
         if len(run) != 1:
             return None
@@ -118,15 +133,21 @@ def block_crossings(bm: MemoryManager, lens: list[int], k: int):
         if (k - 1) * n > room:  # the span ends before the step of the take that finds no room
             k = room // n + 1 if room >= 0 else 1
         return k, list(range(n)) * (k - 1), [0] + [n] * (k - 1)
+    firsts = [bs - (m - 1) % bs for m in lens]  # each sequence's first take
+    if k <= bs + 1:  # no sequence takes twice: takers by first take, ties in running order
+        takers = sorted([i for i, j in enumerate(firsts) if j < k], key=firsts.__getitem__)
+        if len(takers) > room:
+            k = firsts[takers[room]] if room >= 0 else 1
+            takers = [i for i in takers if firsts[i] < k]
+        new_blocks = [0] * k
+        for i in takers:
+            new_blocks[firsts[i]] += 1
+        return k, takers, new_blocks
     takes = []
-    for i, m in enumerate(lens):
-        j = bs - (m - 1) % bs
-        if j < k:
+    for i, j in enumerate(firsts):
+        while j < k:  # a span longer than a block: more takes
             takes.append((j, i))
             j += bs
-            while j < k:  # a span longer than a block: more takes
-                takes.append((j, i))
-                j += bs
     takes.sort()
     if len(takes) > room:
         k = takes[room][0] if room >= 0 else 1
@@ -147,8 +168,8 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     batch = decode_batch(sched, out)
     if batch is None:
         return None
-    seqs, lens, k = batch
-    k = min(k, MAX_SPAN_STEPS)
+    seqs, lens, finish = batch
+    k = min(finish, MAX_SPAN_STEPS)
     # Times for the steps that can start before the next arrival, estimated from the first step's
     # duration (all of them again if every estimated step starts before it: the cut stays exact).
     n = out.num_decode_seqs  # priced as `decode_times` prices each step
@@ -174,7 +195,7 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     if k <= 1:
         return None
     return Span(k, seqs, takers, new_blocks, np.array(starts[:k]), durations, ctx, top, times,
-                starts[k - 1] + step_s[k - 1])
+                starts[k - 1] + step_s[k - 1], k == finish)
 
 
 def _span_steps(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -254,8 +275,6 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
     n = out.num_decode_seqs
     constant, memory = span_memory(bm, n, span.new_blocks, sched.waiting[0] if sched.waiting else None)
     bm.append_span_slots(seqs, k - 1, span.takers)  # step order, then running order
-    for s in seqs:
-        s.num_tokens += k - 1
     # The clock adds each step's time, exactly as stepping does: one timeout to that sum when one
     # delay reaches it exactly from now (almost always), else one timeout per step.
     delay = exact_delay(env.now, span.end_s)
@@ -265,7 +284,7 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
         for d in span.durations_s[:k].tolist():
             yield env.timeout(d)
     sched.on_span_steps(k - 1)
-    finished = sched.complete_step(out, env.now)
+    finished = sched.complete_span(out, seqs, k, env.now, span.finishes)
     if engine.tiers is not None:
         engine.tiers.now_s = env.now
         engine._tier_record(k)

@@ -120,12 +120,15 @@ class BlockSpaceManager:
         i = start
         while i < end and free:
             group = groups[i]
-            seqs = group.seqs
-            if group.prefill_pos is not None or len(seqs) != 1:
+            if group.prefill_pos is not None:
                 break
-            seq = seqs[0]
-            table = seq.block_table
-            if not table or refs[table[-1]] != 1:
+            try:
+                (seq,) = group.seqs
+                table = seq.block_table
+                last = table[-1]
+            except (ValueError, IndexError):  # several sequences, or no block
+                break
+            if refs[last] != 1:
                 break
             n = seq.num_tokens
             if len(table) * bs < n:

@@ -18,7 +18,7 @@ whole frame, `column_sum` and `end_s` answer the summary without it.
 from __future__ import annotations
 
 from collections import namedtuple
-from itertools import groupby
+from itertools import chain, groupby
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
@@ -86,8 +86,10 @@ class StepRecorder:
 
     def _flush_rows(self) -> None:
         """Write the buffered segment rows into the chunks, starting chunks as the last fills."""
-        floats = np.array(self._float_rows, np.float64).reshape(-1, len(FLOAT_ROW_COLUMNS))
-        ints = np.array(self._int_rows, np.int64).reshape(-1, len(INT_ROW_COLUMNS) + 2)
+        floats = np.fromiter(chain.from_iterable(self._float_rows), np.float64,
+                             len(self._float_rows) * len(FLOAT_ROW_COLUMNS)).reshape(-1, len(FLOAT_ROW_COLUMNS))
+        ints = np.fromiter(chain.from_iterable(self._int_rows), np.int64,
+                           len(self._int_rows) * (len(INT_ROW_COLUMNS) + 2)).reshape(-1, len(INT_ROW_COLUMNS) + 2)
         self._float_rows.clear()
         self._int_rows.clear()
         i = 0

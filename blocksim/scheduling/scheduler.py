@@ -51,7 +51,7 @@ from blocksim.config import PolicyConfig, SchedulerConfig
 from blocksim.interfaces import AllocStatus, MemoryManager
 from blocksim.scheduling import victims  # noqa: F401 - registers the built-in victims
 from blocksim.scheduling.outputs import ScheduledPrefill, SchedulerOutputs, SchedulingBudget
-from blocksim.sequence import GroupStatus, SequenceGroup, SeqStatus
+from blocksim.sequence import GroupStatus, Sequence, SequenceGroup, SeqStatus
 
 RUNNING, WAITING, SWAPPED = GroupStatus.RUNNING, GroupStatus.WAITING, GroupStatus.SWAPPED
 
@@ -375,6 +375,20 @@ class Scheduler:
         if finished:
             self.running = [g for g in self.running if g.status is RUNNING]
         return finished
+
+    def complete_span(self, out: SchedulerOutputs, seqs: list[Sequence], steps: int, end_s: float,
+                      finishes: bool) -> list[SequenceGroup]:
+        """The outcome of a span (`engine.spans`) of `steps` decode steps of `out`, `seqs` its
+        decoding sequences: each gains `steps` tokens; groups finished at `end_s`, the span's end.
+        Without `finishes` no sequence reaches its output length, and nothing else changes."""
+        if not finishes:
+            for s in seqs:
+                s.num_tokens += steps
+            return []
+        steps -= 1
+        for s in seqs:
+            s.num_tokens += steps
+        return self.complete_step(out, end_s)
 
     def _complete_decodes(self, groups: list[SequenceGroup], end_s: float, finished: list) -> None:
         """Each running group of a decode step gains a token per running sequence (`_advance`)."""
