@@ -31,7 +31,6 @@ from blocksim.memory.kv_cache_manager import KVCacheManager
 from blocksim.memory.paged import BlockSpaceManager
 from blocksim.memory.prefix_cache import PrefixCachingBlockManager
 from blocksim.memory.radix_manager import RadixCacheManager
-from blocksim.memory.reservation import ContiguousManager
 from blocksim.options import BLOCKS, BY_NAME, CONTIGUOUS, PAGED, PREEMPTING, SGLANG, V0, V1, VLLM_ENGINE
 from blocksim.scheduling import variants
 from blocksim.scheduling.scheduler import Scheduler
@@ -149,6 +148,7 @@ def make_v1(config: SimConfig):
 
 
 def make_contiguous(config: SimConfig):
+    from blocksim.memory.reservation import ContiguousManager  # imported by contiguous runs only
     p = config.policy_config
     return ContiguousManager(config.cache.block_size, config.num_gpu_blocks, p.reservation, p.address_space,
                              config.model.max_model_len)

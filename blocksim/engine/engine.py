@@ -41,7 +41,6 @@ from blocksim.cost.tier_transfer import tier_chunk_seconds
 from blocksim.engine.executor import StepExecutor
 from blocksim.engine.spans import find_span, run_span
 from blocksim.interfaces import MemoryManager
-from blocksim.memory.tiers import make_tier_store
 from blocksim.policies import make_cost_model, make_memory_manager, make_scheduler
 from blocksim.records.schema import FREE_EXTENT_COLUMNS, FREE_EXTENT_DTYPES
 from blocksim.records.steps import StepRecorder, StepRow
@@ -139,6 +138,7 @@ class Engine:
         self.sched = make_scheduler(config, self.bm)
         self.tiers = None
         if config.tiers is not None:
+            from blocksim.memory.tiers import make_tier_store  # imported by runs with tiers only
             self.tiers = make_tier_store(config, log_tier_events)
             self.tiers.ops_on = log_tier_events or self.plan is not None or executor is not None
             if not hasattr(self.bm, "attach_tiers"):
