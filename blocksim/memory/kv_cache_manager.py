@@ -68,6 +68,7 @@ class KVCacheManager:
         self._hashes: dict[int, list[int]] = {}      # seq_id -> chained hashes of its full blocks so far
         self._num_cached: dict[int, int] = {}        # seq_id -> leading blocks whose hashes are recorded
         self._covered: dict[int, int] = {}           # seq_id -> leading blocks the trace's prefix hashes cover
+        self._keys: dict[int, list[int]] = {}        # seq_id -> its prompt blocks' content keys (prompt_block_keys)
         #: Unique content's hashes computed only when its request is preempted (the module's notes).
         self.defer_unique_hashes = enable_caching
         # vLLM V1's PrefixCacheStats, in tokens: new requests, and requests coming back from preemption.
@@ -87,7 +88,12 @@ class KVCacheManager:
             return hashes
         g = seq.group
         bs = self.block_size
-        keys = prompt_block_keys(g, bs, self.hash_block_tokens) if len(hashes) < g.prompt_tokens // bs else ()
+        if len(hashes) < g.prompt_tokens // bs:  # the keys once per sequence, not at every extension
+            keys = self._keys.get(seq.seq_id)
+            if keys is None:
+                keys = self._keys[seq.seq_id] = prompt_block_keys(g, bs, self.hash_block_tokens)
+        else:
+            keys = ()
         parent = hashes[-1] if hashes else ROOT_HASH
         append = hashes.append
         for j in range(len(hashes), min(num_blocks, len(keys))):  # blocks the trace's prefix hashes cover
@@ -107,7 +113,10 @@ class KVCacheManager:
             return 0
         c = self._covered.get(seq.seq_id)
         if c is None:
-            c = self._covered[seq.seq_id] = len(prompt_block_keys(g, self.block_size, self.hash_block_tokens))
+            keys = self._keys.get(seq.seq_id)
+            if keys is None:
+                keys = self._keys[seq.seq_id] = prompt_block_keys(g, self.block_size, self.hash_block_tokens)
+            c = self._covered[seq.seq_id] = len(keys)
         return c
 
     def _cache_full(self, seq: Sequence, done: int, full: int) -> None:
@@ -365,6 +374,7 @@ class KVCacheManager:
         self._release(seq, seq.kv_len)
         self._hashes.pop(seq.seq_id, None)
         self._covered.pop(seq.seq_id, None)
+        self._keys.pop(seq.seq_id, None)
 
     @property
     def num_gpu_blocks_used(self) -> int:
