@@ -115,9 +115,12 @@ def priced(results: dict, gpu: str) -> list[dict]:
         m = r["model"]
         if m not in models:
             cfg = build_config(model=m, gpu=gpu)
+            path = shipped_profile(cfg)
+            if path is None:
+                raise ValueError(f"--gpu {gpu}: no shipped profile of {m}; choose a GPU of blocksim/profiles/")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                models[m] = ProfiledCostModel(cfg, load_profile(shipped_profile(cfg)))
+                models[m] = ProfiledCostModel(cfg, load_profile(path))
         cm = models[m]
         b, n, total, top = r["padded_batch"], r["rows"], r["context_tokens"], r["max_context"]
         if cm.padded(n) != b:  # a run replays these rows at a smaller captured size, not the one timed
@@ -145,11 +148,18 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", default="h200-141gb", help="with --priced: the catalog GPU of the profiles")
     a = ap.parse_args(argv)
     if a.priced:
+        from blocksim.config import ConfigError
         try:
-            rows = priced(json.loads(open(a.priced).read()), a.gpu)
-        except (OSError, ValueError, KeyError) as e:
-            print(f"decode_step_shapes: --priced {a.priced}: {e}; give a results file this benchmark wrote",
+            data = json.loads(open(a.priced).read())
+            if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+                raise ValueError("no list of rows; give a results file this benchmark wrote")
+            rows = priced(data, a.gpu)
+        except json.JSONDecodeError:
+            print(f"decode_step_shapes: --priced {a.priced}: not JSON; give a results file this benchmark wrote",
                   file=sys.stderr)
+            return 2
+        except (OSError, ValueError, KeyError, TypeError, ConfigError) as e:
+            print(f"decode_step_shapes: --priced {a.priced}: {e}", file=sys.stderr)
             return 2
         for r in rows:
             print(f"{r['model']} {r['padded_batch']:3d} {r['case']:14s} measured {r['measured']:.3f}  "
@@ -157,8 +167,13 @@ def main(argv=None) -> int:
         for key in ("by_longest", "by_mean"):
             err = [r[key] / r["measured"] - 1 for r in rows]
             print(f"{key}: mean error {100 * np.mean(err):+.1f}%, mean absolute {100 * np.mean(np.abs(err)):.1f}%")
-        with open(a.json, "w") as f:
-            json.dump({"priced": a.priced, "gpu": a.gpu, "command": " ".join(sys.argv), "rows": rows}, f, indent=1)
+        try:
+            with open(a.json, "w") as f:
+                json.dump({"priced": a.priced, "gpu": a.gpu, "command": " ".join(sys.argv), "rows": rows}, f, indent=1)
+        except OSError as e:
+            print(f"decode_step_shapes: --json {a.json}: cannot write ({e.strerror}); give a writable path",
+                  file=sys.stderr)
+            return 2
         return 0
     import torch
     rows = []

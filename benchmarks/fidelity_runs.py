@@ -157,6 +157,10 @@ def cmd_simulate(a) -> int:
 def cmd_results(a) -> int:
     from analysis.fidelity import compare, errors  # the fidelity report's library
     exec_dir, sim_dir = Path(a.exec), Path(a.sim)
+    if a.repeat and (not a.markdown or not Path(a.repeat).is_dir()):
+        why = "no such directory" if a.markdown else "its table goes into --markdown: give one"
+        print(f"fidelity_runs.py results: --repeat {a.repeat}: {why}", file=sys.stderr)
+        return 2
     rows, priced = [], {}  # priced: run -> the profiled twin's price of each executed step
     for run in sorted(p.parent for p in exec_dir.glob("*/executor.json")):
         trace, preset, model, _ = parse_name(run.name)

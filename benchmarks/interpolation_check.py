@@ -45,6 +45,8 @@ def leave_one_out(grid: np.ndarray, seconds: np.ndarray, axis: int) -> dict[str,
 
 def check(path: Path) -> dict:
     prof = json.loads(path.read_text())
+    if not isinstance(prof, dict) or not isinstance(prof.get("components"), dict):
+        raise ValueError("no components object")
     rows = []
     for table, axis in CHECKS:
         t = prof["components"].get(table)
@@ -65,7 +67,7 @@ def main(argv=None) -> int:
     for p in a.profiles:
         try:
             r = check(Path(p))
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             print(f"interpolation_check: {p}: not a readable profile ({e}); give a blocksim-profile/1 file",
                   file=sys.stderr)
             return 2

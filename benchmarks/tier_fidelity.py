@@ -237,10 +237,16 @@ def in_run_tables(tables: dict, run: Path) -> dict:
 
 def cmd_simulate(a) -> int:
     exec_dir, out = Path(a.exec), Path(a.out)
-    use_policy(a.policy)
     runs = sorted(exec_dir.glob("*/summary.json"))
-    if runs:  # the executed runs' GPU
-        use_gpu(json.loads(runs[0].read_text())["config"]["gpu"]["name"])
+    if runs:  # the executed runs' GPU and engine
+        cfg = json.loads(runs[0].read_text())["config"]
+        use_gpu(cfg["gpu"]["name"])
+        if a.policy not in (None, cfg["policy"]):
+            raise UsageError(f"--policy {a.policy}: the runs of {exec_dir} were executed under {cfg['policy']}; "
+                             f"drop --policy or give theirs")
+        use_policy(cfg["policy"])
+    else:
+        use_policy(a.policy or POLICIES[0])
     out.mkdir(parents=True, exist_ok=True)
     profile = merged_profile(out, Path(a.tier_tables)) if a.model == MODEL else None
     names = sorted(p.parent.name for p in exec_dir.glob("*/executor.json")) if not a.configs else a.configs
@@ -428,9 +434,9 @@ def main(argv=None) -> int:
     e.add_argument("--disk-dir", default=None, help="directory of the disk tier's file (default OUT/disk)")
     e.add_argument("--executor", default="cuda", choices=["cuda", "cpu"])
     e.add_argument("--gpu", default=GPU, help=f"catalog GPU (default {GPU}): its shipped profile of {MODEL}")
+    e.add_argument("--policy", default=POLICY, choices=POLICIES, help=f"the engine (default {POLICY})")
     for p in (e, s := sub.add_parser("simulate")):
         p.add_argument("--model", default=MODEL, help=f"model (default {MODEL}; another is for trying the script)")
-        p.add_argument("--policy", default=POLICY, choices=POLICIES, help=f"the engine (default {POLICY})")
         p.add_argument("--catalog", default=None, help="a catalog file defining --model")
         p.add_argument("--tier-tables", default=str(TIER_TABLES),
                        help="a tier_bandwidth.py result: its measured tables are merged into the shipped profile")
@@ -442,6 +448,7 @@ def main(argv=None) -> int:
     e.set_defaults(func=cmd_execute)
     s.add_argument("--exec", required=True)
     s.add_argument("--out", required=True)
+    s.add_argument("--policy", default=None, choices=POLICIES, help="the engine (default: the executed runs')")
     s.add_argument("--configs", nargs="+", default=None, choices=list(CONFIGS),
                    help="configurations to simulate (default: those executed)")
     s.add_argument("--in-run-rates", action="store_true",

@@ -153,7 +153,8 @@ def fit_roofline(profile: Profile, config: SimConfig) -> CostParams:
     alpha, beta = _affine(args["blocks"] * config.block_bytes, meas)
     scale_copy = alpha * model.bw / 2
     launch = beta / scale_copy
-    overhead = profile.overhead_graph_s if profile.cuda_graph_batch_sizes else profile.overhead_eager_s
+    # a fixed cost per step, never below zero (a profile's eager difference may be: the parts over-count)
+    overhead = profile.overhead_graph_s if profile.cuda_graph_batch_sizes else max(0.0, profile.overhead_eager_s)
     comm = {}
     if "allreduce" in tg:
         args, meas = tg["allreduce"]

@@ -286,7 +286,14 @@ def parse_profile(data: dict, path: str) -> Profile:
         if (not isinstance(cases, list) or not cases
                 or not all(isinstance(c, (int, float)) and not isinstance(c, bool) and np.isfinite(c) for c in cases)):
             raise _bad(path, "components.overhead.eager_cases_s", f"expected a list of seconds, got {cases!r}")
-        ov["eager_s"] = float(np.median(cases))
+        median = float(np.median(cases))
+        cheapest = float(np.min(tables["linear"].seconds))  # the linear part of a one-token eager step
+        if median > -cheapest:
+            ov["eager_s"] = median
+        else:  # timings that cannot be a GPU's (a profile measured on the CPU): the floored figure
+            warnings.warn(f"cost profile {path}: components.overhead.eager_cases_s: their median {median:.3g} s "
+                          f"would leave the cheapest eager step ({cheapest:.3g} s of linear layers) no time; "
+                          f"eager_s ({ov['eager_s']:.3g} s) prices eager steps instead", ProfileWarning, stacklevel=3)
     header = {k: v for k, v in data.items() if k not in ("components",)}
     return Profile(path=path, model=data["model"], gpu=data["gpu"], dtype=data["dtype"],
                    kv_dtype=str(data.get("kv_dtype", data["dtype"])), tensor_parallel=data["tensor_parallel"],

@@ -303,6 +303,7 @@ class Engine:
         if self._longest and decode_only and n:
             longest = max((s.num_tokens for g in out.decode_groups for s in g.seqs
                           if s.status is SeqStatus.RUNNING), default=0)
+            longest = max(longest, out.padding_longest)
             attn_decode = float(cm.attn_decode(out.decode_ctx_tokens, n, True, longest))
             cm.count_longest(out.decode_ctx_tokens, n, longest)
         else:

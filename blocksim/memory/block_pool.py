@@ -231,7 +231,8 @@ class BlockPool:
         (the first is evicted first). Returns those blocks."""
         refs = self.ref_cnt
         blocks = list(ordered)
-        if [refs[b] for b in blocks].count(1) == len(blocks):  # the common case: every block released
+        if [refs[b] for b in blocks].count(1) == len(blocks) and len(set(blocks)) == len(blocks):
+            # the common case: every block released, each once
             for b in blocks:
                 refs[b] = 0
             self.free_queue.extend(blocks)

@@ -76,6 +76,7 @@ class SchedulerOutputs:
     blocks_to_copy: list[tuple[int, int]]
     preempted: list[SequenceGroup]
     rejected: list[SequenceGroup]
+    padding_longest: int  # the longest context among decode rows outside `decode_groups` (static batching's padding)
 
     def __init__(self, prefills=None, decode_groups=None, prefill_tokens: int = 0, num_decode_seqs: int = 0,
                  decode_ctx_tokens: int = 0, blocks_to_swap_in=None, blocks_to_swap_out=None,
@@ -91,6 +92,7 @@ class SchedulerOutputs:
         self.blocks_to_copy = [] if blocks_to_copy is None else blocks_to_copy
         self.preempted = [] if preempted is None else preempted
         self.rejected = [] if rejected is None else rejected
+        self.padding_longest = 0
 
     @property
     def has_work(self) -> bool:

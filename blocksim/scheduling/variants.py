@@ -96,6 +96,7 @@ class StaticScheduler(Scheduler):
         for seq, pad in self._padding.values():
             out.num_decode_seqs += 1
             out.decode_ctx_tokens += seq.num_tokens + pad
+            out.padding_longest = max(out.padding_longest, seq.num_tokens + pad)
         return out
 
     def complete_step(self, out: SchedulerOutputs, end_s: float) -> list[SequenceGroup]:

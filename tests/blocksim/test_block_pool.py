@@ -48,6 +48,9 @@ def test_freed_blocks_join_the_tail_in_the_given_order():
     assert pool.free_queue.blocks() == [4, 5, 3, 2, 1]
     with pytest.raises(BlockError, match="freed twice"):
         pool.free_blocks([1])
+    b = pool.get_new_blocks(1)[0]
+    with pytest.raises(BlockError, match="freed twice"):
+        pool.free_blocks([b, b])  # the same block twice in one call
 
 
 def test_touching_a_free_cached_block_takes_it_out_of_the_queue():

@@ -130,6 +130,11 @@ def test_an_eager_step_costs_the_median_of_the_profiles_measured_differences(tmp
     cm = model(path)
     assert cm.overhead(True, 0) == pytest.approx(-1.5e-4, rel=1e-12), "the parts over-count: a negative difference"
     assert cm.overhead(True, 17) == prof["components"]["overhead"]["graph_s"], "a graph step is measured whole"
+    prof["components"]["overhead"]["eager_cases_s"] = [-1.0, -1.0]  # more than the cheapest eager step takes
+    path.write_text(json.dumps(prof))
+    with pytest.warns(ProfileWarning, match="components.overhead.eager_cases_s.*no time"):
+        cm = model(path)
+    assert cm.overhead(True, 0) == prof["components"]["overhead"]["eager_s"], "the floored figure instead"
     prof["components"]["overhead"]["eager_cases_s"] = ["x"]
     path.write_text(json.dumps(prof))
     with pytest.raises(ConfigError, match="components.overhead.eager_cases_s"):
@@ -335,3 +340,26 @@ def test_the_plane_gives_the_tables_bilinear_values_inside_and_beyond_the_grid(x
     plane = Plane("p", gx, gy, secs)
     np.testing.assert_allclose(plane.eval(xs, ys), tab.eval(xs, ys), rtol=1e-9)
     assert [plane.point(float(a), y) for a in xs] == plane.eval(xs, ys).tolist(), "one point: the same bits"
+
+
+def test_static_batching_prices_its_padding_rows_in_the_longest_row(tmp_path):
+    """A request that finished keeps being computed as padding under static batching: its context
+    counts in the step's longest row as in its total."""
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(synthetic_profile(decode_step="longest")))
+    trace = pd.DataFrame({"arrival_s": [0.0, 0.0], "prompt_tokens": [3000, 100], "output_tokens": [5, 200], "n": [1, 1]})
+    cfg = build_config("static", cost_model="profiled")
+    cm = make_cost_model(cfg, str(path))
+    seen = []
+    priced = cm.attn_decode
+
+    def spy(ctx, batch=0, decode_only=False, longest=None):
+        seen.append((ctx, batch, longest))
+        return priced(ctx, batch, decode_only, longest)
+    cm.attn_decode = spy
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ProfileWarning)
+        Engine(cfg, trace, cm, spans=False).run()
+    padded = [(c, b, top) for c, b, top in seen if top is not None and b == 2 and c > 3000 + 100]
+    assert padded, "steps where the finished long request is computed as padding"
+    assert all(top >= 3000 for _, _, top in padded), "the padding row is the longest"
