@@ -174,6 +174,98 @@ __device__ __forceinline__ Item item_at(const PagedPrefillParams& p, int idx, in
 // The ping-pong kernel: block b runs item b of item_at's order (items past a sequence's rows
 // exit). The first warpgroup copies the value tiles, the second the key tiles, and the second
 // runs half a tile behind the first, so that each one's softmax runs under the other's products.
+// The tile math both warpgroup kernels share, per warpgroup and key tile of kKeys keys: S = Q K^T
+// (kd: the tile's stage of the K ring), O += P V (vd: its stage of the V ring), the online softmax
+// of S in place (log2 domain; masked tiles get their scaled and masked scores first; alpha receives
+// the rows' rescale factors), and the rescale of O with the packing of P as the next product's A.
+template <typename T>
+__device__ __forceinline__ void tile_issue_s(float (&s)[64], uint64_t q_desc, uint64_t kd) {
+#pragma unroll
+  for (int ks = 0; ks < kHead / 16; ++ks) {
+    const uint32_t off = (ks >> 2) * kRows * kHalfRow + (ks & 3) * 32;
+    const uint32_t koff = (ks >> 2) * kKeys * kHalfRow + (ks & 3) * 32;
+    Wgmma<T>::ss(s, q_desc + (off >> 4), kd + (koff >> 4), ks);
+  }
+  wgmma_commit();
+}
+
+template <typename T>
+__device__ __forceinline__ void tile_issue_pv(float (&o)[64], const uint32_t (&pa)[32], uint64_t vd) {
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk) {
+    const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
+    Wgmma<T>::rs(o, a, vd + ((kk * 16 * kHalfRow) >> 4), 1);
+  }
+  wgmma_commit();
+}
+
+// n: the key tile; first_pos: the position of the warpgroup's first row; t: the thread's quad
+// lane; qpos: the positions of its rows g and g + 8.
+__device__ __forceinline__ void tile_softmax(float (&s)[64], float (&m_run)[2], float (&l_run)[2],
+                                             float (&alpha)[2], int n, float scale2, int first_pos, int t,
+                                             const int (&qpos)[2]) {
+  const int key0 = n * kKeys;
+  float sc = scale2;
+  if (key0 + kKeys - 1 > first_pos) {
+    sc = 1.f;
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = key0 + j * 8 + 2 * t + e;
+          const float v = s[4 * j + 2 * h + e] * scale2;
+          s[4 * j + 2 * h + e] = key > qpos[h] ? -INFINITY : v;
+        }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float part[4];  // four independent chains (a single chain's latency shows: two warps per scheduler)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) part[k] = fmaxf(s[4 * k + 2 * h], s[4 * k + 2 * h + 1]);
+#pragma unroll
+    for (int j = 4; j < kKeys / 8; ++j) part[j % 4] = fmaxf(part[j % 4], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+    float mx = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+    mx = fmaxf(mx, __shfl_xor_sync(kMask, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(kMask, mx, 2));
+    const float m_new = fmaxf(m_run[h], mx * sc);
+    const float base = m_new == -INFINITY ? 0.f : m_new;
+    alpha[h] = ex2(m_run[h] - base);
+    m_run[h] = m_new;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) part[k] = 0.f;
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float pv = ex2(fmaf(s[4 * j + 2 * h + e], sc, -base));
+        s[4 * j + 2 * h + e] = pv;
+        part[(2 * j + e) % 4] += pv;
+      }
+    l_run[h] = l_run[h] * alpha[h] + ((part[0] + part[1]) + (part[2] + part[3]));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void tile_rescale_and_pack(float (&o)[64], uint32_t (&pa)[32], const float (&s)[64],
+                                                      const float (&alpha)[2]) {
+  if (alpha[0] != 1.f || alpha[1] != 1.f) {  // only where a row's max moved
+#pragma unroll
+    for (int d = 0; d < kHead / 8; ++d) {
+      o[4 * d] *= alpha[0];
+      o[4 * d + 1] *= alpha[0];
+      o[4 * d + 2] *= alpha[1];
+      o[4 * d + 3] *= alpha[1];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kKeys / 8; ++j) {
+    pa[2 * j] = Mma<T>::pack(s[4 * j], s[4 * j + 1]);
+    pa[2 * j + 1] = Mma<T>::pack(s[4 * j + 2], s[4 * j + 3]);
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_pingpong_kernel(const PagedPrefillParams p,
                                                                                    const int m_blocks, const int band) {
@@ -371,69 +463,10 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_pingpong_kern
 #pragma unroll
     for (int h = 0; h < 2; ++h) qpos[h] = it.cached + min(wg_row0 + warp * 16 + g + 8 * h, it.rows - 1) / group;
 
-    auto issue_s = [&](int n) {
-      const uint64_t kd = k_desc + ((stage(n) * kTileBytes) >> 4);
-#pragma unroll
-      for (int ks = 0; ks < kHead / 16; ++ks) {
-        const uint32_t off = (ks >> 2) * kRows * kHalfRow + (ks & 3) * 32;
-        const uint32_t koff = (ks >> 2) * kKeys * kHalfRow + (ks & 3) * 32;
-        Wgmma<T>::ss(s, q_desc + (off >> 4), kd + (koff >> 4), ks);
-      }
-      wgmma_commit();
-    };
-    auto issue_pv = [&](int n) {  // O += P_n V_n
-      const uint64_t vd = v_desc + ((stage(n) * kTileBytes) >> 4);
-#pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk) {
-        const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-        Wgmma<T>::rs(o, a, vd + ((kk * 16 * kHalfRow) >> 4), 1);
-      }
-      wgmma_commit();
-    };
-    // online softmax of S_n (log2 domain) in place; masked tiles get their scaled and masked scores
-    // first. alpha receives the rows' rescale factors.
+    auto issue_s = [&](int n) { tile_issue_s<T>(s, q_desc, k_desc + ((stage(n) * kTileBytes) >> 4)); };
+    auto issue_pv = [&](int n) { tile_issue_pv<T>(o, pa, v_desc + ((stage(n) * kTileBytes) >> 4)); };
     auto softmax = [&](int n, float (&alpha)[2]) {
-      const int key0 = n * kKeys;
-      float sc = scale2;
-      if (key0 + kKeys - 1 > wg_first_pos) {
-        sc = 1.f;
-#pragma unroll
-        for (int j = 0; j < kKeys / 8; ++j)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int key = key0 + j * 8 + 2 * t + e;
-              const float v = s[4 * j + 2 * h + e] * scale2;
-              s[4 * j + 2 * h + e] = key > qpos[h] ? -INFINITY : v;
-            }
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float part[4];  // four independent chains (a single chain's latency shows: two warps per scheduler)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) part[k] = fmaxf(s[4 * k + 2 * h], s[4 * k + 2 * h + 1]);
-#pragma unroll
-        for (int j = 4; j < kKeys / 8; ++j) part[j % 4] = fmaxf(part[j % 4], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
-        float mx = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
-        mx = fmaxf(mx, __shfl_xor_sync(kMask, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(kMask, mx, 2));
-        const float m_new = fmaxf(m_run[h], mx * sc);
-        const float base = m_new == -INFINITY ? 0.f : m_new;
-        alpha[h] = ex2(m_run[h] - base);
-        m_run[h] = m_new;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) part[k] = 0.f;
-#pragma unroll
-        for (int j = 0; j < kKeys / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pv = ex2(fmaf(s[4 * j + 2 * h + e], sc, -base));
-            s[4 * j + 2 * h + e] = pv;
-            part[(2 * j + e) % 4] += pv;
-          }
-        l_run[h] = l_run[h] * alpha[h] + ((part[0] + part[1]) + (part[2] + part[3]));
-      }
+      tile_softmax(s, m_run, l_run, alpha, n, scale2, wg_first_pos, t, qpos);
     };
     // Pins the softmax's results before the wait for the P V product that follows it: without it the
     // compiler is free to sink the exponentials and sums past that wait, so the softmax would run
@@ -444,22 +477,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_pingpong_kern
       fence_regs(l_run);
       fence_regs(m_run);
     };
-    auto rescale_and_pack = [&](const float (&alpha)[2]) {
-      if (alpha[0] != 1.f || alpha[1] != 1.f) {  // only where a row's max moved
-#pragma unroll
-        for (int d = 0; d < kHead / 8; ++d) {
-          o[4 * d] *= alpha[0];
-          o[4 * d + 1] *= alpha[0];
-          o[4 * d + 2] *= alpha[1];
-          o[4 * d + 3] *= alpha[1];
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j) {
-        pa[2 * j] = Mma<T>::pack(s[4 * j], s[4 * j + 1]);
-        pa[2 * j + 1] = Mma<T>::pack(s[4 * j + 2], s[4 * j + 3]);
-      }
-    };
+    auto rescale_and_pack = [&](const float (&alpha)[2]) { tile_rescale_and_pack<T>(o, pa, s, alpha); };
 
     int n = 0;
     if (wgi == 1 && wg_live) {
@@ -730,86 +748,12 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_kernel(const 
     copy_ids(n + 4, true);
     cp_async_commit();
   };
-  auto issue_s = [&](int n) {
-    const uint64_t kd = k_desc + (((n % kStages) * kTileBytes) >> 4);
-#pragma unroll
-    for (int ks = 0; ks < kHead / 16; ++ks) {
-      const uint32_t off = (ks >> 2) * kRows * kHalfRow + (ks & 3) * 32;
-      const uint32_t koff = (ks >> 2) * kKeys * kHalfRow + (ks & 3) * 32;
-      Wgmma<T>::ss(s, q_desc + (off >> 4), kd + (koff >> 4), ks);
-    }
-    wgmma_commit();
-  };
-  auto issue_pv = [&](int n) {  // O += P_n V_n
-    const uint64_t vd = v_desc + (((n % kStages) * kTileBytes) >> 4);
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-      Wgmma<T>::rs(o, a, vd + ((kk * 16 * kHalfRow) >> 4), 1);
-    }
-    wgmma_commit();
-  };
-  // online softmax of S_n (log2 domain) in place; masked tiles get their scaled and masked scores
-  // first. Returns nothing; alpha receives the rows' rescale factors.
+  auto issue_s = [&](int n) { tile_issue_s<T>(s, q_desc, k_desc + (((n % kStages) * kTileBytes) >> 4)); };
+  auto issue_pv = [&](int n) { tile_issue_pv<T>(o, pa, v_desc + (((n % kStages) * kTileBytes) >> 4)); };
   auto softmax = [&](int n, float (&alpha)[2]) {
-    const int key0 = n * kKeys;
-    float sc = scale2;
-    if (key0 + kKeys - 1 > wg_first_pos) {
-      sc = 1.f;
-#pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int key = key0 + j * 8 + 2 * t + e;
-            const float v = s[4 * j + 2 * h + e] * scale2;
-            s[4 * j + 2 * h + e] = key > qpos[h] ? -INFINITY : v;
-          }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float part[4];  // four independent chains (a single chain's latency shows: two warps per scheduler)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) part[k] = fmaxf(s[4 * k + 2 * h], s[4 * k + 2 * h + 1]);
-#pragma unroll
-      for (int j = 4; j < kKeys / 8; ++j) part[j % 4] = fmaxf(part[j % 4], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
-      float mx = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
-      mx = fmaxf(mx, __shfl_xor_sync(kMask, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(kMask, mx, 2));
-      const float m_new = fmaxf(m_run[h], mx * sc);
-      const float base = m_new == -INFINITY ? 0.f : m_new;
-      alpha[h] = ex2(m_run[h] - base);
-      m_run[h] = m_new;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) part[k] = 0.f;
-#pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pv = ex2(fmaf(s[4 * j + 2 * h + e], sc, -base));
-          s[4 * j + 2 * h + e] = pv;
-          part[(2 * j + e) % 4] += pv;
-        }
-      l_run[h] = l_run[h] * alpha[h] + ((part[0] + part[1]) + (part[2] + part[3]));
-    }
+    tile_softmax(s, m_run, l_run, alpha, n, scale2, wg_first_pos, t, qpos);
   };
-  auto rescale_and_pack = [&](const float (&alpha)[2]) {
-    if (alpha[0] != 1.f || alpha[1] != 1.f) {  // only where a row's max moved
-#pragma unroll
-      for (int d = 0; d < kHead / 8; ++d) {
-        o[4 * d] *= alpha[0];
-        o[4 * d + 1] *= alpha[0];
-        o[4 * d + 2] *= alpha[1];
-        o[4 * d + 3] *= alpha[1];
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) {
-      pa[2 * j] = Mma<T>::pack(s[4 * j], s[4 * j + 1]);
-      pa[2 * j + 1] = Mma<T>::pack(s[4 * j + 2], s[4 * j + 3]);
-    }
-  };
+  auto rescale_and_pack = [&](const float (&alpha)[2]) { tile_rescale_and_pack<T>(o, pa, s, alpha); };
 
   int n = 0;
   if (wg_live) {  // wg_tiles >= 1
