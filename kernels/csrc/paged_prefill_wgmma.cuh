@@ -174,6 +174,30 @@ __device__ __forceinline__ Item item_at(const PagedPrefillParams& p, int idx, in
 // The ping-pong kernel: block b runs item b of item_at's order (items past a sequence's rows
 // exit). The first warpgroup copies the value tiles, the second the key tiles, and the second
 // runs half a tile behind the first, so that each one's softmax runs under the other's products.
+// Eight rows r0 + STEP i (i = 0..7) of a key or value tile, row `row0` of the thread's copy role
+// added, gathered through the tile's block ids into the tile at `dst`: every id is read before the
+// first copy (the copies are ordered asm statements, and a read after one would wait for it,
+// chaining the rows' latencies). Rows at or past `left` and ids past the cache are zero-filled.
+// Byte offsets within a block fit 32 bits (launch checks the strides), so each row's address is one
+// wide multiply-add from its id.
+template <int STEP>
+__device__ __forceinline__ void copy_rows(unsigned char* dst, const int* tile_ids, int row0, int r0, int key0, int left,
+                                          const char* base, int block_bytes, int token_bytes,
+                                          const PagedPrefillParams& p, int bs_mask) {
+  int bid[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) bid[i] = tile_ids[(row0 + r0 + STEP * i) >> p.block_size_log2];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int r = r0 + STEP * i;
+    const bool live = r < left && static_cast<unsigned>(bid[i]) < static_cast<unsigned>(p.num_blocks);
+    int64_t off;
+    asm("mul.wide.s32 %0, %1, %2;\n" : "=l"(off) : "r"(live ? bid[i] : 0), "r"(block_bytes));
+    const char* src = base + off + ((key0 + r) & bs_mask) * token_bytes;
+    cp_async16(dst + r * kHalfRow, src, live);
+  }
+}
+
 // The tile math both warpgroup kernels share, per warpgroup and key tile of kKeys keys: S = Q K^T
 // (kd: the tile's stage of the K ring), O += P V (vd: its stage of the V ring), the online softmax
 // of S in place (log2 domain; masked tiles get their scaled and masked scores first; alpha receives
@@ -326,9 +350,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_pingpong_kern
       *dst = __ldg(table + first + e);
     }
   };
-  // One tile of keys (which = 0) or values (1) of an item into ring stage `stage`. Byte offsets
-  // within a block fit 32 bits (launch checks the strides), so each row's address is one wide
-  // multiply-add from its id.
+  // One tile of keys (which = 0) or values (1) of an item into ring stage `stage` (copy_rows).
   const char* const k_bytes = reinterpret_cast<const char*>(static_cast<const T*>(p.key_cache) + c_chunk * 8);
   const char* const v_bytes = reinterpret_cast<const char*>(static_cast<const T*>(p.value_cache) + c_chunk * 8);
   const int k_block_bytes = static_cast<int>(p.k_block_stride * 2), k_token_bytes = static_cast<int>(p.k_token_stride * 2);
@@ -341,19 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_pingpong_kern
     const int* const tile_ids = ids + (tile % kIdSlots) * kIdsPerTile;
     const int key0 = tile * kKeys + c_row0;
     const int left = it.kv_end - key0;  // rows i with 16 i < left hold keys of the item
-    // every id read before the first copy: the copies are ordered asm statements, and a read after
-    // one would wait for it, chaining the rows' latencies
-    int bid[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) bid[i] = tile_ids[(c_row0 + 16 * i) >> p.block_size_log2];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const bool live = 16 * i < left && static_cast<unsigned>(bid[i]) < static_cast<unsigned>(p.num_blocks);
-      int64_t off;
-      asm("mul.wide.s32 %0, %1, %2;\n" : "=l"(off) : "r"(live ? bid[i] : 0), "r"(block_bytes));
-      const char* src = base + off + ((key0 + 16 * i) & bs_mask) * token_bytes;
-      cp_async16(smem_ptr + dst + i * 16 * kHalfRow, src, live);
-    }
+    copy_rows<16>(smem_ptr + dst, tile_ids, c_row0, 0, key0, left, base, block_bytes, token_bytes, p, bs_mask);
   };
   // The same by one warpgroup's 128 threads alone (the ping-pong split: the first warpgroup copies
   // value tiles, the second key tiles): thread l copies chunk l % 16 of rows l / 16 + 8 i.
@@ -369,20 +379,8 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_pingpong_kern
     const int key0 = tile * kKeys + h_row0;
     const int left = it.kv_end - key0;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {  // 8 ids read before 8 copies, twice
-      int bid[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) bid[i] = tile_ids[(h_row0 + 64 * half + 8 * i) >> p.block_size_log2];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int r = 64 * half + 8 * i;
-        const bool live = r < left && static_cast<unsigned>(bid[i]) < static_cast<unsigned>(p.num_blocks);
-        int64_t off;
-        asm("mul.wide.s32 %0, %1, %2;\n" : "=l"(off) : "r"(live ? bid[i] : 0), "r"(block_bytes));
-        const char* src = base + off + ((key0 + r) & bs_mask) * token_bytes;
-        cp_async16(smem_ptr + dst + r * kHalfRow, src, live);
-      }
-    }
+    for (int half = 0; half < 2; ++half)  // 8 ids read before 8 copies, twice
+      copy_rows<8>(smem_ptr + dst, tile_ids, h_row0, 64 * half, key0, left, base, block_bytes, token_bytes, p, bs_mask);
   };
   // The first copies, in two groups: the Q rows and key tile 0, then key tile 1 and value tile 0
   // (tile j in ring stage j % kStages).
@@ -675,8 +673,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_kernel(const 
       }
     }
   };
-  // One tile of keys (which = 0) or values (1) into its ring stage. Byte offsets within a block fit
-  // 32 bits (launch checks the strides), so each row's address is one wide multiply-add from its id.
+  // One tile of keys (which = 0) or values (1) into its ring stage (copy_rows).
   const char* const k_bytes = reinterpret_cast<const char*>(kc);
   const char* const v_bytes = reinterpret_cast<const char*>(vc);
   const int k_block_bytes = static_cast<int>(p.k_block_stride * 2), k_token_bytes = static_cast<int>(p.k_token_stride * 2);
@@ -689,19 +686,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_kernel(const 
     const int* const tile_ids = ids + (tile % kIdSlots) * kIdsPerTile;
     const int key0 = tile * kKeys + c_row0;
     const int left = kv_end - key0;  // rows i with 16 i < left hold keys of the block
-    // every id read before the first copy: the copies are ordered asm statements, and a read after
-    // one would wait for it, chaining the rows' latencies
-    int b[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) b[i] = tile_ids[(c_row0 + 16 * i) >> p.block_size_log2];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const bool live = 16 * i < left && static_cast<unsigned>(b[i]) < static_cast<unsigned>(p.num_blocks);
-      int64_t off;
-      asm("mul.wide.s32 %0, %1, %2;\n" : "=l"(off) : "r"(live ? b[i] : 0), "r"(block_bytes));
-      const char* src = base + off + ((key0 + 16 * i) & bs_mask) * token_bytes;
-      cp_async16(smem_ptr + dst + i * 16 * kHalfRow, src, live);
-    }
+    copy_rows<16>(smem_ptr + dst, tile_ids, c_row0, 0, key0, left, base, block_bytes, token_bytes, p, bs_mask);
   };
 #pragma unroll
   for (int m = 0; m < 4; ++m) copy_ids(m, false);
