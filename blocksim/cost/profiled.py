@@ -199,8 +199,7 @@ class ProfiledCostModel:
         pad = self.padded(batch) if decode_only and longest is not None and self.decode_longest is not None else None
         if pad is not None and scalar:  # plain Python, the same operations as the array path below
             mean = ctx_tokens / pad
-            rest = self.linear(batch, batch, True) + (self.comm(batch) if self.allreduces_per_step else 0.0)
-            return max(self._longest_plane(pad).point(mean, max(longest / mean, 1.0)) - rest, 0.0)
+            return max(self._longest_plane(pad).point(mean, max(longest / mean, 1.0)) - self._step_rest(batch), 0.0)
         ctx = np.array([ctx_tokens], dtype=np.int64) if scalar else ctx_tokens.astype(np.int64, copy=False)
         if pad is not None:
             mean = ctx / pad  # the padding rows count as rows of no context
@@ -210,11 +209,16 @@ class ProfiledCostModel:
             line, whole = self._decode_line(batch, decode_only)
             t = line.eval(ctx / batch)
         if whole:
-            rest = self.linear(batch, batch, True)
-            if self.allreduces_per_step:
-                rest += self.comm(batch)
-            t = np.maximum(t - rest, 0.0)
+            t = np.maximum(t - self._step_rest(batch), 0.0)
         return float(t[0]) if scalar else t
+
+    def _step_rest(self, batch: int) -> float:
+        """What a whole graph step of `batch` sequences holds besides its decode attention: the
+        linear part and, at tensor_parallel > 1, the all-reduces."""
+        rest = self.linear(batch, batch, True)
+        if self.allreduces_per_step:
+            rest += self.comm(batch)
+        return rest
 
     def count_longest(self, ctx_tokens, batch: int, longest) -> None:
         """Count the graph steps (`ctx_tokens`, `longest` per step, int arrays or ints, of a `batch`
