@@ -39,7 +39,7 @@ from blocksim.config import ConfigError, SimConfig
 from blocksim.cost import cost_record
 from blocksim.cost.tier_transfer import tier_chunk_seconds
 from blocksim.engine.executor import StepExecutor
-from blocksim.engine.spans import find_span, run_span
+from blocksim.engine.spans import exact_delay, find_span, run_span
 from blocksim.interfaces import MemoryManager
 from blocksim.policies import make_cost_model, make_memory_manager, make_scheduler
 from blocksim.records.schema import FREE_EXTENT_COLUMNS, FREE_EXTENT_DTYPES
@@ -197,11 +197,18 @@ class Engine:
 
     # --- processes -----------------------------------------------------------------------------
     def _arrivals_proc(self):
-        """The arrival stream: wakes the idle engine at each arrival time."""
+        """The arrival stream: wakes the idle engine at each arrival time (reached exactly, or the
+        least later time the clock can reach: a clock left an ulp short of an arrival would wake an
+        engine that finds nothing arrived, and nothing would wake it again)."""
         env = self.env
-        for t in np.unique(self._arrivals):
+        for t in np.unique(self._arrivals).tolist():
             if t > env.now:
-                yield env.timeout(t - env.now)
+                d = exact_delay(env.now, t)
+                if d is None:
+                    d = t - env.now
+                    while env.now + d < t:
+                        d = math.nextafter(d, math.inf)
+                yield env.timeout(d)
             if self._wake is not None and not self._wake.triggered:
                 self._wake.succeed()
 

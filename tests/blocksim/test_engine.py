@@ -178,3 +178,14 @@ def test_spans_of_a_replay_hour_need_one_timeout():
             end += d
         delay = exact_delay(now, end)
         assert delay is not None and now + delay == end
+
+
+def test_an_idle_engine_is_woken_by_an_arrival_its_clock_could_land_an_ulp_short_of():
+    """cumsum arrivals rebased to the first one: the last arrival is a time that now + (t - now)
+    misses by an ulp; the request must still arrive (hypothesis found this case)."""
+    arrivals = np.cumsum([0.001984754281357171, 0.003661842864599153, 0.007880608166168514, 0.03125])
+    df = pd.DataFrame({"arrival_s": arrivals, "prompt_tokens": [1] * 4, "output_tokens": [1] * 4})
+    cfg = build_config("vllm-v1", num_gpu_blocks=10, block_size=2, max_num_seqs=6, max_num_batched_tokens=8,
+                       prefix_caching=False)
+    res = Engine(cfg, df, check_invariants=True, spans=False).run()
+    assert (res.requests.status == "finished").all() and len(res.requests) == 4
