@@ -170,3 +170,32 @@ def _summary_config() -> dict:
         replay(TRACE.head(2), Path(d) / "r", overrides={"model": "llama-2-7b", "gpu": "h200-141gb",
                                                         "cost_model": "roofline"})
         return json.loads((Path(d) / "r" / "summary.json").read_text())["config"]
+
+
+def test_a_scaled_profile_prices_every_step_that_much_longer(tmp_path):
+    """benchmarks/fidelity_runs.py sensitivity: a profile with every measured time scaled prices
+    each kind of step (graph, eager with prompts, block moves) by the same factor."""
+    import importlib.util
+    import warnings
+
+    from blocksim.cost import ProfiledCostModel, load_profile, shipped_profile
+    from blocksim.experiments.runner import build_config
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("fidelity_runs", root / "benchmarks" / "fidelity_runs.py")
+    fr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fr)
+    cfg = build_config(model="llama-3-8b", gpu="h200-141gb")
+    src = shipped_profile(cfg)
+    scaled = fr.scaled_profile(src, 1.25, tmp_path / src.name)
+    assert json.loads(scaled.read_text())["components"]["attn_prefill"]["grid"] == \
+        json.loads(src.read_text())["components"]["attn_prefill"]["grid"], "the grids stay"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a, b = ProfiledCostModel(cfg, load_profile(src)), ProfiledCostModel(cfg, load_profile(scaled))
+    for cm_a, cm_b in ((a.linear(300, 2, False), b.linear(300, 2, False)),
+                       (a.attn_prefill(np.array([100, 900]), np.array([0, 64])),
+                        b.attn_prefill(np.array([100, 900]), np.array([0, 64]))),
+                       (a.attn_decode(16 * 700, 16, True, 1500), b.attn_decode(16 * 700, 16, True, 1500)),
+                       (a.swap(3, 5) + a.copy(2), b.swap(3, 5) + b.copy(2)),
+                       (a.overhead(True, 0), b.overhead(True, 0))):
+        assert cm_b == pytest.approx(1.25 * cm_a, rel=1e-9)
