@@ -436,7 +436,10 @@ the same kind, or the same one at another time). The graph steps of one or two r
 the profile times exactly as a run executes it, show how far the two leases differ: their mean
 error in the per-run table below is the profile's lease against the run's, and the same slice
 executed on two leases ("Executed twice", at the end) moves by as much. Both bound what a per-step
-or latency error below a percent or two can mean.
+or latency error below a percent or two can mean. The executed swap-n2 runs hold, in their first
+copy-on-write step, the process's first block copy (49-68 ms on the H200, against 0.22-0.25 ms for
+every later copy): a start-up cost that the executor now pays before its first step
+(`validation/VALIDATION.md`), which these runs predate and the simulation does not price.
 
 Slices (`benchmarks/fidelity_runs.py`, prompts clipped to 4096 tokens): azure-conv = the bundled Azure
 conversation sample, arrivals [140 s, 160 s); azure-code = the Azure code sample, [200 s, 220 s) at
