@@ -213,6 +213,17 @@ def scaled_profile(src: Path, factor: float, dst: Path) -> Path:
     return dst
 
 
+def twin_profile(base: Path, default: Path) -> Path:
+    """The profile file the simulated run `base` was priced by (its summary.json's cost model), or
+    `default` where the summary names none."""
+    from blocksim.cost.profile_file import resolve_path
+    rec = json.loads((base / "summary.json").read_text()).get("cost_model") or {}
+    if rec.get("name") != "profiled" or not rec.get("profile"):
+        return default
+    path = resolve_path(rec["profile"])
+    return path if path.is_absolute() else ROOT / path  # as the simulation, run from ROOT, read it
+
+
 LATENCY = ("ttft_p50_err", "ttft_p99_err", "tpot_p50_err", "tpot_p99_err", "e2e_p50_err", "e2e_p99_err",
            "throughput_err")
 
@@ -228,6 +239,14 @@ def cmd_sensitivity(a) -> int:
         print(f"fidelity_runs.py sensitivity: --step {a.step}: give a scale between 0 and 0.5, e.g. 0.01",
               file=sys.stderr)
         return 2
+    if not any(exec_dir.glob("*/executor.json")):
+        print(f"fidelity_runs.py sensitivity: --exec {a.exec}: no executed runs (*/executor.json) there; give "
+              f"the directory `fidelity_runs.py execute --out` wrote", file=sys.stderr)
+        return 2
+    if not (sim_dir / "profiled").is_dir():
+        print(f"fidelity_runs.py sensitivity: --sim {a.sim}: no profiled/ twins there; give the directory "
+              f"`fidelity_runs.py simulate --out` wrote", file=sys.stderr)
+        return 2
     rows = []
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "sensitivity.log", "a") as log:
@@ -238,7 +257,10 @@ def cmd_sensitivity(a) -> int:
                 print(f"sensitivity {run.name}: no profiled twin in {sim_dir}", flush=True)
                 continue
             gpu = json.loads((run / "summary.json").read_text())["config"]["gpu"]["name"]
-            src = ROOT / "blocksim" / "profiles" / shipped_name(model, gpu, "float16", tp)
+            src = twin_profile(base, ROOT / "blocksim" / "profiles" / shipped_name(model, gpu, "float16", tp))
+            if not src.is_file():
+                print(f"sensitivity {run.name}: its twin's profile {src} is not readable", flush=True)
+                continue
             path = slice_file(trace, PRESETS[preset][2], exec_dir / "traces")
             moved = {}
             for sign in (-1, 1):
@@ -423,8 +445,8 @@ layers on real-valued operands, as the executed steps run them (`validation/VALI
 small per-step differences through scheduling (a prompt admitted a step earlier or later), so
 the latency errors are larger than the per-step error: the table "How far the latencies move with
 the step times" gives, per slice, how far each figure moves when every step lasts 1% longer or
-shorter (on the H200, the Azure conversation slices of llama-2-7b move their TTFT p50 twelve times as far as
-their steps, so 3% on it asks for steps priced within 0.25%). A graph-replayed decode step is priced by its
+shorter (on the H200, the Azure conversation slices of llama-2-7b that do not swap move their TTFT p50
+11-12 times as far as their steps, so 3% on it asks for steps priced within 0.25%; its swap-n2 slice 2.2 times). A graph-replayed decode step is priced by its
 padded batch, the mean context over its rows (padding rows as rows of no context) and its longest
 row over that mean (the profile's `decode_step_longest` table, measured on batches whose rows fall
 in equal steps from the longest); `n = 2` pairs sharing a prompt, which read it partly from the L2
