@@ -460,7 +460,7 @@ error in the per-run table below is the profile's lease against the run's, and t
 executed on two leases ("Executed twice", at the end) moves by as much. Both bound what a per-step
 or latency error below a percent or two can mean. The executed swap-n2 runs hold, in their first
 copy-on-write step, the process's first block copy (49-68 ms on the H200, against 0.22-0.25 ms for
-every later copy): a start-up cost that the executor now pays before its first step
+every later copy): a start-up cost that the executor pays before its first step
 (`validation/VALIDATION.md`), which these runs predate and the simulation does not price.
 
 Slices (`benchmarks/fidelity_runs.py`, prompts clipped to 4096 tokens): azure-conv = the bundled Azure
