@@ -163,9 +163,10 @@ def cmd_results(a) -> int:
         return 2
     if a.sensitivity:
         try:
-            json.loads(Path(a.sensitivity).read_text())["rows"]
+            sensitivity_table(a.sensitivity)
         except (OSError, ValueError, KeyError, TypeError) as e:
-            print(f"fidelity_runs.py results: --sensitivity {a.sensitivity}: {e}; give the JSON that "
+            why = f"no key {e}" if isinstance(e, KeyError) else str(e)
+            print(f"fidelity_runs.py results: --sensitivity {a.sensitivity}: {why}; give the JSON that "
                   f"`fidelity_runs.py sensitivity` wrote", file=sys.stderr)
             return 2
     rows, priced = [], {}  # priced: run -> the profiled twin's price of each executed step

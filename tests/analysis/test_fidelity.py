@@ -239,3 +239,15 @@ def test_sensitivity_without_executed_runs_or_twins_is_refused_in_one_line(tmp_p
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--sim" in err and "profiled/" in err
     assert not (tmp_path / "s.json").exists(), "no empty results file written"
+
+
+@pytest.mark.parametrize("content", ['{"rows": [{"run": "r", "step": 0.01}]}', '{"rows": {"a": 1}}', "[]", "not json"])
+def test_results_refuse_a_malformed_sensitivity_file_in_one_line(tmp_path, capsys, content):
+    fr = _fidelity_runs()
+    bad = tmp_path / "sens.json"
+    bad.write_text(content)
+    rc = fr.main(["results", "--exec", str(tmp_path / "exec"), "--sim", str(tmp_path / "sim"),
+                  "--json", str(tmp_path / "out.json"), "--sensitivity", str(bad)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "--sensitivity" in err
+    assert not (tmp_path / "out.json").exists()
