@@ -372,6 +372,28 @@ def step_kinds(exec_dir: Path, priced: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def prefix_hits(exec_dir: Path) -> str:
+    """How much of each executed prefix-caching run's prompts its prefix cache served: a slice
+    whose repeated blocks return only after the cache has evicted them exercises no cached prefill."""
+    rows = []
+    for p in sorted(exec_dir.glob("*/summary.json")):
+        if parse_name(p.parent.name)[1] != "vllm-prefix":
+            continue
+        m = json.loads(p.read_text())
+        m = m.get("metrics", m)
+        rows.append(f"| {p.parent.name} | {m.get('prefix_cache_queries', 0)} | {m.get('prefix_cache_hits', 0)} | "
+                    f"{m.get('prefix_saved_tokens', 0)} |")
+    if not rows:
+        return ""
+    return "\n".join(["Prefix caching in the executed `vllm-prefix` runs. The Azure samples carry no prefix hashes, "
+                      "and a block the Mooncake slice sends again comes back after the cache has evicted it: where "
+                      "no block hits, the run prices and executes as `vllm` does. Prefill over cached keys is "
+                      "executed in the `vllm-chunked` runs' later chunks and over the prefixes the tier runs "
+                      "restore (`benchmarks/TIERS.md`).", "",
+                      "| run | blocks looked up | blocks hit | prompt tokens saved |", "| --- | ---: | ---: | ---: |",
+                      *rows]) + "\n"
+
+
 def repeats(repeat_dir, exec_dir: Path) -> str:
     """The table of slices executed twice: the run in `repeat_dir` against its namesake in `exec_dir`,
     each figure a signed fraction (repeat - first) / first, as the twins' errors are; '' without."""
@@ -406,6 +428,7 @@ def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str =
     out.append(f"Executed runs: {len(want) - len(missing)} of {len(want)}"
                + (f"; not executed (device time): {', '.join(missing)}." if missing else ".") + "\n")
     out.append(step_kinds(exec_dir, priced))
+    out.append(prefix_hits(exec_dir))
     for cost in ("profiled", "roofline"):
         sub = [r for r in rows if r["cost_model"] == cost]
         if not sub:
