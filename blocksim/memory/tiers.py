@@ -44,10 +44,10 @@ before it moves anything.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from itertools import accumulate, compress, islice, repeat
-from operator import not_
+from operator import ne, not_
 from typing import Callable, NamedTuple
 
 from blocksim.config import GiB, SimConfig, TierConfig
@@ -558,17 +558,13 @@ class TierStore:
         if not n or self.onload == "wait":
             return n
         ends, where = self._load_ends(keys, n, commit=False)
-        if self.onload == "deadline":
-            limit = self.now_s + self.deadline_s
-            k = 0
-            while k < n and ends[k] <= limit:
-                k += 1
-            return k
+        if self.onload == "deadline":  # the leading loads that land by the deadline (ends only grow)
+            return bisect_right(ends, self.now_s + self.deadline_s, 0, n)
         # recompute: load the first k chunks and prefill the rest, for k = 0, n and each point where the
         # run passes from one tier to another; the cheapest wins (ties: fewer loads)
         now, ct = self.now_s, self.chunk_tokens
         best_k, best_s = 0, self.prefill_s(start_tokens, n * ct)
-        for k in (*(j for j in range(1, n) if where[j] != where[j - 1]), n):
+        for k in (*compress(range(1, n), map(ne, islice(where, 1, n), where)), n):
             s = ends[k - 1] - now + (self.prefill_s(start_tokens + k * ct, (n - k) * ct) if k < n else 0.0)
             if s < best_s:
                 best_k, best_s = k, s
