@@ -120,6 +120,7 @@ class TierStore:
         self.version = 0
         self._matched: tuple | None = None
         self._last_ends: tuple | None = None  # the last plan's `_load_ends`, for its commit
+        self._totals: tuple = (None, None)  # ((version, lookups), `totals()` then)
         self.log: list[tuple] | None = [] if log_events else None
         self.gpu_hits: dict[int, int] = {}
         self.evict_wait_s = 0.0
@@ -643,11 +644,18 @@ class TierStore:
         return (ends[-1] if ends else self.now_s), tokens[HOST], tokens[DISK], n
 
     def totals(self) -> tuple:
-        """Cumulative bytes per direction (`DIRECTIONS` order) and drops per tier (host, disk)."""
+        """Cumulative bytes per direction (`DIRECTIONS` order) and drops per tier (host, disk). They
+        change only with what the tiers hold (`version`) or with a lookup's loads (`lookups`): the
+        engine asks after every step, most of which change neither."""
+        now = (self.version, self.lookups)
+        if self._totals[0] == now:
+            return self._totals[1]
         b = self.bytes
         ev = {lv.name: lv.evictions for lv in self.levels}
-        return (b[(GPU, HOST)], b[(GPU, DISK)], b[(HOST, DISK)], b[(HOST, GPU)], b[(DISK, GPU)],
-                ev.get(HOST, 0), ev.get(DISK, 0))
+        out = (b[(GPU, HOST)], b[(GPU, DISK)], b[(HOST, DISK)], b[(HOST, GPU)], b[(DISK, GPU)],
+               ev.get(HOST, 0), ev.get(DISK, 0))
+        self._totals = (now, out)
+        return out
 
     def take_ops(self) -> list[TierOp]:
         if self.mover is not None and self._sent < len(self.ops):  # drops issued last
