@@ -42,15 +42,14 @@ class TierStepRecorder:
         n = len(self._onloading)
         runs = np.array(self._totals, np.int64).reshape(-1, 7)
         steps = np.array(self._steps, np.int64)
-        per = np.zeros((n, 7), np.int64)  # a step's moves: nonzero only at the first step of a run
-        per[np.cumsum(steps) - steps] = np.diff(runs, axis=0, prepend=np.zeros((1, 7), np.int64))
-        cols = {"step": np.arange(n, dtype=np.int64)}
-        for k, c in enumerate(TIER_STEP_COLUMNS[1:8]):
-            cols[c] = per[:, k]
-        cols["onloading"] = np.array(self._onloading, np.int64)
+        table = np.zeros((n, 9), np.int64)  # the columns of TIER_STEP_COLUMNS, all int64
+        table[:, 0] = np.arange(n, dtype=np.int64)
+        # a step's moves: nonzero only at the first step of a run
+        table[np.cumsum(steps) - steps, 1:8] = np.diff(runs, axis=0, prepend=np.zeros((1, 7), np.int64))
+        table[:, 8] = self._onloading
         import pandas as pd
 
-        return pd.DataFrame(cols).astype(TIER_STEP_DTYPES)
+        return pd.DataFrame(table, columns=list(TIER_STEP_COLUMNS)).astype(TIER_STEP_DTYPES)
 
 
 def tier_request_frame(groups, onload_before_schedule: bool = True) -> pd.DataFrame:
