@@ -590,6 +590,9 @@ class TierStore:
             self.log.append(("lookup", tuple(keys[:found + 1]), found, n))
         self.lookups += 1
         cb, ct, levels = self.chunk_blocks, self.chunk_tokens, self.levels
+        if not n:  # nothing to load: only the skipped chunks count
+            self.skipped_tokens += found * ct
+            return self.now_s, 0, 0, 0
         mover = self.mover
         ends, where = self._load_ends(keys, n, commit=mover is None)
         loads = [0, 0]
