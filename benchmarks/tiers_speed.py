@@ -117,6 +117,7 @@ def main() -> None:
         print(f"{name:<72} {best:6.2f} s  x{best / refs[policy]:.2f}  {summary['steps']:>7} steps  "
               f"TTFT mean {summary['ttft_mean_s']:.3f} s")
         if a.tier_time and cfg.tiers is not None:
+            engine = res = None  # the last repeat's engine and records freed before the timed run
             split = rows[-1]["tier_time"] = timed_tier_run(cfg, trace)
             print(f"{'':<72} timed run {split['wall_s']:.2f} s: tier store {split['tier_store_s']:.2f} s, "
                   f"rest {split['rest_s']:.2f} s")
