@@ -53,12 +53,18 @@ def rebuild_config(summary: dict):
 
 def rebuild_cost_model(summary: dict, config=None):
     """The cost model a run's summary.json records, for `config` (default: that run's own). A profiled
-    model needs its profile file still readable; a roofline's constants are in the record."""
+    model needs its profile file still readable and the same measurement (its ``created_utc``) as
+    the run used; a roofline's constants are in the record."""
     from blocksim.cost import CostParams, ProfiledCostModel, RooflineCostModel, load_profile
     rec = summary.get("cost_model") or {}
     config = config if config is not None else rebuild_config(summary)
     if rec.get("name") == "profiled":
-        return ProfiledCostModel(config, load_profile(rec["profile"]))
+        profile = load_profile(rec["profile"])
+        made = profile.header.get("created_utc")
+        if rec.get("created_utc") and made != rec["created_utc"]:
+            raise ValueError(f"cost profile {rec['profile']} was measured at {made}, not at {rec['created_utc']} "
+                             f"as the run used it: simulate the run again with this profile")
+        return ProfiledCostModel(config, profile)
     if rec.get("name") == "roofline":
         return RooflineCostModel(config, CostParams(**rec["params"]) if rec.get("params") else None,
                                  source=rec.get("profile"))

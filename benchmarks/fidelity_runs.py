@@ -233,9 +233,15 @@ def step_kinds(exec_dir: Path, priced: dict) -> str:
                      f"{100 * g.err.abs().mean():.1f}% |")
     g = x[x.kind == "decode, CUDA graph"]
     lines += ["", "Graph-replayed decode steps by run (the pricing of uneven, padded and shared batches: "
-              "docs/cost_models.md):", "", "| run | steps | mean error | MAPE |", "| --- | ---: | ---: | ---: |"]
+              "docs/cost_models.md), and those of one or two rows alone (little more than the weights' read, "
+              "a shape the profile measures as the run executes it):", "",
+              "| run | steps | mean error | MAPE | 1-2 rows: steps | 1-2 rows: mean error |",
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for run, r in g.groupby("run"):
-        lines.append(f"| {run} | {len(r)} | {100 * r.err.mean():+.1f}% | {100 * r.err.abs().mean():.1f}% |")
+        small = r[r.padded_batch <= 2]
+        se = f"{100 * small.err.mean():+.1f}%" if len(small) else "n/a"
+        lines.append(f"| {run} | {len(r)} | {100 * r.err.mean():+.1f}% | {100 * r.err.abs().mean():.1f}% | "
+                     f"{len(small)} | {se} |")
     e = x[x.kind == "eager, with a prompt"].copy()
     e["again"] = e.groupby("run").num_tokens.transform(lambda t: t.duplicated())
     e["tokens"] = pd.cut(e.num_tokens, [0, 256, 1024, 2048, 4096, 1 << 20],
@@ -324,9 +330,17 @@ layers on real-valued operands, as the executed steps run them (`validation/VALI
 small per-step differences through scheduling (a prompt admitted a step earlier or later), so
 the latency errors are larger than the per-step error. A graph-replayed decode step is priced by its
 padded batch, the mean context over its rows (padding rows as rows of no context) and its longest
-row over that mean (the profile's `decode_step_longest` table, measured on batches of one long
-row); `n = 2` pairs sharing a prompt, which read it partly from the L2 cache, are priced as if they
-did not share it (`benchmarks/decode_step_shapes.py`, docs/cost_models.md, "The profiled model").
+row over that mean (the profile's `decode_step_longest` table, measured on batches whose rows fall
+in equal steps from the longest); `n = 2` pairs sharing a prompt, which read it partly from the L2
+cache, are priced as if they did not share it (`benchmarks/decode_step_shapes.py`,
+`benchmarks/step_families.py`, docs/cost_models.md, "The profiled model").
+
+The profile and the executed runs were measured on different leases of the device (machines of
+the same kind, or the same one at another time). The graph steps of one or two rows, whose shape
+the profile times exactly as a run executes it, show how far the two leases differ: their mean
+error in the per-run table below is the profile's lease against the run's, and the same slice
+executed on two leases ("Executed twice", at the end) moves by as much. Both bound what a per-step
+or latency error below a percent or two can mean.
 
 Slices (`benchmarks/fidelity_runs.py`, prompts clipped to 4096 tokens): azure-conv = the bundled Azure
 conversation sample, arrivals [140 s, 160 s); azure-code = the Azure code sample, [200 s, 220 s) at

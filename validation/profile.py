@@ -22,8 +22,10 @@ Tables (seconds, whole model, one GPU):
   (`validation.tiers.bench`);
 * ``decode_step_longest`` by (batch, context, longest): a whole pure-decode step replayed as the
   CUDA graph of that padded batch size, its rows holding ``batch * context`` context tokens in all,
-  the longest row ``longest`` times the mean (`uneven_contexts`); ``decode_step`` by (batch,
-  context) is its slice of equal rows (``longest`` 1);
+  the longest row ``longest`` times the mean and the others falling from it in equal steps
+  (`spread_contexts`; the table's ``rows`` says ``spread``); a cell whose longest row the model's
+  length caps holds the line through its row's two longest rows measured (listed under
+  ``capped``); ``decode_step`` by (batch, context) is its slice of equal rows (``longest`` 1);
 * ``overhead``: ``eager_s``, the median of (a whole eager step) - (the sum of its components:
   attention timed inside the step, the others alone) over a few mixed steps, at least 0;
   ``eager_cases_s`` the differences, whose median (negative where the components timed alone add
@@ -69,7 +71,7 @@ PREFILL_CACHED = (0, 512, 2048, 8192)
 DECODE_BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DECODE_CONTEXT = (16, 64, 256, 1024, 2048, 4096, 8192)
 STEP_BATCH = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
-#: The longest row's context over the mean context of a graph step's rows (`uneven_contexts`).
+#: The longest row's context over the mean context of a graph step's rows (`spread_contexts`).
 LONGEST = (1.0, 1.5, 2.0, 3.0, 5.0, 8.0)
 SEQUENCES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BLOCKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -149,6 +151,56 @@ def uneven_contexts(batch: int, context: int, longest: float, max_len: int) -> l
     first = max(context, min(int(round(longest * context)), max_len, total - (batch - 1)))
     base, extra = divmod(total - first, batch - 1)
     return [first] + [base + 1] * extra + [base] * (batch - 1 - extra)
+
+
+def spread_contexts(batch: int, context: int, longest: float, max_len: int) -> list[int]:
+    """The rows' contexts of a synthetic graph step spread evenly below its longest row:
+    `batch * context` tokens in all, the first row `longest` times the mean (capped as in
+    `uneven_contexts`), the others falling in equal steps from it, the shortest ones at one token
+    (padding-like) where the ramp must reach below zero to keep the total. At `longest` 1 every
+    row holds `context`; at 2 the rows fall evenly to nothing."""
+    if batch == 1 or longest <= 1.0:
+        return [context] * batch
+    total = batch * context
+    top = max(context, min(int(round(longest * context)), max_len, total - (batch - 1)))
+    if top == context:  # no room above the mean
+        return [context] * batch
+    j = np.arange(batch, dtype=np.float64)
+
+    def rows(low: float) -> np.ndarray:
+        return np.maximum(1.0, top - j * (top - low) / (batch - 1))
+    lo, hi = -float(top) * batch, float(top)  # the lowest row's value before the floor at one token
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if rows(mid).sum() < total else (lo, mid)
+    x = rows(hi)
+    x[0] = top
+    out = np.minimum(np.floor(x), top).astype(np.int64)
+    short = total - int(out.sum())  # the rounding's remainder: a token more to the rows cut most
+    order = 1 + np.argsort(-(x[1:] - out[1:]), kind="stable")
+    for k in order:
+        if short <= 0:
+            break
+        if out[k] < top:
+            out[k] += 1
+            short -= 1
+    while short < 0:  # the bisection's last ulp: a token less from the longest of the other rows
+        k = int(np.argmax(out[1:])) + 1
+        out[k] -= 1
+        short += 1
+    return [int(v) for v in out]
+
+
+def capped_cell(measured: list[tuple[float, float]], longest: float) -> float:
+    """The seconds a `decode_step_longest` cell holds at `longest` when the model's length caps its
+    longest row: the line through the last two points `measured` (the actual ratio of each
+    measured step's longest row over its mean, its seconds, in rising ratio) carried to `longest`,
+    so that interpolating between grid points gives the measured time at the capped ratio (the
+    last point's own seconds when only one ratio was reachable)."""
+    if len(measured) < 2:
+        return measured[-1][1]
+    (r1, t1), (r2, t2) = measured[-2], measured[-1]
+    return max(t2, t2 + (t2 - t1) * (longest - r2) / (r2 - r1))  # a longer row never makes a step faster
 
 
 class Profiler:
@@ -355,21 +407,29 @@ class Profiler:
         g, r = self.grid, self.runner
         sizes, contexts, longest = list(g["STEP_BATCH"]), list(g["DECODE_CONTEXT"]), list(g["LONGEST"])
         r.capture_decode_graphs(max(sizes))
-        secs = []
+        secs, capped = [], []
         for b in sizes:
             plane = []
             for c in contexts:
-                row = []
+                row, measured = [], []  # measured: (the longest row's actual ratio, seconds)
                 for x in longest:
-                    r.load_decode(self.batch(decodes=uneven_contexts(b, c, x, self.dims.max_model_len)), b)
-                    row.append(self.clock.median(_graph(r, b)))
+                    rows = spread_contexts(b, c, x, self.dims.max_model_len)
+                    r.load_decode(self.batch(decodes=rows), b)
+                    t = self.clock.median(_graph(r, b))
+                    ratio = max(rows) / c
+                    if not measured or ratio > measured[-1][0] + 1e-9:
+                        measured.append((ratio, t))
+                    row.append(capped_cell(measured, x) if ratio < x - 1e-9 else t)
+                    if ratio < x - 1e-9:
+                        capped.append([b, c, x])
                 plane.append(row)
             secs.append(plane)
         self._say("decode_step done")
         flat = [[plane[ci][longest.index(1.0)] for ci in range(len(contexts))] for plane in secs]
         return ({"axes": ["batch", "context"], "grid": {"batch": sizes, "context": contexts}, "seconds": flat},
                 {"axes": ["batch", "context", "longest"],
-                 "grid": {"batch": sizes, "context": contexts, "longest": longest}, "seconds": secs})
+                 "grid": {"batch": sizes, "context": contexts, "longest": longest}, "seconds": secs,
+                 "rows": "spread", "capped": capped})
 
     def overhead(self) -> dict:
         """Whole eager steps against the sum of their components timed alone."""

@@ -12,10 +12,11 @@ engine's columns `t_<component>_s` hold:
   (eager seconds when the profile has no graph timings). Decode-only means no prompt and no block
   move (swap or copy) in the step, as the executor replays graphs; larger decode batches, steps
   with a prompt and steps that move blocks run eager.
-* ``t_attn_prefill_s``: each prompt (or chunk) of ``p`` new tokens after ``c`` cached ones is
-  priced alone at batch 1, ``attn_prefill(1, p, c)``; a step of ``P > 1`` prompts multiplies the sum
-  by the measured batch efficiency at the mean shape, ``attn_prefill(P, p̄, c̄) / (P *
-  attn_prefill(1, p̄, c̄))`` (exact for a uniform batch; uneven lengths keep their own quadratic cost).
+* ``t_attn_prefill_s``: a prompt (or chunk) of ``p`` new tokens after ``c`` cached ones alone is
+  ``attn_prefill(1, p, c)``; a step of ``P > 1`` prompts adds up ``attn_prefill(B_i, p_i, c_i) / B_i``,
+  each prompt at the batch ``B_i`` of its own shape lasting as long as all the prompts alone in turn
+  (``sum_j attn_prefill(1, j) / attn_prefill(1, i)``, at most the grid's largest batch or ``P``):
+  exact for a uniform batch, and a short chunk beside a long prompt costs what it adds to a full GPU.
 * ``t_attn_decode_s``: ``attn_decode(batch, mean context)``. For a graph-replayed decode-only step
   of a profile with the optional ``decode_step`` table (a whole decode step replayed as a graph),
   the step's GPU time is ``decode_step(padded batch, mean context)`` and this column holds it less
@@ -168,10 +169,12 @@ class ProfiledCostModel:
         else:
             p = np.asarray(new_tokens, dtype=np.float64)
             c = np.zeros_like(p) if cached_tokens is None else np.asarray(cached_tokens, dtype=np.float64)
-            base = float(np.sum(tab.eval(1.0, p, c)))
-            pm, cm = float(p.mean()), float(c.mean())
-            both = tab.eval(np.asarray([n, 1.0]), pm, cm)
-            base *= float(both[0] / (n * both[1]))
+            # each prompt at the batch of its own shape that would last as long as the whole batch
+            # alone: n for n equal prompts (the table's own batch), more for a prompt far shorter
+            # than the rest, whose thread blocks run alongside theirs (capped at the grid or n)
+            alone = np.maximum(tab.eval(1.0, p, c), 1e-12)
+            batch = np.minimum(alone.sum() / alone, max(float(n), float(tab.grids[0][-1])))
+            base = float(np.sum(tab.eval(batch, p, c) / batch))
             hit = (base, tuple(a for a, vals in zip(tab.axes, (np.asarray([1.0, n]), p, c))
                                if tab.outside(tab.axes.index(a), vals).any()))
         for axis in hit[1]:

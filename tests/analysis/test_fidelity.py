@@ -146,3 +146,27 @@ def test_executed_steps_are_priced_by_another_model_at_their_measured_times(tmp_
     np.testing.assert_array_equal(own, pd.read_parquet(exe / "steps.parquet").duration_s.to_numpy(),
                                   err_msg="EXEC's own model re-played prices its steps as it ran them")
     assert compare_runs(sim, exe)["step_mape"] == pytest.approx(f.step_mape)
+
+
+def test_a_profile_measured_again_since_the_run_is_not_used_to_price_it(tmp_path):
+    import blocksim.cost as cost
+    from blocksim.experiments.runner import build_config
+    path = cost.shipped_profile(build_config(model="llama-2-7b", gpu="h200-141gb"))
+    copy = tmp_path / path.name
+    shutil.copy(path, copy)
+    made = json.loads(copy.read_text())["created_utc"]
+    summary = {"config": json.loads(json.dumps(_summary_config())),
+               "cost_model": {"name": "profiled", "profile": str(copy), "created_utc": made}}
+    assert rebuild_cost_model(summary).name == "profiled"
+    summary["cost_model"]["created_utc"] = "2000-01-01T00:00:00Z"
+    with pytest.raises(ValueError, match="measured at .* not at 2000-01-01"):
+        rebuild_cost_model(summary)
+
+
+def _summary_config() -> dict:
+    """The `config` of a summary.json: that of a short run on the shipped profile's model and GPU."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        replay(TRACE.head(2), Path(d) / "r", overrides={"model": "llama-2-7b", "gpu": "h200-141gb",
+                                                        "cost_model": "roofline"})
+        return json.loads((Path(d) / "r" / "summary.json").read_text())["config"]

@@ -141,14 +141,19 @@ def test_an_eager_step_costs_the_median_of_the_profiles_measured_differences(tmp
         load_profile(path)
 
 
-def test_prefill_attention_sums_sequences_and_applies_the_batch_efficiency(profile_path):
+def test_prefill_attention_prices_each_prompt_at_the_batch_that_lasts_as_long_as_the_step(profile_path):
     cm = model(profile_path)
-    one = cm.prefill.eval(1.0, np.array([256.0, 1024.0]), np.array([0.0, 512.0]))
-    eff = (cm.prefill.eval(2.0, 640.0, 256.0)[0] / (2 * cm.prefill.eval(1.0, 640.0, 256.0)[0]))
+    p, c = np.array([256.0, 1024.0]), np.array([0.0, 512.0])
+    alone = cm.prefill.eval(1.0, p, c)
+    batch = alone.sum() / alone  # the short prompt runs alongside the long one: a larger batch of its shape
+    want = float(np.sum(cm.prefill.eval(batch, p, c) / batch))
     got = cm.attn_prefill(np.array([256, 1024]), np.array([0, 512]))
-    assert got == pytest.approx(one.sum() * eff, rel=1e-12)
+    assert got == pytest.approx(want, rel=1e-12)
+    assert alone.max() <= got <= alone.sum(), "no faster than its longest prompt alone, no slower than all in turn"
     uniform = cm.attn_prefill(np.array([256, 256]), np.array([512, 512]))
     assert uniform == pytest.approx(cm.prefill.eval(2.0, 256.0, 512.0)[0], rel=1e-12), "a uniform batch reads its grid"
+    near = cm.attn_prefill(np.array([1000, 1001]), np.array([0, 0]))
+    assert near == pytest.approx(cm.prefill.eval(2.0, 1000.5, 0.0)[0], rel=1e-3), "near-equal prompts: near the grid"
 
 
 def test_swap_and_copy_blocks_are_converted_to_the_profiles_block_size(profile_path):

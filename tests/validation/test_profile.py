@@ -10,6 +10,9 @@ pytest.importorskip("torch")
 
 from blocksim.cli import main  # noqa: E402
 from validation import profile  # noqa: E402
+import numpy as np  # noqa: E402
+from hypothesis import assume, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 TINY = """models:
   tiny: {num_layers: 2, hidden_size: 256, num_heads: 4, num_kv_heads: 2, head_size: 64, num_params: 1.0e6,
@@ -84,3 +87,25 @@ def test_uneven_contexts_keep_the_total_and_put_the_longest_row_first(batch, con
     assert max(rows[1:], default=0) - min(rows[1:], default=0) <= 1, "the other rows share the rest evenly"
     want = min(round(longest * context), max_len, batch * context - (batch - 1)) if batch > 1 else context
     assert rows[0] == max(context, want), "the longest row the point asks for, or the longest it can hold"
+
+
+@settings(max_examples=200, deadline=None)
+@given(batch=st.integers(1, 256), context=st.integers(1, 8192), longest=st.sampled_from(profile.LONGEST),
+       max_len=st.sampled_from([4096, 8192, 32768]))
+def test_spread_contexts_keep_the_total_and_fall_from_the_longest_row(batch, context, longest, max_len):
+    assume(context <= max_len)
+    rows = profile.spread_contexts(batch, context, longest, max_len)
+    assert len(rows) == batch and sum(rows) == batch * context, "the same tokens in all"
+    assert rows[0] == max(rows) and min(rows) >= 1 and max(rows) <= max_len
+    want = min(round(longest * context), max_len, batch * context - (batch - 1)) if batch > 1 else context
+    assert rows[0] == max(context, want), "the longest row the point asks for, or the longest it can hold"
+    steps = np.diff(rows[1:])
+    assert (steps <= 1).all(), "the other rows fall from the longest (one token of rounding at most)"
+    if batch > 2 and longest > 1 and rows[-1] > 1:
+        assert np.ptp(np.diff(rows)[1:]) <= 2, "in equal steps, down to the floor of one token"
+
+
+def test_a_capped_cell_carries_the_line_through_the_two_longest_rows_measured():
+    assert profile.capped_cell([(1.0, 5.0), (2.0, 6.0), (3.0, 7.0)], 5.0) == pytest.approx(9.0)
+    assert profile.capped_cell([(1.0, 5.0)], 8.0) == 5.0, "one reachable ratio: its own seconds"
+    assert profile.capped_cell([(1.0, 6.0), (2.0, 5.0)], 3.0) == 5.0, "a falling line is not carried"
