@@ -161,6 +161,13 @@ def cmd_results(a) -> int:
         why = "no such directory" if a.markdown else "its table goes into --markdown: give one"
         print(f"fidelity_runs.py results: --repeat {a.repeat}: {why}", file=sys.stderr)
         return 2
+    if a.sensitivity:
+        try:
+            json.loads(Path(a.sensitivity).read_text())["rows"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"fidelity_runs.py results: --sensitivity {a.sensitivity}: {e}; give the JSON that "
+                  f"`fidelity_runs.py sensitivity` wrote", file=sys.stderr)
+            return 2
     rows, priced = [], {}  # priced: run -> the profiled twin's price of each executed step
     for run in sorted(p.parent for p in exec_dir.glob("*/executor.json")):
         trace, preset, model, _ = parse_name(run.name)
@@ -183,9 +190,115 @@ def cmd_results(a) -> int:
         rows = [r for r in json.loads(Path(a.json).read_text()) if key(r) not in new] + rows
     Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
     if a.markdown:
-        Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced, repeats(a.repeat, exec_dir)))
+        Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced, repeats(a.repeat, exec_dir),
+                                                 sensitivity_table(a.sensitivity)))
     print(f"{len(rows)} comparisons written to {a.json}")
     return 0
+
+
+def scaled_profile(src: Path, factor: float, dst: Path) -> Path:
+    """A copy of the profile `src` with every measured time multiplied by `factor` (the tables'
+    seconds and graph seconds, the eager-step differences), at `dst`."""
+    prof = json.loads(src.read_text())
+
+    def scale(v):
+        return [scale(x) for x in v] if isinstance(v, list) else v * factor
+    for name, tab in prof["components"].items():
+        for key in ("seconds", "graph_seconds", "eager_s", "graph_s", "eager_cases_s"):
+            if key in tab:
+                tab[key] = scale(tab[key])
+    prof["scaled"] = factor
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text(json.dumps(prof))
+    return dst
+
+
+def twin_profile(base: Path, default: Path) -> Path:
+    """The profile file the simulated run `base` was priced by (its summary.json's cost model), or
+    `default` where the summary names none."""
+    from blocksim.cost.profile_file import resolve_path
+    rec = json.loads((base / "summary.json").read_text()).get("cost_model") or {}
+    if rec.get("name") != "profiled" or not rec.get("profile"):
+        return default
+    path = resolve_path(rec["profile"])
+    return path if path.is_absolute() else ROOT / path  # as the simulation, run from ROOT, read it
+
+
+LATENCY = ("ttft_p50_err", "ttft_p99_err", "tpot_p50_err", "tpot_p99_err", "e2e_p50_err", "e2e_p99_err",
+           "throughput_err")
+
+
+def cmd_sensitivity(a) -> int:
+    """Each executed run's slice simulated by its profile with every measured time scaled by
+    1 - STEP and 1 + STEP: how far each latency figure moves per unit of step time (1.0: in
+    proportion; 5.0: five times as far), around the unscaled simulated run in --sim."""
+    from analysis.fidelity import compare, errors
+    from validation.profile import shipped_name
+    exec_dir, sim_dir, out = Path(a.exec), Path(a.sim), Path(a.out)
+    if not 0 < a.step < 0.5:
+        print(f"fidelity_runs.py sensitivity: --step {a.step}: give a scale between 0 and 0.5, e.g. 0.01",
+              file=sys.stderr)
+        return 2
+    if not any(exec_dir.glob("*/executor.json")):
+        print(f"fidelity_runs.py sensitivity: --exec {a.exec}: no executed runs (*/executor.json) there; give "
+              f"the directory `fidelity_runs.py execute --out` wrote", file=sys.stderr)
+        return 2
+    if not (sim_dir / "profiled").is_dir():
+        print(f"fidelity_runs.py sensitivity: --sim {a.sim}: no profiled/ twins there; give the directory "
+              f"`fidelity_runs.py simulate --out` wrote", file=sys.stderr)
+        return 2
+    rows = []
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "sensitivity.log", "a") as log:
+        for run in sorted(p.parent for p in exec_dir.glob("*/executor.json")):
+            trace, preset, model, tp = parse_name(run.name)
+            base = sim_dir / "profiled" / run.name
+            if not (base / "summary.json").exists():
+                print(f"sensitivity {run.name}: no profiled twin in {sim_dir}", flush=True)
+                continue
+            gpu = json.loads((run / "summary.json").read_text())["config"]["gpu"]["name"]
+            src = twin_profile(base, ROOT / "blocksim" / "profiles" / shipped_name(model, gpu, "float16", tp))
+            if not src.is_file():
+                print(f"sensitivity {run.name}: its twin's profile {src} is not readable", flush=True)
+                continue
+            path = slice_file(trace, PRESETS[preset][2], exec_dir / "traces")
+            moved = {}
+            for sign in (-1, 1):
+                f = 1.0 + sign * a.step
+                prof = scaled_profile(src, f, out / "profiles" / f"{f:.3f}" / src.name)
+                dest = out / f"{f:.3f}" / run.name
+                rc = blocksim(replay_args(path, preset, model, gpu, dest, tp)
+                              + ["--cost-model", "profiled", "--cost-profile", str(prof), "--overwrite"], log)
+                if rc:
+                    print(f"sensitivity {run.name}: simulation at {f:.3f} failed (rc {rc}); see {out}/sensitivity.log")
+                    break
+                moved[sign] = errors(compare(dest, base))
+            if len(moved) == 2:
+                rows.append({"run": run.name, "step": a.step,
+                             **{k: (moved[1][k] - moved[-1][k]) / (2 * a.step) for k in LATENCY}})
+                print(f"sensitivity {run.name}: TTFT p50 x{rows[-1]['ttft_p50_err']:.1f} per unit of step time",
+                      flush=True)
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1) + "\n")
+    print(f"{len(rows)} runs written to {a.json}")
+    return 0
+
+
+def sensitivity_table(path) -> str:
+    """The markdown table of a `sensitivity` results file, or "" without one."""
+    if not path:
+        return ""
+    data = json.loads(Path(path).read_text())
+    step = data["rows"][0]["step"] if data["rows"] else 0.01
+    lines = ["### How far the latencies move with the step times\n",
+             f"Each slice simulated by its profile with every measured time scaled by {1 - step:.2f} and "
+             f"{1 + step:.2f} (`fidelity_runs.py sensitivity`): how far each figure moves per unit of step "
+             "time (1.0: in proportion). A figure that moves five times as far as the steps needs its steps "
+             "priced within a fifth of its target.\n",
+             "| run | " + " | ".join(k[:-4] for k in LATENCY) + " |", "|---|" + "---:|" * len(LATENCY)]
+    for r in data["rows"]:
+        lines.append(f"| {r['run']} | " + " | ".join(f"{r[k]:+.1f}" for k in LATENCY) + " |")
+    return "\n".join(lines) + "\n"
 
 
 ERRORS = ("step_mape", "ttft_p50_err", "ttft_p99_err", "tpot_p50_err", "tpot_p99_err", "e2e_p50_err",
@@ -281,7 +394,7 @@ def repeats(repeat_dir, exec_dir: Path) -> str:
             + "\n".join([head, "|" + " --- |" * (1 + len(ERRORS))] + lines) + "\n")
 
 
-def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str = "") -> str:
+def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str = "", moved: str = "") -> str:
     """benchmarks/FIDELITY.md: how the figures were made and the generated tables."""
     devices = sorted({json.loads(p.read_text()).get("device", "?") for p in exec_dir.glob("*/executor.json")})
     torch_v = sorted({json.loads(p.read_text()).get("torch", "?") for p in exec_dir.glob("*/executor.json")})
@@ -299,6 +412,8 @@ def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str =
         out.append(f"### {cost} cost model\n")
         out.append(markdown_table(sub))
         out.append("Within target (|error| <= target): " + ", ".join(f"{k} {met(sub, k)}" for k in ERRORS) + ".\n")
+    if moved:
+        out.append(moved)
     if repeated:
         out.append(repeated)
     return "\n".join(out)
@@ -328,7 +443,10 @@ the measured GPU time), and the profile times prefill attention inside whole ste
 layers on real-valued operands, as the executed steps run them (`validation/VALIDATION.md`,
 `benchmarks/eager_gap.py`). The latency percentiles of these runs under memory pressure amplify
 small per-step differences through scheduling (a prompt admitted a step earlier or later), so
-the latency errors are larger than the per-step error. A graph-replayed decode step is priced by its
+the latency errors are larger than the per-step error: the table "How far the latencies move with
+the step times" gives, per slice, how far each figure moves when every step lasts 1% longer or
+shorter (on the H200, the Azure conversation slices of llama-2-7b that do not swap move their TTFT p50
+11-12 times as far as their steps, so 3% on it asks for steps priced within 0.25%; its swap-n2 slice 2.2 times). A graph-replayed decode step is priced by its
 padded batch, the mean context over its rows (padding rows as rows of no context) and its longest
 row over that mean (the profile's `decode_step_longest` table, measured on batches whose rows fall
 in equal steps from the longest); `n = 2` pairs sharing a prompt, which read it partly from the L2
@@ -340,7 +458,10 @@ the same kind, or the same one at another time). The graph steps of one or two r
 the profile times exactly as a run executes it, show how far the two leases differ: their mean
 error in the per-run table below is the profile's lease against the run's, and the same slice
 executed on two leases ("Executed twice", at the end) moves by as much. Both bound what a per-step
-or latency error below a percent or two can mean.
+or latency error below a percent or two can mean. The executed swap-n2 runs hold, in their first
+copy-on-write step, the process's first block copy (49-68 ms on the H200, against 0.22-0.25 ms for
+every later copy): a start-up cost that the executor pays before its first step
+(`validation/VALIDATION.md`), which these runs predate and the simulation does not price.
 
 Slices (`benchmarks/fidelity_runs.py`, prompts clipped to 4096 tokens): azure-conv = the bundled Azure
 conversation sample, arrivals [140 s, 160 s); azure-code = the Azure code sample, [200 s, 220 s) at
@@ -356,8 +477,11 @@ GPU=h200-141gb PROFILE_MODELS="llama-2-7b llama-3-8b mistral-7b" RUN_MODELS="lla
     bash benchmarks/fidelity_device.sh
 # on any machine, with the executed runs and profiles fetched
 python benchmarks/fidelity_runs.py simulate --exec runs/fidelity/exec --out runs/fidelity/sim
+python benchmarks/fidelity_runs.py sensitivity --exec runs/fidelity/exec --sim runs/fidelity/sim \\
+    --out runs/fidelity/sensitivity --json benchmarks/results/fidelity-sensitivity-h200.json
 python benchmarks/fidelity_runs.py results --exec runs/fidelity/exec --sim runs/fidelity/sim \\
-    --json benchmarks/results/fidelity-h200.json --markdown benchmarks/FIDELITY.md [--repeat DIR]
+    --json benchmarks/results/fidelity-h200.json --markdown benchmarks/FIDELITY.md [--repeat DIR] \\
+    [--sensitivity benchmarks/results/fidelity-sensitivity-h200.json]
 ```
 """
 
@@ -398,9 +522,18 @@ def main(argv=None) -> int:
     r.add_argument("--markdown", default=None)
     r.add_argument("--repeat", default=None, metavar="DIR",
                    help="executed runs of the same slices made again: a table of their differences")
+    r.add_argument("--sensitivity", default=None, metavar="JSON",
+                   help="a `sensitivity` results file: its table goes into --markdown")
     r.add_argument("--merge", action="store_true",
                    help="keep the --json file's rows of other runs (model, GPU, tensor-parallel degree, ...)")
     r.set_defaults(func=cmd_results)
+    v = sub.add_parser("sensitivity", help="how far each slice's latencies move with its step times")
+    v.add_argument("--exec", required=True)
+    v.add_argument("--sim", required=True, help="the simulate output holding each run's profiled twin")
+    v.add_argument("--out", required=True)
+    v.add_argument("--step", type=float, default=0.01, help="the scale either side of 1 (default 0.01)")
+    v.add_argument("--json", required=True)
+    v.set_defaults(func=cmd_sensitivity)
     a = ap.parse_args(argv)
     return a.func(a)
 

@@ -9,10 +9,10 @@ of one size. The one power axis is prefill attention's ``new_tokens``, whose cos
 square of the new tokens. Leave-one-out on the shipped H200 profiles
 (`benchmarks/interpolation_check.py`: each inner grid point dropped and interpolated from its
 neighbours) gives median errors along decode_step.context of 0.2-0.3% with straight lines against
-4.3-6.5% with power laws, attn_decode.context 1.5-2.2% against 6.1-8.3%,
-attn_prefill.cached_tokens 0.9-1.1% against 14.7-14.8%, linear.tokens 0.9-1.3% against 1.2-1.4%;
-along attn_prefill.new_tokens the two are level (28.6-31.9% power law, 28.7-32.7% straight), and
-the power law keeps the quadratic growth beyond the grid.
+4.2-6.3% with power laws, attn_decode.context 1.7-2.0% against 6.6-8.3%,
+attn_prefill.cached_tokens 0.7-1.5% against 14.7%, linear.tokens 1.3-1.7% against 1.4-1.5%;
+along attn_prefill.new_tokens the two are within a point (30.5-33.3% power law, 29.7-32.4%
+straight), and the power law keeps the quadratic growth beyond the grid.
 
 On grid points the table's values come back exactly (tables without a power axis) or up to one
 rounding of ``exp(log(t))``. Outside the grid an axis is extrapolated from its two nearest grid

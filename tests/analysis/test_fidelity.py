@@ -170,3 +170,72 @@ def _summary_config() -> dict:
         replay(TRACE.head(2), Path(d) / "r", overrides={"model": "llama-2-7b", "gpu": "h200-141gb",
                                                         "cost_model": "roofline"})
         return json.loads((Path(d) / "r" / "summary.json").read_text())["config"]
+
+
+def test_a_scaled_profile_prices_every_step_that_much_longer(tmp_path):
+    """benchmarks/fidelity_runs.py sensitivity: a profile with every measured time scaled prices
+    each kind of step (graph, eager with prompts, block moves) by the same factor."""
+    import importlib.util
+    import warnings
+
+    from blocksim.cost import ProfiledCostModel, load_profile, shipped_profile
+    from blocksim.experiments.runner import build_config
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("fidelity_runs", root / "benchmarks" / "fidelity_runs.py")
+    fr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fr)
+    cfg = build_config(model="llama-3-8b", gpu="h200-141gb")
+    src = shipped_profile(cfg)
+    scaled = fr.scaled_profile(src, 1.25, tmp_path / src.name)
+    assert json.loads(scaled.read_text())["components"]["attn_prefill"]["grid"] == \
+        json.loads(src.read_text())["components"]["attn_prefill"]["grid"], "the grids stay"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a, b = ProfiledCostModel(cfg, load_profile(src)), ProfiledCostModel(cfg, load_profile(scaled))
+    for cm_a, cm_b in ((a.linear(300, 2, False), b.linear(300, 2, False)),
+                       (a.attn_prefill(np.array([100, 900]), np.array([0, 64])),
+                        b.attn_prefill(np.array([100, 900]), np.array([0, 64]))),
+                       (a.attn_decode(16 * 700, 16, True, 1500), b.attn_decode(16 * 700, 16, True, 1500)),
+                       (a.swap(3, 5) + a.copy(2), b.swap(3, 5) + b.copy(2)),
+                       (a.overhead(True, 0), b.overhead(True, 0))):
+        assert cm_b == pytest.approx(1.25 * cm_a, rel=1e-9)
+
+
+def _fidelity_runs():
+    import importlib.util
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("fidelity_runs", root / "benchmarks" / "fidelity_runs.py")
+    fr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fr)
+    return fr
+
+
+def test_sensitivity_scales_the_profile_its_twin_was_priced_by(tmp_path):
+    """benchmarks/fidelity_runs.py sensitivity: the profile scaled is the one the unscaled twin in
+    --sim recorded (`simulate --profile-dir` gives another than the shipped one)."""
+    fr = _fidelity_runs()
+    shipped = tmp_path / "shipped.json"
+    base = tmp_path / "twin"
+    base.mkdir()
+    other = tmp_path / "profiles" / "llama-2-7b__h200-141gb__float16__tp1.json"
+    for rec, want in (({"name": "profiled", "profile": str(other)}, other),
+                      ({"name": "profiled", "profile": "blocksim/profiles/llama-2-7b__h200-141gb__float16__tp1.json"},
+                       fr.ROOT / "blocksim" / "profiles" / "llama-2-7b__h200-141gb__float16__tp1.json"),
+                      ({"name": "roofline", "params": {}}, shipped)):
+        (base / "summary.json").write_text(json.dumps({"cost_model": rec}))
+        assert fr.twin_profile(base, shipped) == want
+
+
+def test_sensitivity_without_executed_runs_or_twins_is_refused_in_one_line(tmp_path, capsys):
+    fr = _fidelity_runs()
+    (tmp_path / "exec" / "r").mkdir(parents=True)
+    args = ["sensitivity", "--sim", str(tmp_path / "sim"), "--out", str(tmp_path / "out"),
+            "--json", str(tmp_path / "s.json")]
+    assert fr.main(args + ["--exec", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--exec" in err and "no executed runs" in err
+    (tmp_path / "exec" / "r" / "executor.json").write_text("{}")
+    assert fr.main(args + ["--exec", str(tmp_path / "exec")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--sim" in err and "profiled/" in err
+    assert not (tmp_path / "s.json").exists(), "no empty results file written"
