@@ -1,11 +1,18 @@
 """Wall time of the Mooncake synthetic trace with KV tiers against the same run without.
 
-    python benchmarks/tiers_speed.py [--repeats 3] [--json benchmarks/results/tiers_speed.json]
+    python benchmarks/tiers_speed.py [--repeats 3] [--json benchmarks/results/tiers_speed.json] [--tier-time]
 
 llama-2-7b on h100-80gb, the built-in roofline (benchmarks/roofline_defaults.json), prompts clipped to
 the model's 4,096 tokens. Each configuration runs `--repeats` times in this process (the trace read
-once); the best wall time of the engine's run counts. The JSON records the machine's load average
-before and after. Needs ../shared/traces beside the repository.
+once); the best wall time of the engine's run counts, and the best CPU time of this process over
+the same runs (what other jobs on the machine take from it does not count there, what they take of
+its caches does). The JSON records the machine's load average before and after. Needs
+../shared/traces beside the repository.
+
+`--tier-time`: one more run of each configuration with tiers, its calls into the tier store
+(`blocksim.memory.tiers.TierStore`: lookups, onload plans, commits, stores, the step counters)
+timed, to split its wall time into the tier store's work and the rest (the engine, scheduler and
+memory manager, which simulate more steps and lookups with tiers); the timers add to its wall time.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from blocksim.engine import Engine  # noqa: E402
 from blocksim.experiments.runner import build_config, load_trace  # noqa: E402
+from blocksim.memory.tiers import TierStore  # noqa: E402
 from blocksim.policies import make_cost_model  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl"
@@ -48,10 +56,46 @@ CONFIGS = {
 }
 
 
+#: the tier store's methods the engine, the schedulers and the memory managers call
+TIER_CALLS = ("match", "plan_onload", "commit", "count_query", "on_computed", "on_gpu_hit", "on_gpu_block_evicted",
+              "take_wait", "totals", "take_ops")
+
+
+def timed_tier_run(cfg, trace) -> dict:
+    """One run with each of `TIER_CALLS` timed: its wall time and the seconds in each call."""
+    spent = dict.fromkeys(TIER_CALLS, 0.0)
+    clock = time.perf_counter
+    originals = {name: getattr(TierStore, name) for name in TIER_CALLS}
+
+    def timer(name, method):
+        def call(*args, **kwargs):
+            t0 = clock()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[name] += clock() - t0
+        return call
+
+    for name, method in originals.items():
+        setattr(TierStore, name, timer(name, method))
+    try:
+        engine = Engine(cfg, trace, make_cost_model(cfg, PROFILE))
+        t0 = clock()
+        engine.run()
+        wall = clock() - t0
+    finally:
+        for name, method in originals.items():
+            setattr(TierStore, name, method)
+    return {"wall_s": wall, "tier_store_s": sum(spent.values()), "rest_s": wall - sum(spent.values()),
+            "calls_s": {k: v for k, v in spent.items() if v}}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "tiers_speed.json"))
+    p.add_argument("--tier-time", action="store_true",
+                   help="one more run per configuration with tiers, its tier store calls timed")
     a = p.parse_args()
     base = build_config("vllm-v1", cost_profile=PROFILE)
     trace = load_trace(str(TRACE), clip_max_len=base.model.max_model_len)
@@ -60,23 +104,31 @@ def main() -> None:
     load_before = os.getloadavg()
     for name, (policy, options) in CONFIGS.items():
         cfg = build_config(policy, cost_profile=PROFILE, **options)
-        best, summary = float("inf"), None
+        best = best_cpu = float("inf")
+        summary = None
         for _ in range(a.repeats):
             engine = Engine(cfg, trace, make_cost_model(cfg, PROFILE))
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             res = engine.run()
             best = min(best, time.perf_counter() - t0)
+            best_cpu = min(best_cpu, time.process_time() - c0)
             summary = res.summary
-        refs.setdefault(policy, best)
+        refs.setdefault(policy, (best, best_cpu))
+        ref, ref_cpu = refs[policy]
         rows.append({"config": name, "policy": policy, "options": options, "wall_s": best,
-                     "ratio_to_gpu_only": best / refs[policy], "steps": summary["steps"],
-                     "ttft_mean_s": summary["ttft_mean_s"],
+                     "ratio_to_gpu_only": best / ref, "cpu_s": best_cpu, "cpu_ratio_to_gpu_only": best_cpu / ref_cpu,
+                     "steps": summary["steps"], "ttft_mean_s": summary["ttft_mean_s"],
                      **{k: summary[k] for k in ("tier_host_hit_rate", "tier_disk_hit_rate") if k in summary}})
-        print(f"{name:<72} {best:6.2f} s  x{best / refs[policy]:.2f}  {summary['steps']:>7} steps  "
-              f"TTFT mean {summary['ttft_mean_s']:.3f} s")
+        print(f"{name:<72} {best:6.2f} s  x{best / ref:.2f}  (CPU {best_cpu:5.2f} s  x{best_cpu / ref_cpu:.2f})  "
+              f"{summary['steps']:>7} steps  TTFT mean {summary['ttft_mean_s']:.3f} s")
+        if a.tier_time and cfg.tiers is not None:
+            engine = res = None  # the last repeat's engine and records freed before the timed run
+            split = rows[-1]["tier_time"] = timed_tier_run(cfg, trace)
+            print(f"{'':<72} timed run {split['wall_s']:.2f} s: tier store {split['tier_store_s']:.2f} s, "
+                  f"rest {split['rest_s']:.2f} s")
     out = {"trace": "mooncake/synthetic_trace.jsonl", "model": base.model.name,
            "gpu": base.gpu.name, "python": platform.python_version(), "machine": platform.machine(),
-           "repeats": a.repeats, "load_average_1_5_15_min": {"before": load_before, "after": os.getloadavg()},
+           "repeats": a.repeats, "tier_time": a.tier_time, "load_average_1_5_15_min": {"before": load_before, "after": os.getloadavg()},
            "runs": rows}
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(out, indent=2) + "\n")

@@ -398,7 +398,8 @@ class Engine:
         """The tier counters after `steps` steps; the moves they issued go to the plan."""
         tiers = self.tiers
         self.tier_rec.add(tiers.totals(), len(getattr(self.sched, "onloading", ())), steps)
-        self._tier_moves(tiers.take_ops())
+        if tiers.ops:  # moves are recorded only for a plan or an executor
+            self._tier_moves(tiers.take_ops())
 
     def _tier_moves(self, ops) -> None:
         """Tier moves, in issue order, to the plan (an executor performed them as they were issued)."""

@@ -176,11 +176,12 @@ class BlockPool:
         refs, hashes = self.ref_cnt, self.block_hash
         held = [h for h in map(hashes.__getitem__, out) if h is not None]
         if held:
-            if self.duplicates or self.on_evict is not None:
+            dups = self.duplicates
+            if self.on_evict is not None or (dups and not dups.keys().isdisjoint(held)):
                 for b in out:
                     if hashes[b] is not None:
                         self._evict(b)
-            else:  # each hash names one block: `_evict` forgets it
+            else:  # each hash held here names one block (no duplicates of it): `_evict` forgets it
                 if held.count(UNIQUE) != len(held):
                     cached = self.cached
                     for h in held:

@@ -21,8 +21,10 @@ Follows `vllm/v1/core/kv_cache_manager.py` and `single_type_kv_cache_manager.py`
   (`defer_unique_hashes`): only the request itself can hit such a block, and only after it is
   preempted. Until then its full blocks of unique content are marked `UNIQUE` in the pool (each is
   evicted and counted like a cached block when the free queue hands it out); a preemption computes
-  their hashes and caches them in table order, as caching each when it filled would have. KV tiers,
-  recorded plans and step executors read every block's hash: they turn the deferral off.
+  their hashes and caches them in table order, as caching each when it filled would have. KV tiers
+  key chunks by their last block's hash: they compute the hashes of the prompt chunks they look up
+  and store, and a write-back tier, which stores a chunk when the GPU evicts its blocks, turns the
+  deferral off, as recorded plans and step executors (which read every block's hash) do.
 
 There is no swap space and no watermark (V1 preempts by recomputation only). Memory accounting:
 a scheduled token's slot counts as holding K/V from the step it is scheduled in (as the v0
@@ -305,8 +307,8 @@ class KVCacheManager:
     def attach_tiers(self, tiers) -> None:
         """Look prefixes up in `tiers` after the GPU, and report computed, hit and evicted chunks."""
         self.tiers = tiers
-        self.defer_unique_hashes = False  # the tiers key chunks by their blocks' hashes
-        if tiers.wants_gpu_evictions:
+        if tiers.wants_gpu_evictions:  # a block's hash must be known when it is evicted
+            self.defer_unique_hashes = False
             self.pool.on_evict = self._tier_evicted
 
     def _chunk_key(self, hashes: list[int], c: int) -> int:
@@ -323,7 +325,10 @@ class KVCacheManager:
         c0 = len(blocks) // cb
         if c0 >= limit:
             return blocks, [], 0
-        keys = self._hashes[seq.seq_id][(c0 + 1) * cb - 1:limit * cb:cb]
+        hashes = self._hashes[seq.seq_id]
+        if len(hashes) < limit * cb:  # unique content's hashes deferred: the tiers key chunks by them
+            hashes = self.block_hashes(seq, limit * cb)
+        keys = hashes[(c0 + 1) * cb - 1:limit * cb:cb]
         found = t.match(keys)
         if found and len(blocks) % cb:
             blocks = blocks[:c0 * cb]
@@ -349,6 +354,8 @@ class KVCacheManager:
             return
         seq = group.seqs[0]
         hashes = self._hashes[seq.seq_id]
+        if len(hashes) < last * cb:  # unique content's hashes deferred
+            hashes = self.block_hashes(seq, last * cb)
         keys = hashes[(first + 1) * cb - 1:last * cb:cb]
         if t.wants_gpu_evictions:
             for c, key in zip(range(first, last), keys):

@@ -44,10 +44,10 @@ before it moves anything.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from itertools import accumulate, compress, islice, repeat
-from operator import not_
+from operator import ne, not_
 from typing import Callable, NamedTuple
 
 from blocksim.config import GiB, SimConfig, TierConfig
@@ -120,6 +120,7 @@ class TierStore:
         self.version = 0
         self._matched: tuple | None = None
         self._last_ends: tuple | None = None  # the last plan's `_load_ends`, for its commit
+        self._totals: tuple = (None, None)  # ((version, lookups), `totals()` then)
         self.log: list[tuple] | None = [] if log_events else None
         self.gpu_hits: dict[int, int] = {}
         self.evict_wait_s = 0.0
@@ -558,17 +559,13 @@ class TierStore:
         if not n or self.onload == "wait":
             return n
         ends, where = self._load_ends(keys, n, commit=False)
-        if self.onload == "deadline":
-            limit = self.now_s + self.deadline_s
-            k = 0
-            while k < n and ends[k] <= limit:
-                k += 1
-            return k
+        if self.onload == "deadline":  # the leading loads that land by the deadline (ends only grow)
+            return bisect_right(ends, self.now_s + self.deadline_s, 0, n)
         # recompute: load the first k chunks and prefill the rest, for k = 0, n and each point where the
         # run passes from one tier to another; the cheapest wins (ties: fewer loads)
         now, ct = self.now_s, self.chunk_tokens
         best_k, best_s = 0, self.prefill_s(start_tokens, n * ct)
-        for k in (*(j for j in range(1, n) if where[j] != where[j - 1]), n):
+        for k in (*compress(range(1, n), map(ne, islice(where, 1, n), where)), n):
             s = ends[k - 1] - now + (self.prefill_s(start_tokens + k * ct, (n - k) * ct) if k < n else 0.0)
             if s < best_s:
                 best_k, best_s = k, s
@@ -593,6 +590,9 @@ class TierStore:
             self.log.append(("lookup", tuple(keys[:found + 1]), found, n))
         self.lookups += 1
         cb, ct, levels = self.chunk_blocks, self.chunk_tokens, self.levels
+        if not n:  # nothing to load: only the skipped chunks count
+            self.skipped_tokens += found * ct
+            return self.now_s, 0, 0, 0
         mover = self.mover
         ends, where = self._load_ends(keys, n, commit=mover is None)
         loads = [0, 0]
@@ -647,11 +647,18 @@ class TierStore:
         return (ends[-1] if ends else self.now_s), tokens[HOST], tokens[DISK], n
 
     def totals(self) -> tuple:
-        """Cumulative bytes per direction (`DIRECTIONS` order) and drops per tier (host, disk)."""
+        """Cumulative bytes per direction (`DIRECTIONS` order) and drops per tier (host, disk). They
+        change only with what the tiers hold (`version`) or with a lookup's loads (`lookups`): the
+        engine asks after every step, most of which change neither."""
+        now = (self.version, self.lookups)
+        if self._totals[0] == now:
+            return self._totals[1]
         b = self.bytes
         ev = {lv.name: lv.evictions for lv in self.levels}
-        return (b[(GPU, HOST)], b[(GPU, DISK)], b[(HOST, DISK)], b[(HOST, GPU)], b[(DISK, GPU)],
-                ev.get(HOST, 0), ev.get(DISK, 0))
+        out = (b[(GPU, HOST)], b[(GPU, DISK)], b[(HOST, DISK)], b[(HOST, GPU)], b[(DISK, GPU)],
+               ev.get(HOST, 0), ev.get(DISK, 0))
+        self._totals = (now, out)
+        return out
 
     def take_ops(self) -> list[TierOp]:
         if self.mover is not None and self._sent < len(self.ops):  # drops issued last

@@ -3,7 +3,6 @@ the TTFT split (`blocksim.records.schema.TIER_STEP_DTYPES`, `TIER_REQUEST_DTYPES
 
 from __future__ import annotations
 
-from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -15,32 +14,42 @@ if TYPE_CHECKING:
 
 class TierStepRecorder:
     """Per step, the tiers' cumulative counters after it (`TierStore.totals`); `to_frame` takes
-    the differences."""
+    the differences. Most steps move nothing: consecutive steps with equal counters are kept as
+    one run of them."""
 
     def __init__(self) -> None:
-        self._totals: list[tuple] = []
+        self._totals: list[tuple] = []  # the counters of each run of steps
+        self._steps: list[int] = []     # the steps of each run
         self._onloading: list[int] = []
 
     def add(self, totals: tuple, onloading: int, steps: int = 1) -> None:
         """`steps` steps (a span's further steps move nothing) ending with these totals."""
         if steps > 1:
-            last = self._totals[-1] if self._totals else (0,) * len(totals)
-            self._totals.extend([last] * (steps - 1))
+            if self._totals:
+                self._steps[-1] += steps - 1
+            else:
+                self._totals.append((0,) * len(totals))
+                self._steps.append(steps - 1)
             self._onloading.extend([onloading] * (steps - 1))
-        self._totals.append(totals)
+        if self._totals and (self._totals[-1] is totals or self._totals[-1] == totals):
+            self._steps[-1] += 1
+        else:
+            self._totals.append(totals)
+            self._steps.append(1)
         self._onloading.append(onloading)
 
     def to_frame(self) -> pd.DataFrame:
-        n = len(self._totals)
-        tot = np.fromiter(chain.from_iterable(self._totals), np.int64, n * 7).reshape(n, 7)
-        per = np.diff(tot, axis=0, prepend=np.zeros((1, 7), np.int64))
-        cols = {"step": np.arange(n, dtype=np.int64)}
-        for k, c in enumerate(TIER_STEP_COLUMNS[1:8]):
-            cols[c] = per[:, k]
-        cols["onloading"] = np.array(self._onloading, np.int64)
+        n = len(self._onloading)
+        runs = np.array(self._totals, np.int64).reshape(-1, 7)
+        steps = np.array(self._steps, np.int64)
+        table = np.zeros((n, 9), np.int64)  # the columns of TIER_STEP_COLUMNS, all int64
+        table[:, 0] = np.arange(n, dtype=np.int64)
+        # a step's moves: nonzero only at the first step of a run
+        table[np.cumsum(steps) - steps, 1:8] = np.diff(runs, axis=0, prepend=np.zeros((1, 7), np.int64))
+        table[:, 8] = self._onloading
         import pandas as pd
 
-        return pd.DataFrame(cols).astype(TIER_STEP_DTYPES)
+        return pd.DataFrame(table, columns=list(TIER_STEP_COLUMNS)).astype(TIER_STEP_DTYPES)
 
 
 def tier_request_frame(groups, onload_before_schedule: bool = True) -> pd.DataFrame:

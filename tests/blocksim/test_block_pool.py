@@ -92,6 +92,19 @@ def test_equal_hashes_on_several_blocks_are_kept_and_evicted_one_by_one():
     pool.check()
 
 
+def test_evicting_other_hashes_leaves_the_copies_of_a_duplicated_hash():
+    pool = BlockPool(5)  # 4 usable blocks
+    a, b, c, d = pool.get_new_blocks(4)
+    pool.cache_full_blocks([a, b, c, d], [9, 9, 5, 6], 0, 4)
+    pool.free_blocks([c, d, a])
+    assert pool.get_new_blocks(2) == [c, d]  # no copy of 5 or 6: forgotten together
+    assert pool.get_cached_block(5) is None and pool.get_cached_block(6) is None and pool.evictions == 2
+    assert (pool.cached[9], pool.duplicates[9]) == (a, [b])
+    assert pool.get_new_blocks(1) == [a]  # its copy b stays cached
+    assert pool.get_cached_block(9) == b and 9 not in pool.duplicates and pool.evictions == 3
+    pool.check()
+
+
 def test_caching_disabled_records_no_hash():
     pool = BlockPool(4, enable_caching=False)
     a, = pool.get_new_blocks(1)

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import traces
 from blocksim.config import ConfigError
 from blocksim.engine import Engine
 from blocksim.experiments.runner import build_config
@@ -290,6 +291,56 @@ def test_batched_tier_moves_give_the_records_of_moves_one_chunk_at_a_time(
     for link in ("h2d", "d2h", "disk_read", "disk_write"):
         x, y = getattr(a.tiers, link), getattr(b.tiers, link)
         assert (x.free_s, x.busy_s, x.bytes) == (y.free_s, y.busy_s, y.bytes), link
+
+
+#: more and longer requests over fewer prefixes: preemptions and tier hits in most examples
+pressing = st.integers(10, 30).flatmap(lambda k: st.tuples(
+    st.lists(st.floats(0, 0.05), min_size=k, max_size=k),
+    st.lists(st.integers(40, 200), min_size=k, max_size=k),
+    st.lists(st.integers(5, 40), min_size=k, max_size=k),
+    st.lists(st.integers(0, 2), min_size=k, max_size=k),
+))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=pressing, gpu_blocks=st.integers(16, 40), host=st.integers(1, 30), disk=st.integers(0, 60),
+       top_write=st.sampled_from(["write-through", "write-through-selective"]),
+       onload=st.sampled_from(["wait", "deadline", "recompute"]), chunk=st.sampled_from([16, 32]),
+       hashed=st.booleans())
+def test_v1_tiers_give_the_same_records_with_unique_hashes_deferred(reqs, gpu_blocks, host, disk, top_write,
+                                                                     onload, chunk, hashed):
+    """Under tiers that take no GPU evictions, vLLM V1's manager defers unique content's hashes
+    (the tiers compute those of the chunks they key); hashing every block as it fills gives the
+    same records, tier events and tier contents."""
+    opts = dict(tier_host_gib=chunks_gib(host, chunk), tier_host_write=top_write, tier_onload=onload,
+                tier_chunk_tokens=chunk, tier_onload_deadline_ms=2.0, tier_write_hits=2)
+    if disk:
+        opts["tier_disk_gib"] = chunks_gib(disk, chunk)
+    cfg = build_config("vllm-v1", num_gpu_blocks=gpu_blocks, max_num_seqs=4, max_num_batched_tokens=256, **opts)
+    tr = workload(*reqs)
+    if not hashed:  # every prompt block's content unique: the tiers compute each chunk's hash
+        tr = traces.Trace(tr.df.drop(columns="prefix_hashes"))
+    runs = []
+    for defer in (True, False):
+        e = Engine(cfg, tr, check_invariants=True, log_tier_events=True)
+        assert e.bm.defer_unique_hashes
+        e.bm.defer_unique_hashes = defer
+        runs.append((e, e.run()))
+    (a, ra), (b, rb) = runs
+    pd.testing.assert_series_equal(pd.Series(ra.summary).drop("wall_s"), pd.Series(rb.summary).drop("wall_s"))
+    for name in ("requests", "steps", "tier_requests", "tier_steps"):
+        pd.testing.assert_frame_equal(getattr(ra, name), getattr(rb, name), check_exact=True)
+    assert a.tiers.log == b.tiers.log
+    for la, lb in zip(a.tiers.levels, b.tiers.levels):
+        assert list(la.cache.members.items()) == list(lb.cache.members.items()), f"{la.name}: contents and order"
+
+
+def test_v1_tiers_defer_unique_hashes_unless_a_write_back_tier_reads_evicted_blocks():
+    tr = workload([0.0], [64], [4], [0])
+    through = Engine(build_config("vllm-v1", tier_host_gib=1.0), tr)
+    back = Engine(build_config("vllm-v1", tier_host_gib=1.0, tier_host_write="write-back"), tr)
+    assert through.bm.defer_unique_hashes and through.bm.pool.on_evict is None
+    assert not back.bm.defer_unique_hashes and back.bm.pool.on_evict is not None
 
 
 #: a tier store's events: (kind, prompt family, first chunk, last chunk, seconds the clock advances)

@@ -273,3 +273,30 @@ def test_requests_parquet_written_from_columns_reads_back_as_the_frame(tmp_path)
     back = pd.read_parquet(tmp_path / schema.REQUESTS_FILE)
     pd.testing.assert_frame_equal(back, frame)
     assert (frame.status == "rejected").any() or (frame.status == "finished").all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(calls=st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=7, max_size=7), st.integers(0, 5),
+                                st.integers(1, 4)), max_size=30))
+def test_tier_step_recorder_gives_each_steps_moves_as_a_row_per_step(calls):
+    """`add(totals, onloading, steps)`: `steps - 1` steps that move nothing, then one ending with
+    `totals`; the frame holds each step's differences, equal totals kept as runs or not."""
+    from blocksim.records.tier_records import TierStepRecorder
+
+    rec = TierStepRecorder()
+    want_totals, want_onloading = [], []
+    total = [0] * 7
+    for moves, onloading, steps in calls:
+        last = list(total)
+        total = [t + m for t, m in zip(total, moves)]  # cumulative, as the tier store's counters
+        want_totals += [last] * (steps - 1) + [total]
+        want_onloading += [onloading] * steps
+        rec.add(tuple(total), onloading, steps)
+    frame = rec.to_frame()
+    assert list(frame.columns) == list(schema.TIER_STEP_COLUMNS)
+    assert dict(frame.dtypes.astype(str)) == schema.TIER_STEP_DTYPES
+    tot = np.array(want_totals, np.int64).reshape(-1, 7)
+    per = np.diff(tot, axis=0, prepend=np.zeros((1, 7), np.int64))
+    assert frame.step.tolist() == list(range(len(want_totals)))
+    assert frame.iloc[:, 1:8].to_numpy().tolist() == per.tolist()
+    assert frame.onloading.tolist() == want_onloading
