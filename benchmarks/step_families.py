@@ -36,8 +36,8 @@ def decode_rows(prof, model: str, batches: list[dict]) -> list[dict]:
         mean = total / pad
         times = {}
         for name, rows in (("real", ctx),
-                           ("one_long", uneven_contexts(pad, int(round(mean)), longest / mean, top)),
-                           ("spread", spread_contexts(pad, int(round(mean)), longest / mean, top))):
+                           ("one_long", uneven_contexts(pad, max(1, round(mean)), longest / mean, top)),
+                           ("spread", spread_contexts(pad, max(1, round(mean)), longest / mean, top))):
             r.load_decode(prof.batch(decodes=rows), pad)
             times[name] = prof.clock.median(_graph(r, pad))
         out.append({"model": model, "padded_batch": pad, "rows": len(ctx), "context_tokens": total,
