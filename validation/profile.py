@@ -141,30 +141,35 @@ def _graph(runner, b: int, parts=None):
     return fn
 
 
+def longest_row(batch: int, context: int, longest: float, max_len: int) -> int:
+    """The first row of a synthetic graph step of `batch` rows of mean `context`: `longest` times
+    the mean, at most the model's length and the total less one token per other row (a point beyond
+    those holds the longest row it can), never below the mean."""
+    if batch == 1 or longest <= 1.0:
+        return context
+    return max(context, min(int(round(longest * context)), max_len, batch * context - (batch - 1)))
+
+
 def uneven_contexts(batch: int, context: int, longest: float, max_len: int) -> list[int]:
     """The rows' contexts of a synthetic graph step: `batch * context` tokens in all, the first row
-    `longest` times the mean (at most the model's length and the total less one token per other
-    row, so a point beyond those holds the longest row it can), the others sharing the rest evenly."""
-    if batch == 1 or longest <= 1.0:
+    `longest_row`, the others sharing the rest evenly."""
+    first = longest_row(batch, context, longest, max_len)
+    if first == context:
         return [context] * batch
-    total = batch * context
-    first = max(context, min(int(round(longest * context)), max_len, total - (batch - 1)))
-    base, extra = divmod(total - first, batch - 1)
+    base, extra = divmod(batch * context - first, batch - 1)
     return [first] + [base + 1] * extra + [base] * (batch - 1 - extra)
 
 
 def spread_contexts(batch: int, context: int, longest: float, max_len: int) -> list[int]:
     """The rows' contexts of a synthetic graph step spread evenly below its longest row:
-    `batch * context` tokens in all, the first row `longest` times the mean (capped as in
-    `uneven_contexts`), the others falling in equal steps from it, the shortest ones at one token
-    (padding-like) where the ramp must reach below zero to keep the total. At `longest` 1 every
-    row holds `context`; at 2 the rows fall evenly to nothing."""
-    if batch == 1 or longest <= 1.0:
-        return [context] * batch
-    total = batch * context
-    top = max(context, min(int(round(longest * context)), max_len, total - (batch - 1)))
+    `batch * context` tokens in all, the first row `longest_row`, the others falling in equal
+    steps from it, the shortest ones at one token (padding-like) where the ramp must reach below
+    zero to keep the total. At `longest` 1 every row holds `context`; at 2 the rows fall evenly to
+    nothing."""
+    top = longest_row(batch, context, longest, max_len)
     if top == context:  # no room above the mean
         return [context] * batch
+    total = batch * context
     j = np.arange(batch, dtype=np.float64)
 
     def rows(low: float) -> np.ndarray:
@@ -192,8 +197,8 @@ def spread_contexts(batch: int, context: int, longest: float, max_len: int) -> l
 
 
 def capped_cell(measured: list[tuple[float, float]], longest: float) -> float:
-    """The seconds a `decode_step_longest` cell holds at `longest` when the model's length caps its
-    longest row: the line through the last two points `measured` (the actual ratio of each
+    """The seconds a `decode_step_longest` cell holds at `longest` when `longest_row` caps its
+    longest row (the model's length, or the batch's total): the line through the last two points `measured` (the actual ratio of each
     measured step's longest row over its mean, its seconds, in rising ratio) carried to `longest`,
     so that interpolating between grid points gives the measured time at the capped ratio (the
     last point's own seconds when only one ratio was reachable)."""
@@ -419,9 +424,11 @@ class Profiler:
                     ratio = max(rows) / c
                     if not measured or ratio > measured[-1][0] + 1e-9:
                         measured.append((ratio, t))
-                    row.append(capped_cell(measured, x) if ratio < x - 1e-9 else t)
-                    if ratio < x - 1e-9:
+                    if ratio < x - 1e-9:  # the longest row the point asks for does not fit
+                        row.append(capped_cell(measured, x))
                         capped.append([b, c, x])
+                    else:
+                        row.append(t)
                 plane.append(row)
             secs.append(plane)
         self._say("decode_step done")
