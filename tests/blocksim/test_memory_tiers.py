@@ -207,13 +207,25 @@ def test_the_plan_records_tier_ops(tmp_path):
             assert r.key in held[r.src], f"load of {r.key} from {r.src} which does not hold it"
 
 
+def assert_same_tier_runs(a, ra, b, rb):
+    """Engines `a` and `b` and their results: the same summary (but wall time), the same request,
+    step and tier records exactly, and the same contents of every tier in the same order."""
+    pd.testing.assert_series_equal(pd.Series(ra.summary).drop("wall_s"), pd.Series(rb.summary).drop("wall_s"))
+    for name in ("requests", "steps", "tier_requests", "tier_steps"):
+        pd.testing.assert_frame_equal(getattr(ra, name), getattr(rb, name), check_exact=True)
+    for la, lb in zip(a.tiers.levels, b.tiers.levels):
+        assert list(la.cache.members.items()) == list(lb.cache.members.items()), f"{la.name}: contents and order"
+
+
 # --- properties ------------------------------------------------------------------------------
-requests = st.integers(2, 30).flatmap(lambda k: st.tuples(
-    st.lists(st.floats(0, 0.05), min_size=k, max_size=k),
-    st.lists(st.integers(1, 200), min_size=k, max_size=k),
-    st.lists(st.integers(1, 30), min_size=k, max_size=k),
-    st.lists(st.integers(0, 4), min_size=k, max_size=k),
-))
+def request_lists(count, prompt, output, prefix):
+    """`workload`'s arguments: `count` requests (arrival gaps, prompt and output tokens, prefix
+    family), each list drawn from its own strategy."""
+    return count.flatmap(lambda k: st.tuples(*(st.lists(x, min_size=k, max_size=k) for x in (
+        st.floats(0, 0.05), prompt, output, prefix))))
+
+
+requests = request_lists(st.integers(2, 30), st.integers(1, 200), st.integers(1, 30), st.integers(0, 4))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -283,23 +295,14 @@ def test_batched_tier_moves_give_the_records_of_moves_one_chunk_at_a_time(
         e.tiers.batched = batched
         runs.append((e, e.run()))
     (a, ra), (b, rb) = runs
-    pd.testing.assert_series_equal(pd.Series(ra.summary).drop("wall_s"), pd.Series(rb.summary).drop("wall_s"))
-    for name in ("requests", "steps", "tier_requests", "tier_steps"):
-        pd.testing.assert_frame_equal(getattr(ra, name), getattr(rb, name), check_exact=True)
-    for la, lb in zip(a.tiers.levels, b.tiers.levels):
-        assert list(la.cache.members.items()) == list(lb.cache.members.items()), f"{la.name}: contents and order"
+    assert_same_tier_runs(a, ra, b, rb)
     for link in ("h2d", "d2h", "disk_read", "disk_write"):
         x, y = getattr(a.tiers, link), getattr(b.tiers, link)
         assert (x.free_s, x.busy_s, x.bytes) == (y.free_s, y.busy_s, y.bytes), link
 
 
 #: more and longer requests over fewer prefixes: preemptions and tier hits in most examples
-pressing = st.integers(10, 30).flatmap(lambda k: st.tuples(
-    st.lists(st.floats(0, 0.05), min_size=k, max_size=k),
-    st.lists(st.integers(40, 200), min_size=k, max_size=k),
-    st.lists(st.integers(5, 40), min_size=k, max_size=k),
-    st.lists(st.integers(0, 2), min_size=k, max_size=k),
-))
+pressing = request_lists(st.integers(10, 30), st.integers(40, 200), st.integers(5, 40), st.integers(0, 2))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -327,12 +330,8 @@ def test_v1_tiers_give_the_same_records_with_unique_hashes_deferred(reqs, gpu_bl
         e.bm.defer_unique_hashes = defer
         runs.append((e, e.run()))
     (a, ra), (b, rb) = runs
-    pd.testing.assert_series_equal(pd.Series(ra.summary).drop("wall_s"), pd.Series(rb.summary).drop("wall_s"))
-    for name in ("requests", "steps", "tier_requests", "tier_steps"):
-        pd.testing.assert_frame_equal(getattr(ra, name), getattr(rb, name), check_exact=True)
+    assert_same_tier_runs(a, ra, b, rb)
     assert a.tiers.log == b.tiers.log
-    for la, lb in zip(a.tiers.levels, b.tiers.levels):
-        assert list(la.cache.members.items()) == list(lb.cache.members.items()), f"{la.name}: contents and order"
 
 
 def test_v1_tiers_defer_unique_hashes_unless_a_write_back_tier_reads_evicted_blocks():
