@@ -517,9 +517,11 @@ shorter: a figure that moves k times as far as its steps needs them priced withi
 target. A graph-replayed decode step is priced by its
 padded batch, the mean context over its rows (padding rows as rows of no context) and its longest
 row over that mean (the profile's `decode_step_longest` table, measured on batches whose rows fall
-in equal steps from the longest); `n = 2` pairs sharing a prompt, which read it partly from the L2
-cache, are priced as if they did not share it (`benchmarks/decode_step_shapes.py`,
-`benchmarks/step_families.py`, docs/cost_models.md, "The profiled model").
+in equal steps from the longest), and, where a profile has the `decode_step_shared` table, by the
+share of its context that `n = 2` samples read from their prompt's shared blocks (partly from the
+L2 cache; a profile without the table prices them as if they did not share them)
+(`benchmarks/decode_step_shapes.py`, `benchmarks/step_families.py`, docs/cost_models.md, "The
+profiled model").
 
 {lease}
 

@@ -26,6 +26,11 @@ Tables (seconds, whole model, one GPU):
   (`spread_contexts`; the table's ``rows`` says ``spread``); a cell whose longest row the model's
   length caps holds the line through its row's two longest rows measured (listed under
   ``capped``); ``decode_step`` by (batch, context) is its slice of equal rows (``longest`` 1);
+* ``decode_step_shared`` by (batch, context): a whole graph step of equal rows in pairs, the second
+  row of each reading the first's blocks but its last (`paired`: the prompt two samples of one
+  request share), with ``own_seconds`` (the same rows on their own blocks, measured alongside) and
+  ``shared_fraction`` (the share of the step's context tokens read from shared blocks); ``--add-table
+  decode_step_shared`` measures it alone into an existing profile of this device;
 * ``overhead``: ``eager_s``, the median of (a whole eager step) - (the sum of its components:
   attention timed inside the step, the others alone) over a few mixed steps, at least 0;
   ``eager_cases_s`` the differences, whose median (negative where the components timed alone add
@@ -73,11 +78,15 @@ DECODE_CONTEXT = (16, 64, 256, 1024, 2048, 4096, 8192)
 STEP_BATCH = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 #: The longest row's context over the mean context of a graph step's rows (`spread_contexts`).
 LONGEST = (1.0, 1.5, 2.0, 3.0, 5.0, 8.0)
+#: ``decode_step_shared``'s grid: padded batches (even: rows in pairs) and contexts.
+SHARED_BATCH = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+SHARED_CONTEXT = (64, 256, 1024, 2048, 4096, 8192)
 SEQUENCES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BLOCKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 QUICK = {"TOKENS": (1, 16, 256), "GRAPH_TOKENS": (1, 8), "PREFILL_BATCH": (1, 2), "PREFILL_NEW": (16, 64),
          "PREFILL_CACHED": (0, 32), "DECODE_BATCH": (1, 4), "DECODE_CONTEXT": (16, 64), "STEP_BATCH": (1, 4),
-         "LONGEST": (1.0, 2.0), "SEQUENCES": (1, 4), "BLOCKS": (1, 4)}
+         "LONGEST": (1.0, 2.0), "SHARED_BATCH": (2, 4), "SHARED_CONTEXT": (16, 64), "SEQUENCES": (1, 4),
+         "BLOCKS": (1, 4)}
 CACHE_BYTES = 40 << 30  # the KV cache the profiler allocates (at most)
 
 
@@ -139,6 +148,22 @@ def _graph(runner, b: int, parts=None):
         runner.replay_decode(b, parts or PARTS)
         timer.end()
     return fn
+
+
+def paired(batch, bs: int):
+    """`batch` (a StepBatch of decode rows) with its rows in pairs: the second row of each pair reads
+    the first's blocks but its last, as two samples of one request share their prompt's full blocks;
+    and the context tokens the second rows read from those shared blocks."""
+    from validation.model import StepBatch
+    tables = [t.copy() for t in batch.decode_tables]
+    pos, slots = batch.positions.copy(), batch.slots.copy()
+    shared = 0
+    for i in range(1, len(tables), 2):
+        tables[i][:-1] = tables[i - 1][:-1]
+        shared += min(int(batch.decode_context[i]), (len(tables[i]) - 1) * bs)
+        p = int(pos[i])
+        slots[i] = tables[i][p // bs] * bs + p % bs  # the row's own last block
+    return StepBatch(batch.token_ids, pos, slots, batch.prefills, tables, batch.decode_context), shared
 
 
 def longest_row(batch: int, context: int, longest: float, max_len: int) -> int:
@@ -438,6 +463,33 @@ class Profiler:
                  "grid": {"batch": sizes, "context": contexts, "longest": longest}, "seconds": secs,
                  "rows": "spread", "capped": capped})
 
+    def decode_step_shared(self) -> dict | None:
+        """``decode_step_shared``: whole graph-replayed decode steps of equal rows in pairs sharing
+        their blocks but the last (`paired`), each beside the same rows on their own blocks."""
+        if not self.cuda:
+            return None
+        g, r = self.grid, self.runner
+        sizes = [b for b in g["SHARED_BATCH"] if b in g["STEP_BATCH"]]
+        contexts = [c for c in g["SHARED_CONTEXT"] if c <= self.dims.max_model_len]
+        r.capture_decode_graphs(max(sizes))
+        secs, own, frac = [], [], []
+        for b in sizes:
+            row_s, row_own, row_f = [], [], []
+            for c in contexts:
+                plain = self.batch(decodes=[c] * b)
+                pairs, shared = paired(plain, self.bs)
+                r.load_decode(plain, b)
+                row_own.append(self.clock.median(_graph(r, b)))
+                r.load_decode(pairs, b)
+                row_s.append(self.clock.median(_graph(r, b)))
+                row_f.append(shared / (b * c))
+            secs.append(row_s)
+            own.append(row_own)
+            frac.append(row_f)
+        self._say("decode_step_shared done")
+        return {"axes": ["batch", "context"], "grid": {"batch": sizes, "context": contexts}, "seconds": secs,
+                "own_seconds": own, "shared_fraction": frac}
+
     def overhead(self) -> dict:
         """Whole eager steps against the sum of their components timed alone."""
         cases = [([(256, 0)], [1024] * 32), ([(64, 512)], [256] * 8), ([(1024, 0), (512, 0)], []),
@@ -492,6 +544,7 @@ class Profiler:
         step = self.decode_step()
         if step is not None:
             comps["decode_step"], comps["decode_step_longest"] = step
+            comps["decode_step_shared"] = self.decode_step_shared()
         self._say(f"measured in {time.perf_counter() - t0:.0f} s")
         return comps
 
@@ -543,6 +596,45 @@ def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_par
     }
 
 
+#: Tables `--add-table` measures into an existing profile (each measured whole steps beside a twin of
+#: its own, so it holds on another lease of the device than the rest of the profile).
+ADDABLE = ("decode_step_shared",)
+
+
+def add_table(path: Path, table: str, *, device: str = "cuda", catalog=(), command: str = "",
+              progress: bool = True) -> dict:
+    """The profile at `path` with `table` (one of `ADDABLE`) measured on this device and added, its
+    provenance (device, torch, command, time) under the table's ``measured`` key."""
+    import torch
+
+    from blocksim.catalog import Catalog
+    try:
+        prof = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ProfileError(f"--add-table: cannot read the profile {path} ({e}); name an existing profile with --out")
+    if prof.get("format") != PROFILE_FORMAT or not isinstance(prof.get("components"), dict):
+        raise ProfileError(f"--add-table: {path} is not a {PROFILE_FORMAT} file; name a profile with --out")
+    name = torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        raise ProfileError(f"--add-table {table}: whole CUDA-graph steps, measured on a GPU only")
+    if name != prof.get("device"):
+        raise ProfileError(f"--add-table: {path} was measured on {prof.get('device')!r}, this device is {name!r}; "
+                           f"add the table on a {prof.get('device')}")
+    if prof.get("tensor_parallel", 1) != 1:
+        raise ProfileError(f"--add-table: {path} is a tensor-parallel profile; measure it whole with blocksim profile")
+    spec = Catalog(list(catalog)).model(prof["model"])
+    p = Profiler(spec, dtype=prof["dtype"], block_size=prof["block_size"], device=device,
+                 attention=prof.get("decode_attention", "fast"), quick=bool(prof.get("quick")), progress=progress)
+    if p.graph_sizes != list(prof["cuda_graph_batch_sizes"]):
+        raise ProfileError(f"--add-table: {path} holds CUDA graphs of sizes {prof['cuda_graph_batch_sizes']}, the "
+                           f"executor captures {p.graph_sizes}; measure a whole profile with blocksim profile")
+    measured = getattr(p, table)()
+    measured["measured"] = {"device": name, "torch": torch.__version__, "command": command,
+                            "utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    prof["components"][table] = measured
+    return prof
+
+
 def shipped_name(model: str, gpu: str, dtype: str, tensor_parallel: int) -> str:
     return f"{model}__{gpu}__{dtype}__tp{tensor_parallel}.json"
 
@@ -571,6 +663,8 @@ def add_profile_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--tier-dir", default=None, metavar="DIR",
                    help="also measure the tier transfer tables (GPU, host memory, a disk file in DIR) "
                         "(default: not measured)")
+    p.add_argument("--add-table", default=None, choices=ADDABLE,
+                   help="measure only this table and add it to the profile --out names (default: a whole profile)")
     p.add_argument("--quiet", action="store_true", help="no progress lines (default: progress on stderr)")
     p.set_defaults(func=cmd_profile)
     return p
@@ -578,6 +672,21 @@ def add_profile_command(subparsers) -> argparse.ArgumentParser:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     command = "blocksim profile " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "blocksim profile"
+    if args.add_table:
+        if not args.out:
+            print(f"--add-table {args.add_table}: name the profile to add it to with --out", file=sys.stderr)
+            return 2
+        try:
+            prof = add_table(Path(args.out), args.add_table, device=args.device, catalog=args.catalog,
+                             command=command, progress=not args.quiet)
+        except ProfileError as e:
+            print(str(e), file=sys.stderr)
+            return 2
+        tmp = Path(args.out).with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(prof, indent=1) + "\n")
+        tmp.replace(args.out)  # the profile is never left half-written
+        print(f"profile: {args.add_table} added to {args.out}")
+        return 0
     try:
         prof = profile(args.model, gpu=args.gpu_name, dtype=args.dtype, tensor_parallel=args.tensor_parallel,
                        block_size=args.block_size, device=args.device, attention=args.attention, prefill=args.prefill,

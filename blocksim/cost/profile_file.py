@@ -49,6 +49,11 @@ COMPONENT_AXES: dict[str, tuple[str, ...]] = {
     "decode_step": ("batch", "context"),
     # a whole graph step by its rows' mean context and its longest row over that mean
     "decode_step_longest": ("batch", "context", "longest"),
+    # a whole graph step of equal rows in pairs, the second row of each reading the first's blocks but
+    # its last (the prompt two samples of one request share); with `own_seconds`, the same rows each on
+    # its own blocks measured alongside, and `shared_fraction`, the share of the step's context tokens
+    # a row reads from blocks its pair's first row also reads
+    "decode_step_shared": ("batch", "context"),
     "allreduce": ("bytes",),
     # tier transfers (`blocksim profile --tier-dir`): seconds to move `chunks` chunks of `chunk_bytes`
     "tier_gpu_host": ("chunk_bytes", "chunks"),
@@ -58,7 +63,7 @@ COMPONENT_AXES: dict[str, tuple[str, ...]] = {
     "tier_disk_gpu": ("chunk_bytes", "chunks"),
 }
 TIER_COMPONENTS = ("tier_gpu_host", "tier_host_gpu", "tier_host_disk", "tier_gpu_disk", "tier_disk_gpu")
-OPTIONAL = ("decode_step", "decode_step_longest", "allreduce", *TIER_COMPONENTS)
+OPTIONAL = ("decode_step", "decode_step_longest", "decode_step_shared", "allreduce", *TIER_COMPONENTS)
 #: Header fields a profile must have, checked against the run's configuration where they name it.
 HEADER = ("model", "gpu", "dtype", "tensor_parallel", "block_size", "cuda_graph_batch_sizes")
 
@@ -213,6 +218,22 @@ def _seconds(path: str, where: str, values, shape: tuple[int, ...]) -> np.ndarra
     return s
 
 
+def _shared_twins(path: str, spec: dict, paired: Grid) -> dict[str, Grid]:
+    """``decode_step_shared``'s own-blocks seconds and shared fractions, as Grids of its grid
+    (``decode_step_shared_own``, ``decode_step_shared_fraction``)."""
+    w = "components.decode_step_shared"
+    shape = paired.seconds.shape
+    for key in ("own_seconds", "shared_fraction"):
+        if key not in spec:
+            raise _bad(path, w, f"missing {key} (the table's twin measured alongside it)")
+    own = _seconds(path, f"{w}.own_seconds", spec["own_seconds"], shape)
+    frac = _seconds(path, f"{w}.shared_fraction", spec["shared_fraction"], shape)  # finite, > 0, the shape
+    if (frac > 0.5).any():
+        raise _bad(path, f"{w}.shared_fraction", "expected fractions in (0, 0.5]: pairs share at most half the tokens")
+    return {"decode_step_shared_own": Grid("decode_step_shared_own", paired.axes, paired.grids, own),
+            "decode_step_shared_fraction": Grid("decode_step_shared_fraction", paired.axes, paired.grids, frac)}
+
+
 def _table(path: str, name: str, spec, axes: tuple[str, ...]) -> Grid:
     w = f"components.{name}"
     if not isinstance(spec, dict):
@@ -259,6 +280,8 @@ def parse_profile(data: dict, path: str) -> Profile:
                 continue
             raise _bad(path, f"components.{name}", "missing")
         tables[name] = _table(path, name, comps[name], axes)
+    if "decode_step_shared" in tables:
+        tables.update(_shared_twins(path, comps["decode_step_shared"], tables["decode_step_shared"]))
     unknown = sorted(set(comps) - set(COMPONENT_AXES) - {"overhead"})
     if unknown:
         warnings.warn(f"cost profile {path}: ignoring unknown component(s) {', '.join(unknown)}", ProfileWarning,

@@ -20,7 +20,10 @@ engine's columns `t_<component>_s` hold:
 * ``t_attn_decode_s``: ``attn_decode(batch, mean context)``. For a graph-replayed decode-only step
   of a profile with the optional ``decode_step`` table (a whole decode step replayed as a graph),
   the step's GPU time is ``decode_step(padded batch, mean context)`` and this column holds it less
-  ``t_linear_s`` (at least zero), so the two sum to the measured whole step.
+  ``t_linear_s`` (at least zero), so the two sum to the measured whole step. With the optional
+  ``decode_step_shared`` table, a graph step whose rows read blocks an earlier row reads too (the
+  prompt a request's samples share) is scaled by ``1 - (1 - paired / own) * min(1, f / f_table)``
+  at its padded batch and mean context, ``f`` the share of its context tokens in shared blocks.
 * ``t_swap_s``: ``swap_in(blocks in) + swap_out(blocks out)``; ``t_copy_s``: ``copy(blocks)``.
   Block counts are converted to the profile's block size (a run with blocks twice as large moves
   twice as many of the profile's blocks).
@@ -56,6 +59,7 @@ import numpy as np
 
 from blocksim.config import SimConfig
 from blocksim.cost.interpolate import Line, Plane, Table
+from blocksim.cost.profile_file import Grid
 from blocksim.cost.profile_file import Profile, ProfileWarning
 from blocksim.cost.roofline import ALLREDUCES_PER_LAYER, RooflineCostModel
 
@@ -86,6 +90,14 @@ class ProfiledCostModel:
         #: Whether a graph-replayed decode step is priced by its longest row too: callers then pass
         #: `longest` to `attn_decode` and count its steps with `count_longest`.
         self.prices_longest_row = self.decode_longest is not None
+        #: Whether a graph-replayed decode step whose rows read blocks another row also reads (the
+        #: shared prompt of a request's samples) is priced for it: callers then pass `shared`.
+        self.prices_shared_rows = self.decode_longest is not None and "decode_step_shared" in t
+        if self.prices_shared_rows:
+            paired = t["decode_step_shared"]
+            self._shared_ratio = Table(Grid("decode_step_shared_ratio", paired.axes, paired.grids,
+                                            paired.seconds / t["decode_step_shared_own"].seconds))
+            self._shared_fraction = Table(t["decode_step_shared_fraction"])
         self._longest_planes: dict = {}
         self.graph_sizes = np.asarray(profile.cuda_graph_batch_sizes, dtype=np.int64)
         self.max_graph = int(self.graph_sizes[-1]) if len(self.graph_sizes) else 0
@@ -191,22 +203,26 @@ class ProfiledCostModel:
             hit = self._longest_planes[pad] = Plane(tab.name, c, x, tab.eval(float(pad), cc, xx))
         return hit
 
-    def attn_decode(self, ctx_tokens, batch: int = 0, decode_only: bool = False, longest=None):
+    def attn_decode(self, ctx_tokens, batch: int = 0, decode_only: bool = False, longest=None, shared=0):
         """Decode attention of `batch` sequences holding `ctx_tokens` context tokens in all (an int,
         or an int array for a span of steps: then an array of seconds). `longest`: the longest
         sequence's context (an int, or an array like `ctx_tokens`), read by a profile with the
-        ``decode_step_longest`` table for a graph-replayed step."""
+        ``decode_step_longest`` table for a graph-replayed step. `shared`: of those tokens, the ones
+        a row reads from blocks an earlier row of the step also reads (an int, constant over a
+        span), read by a profile with the ``decode_step_shared`` table for a graph-replayed step."""
         if batch <= 0:
             return np.zeros(len(ctx_tokens)) if isinstance(ctx_tokens, np.ndarray) else 0.0
         scalar = not isinstance(ctx_tokens, np.ndarray)
         pad = self.padded(batch) if decode_only and longest is not None and self.decode_longest is not None else None
-        if pad is not None and scalar:  # plain Python, the same operations as the array path below
+        if pad is not None and scalar and not shared:  # plain Python, the same operations as the array path below
             mean = ctx_tokens / pad
             return max(self._longest_plane(pad).point(mean, max(longest / mean, 1.0)) - self._step_rest(batch), 0.0)
         ctx = np.array([ctx_tokens], dtype=np.int64) if scalar else ctx_tokens.astype(np.int64, copy=False)
         if pad is not None:
             mean = ctx / pad  # the padding rows count as rows of no context
             t = self._longest_plane(pad).eval(mean, np.maximum(np.asarray(longest, np.float64) / mean, 1.0))
+            if shared and self.prices_shared_rows:
+                t = t * self._shared_factor(pad, mean, shared / np.maximum(ctx, 1))
             whole = True
         else:
             line, whole = self._decode_line(batch, decode_only)
@@ -214,6 +230,15 @@ class ProfiledCostModel:
         if whole:
             t = np.maximum(t - self._step_rest(batch), 0.0)
         return float(t[0]) if scalar else t
+
+    def _shared_factor(self, pad: int, mean: np.ndarray, fraction: np.ndarray) -> np.ndarray:
+        """A graph step's time over its time with no row sharing blocks, where `fraction` of its
+        context tokens are read from blocks an earlier row also reads: linear in the fraction, from 1
+        at none to the ``decode_step_shared`` table's paired-over-own ratio at its pairs' fraction
+        (and no further)."""
+        ratio = self._shared_ratio.eval(float(pad), mean)
+        frac = self._shared_fraction.eval(float(pad), mean)
+        return 1.0 - (1.0 - ratio) * np.minimum(fraction / frac, 1.0)
 
     def _step_rest(self, batch: int) -> float:
         """What a whole graph step of `batch` sequences holds besides its decode attention: the

@@ -39,7 +39,7 @@ from blocksim.config import ConfigError, SimConfig
 from blocksim.cost import cost_record
 from blocksim.cost.tier_transfer import tier_chunk_seconds
 from blocksim.engine.executor import StepExecutor
-from blocksim.engine.spans import exact_delay, find_span, run_span
+from blocksim.engine.spans import exact_delay, find_span, run_span, shared_tokens
 from blocksim.interfaces import MemoryManager
 from blocksim.policies import make_cost_model, make_memory_manager, make_scheduler
 from blocksim.records.schema import FREE_EXTENT_COLUMNS, FREE_EXTENT_DTYPES
@@ -167,6 +167,8 @@ class Engine:
         self._comm = getattr(self.cost, "comm", None) if config.tensor_parallel > 1 else None
         # a cost model that prices a graph step by its longest row (a profile with `decode_step_longest`)
         self._longest = bool(getattr(self.cost, "prices_longest_row", False))
+        # and by the blocks its rows share (a profile with `decode_step_shared`)
+        self._shared = self._longest and bool(getattr(self.cost, "prices_shared_rows", False))
         self.rec = StepRecorder(comm=config.tensor_parallel > 1)
         self.groups: list[SequenceGroup] = []
         self._arrivals = self.reqs["arrival_s"]
@@ -311,7 +313,11 @@ class Engine:
             longest = max((s.num_tokens for g in out.decode_groups for s in g.seqs
                           if s.status is SeqStatus.RUNNING), default=0)
             longest = max(longest, out.padding_longest)
-            attn_decode = float(cm.attn_decode(out.decode_ctx_tokens, n, True, longest))
+            shared = shared_tokens(out.decode_groups, self.bm.block_size) if self._shared else 0
+            if shared:
+                attn_decode = float(cm.attn_decode(out.decode_ctx_tokens, n, True, longest, shared=shared))
+            else:
+                attn_decode = float(cm.attn_decode(out.decode_ctx_tokens, n, True, longest))
             cm.count_longest(out.decode_ctx_tokens, n, longest)
         else:
             attn_decode = float(cm.attn_decode(out.decode_ctx_tokens, n, decode_only))

@@ -92,11 +92,24 @@ def _decode_batch_forked(groups: list):
     return seqs, lens, k
 
 
-def decode_times(cost, out: SchedulerOutputs, k: int, comm=None, longest: int | None = None):
+def shared_tokens(groups, block_size: int) -> int:
+    """Context tokens that decoding rows read from blocks another row of the step reads too: the
+    prompt's full blocks, which a request's samples share, once for each running sample but the first."""
+    tokens = 0
+    for g in groups:
+        if len(g.seqs) > 1:
+            running = sum(1 for s in g.seqs if s.status is SeqStatus.RUNNING)
+            if running > 1:
+                tokens += (running - 1) * (g.prompt_tokens // block_size * block_size)
+    return tokens
+
+
+def decode_times(cost, out: SchedulerOutputs, k: int, comm=None, longest: int | None = None, shared: int = 0):
     """Durations of `k` decode steps of the batch, each context one token longer, their components,
     the steps' context tokens and longest contexts (None without `longest`, the first step's).
     `comm(tokens)`: the tensor-parallel all-reduces' time (None on one GPU), added in the order a
-    single step sums its components."""
+    single step sums its components. `shared`: `shared_tokens` of the batch, for a cost model that
+    prices it (`prices_shared_rows`)."""
     n = out.num_decode_seqs
     c0 = out.decode_ctx_tokens
     ctx = np.arange(c0, c0 + n * k, n, dtype=np.int64) if n else np.full(k, c0, np.int64)
@@ -104,7 +117,7 @@ def decode_times(cost, out: SchedulerOutputs, k: int, comm=None, longest: int | 
         top, attn = None, cost.attn_decode(ctx, n, True)
     else:
         top = np.arange(longest, longest + k, dtype=np.int64)
-        attn = cost.attn_decode(ctx, n, True, top)
+        attn = cost.attn_decode(ctx, n, True, top, shared=shared) if shared else cost.attn_decode(ctx, n, True, top)
     times = {"t_linear_s": cost.linear(n, n, True), "t_attn_decode_s": attn,
              "t_comm_s": comm(n) if comm is not None else 0.0, "t_overhead_s": cost.overhead(True, n)}
     if comm is None:
@@ -174,14 +187,19 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     # duration (all of them again if every estimated step starts before it: the cut stays exact).
     n = out.num_decode_seqs  # priced as `decode_times` prices each step
     longest = max(lens) if getattr(cost, "prices_longest_row", False) else None
-    attn = cost.attn_decode(out.decode_ctx_tokens, n, True) if longest is None else \
-        cost.attn_decode(out.decode_ctx_tokens, n, True, longest)
+    shared = shared_tokens(out.decode_groups, bm.block_size) if getattr(cost, "prices_shared_rows", False) else 0
+    if longest is None:
+        attn = cost.attn_decode(out.decode_ctx_tokens, n, True)
+    elif shared:
+        attn = cost.attn_decode(out.decode_ctx_tokens, n, True, longest, shared=shared)
+    else:
+        attn = cost.attn_decode(out.decode_ctx_tokens, n, True, longest)
     first_s = cost.linear(n, n, True) + attn + cost.overhead(True, n)
     if comm is not None:
         first_s += comm(n)
     guess = k if first_s <= 0 or next_arrival_s == math.inf else min(k, int((next_arrival_s - now_s) / first_s) + 2)
     while True:
-        durations, times, ctx, top = decode_times(cost, out, guess, comm, longest)
+        durations, times, ctx, top = decode_times(cost, out, guess, comm, longest, shared)
         step_s = durations.tolist()
         starts = list(accumulate(step_s[:-1], initial=now_s))
         before = bisect_left(starts, next_arrival_s)  # steps starting before the arrival

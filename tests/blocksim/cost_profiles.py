@@ -18,7 +18,10 @@ GRAPH_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256]
 
 def synthetic_profile(model: str = "llama-2-7b", gpu: str = "h100-80gb", *, tensor_parallel: int = 1,
                       block_size: int = 16, dtype: str = "float16", decode_step: bool | str = False,
-                      allreduce: bool = False) -> dict:
+                      allreduce: bool = False, shared: float | None = None) -> dict:
+    """`decode_step`: True adds the table of whole graph steps, "longest" the longest-row table too;
+    `shared` (with "longest"): a ``decode_step_shared`` table whose paired steps last `shared` times
+    their own-blocks twins, at a shared fraction of 0.45."""
     m, g = MODELS[model], GPUS[gpu]
     flops, bw = g.fp16_tflops * 1e12 * 0.6, g.hbm_bw_gbps * 1e9 * 0.8
     kvb = 2 * m.num_layers * max(1, m.num_kv_heads // tensor_parallel) * m.head_size * 2
@@ -69,6 +72,13 @@ def synthetic_profile(model: str = "llama-2-7b", gpu: str = "h100-80gb", *, tens
         comps["decode_step_longest"] = {
             "axes": ["batch", "context", "longest"], "grid": {"batch": GRAPH_SIZES, "context": ctx, "longest": longest},
             "seconds": [[[step(i, b, x, r) for r in longest] for x in ctx] for i, b in enumerate(GRAPH_SIZES)]}
+    if shared is not None:
+        pairs = [b for b in GRAPH_SIZES if b % 2 == 0]
+        own = [[step(GRAPH_SIZES.index(b), b, x, 1.0) for x in ctx] for b in pairs]
+        comps["decode_step_shared"] = {
+            "axes": ["batch", "context"], "grid": {"batch": pairs, "context": ctx},
+            "seconds": [[shared * t for t in row] for row in own], "own_seconds": own,
+            "shared_fraction": [[0.45] * len(ctx) for _ in pairs]}
     if allreduce:  # one all-reduce by message bytes
         nbytes = [2 ** k for k in range(10, 31, 2)]
         comps["allreduce"] = {"axes": ["bytes"], "grid": {"bytes": nbytes}, "seconds": [ring(b) for b in nbytes]}

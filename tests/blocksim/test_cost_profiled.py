@@ -284,14 +284,16 @@ requests = st.integers(1, 20).flatmap(lambda k: st.tuples(
 @given(lists=requests, blocks=st.integers(8, 80), block_size=st.sampled_from([8, 16, 32]),
        preset=st.sampled_from(["vllm", "vllm-prefix", "vllm-chunked", "orca-pow2"]),
        decode_step=st.sampled_from([False, True, "longest"]), max_seqs=st.sampled_from([4, 20]),
-       mode=st.sampled_from(["auto", "recompute", "swap"]), tp=st.sampled_from([1, 2]), allreduce=st.booleans())
+       mode=st.sampled_from(["auto", "recompute", "swap"]), tp=st.sampled_from([1, 2]), allreduce=st.booleans(),
+       shared=st.sampled_from([None, 0.9]))
 def test_spans_price_steps_exactly_as_stepping_one_by_one(tmp_path_factory, lists, blocks, block_size, preset,
-                                                         decode_step, max_seqs, mode, tp, allreduce):
+                                                         decode_step, max_seqs, mode, tp, allreduce, shared):
     arrivals, prompts, outputs, ns = lists
     trace = pd.DataFrame({"arrival_s": np.cumsum(arrivals), "prompt_tokens": prompts, "output_tokens": outputs,
                           "n": ns})
     path = tmp_path_factory.mktemp("prof") / "p.json"
-    path.write_text(json.dumps(synthetic_profile(decode_step=decode_step, tensor_parallel=tp, allreduce=allreduce)))
+    path.write_text(json.dumps(synthetic_profile(decode_step=decode_step, tensor_parallel=tp, allreduce=allreduce,
+                                                 shared=shared if decode_step == "longest" else None)))
     knobs = {} if preset == "orca-pow2" else {"watermark": 0.0, "preemption": mode}
     cfg = build_config(preset, num_gpu_blocks=blocks, block_size=block_size, max_num_seqs=max_seqs,
                        cost_model="profiled", tensor_parallel=tp, **knobs)
@@ -368,3 +370,64 @@ def test_static_batching_prices_its_padding_rows_in_the_longest_row(tmp_path):
     padded = [(c, b, top) for c, b, top in seen if top is not None and b == 2 and c > 3000 + 100]
     assert padded, "steps where the finished long request is computed as padding"
     assert all(top >= 3000 for _, _, top in padded), "the padding row is the longest"
+
+
+# --- rows that share blocks (the prompt of a request's samples) -----------------------------------
+def test_rows_sharing_blocks_scale_a_graph_step_by_the_measured_pairs(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(synthetic_profile(decode_step="longest", shared=0.9)))
+    cm = model(path)
+    plain = model(write_profile(tmp_path / "l.json", decode_step="longest"))
+    assert cm.prices_shared_rows and not plain.prices_shared_rows
+    lin = cm.linear(32, 32, True)
+    whole = lin + cm.attn_decode(32 * 1000, 32, True, 1000)
+    assert cm.attn_decode(32 * 1000, 32, True, 1000, shared=0) == cm.attn_decode(32 * 1000, 32, True, 1000)
+    # the table's pairs share 0.45 of the tokens: there the step lasts 0.9 of its own-blocks twin
+    assert lin + cm.attn_decode(32 * 1000, 32, True, 1000, shared=int(0.45 * 32 * 1000)) == pytest.approx(
+        0.9 * whole, rel=1e-9)
+    half = lin + cm.attn_decode(32 * 1000, 32, True, 1000, shared=int(0.225 * 32 * 1000))
+    assert half == pytest.approx(0.95 * whole, rel=1e-9), "linear in the shared fraction"
+    beyond = lin + cm.attn_decode(32 * 1000, 32, True, 1000, shared=16 * 1000)
+    assert beyond == pytest.approx(0.9 * whole, rel=1e-9), "no further than the measured pairs"
+    # a span prices each step as one step alone would
+    span = cm.attn_decode(np.array([32 * 1000, 32 * 1001]), 32, True, np.array([1000, 1001]), shared=7000)
+    assert span.tolist() == [cm.attn_decode(32 * 1000, 32, True, 1000, shared=7000),
+                             cm.attn_decode(32 * 1001, 32, True, 1001, shared=7000)]
+    assert cm.attn_decode(32 * 1000, 32, False, 1000, shared=7000) == cm.attn_decode(32 * 1000, 32, False, 1000), \
+        "an eager step is priced by attention alone, shared or not"
+
+
+@pytest.mark.parametrize("field, value, match", [("shared_fraction", 0.6, "in \\(0, 0.5\\]"),
+                                                 ("own_seconds", None, "missing own_seconds")])
+def test_a_bad_shared_table_is_refused_naming_its_field(tmp_path, field, value, match):
+    prof = synthetic_profile(decode_step="longest", shared=0.9)
+    tab = prof["components"]["decode_step_shared"]
+    if value is None:
+        del tab[field]
+    else:
+        tab[field] = [[value] * len(row) for row in tab[field]]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(prof))
+    with pytest.raises(ConfigError, match=f"decode_step_shared.*{match}"):
+        load_profile(path)
+
+
+def test_samples_sharing_a_prompt_run_shorter_graph_steps_and_single_samples_do_not_change(tmp_path):
+    shared, plain = tmp_path / "s.json", tmp_path / "l.json"
+    shared.write_text(json.dumps(synthetic_profile(decode_step="longest", shared=0.9)))
+    plain.write_text(json.dumps(synthetic_profile(decode_step="longest")))
+    cfg = build_config("vllm", cost_model="profiled", preemption="swap")
+    rng = np.random.default_rng(3)
+    one = pd.DataFrame({"arrival_s": np.sort(rng.uniform(0, 2, 24)), "prompt_tokens": rng.integers(64, 2000, 24),
+                        "output_tokens": rng.integers(8, 120, 24), "n": 1})
+    two = one.assign(n=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ProfileWarning)
+        runs = {(name, n): Engine(cfg, trace, make_cost_model(cfg, str(path))).run()
+                for name, path in (("shared", shared), ("plain", plain)) for n, trace in (("one", one), ("two", two))
+}
+        stepped = Engine(cfg, two, make_cost_model(cfg, str(shared)), spans=False).run()
+    pd.testing.assert_frame_equal(runs["shared", "one"].steps, runs["plain", "one"].steps)
+    a, b = runs["shared", "two"].steps, runs["plain", "two"].steps
+    assert a.t_attn_decode_s.sum() < b.t_attn_decode_s.sum(), "the samples' shared prompt read for less"
+    pd.testing.assert_frame_equal(stepped.steps, a)  # spans price as single steps do

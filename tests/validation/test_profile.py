@@ -109,3 +109,31 @@ def test_a_capped_cell_carries_the_line_through_the_two_longest_rows_measured():
     assert profile.capped_cell([(1.0, 5.0), (2.0, 6.0), (3.0, 7.0)], 5.0) == pytest.approx(9.0)
     assert profile.capped_cell([(1.0, 5.0)], 8.0) == 5.0, "one reachable ratio: its own seconds"
     assert profile.capped_cell([(1.0, 6.0), (2.0, 5.0)], 3.0) == 5.0, "a falling line is not carried"
+
+
+def test_paired_rows_read_their_first_rows_blocks_but_the_last(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    from blocksim.catalog import Catalog
+    p = profile.Profiler(Catalog([str(tmp_path / "tiny.yaml")]).model("tiny"), device="cpu", quick=True,
+                         progress=False)
+    plain = p.batch(decodes=[40, 40, 33, 33, 16])
+    pairs, shared = profile.paired(plain, p.bs)
+    t = pairs.decode_tables
+    for first, second in ((0, 1), (2, 3)):
+        assert (t[second][:-1] == t[first][:-1]).all() and t[second][-1] == plain.decode_tables[second][-1]
+        pos = int(pairs.positions[second])
+        assert pairs.slots[second] == t[second][pos // p.bs] * p.bs + pos % p.bs, "the new token in its own block"
+    assert (t[4] == plain.decode_tables[4]).all(), "an odd row out keeps its blocks"
+    assert shared == 2 * p.bs + 2 * p.bs, "the second rows' tokens in shared blocks (40 and 33 tokens: 2 full blocks)"
+    assert (pairs.slots[[0, 2, 4]] == plain.slots[[0, 2, 4]]).all()
+
+
+def test_adding_a_table_needs_a_profile_and_a_gpu(written, tmp_path, capsys):
+    _, path = written
+    before = path.read_text()
+    args = ["profile", "--model", "tiny", "--catalog", str(path.parent / "tiny.yaml"), "--device", "cpu", "--quiet",
+            "--add-table", "decode_step_shared"]
+    assert main(args) == 2 and "--out" in capsys.readouterr().err
+    assert main([*args, "--out", str(path)]) == 2 and "on a GPU only" in capsys.readouterr().err
+    assert path.read_text() == before, "the profile is left as it was"
+    assert main([*args, "--out", str(tmp_path / "none.json")]) == 2 and "cannot read" in capsys.readouterr().err
