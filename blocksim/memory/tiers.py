@@ -30,8 +30,8 @@ Every move is an operation (`TierOp`) in `ops`, in issue order, for the engine's
 the execution plan; transfer times come from `blocksim.memory.tier_links`. `log`, when enabled,
 records the events above for an independent recount of the hits. Runs that record no moves store a
 step's computed chunks and compute a lookup's loads with whole-list operations (`batched`; an LRU
-tier's dict is its recency order and holds each chunk's landing time), with the results of one
-chunk at a time.
+tier's dict holds each chunk's landing time and, once the tier evicts, is its recency order; before,
+its hits are logged, `blocksim.memory.eviction.LRU`), with the results of one chunk at a time.
 
 Executed moves (`attach_mover`): in a GPU-in-the-loop replay the executor performs every move as
 it is issued, and each transfer lasts what the executor measured for it instead of the link's
