@@ -12,7 +12,7 @@
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
 GPU=${GPU:-h200-141gb}
-PROFILE_MODELS=${PROFILE_MODELS:-"llama-2-7b llama-3-8b mistral-7b"}
+PROFILE_MODELS=${PROFILE_MODELS-"llama-2-7b llama-3-8b mistral-7b"}
 RUN_MODELS=${RUN_MODELS:-"llama-2-7b llama-3-8b"}
 TRACES=${TRACES:-"azure-conv azure-code mooncake"}
 PRESETS=${PRESETS:-"vllm vllm-prefix vllm-chunked swap-n2"}

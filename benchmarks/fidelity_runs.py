@@ -27,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -192,7 +193,7 @@ def cmd_results(a) -> int:
     Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
     if a.markdown:
         Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced, repeats(a.repeat, exec_dir),
-                                                 sensitivity_table(a.sensitivity)))
+                                                 sensitivity_table(a.sensitivity), a.same_lease))
     print(f"{len(rows)} comparisons written to {a.json}")
     return 0
 
@@ -417,11 +418,54 @@ def repeats(repeat_dir, exec_dir: Path) -> str:
             + "\n".join([head, "|" + " --- |" * (1 + len(ERRORS))] + lines) + "\n")
 
 
-def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str = "", moved: str = "") -> str:
+def first_copies(exec_dir: Path) -> str:
+    """A sentence on the executed runs whose first block copy lasts far longer than their later ones
+    (the process's first copy, paid inside a step where the executor did not warm it up); '' if none."""
+    import numpy as np
+    import pandas as pd
+    firsts = []
+    for steps in sorted(exec_dir.glob("*/executor_steps.parquet")):
+        copy = pd.read_parquet(steps, columns=["m_copy_s"]).m_copy_s.to_numpy()
+        copy = copy[copy > 0]
+        if len(copy) > 1 and copy[0] > 20 * np.median(copy[1:]):
+            firsts.append((copy[0], np.median(copy[1:])))
+    if not firsts:
+        return ""
+    lo, hi = min(f for f, _ in firsts), max(f for f, _ in firsts)
+    return (f" {len(firsts)} executed runs hold, in their first copy-on-write step, the process's first block "
+            f"copy ({1e3 * lo:.0f}-{1e3 * hi:.0f} ms, against {1e3 * min(m for _, m in firsts):.2f}-"
+            f"{1e3 * max(m for _, m in firsts):.2f} ms for their later copies): a start-up cost that the executor "
+            "now pays before its first step (`validation/VALIDATION.md`), which these runs predate and the "
+            "simulation does not price.")
+
+
+def lease_note(same_lease: bool, exec_dir: Path) -> str:
+    """The paragraph on where the profiles and the executed runs were measured."""
+    if same_lease:
+        text = ("The profiles of the models executed here and the executed runs were measured on one lease of "
+                "the device (`benchmarks/fidelity_device.sh`: the profiles first, then the runs, on the same "
+                "machine). The graph steps of one or two rows, whose shape the profile times exactly as a run "
+                "executes it, show what remains between the profile's measurement and a run's on that machine: "
+                "their mean error in the per-run table below. Another lease (another machine of the same kind, "
+                "or the same one at another time) moves the executed runs themselves: the same slices executed "
+                "there (\"Executed twice\", at the end) show how far, and a figure that moves further between "
+                "two executions than its target cannot be judged to that target against one of them.")
+    else:
+        text = ("The profile and the executed runs were measured on different leases of the device (machines "
+                "of the same kind, or the same one at another time). The graph steps of one or two rows, whose "
+                "shape the profile times exactly as a run executes it, show how far the two leases differ: "
+                "their mean error in the per-run table below is the profile's lease against the run's, and the "
+                "same slice executed on two leases (\"Executed twice\", at the end) moves by as much. Both "
+                "bound what a per-step or latency error below a percent or two can mean.")
+    return textwrap.fill(text + first_copies(exec_dir), 100)
+
+
+def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str = "", moved: str = "",
+                 same_lease: bool = False) -> str:
     """benchmarks/FIDELITY.md: how the figures were made and the generated tables."""
     devices = sorted({json.loads(p.read_text()).get("device", "?") for p in exec_dir.glob("*/executor.json")})
     torch_v = sorted({json.loads(p.read_text()).get("torch", "?") for p in exec_dir.glob("*/executor.json")})
-    out = [HEADER.format(devices=", ".join(devices), torch=", ".join(torch_v))]
+    out = [HEADER.format(devices=", ".join(devices), torch=", ".join(torch_v), lease=lease_note(same_lease, exec_dir))]
     done = {p.parent.name for p in exec_dir.glob("*/executor.json")}
     want = [run_name(t, p, m) for m in MODELS for t in SLICES for p in PRESETS]
     missing = [w for w in want if w not in done]
@@ -469,23 +513,15 @@ layers on real-valued operands, as the executed steps run them (`validation/VALI
 small per-step differences through scheduling (a prompt admitted a step earlier or later), so
 the latency errors are larger than the per-step error: the table "How far the latencies move with
 the step times" gives, per slice, how far each figure moves when every step lasts 1% longer or
-shorter (on the H200, the Azure conversation slices of llama-2-7b that do not swap move their TTFT p50
-11-12 times as far as their steps, so 3% on it asks for steps priced within 0.25%; its swap-n2 slice 2.2 times). A graph-replayed decode step is priced by its
+shorter: a figure that moves k times as far as its steps needs them priced within a k-th of its
+target. A graph-replayed decode step is priced by its
 padded batch, the mean context over its rows (padding rows as rows of no context) and its longest
 row over that mean (the profile's `decode_step_longest` table, measured on batches whose rows fall
 in equal steps from the longest); `n = 2` pairs sharing a prompt, which read it partly from the L2
 cache, are priced as if they did not share it (`benchmarks/decode_step_shapes.py`,
 `benchmarks/step_families.py`, docs/cost_models.md, "The profiled model").
 
-The profile and the executed runs were measured on different leases of the device (machines of
-the same kind, or the same one at another time). The graph steps of one or two rows, whose shape
-the profile times exactly as a run executes it, show how far the two leases differ: their mean
-error in the per-run table below is the profile's lease against the run's, and the same slice
-executed on two leases ("Executed twice", at the end) moves by as much. Both bound what a per-step
-or latency error below a percent or two can mean. The executed swap-n2 runs hold, in their first
-copy-on-write step, the process's first block copy (49-68 ms on the H200, against 0.22-0.25 ms for
-every later copy): a start-up cost that the executor pays before its first step
-(`validation/VALIDATION.md`), which these runs predate and the simulation does not price.
+{lease}
 
 Slices (`benchmarks/fidelity_runs.py`, prompts clipped to 4096 tokens): azure-conv = the bundled Azure
 conversation sample, arrivals [140 s, 160 s); azure-code = the Azure code sample, [200 s, 220 s) at
@@ -504,7 +540,7 @@ python benchmarks/fidelity_runs.py simulate --exec runs/fidelity/exec --out runs
 python benchmarks/fidelity_runs.py sensitivity --exec runs/fidelity/exec --sim runs/fidelity/sim \\
     --out runs/fidelity/sensitivity --json benchmarks/results/fidelity-sensitivity-h200.json
 python benchmarks/fidelity_runs.py results --exec runs/fidelity/exec --sim runs/fidelity/sim \\
-    --json benchmarks/results/fidelity-h200.json --markdown benchmarks/FIDELITY.md [--repeat DIR] \\
+    --json benchmarks/results/fidelity-h200.json --markdown benchmarks/FIDELITY.md [--repeat DIR] [--same-lease] \\
     [--sensitivity benchmarks/results/fidelity-sensitivity-h200.json]
 ```
 """
@@ -548,6 +584,9 @@ def main(argv=None) -> int:
                    help="executed runs of the same slices made again: a table of their differences")
     r.add_argument("--sensitivity", default=None, metavar="JSON",
                    help="a `sensitivity` results file: its table goes into --markdown")
+    r.add_argument("--same-lease", action="store_true",
+                   help="the profiles and the executed runs come from one lease of the device (as "
+                        "benchmarks/fidelity_device.sh makes them): said in --markdown")
     r.add_argument("--merge", action="store_true",
                    help="keep the --json file's rows of other runs (model, GPU, tensor-parallel degree, ...)")
     r.set_defaults(func=cmd_results)

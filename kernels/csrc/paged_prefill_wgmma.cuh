@@ -290,6 +290,37 @@ __device__ __forceinline__ void tile_rescale_and_pack(float (&o)[64], uint32_t (
   }
 }
 
+// What both warpgroup kernels set up first: each thread's roles and the block's shared memory.
+struct BlockSetup {
+  int tid, wgi, warp, lane, g, t;  // thread; its warpgroup, warp in the warpgroup and lane; fragment row / column
+  // Copy roles: thread tid copies chunk tid % 16 of rows tid / 16 + 16 i (i = 0..7) of a 128-row
+  // tile; the swizzled offset within a row is the same for all of them.
+  int c_chunk, c_row0;
+  uint32_t c_off;
+  // Shared memory (1024-byte aligned): Q's rows, the key ring, the value ring and the block-id ring.
+  uint32_t smem, q_smem, k_ring, v_ring, id_ring;
+  unsigned char* smem_ptr;  // the generic address of `smem`
+
+  __device__ __forceinline__ explicit BlockSetup(unsigned char* raw) {
+    tid = threadIdx.x;
+    wgi = tid / 128;
+    warp = (tid / 32) % 4;
+    lane = tid % 32;
+    g = lane >> 2;
+    t = lane & 3;
+    const uint32_t smem_raw = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
+    smem = (smem_raw + 1023) & ~1023u;
+    smem_ptr = raw + (smem - smem_raw);
+    q_smem = smem;
+    k_ring = smem + kQBytes;
+    v_ring = k_ring + kStages * kTileBytes;
+    id_ring = v_ring + kStages * kTileBytes;
+    c_chunk = tid & 15;
+    c_row0 = tid >> 4;
+    c_off = tile_offset<kKeys>(c_row0, c_chunk);
+  }
+};
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_pingpong_kernel(const PagedPrefillParams p,
                                                                                    const int m_blocks, const int band) {
@@ -298,27 +329,13 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_pingpong_kern
   const Item it = item_at(p, blockIdx.x, p.num_seqs * p.num_kv_heads, m_blocks, band, group);
   if (it.m0 >= it.rows) return;
 
-  const int tid = threadIdx.x;
-  const int wgi = tid / 128;          // warpgroup
-  const int warp = (tid / 32) % 4;    // warp in the warpgroup
-  const int lane = tid % 32;
-  const int g = lane >> 2;
-  const int t = lane & 3;
-
   extern __shared__ __align__(1024) unsigned char wgmma_smem[];
-  const uint32_t smem_raw = static_cast<uint32_t>(__cvta_generic_to_shared(wgmma_smem));
-  const uint32_t smem = (smem_raw + 1023) & ~1023u;
-  unsigned char* const smem_ptr = wgmma_smem + (smem - smem_raw);
-  const uint32_t q_smem = smem;
-  const uint32_t k_ring = smem + kQBytes;
-  const uint32_t v_ring = k_ring + kStages * kTileBytes;
-  const uint32_t id_ring = v_ring + kStages * kTileBytes;
-
-  // Copy roles: thread tid copies chunk tid % 16 of rows tid / 16 + 16 i (i = 0..7) of a 128-row
-  // tile; the swizzled offset within a row is the same for all of them.
-  const int c_chunk = tid & 15;
-  const int c_row0 = tid >> 4;
-  const uint32_t c_off = tile_offset<kKeys>(c_row0, c_chunk);
+  const BlockSetup b(wgmma_smem);
+  const int tid = b.tid, wgi = b.wgi, warp = b.warp, g = b.g, t = b.t;
+  const int c_chunk = b.c_chunk, c_row0 = b.c_row0;
+  const uint32_t c_off = b.c_off, smem = b.smem, q_smem = b.q_smem, k_ring = b.k_ring, v_ring = b.v_ring,
+                 id_ring = b.id_ring;
+  unsigned char* const smem_ptr = b.smem_ptr;
   const T* const q_base = static_cast<const T*>(p.query) + c_chunk * 8;
   auto load_q = [&](const Item& it) {
 #pragma unroll
@@ -611,32 +628,18 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_kernel(const 
   const int kv_end = cached + (min(m0 + kRows, rows) - 1) / group + 1;  // keys any row of the block sees
   const int n_tiles = (kv_end + kKeys - 1) / kKeys;
 
-  const int tid = threadIdx.x;
-  const int wgi = tid / 128;          // warpgroup
-  const int warp = (tid / 32) % 4;    // warp in the warpgroup
-  const int lane = tid % 32;
-  const int g = lane >> 2;
-  const int t = lane & 3;
+  extern __shared__ __align__(1024) unsigned char wgmma_smem[];
+  const BlockSetup b(wgmma_smem);
+  const int tid = b.tid, wgi = b.wgi, warp = b.warp, g = b.g, t = b.t;
+  const int c_chunk = b.c_chunk, c_row0 = b.c_row0;
+  const uint32_t c_off = b.c_off, smem = b.smem, q_smem = b.q_smem, k_ring = b.k_ring, v_ring = b.v_ring,
+                 id_ring = b.id_ring;
+  unsigned char* const smem_ptr = b.smem_ptr;
   const int wg_row0 = m0 + wgi * 64;  // the warpgroup's first packed row
   const bool wg_live = wg_row0 < rows;
   const int wg_first_pos = cached + wg_row0 / group;
   const int wg_kv_end = wg_live ? cached + (min(wg_row0 + 64, rows) - 1) / group + 1 : 0;
   const int wg_tiles = (wg_kv_end + kKeys - 1) / kKeys;
-
-  extern __shared__ __align__(1024) unsigned char wgmma_smem[];
-  const uint32_t smem_raw = static_cast<uint32_t>(__cvta_generic_to_shared(wgmma_smem));
-  const uint32_t smem = (smem_raw + 1023) & ~1023u;
-  unsigned char* const smem_ptr = wgmma_smem + (smem - smem_raw);
-  const uint32_t q_smem = smem;
-  const uint32_t k_ring = smem + kQBytes;
-  const uint32_t v_ring = k_ring + kStages * kTileBytes;
-  const uint32_t id_ring = v_ring + kStages * kTileBytes;
-
-  // Copy roles: thread tid copies chunk tid % 16 of rows tid / 16 + 16 i (i = 0..7) of a 128-row
-  // tile; the swizzled offset within a row is the same for all of them.
-  const int c_chunk = tid & 15;
-  const int c_row0 = tid >> 4;
-  const uint32_t c_off = tile_offset<kKeys>(c_row0, c_chunk);
   {
     const T* q = static_cast<const T*>(p.query);
 #pragma unroll
