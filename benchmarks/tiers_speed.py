@@ -6,8 +6,10 @@ llama-2-7b on h100-80gb, the built-in roofline (benchmarks/roofline_defaults.jso
 the model's 4,096 tokens. Each configuration runs `--repeats` times in this process (the trace read
 once); the best wall time of the engine's run counts, and the best CPU time of this process over
 the same runs (what other jobs on the machine take from it does not count there, what they take of
-its caches does). The JSON records the machine's load average before and after. Needs
-../shared/traces beside the repository.
+its caches does). A configuration with tiers alternates its runs with runs of its policy's "gpu
+only" configuration, and its ratio is to the best of those (`gpu_only_wall_s`), so that the load
+of the machine weighs on both sides alike. The JSON records the machine's load average before
+and after. Needs ../shared/traces beside the repository.
 
 `--tier-time`: one more run of each configuration with tiers, its calls into the tier store
 (`blocksim.memory.tiers.TierStore`: lookups, onload plans, commits, stores, the step counters)
@@ -100,23 +102,30 @@ def main() -> None:
     base = build_config("vllm-v1", cost_profile=PROFILE)
     trace = load_trace(str(TRACE), clip_max_len=base.model.max_model_len)
     rows = []
-    refs = {}
+    refs = {}  # policy -> its "gpu only" configuration
     load_before = os.getloadavg()
     for name, (policy, options) in CONFIGS.items():
         cfg = build_config(policy, cost_profile=PROFILE, **options)
-        best = best_cpu = float("inf")
+        ref_cfg = refs.setdefault(policy, cfg)
+        timed = {"run": [float("inf"), float("inf")], "ref": [float("inf"), float("inf")]}
         summary = None
+        # a configuration with tiers alternates with its reference
+        turns = (("run", cfg),) if ref_cfg is cfg else (("ref", ref_cfg), ("run", cfg))
         for _ in range(a.repeats):
-            engine = Engine(cfg, trace, make_cost_model(cfg, PROFILE))
-            t0, c0 = time.perf_counter(), time.process_time()
-            res = engine.run()
-            best = min(best, time.perf_counter() - t0)
-            best_cpu = min(best_cpu, time.process_time() - c0)
-            summary = res.summary
-        refs.setdefault(policy, (best, best_cpu))
-        ref, ref_cpu = refs[policy]
+            for which, c in turns:
+                engine = Engine(c, trace, make_cost_model(c, PROFILE))
+                t0, c0 = time.perf_counter(), time.process_time()
+                res = engine.run()
+                slot = timed[which]
+                slot[0] = min(slot[0], time.perf_counter() - t0)
+                slot[1] = min(slot[1], time.process_time() - c0)
+                if which == "run":
+                    summary = res.summary
+        best, best_cpu = timed["run"]
+        ref, ref_cpu = timed["ref"] if ref_cfg is not cfg else timed["run"]
         rows.append({"config": name, "policy": policy, "options": options, "wall_s": best,
                      "ratio_to_gpu_only": best / ref, "cpu_s": best_cpu, "cpu_ratio_to_gpu_only": best_cpu / ref_cpu,
+                     "gpu_only_wall_s": ref, "gpu_only_cpu_s": ref_cpu,
                      "steps": summary["steps"], "ttft_mean_s": summary["ttft_mean_s"],
                      **{k: summary[k] for k in ("tier_host_hit_rate", "tier_disk_hit_rate") if k in summary}})
         print(f"{name:<72} {best:6.2f} s  x{best / ref:.2f}  (CPU {best_cpu:5.2f} s  x{best_cpu / ref_cpu:.2f})  "

@@ -15,8 +15,9 @@ pairs evicted to make room, in eviction order) and `touch(key)` (a stored chunk 
 
 Invariant after every call: `len(self) <= capacity`; a key is held at most once; `members` (a
 dict, for fast membership tests and the values) maps exactly the keys held to their values. An
-LRU's `members` is its recency order itself (least recent first), so that a tier can insert and
-evict a batch of keys with whole-dict operations.
+LRU's `members` is its recency order itself (least recent first, an OrderedDict) once it has
+evicted, so that a tier can insert and evict a batch of keys with whole-dict operations; until then
+it is a plain dict, its touches are logged (`LRU.log`) and `LRU.order()` applies them.
 """
 
 from __future__ import annotations
@@ -25,28 +26,85 @@ from collections import OrderedDict
 
 
 class LRU:
+    """Until the tier first has to evict, its recency order is not kept at each event: `members`
+    is a plain dict (key -> value, in insertion order) and `log` lists the keys touched since, and
+    the keys inserted after a touch, in order; `order()` replays the log (each key moved to the end
+    at its events, so its last event decides its place). At the first eviction (`ordered()`),
+    `members` becomes an OrderedDict in recency order and stays one: each touch moves the key to
+    its end. A tier below capacity, a disk tier mostly, pays one list append per touch and a plain
+    dict's insert per store. (Callers re-read `members` after an insert: it may be a new dict.)"""
+
+    LOG_PER_SLOT = 4
+
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._keys: OrderedDict[int, object] = OrderedDict()
-        self.members = self._keys
+        self.members: dict[int, object] = {}
+        #: the keys touched since the last `order()` and those inserted after a touch, in order;
+        #: None once the tier has evicted
+        self.log: list[int] | None = []
+        self._log_limit = self.LOG_PER_SLOT * capacity + 64
 
     def __contains__(self, key: int) -> bool:
-        return key in self._keys
+        return key in self.members
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return len(self.members)
+
+    def order(self) -> dict:
+        """`members` in recency order, least recent first (the log replayed)."""
+        log, m = self.log, self.members
+        if log:
+            m.update(zip(log, map(m.pop, log)))  # each logged key re-inserted at the end, in order
+            log.clear()
+        return m
+
+    def ordered(self) -> OrderedDict:
+        """`members` as an OrderedDict in recency order, kept so from now on (the tier evicts)."""
+        if self.log is not None:
+            self.members = OrderedDict(self.order())
+            self.log = None
+        return self.members
+
+    def logged(self, keys) -> None:
+        """Record touches of `keys` (in order) while the order is logged."""
+        log = self.log
+        log.extend(keys)
+        if len(log) > self._log_limit:
+            self.order()
+
+    def inserted(self, keys) -> None:
+        """Record inserts of `keys` (in order, just inserted at the end of `members`) while the order
+        is logged: needed only after a logged touch, which they must follow."""
+        log = self.log
+        if log:
+            log.extend(keys)
+            if len(log) > self._log_limit:
+                self.order()
 
     def keys(self) -> list[int]:
-        return list(self._keys)
+        return list(self.order())
 
     def touch(self, key: int) -> None:
-        self._keys.move_to_end(key)
+        log = self.log
+        if log is None:
+            self.members.move_to_end(key)
+        else:
+            log.append(key)
+            if len(log) > self._log_limit:
+                self.order()
 
     def insert(self, key: int, value=None) -> list[tuple]:
         out = []
-        while len(self._keys) >= self.capacity:
-            out.append(self._keys.popitem(last=False))
-        self._keys[key] = value
+        if len(self.members) >= self.capacity:
+            m = self.ordered()
+            while len(m) >= self.capacity:
+                out.append(m.popitem(last=False))
+        self.members[key] = value
+        log = self.log
+        if log:  # after a logged touch (`inserted`)
+            log.append(key)
+            if len(log) > self._log_limit:
+                self.order()
         return out
 
 

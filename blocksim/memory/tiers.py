@@ -30,8 +30,8 @@ Every move is an operation (`TierOp`) in `ops`, in issue order, for the engine's
 the execution plan; transfer times come from `blocksim.memory.tier_links`. `log`, when enabled,
 records the events above for an independent recount of the hits. Runs that record no moves store a
 step's computed chunks and compute a lookup's loads with whole-list operations (`batched`; an LRU
-tier's dict is its recency order and holds each chunk's landing time), with the results of one
-chunk at a time.
+tier's dict holds each chunk's landing time and, once the tier evicts, is its recency order; before,
+its hits are logged, `blocksim.memory.eviction.LRU`), with the results of one chunk at a time.
 
 Executed moves (`attach_mover`): in a GPU-in-the-loop replay the executor performs every move as
 it is issued, and each transfer lasts what the executor measured for it instead of the link's
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import deque
-from itertools import accumulate, compress, islice, repeat
+from itertools import accumulate, compress, filterfalse, islice, repeat
 from operator import ne, not_
 from typing import Callable, NamedTuple
 
@@ -176,14 +176,15 @@ class TierStore:
             return
         if self.batched and not self.ops_on and self._store_batch(keys):
             return
-        members = top.cache.members
+        cache = top.cache
         if self.mover is not None:  # each store performed and measured as it is issued
             cb = self.chunk_blocks
             for j, k in enumerate(keys):
-                if k not in members:
+                if k not in cache:
                     b = first_block + j * cb
                     self._store_from_gpu(k, table[b:b + cb], self.step)
             return
+        members = cache.members
         for k in keys:
             if k not in members:
                 self._store_run(keys, table, first_block)
@@ -205,19 +206,23 @@ class TierStore:
         below = levels[1] if len(levels) > 1 else None
         if below is not None and below.write == WRITE_THROUGH:
             return False
-        new = [k for k in keys if k not in lru]
+        new = list(filterfalse(lru.__contains__, keys))
         n = len(new)
         if not n:
             return True
         excess = len(lru) + n - top.capacity
-        if excess > 0 and n < len(keys) and not set(keys).isdisjoint(islice(lru, excess)):
-            return False
+        if excess > 0:
+            lru = top.cache.ordered()  # it evicts: an OrderedDict in recency order from now on
+            if n < len(keys) and not set(keys).isdisjoint(islice(lru, excess)):
+                return False
         self.version += 1
         nbytes, now = self.chunk_bytes, self.now_s
         d2h = self.d2h
         t_d2h = d2h.seconds(nbytes)
         ends = list(accumulate(repeat(t_d2h, n), initial=max(now, d2h.free_s)))
         lru.update(zip(new, islice(ends, 1, None)))
+        if top.cache.log:
+            top.cache.inserted(new)
         top.stored += n
         d2h.free_s, d2h.busy_s, d2h.bytes = ends[-1], d2h.busy_s + n * t_d2h, d2h.bytes + n * nbytes
         self.bytes[(GPU, top.name)] += n * nbytes
@@ -235,26 +240,37 @@ class TierStore:
         held = below.cache.members
         f = dw.free_s
         if type(below.cache) is LRU and len(held) + excess <= below.capacity:  # no disk eviction
-            down = [v not in held for v in victims]
-            written = list(compress(victims, down))
-            if not written:
-                return True
             # each write starts when the chunk has landed in the host and the disk is free (and not
-            # before now: after the first write the disk's free time is past now)
+            # before now: after the first write the disk's free time is past now); `setdefault`
+            # stores a victim the disk lacks (returning the new end) and leaves one it holds
             f = f if f > now else now
-            held.update(zip(written, [f := (x if x > f else f) + t_dw for x in compress(victim_landed, down)]))
-            below.stored += len(written)
+            put = held.setdefault
+            log = below.cache.log
+            written = [] if log else None
+            m = 0
+            for v, x in zip(victims, victim_landed):
+                end = (x if x > f else f) + t_dw
+                if put(v, end) is end:
+                    f = end
+                    m += 1
+                    if written is not None:
+                        written.append(v)
+            if not m:
+                return True
+            if written:
+                below.cache.inserted(written)
+            below.stored += m
         else:
             written = []
             step = self.step
             for v, x in zip(victims, victim_landed):
-                if v not in held:
+                if v not in below.cache:  # (its `members` may be a new dict after an insert)
                     f = max(now, x, f) + t_dw
                     written.append(v)
                     self._put_below(v, f, step, None)
             if not written:
                 return True
-        m = len(written)
+            m = len(written)
         dw.free_s, dw.busy_s, dw.bytes = f, dw.busy_s + m * t_dw, dw.bytes + m * nbytes
         self.bytes[(HOST, DISK)] += m * nbytes
         return True
@@ -273,17 +289,17 @@ class TierStore:
         top_disk = top.name == DISK
         wb_below = below is not None and below.write == WRITE_BACK
         wt_below = below is not None and below.write == WRITE_THROUGH
-        below_members = below.cache.members if below is not None else None
+        below_cache = below.cache if below is not None else None
         hits, insert = top.hits, top.cache.insert
         ops = self.ops if self.ops_on else None
         cb = self.chunk_blocks
-        members = top.cache.members
-        lru = members if type(top.cache) is LRU else None
+        cache = top.cache
+        lru = cache.members if type(cache) is LRU and cache.log is None else None  # evicting: in order
         cap = top.capacity
         n = 0
         self.version += 1
         for j, key in enumerate(keys):
-            if key in members:
+            if key in cache:  # (an insert may give an LRU a new `members`)
                 continue
             n += 1
             d2h_free += t_d2h
@@ -300,7 +316,7 @@ class TierStore:
                 top.evictions += 1
                 if hits:
                     hits.pop(v, None)
-                if wb_below and v not in below_members:
+                if wb_below and v not in below_cache:
                     dw_free = max(now, v_landed, dw_free) + t_dw
                     writes += 1
                     down += 1
@@ -312,7 +328,7 @@ class TierStore:
                 b = first_block + j * cb
                 ops.append(TierOp(step, "store", GPU, top.name, key, tuple(table[b:b + cb])))
             top.stored += 1
-            if wt_below and key not in below_members:
+            if wt_below and key not in below_cache:
                 dw_free = max(now, end, dw_free) + t_dw
                 writes += 1
                 down += 1
@@ -604,14 +620,13 @@ class TierStore:
             loads[1] = sum(where)
             loads[0] = n - loads[1]
             ks = keys[:n]
-            touch = [lv.cache.members.move_to_end if type(lv.cache) is LRU else lv.cache.touch for lv in levels]
             if not loads[1]:
-                deque(map(touch[0], ks), 0)
+                _touch_all(levels[0].cache, ks)
             elif not loads[0]:
-                deque(map(touch[1], ks), 0)
+                _touch_all(levels[1].cache, ks)
             else:
-                deque(map(touch[0], compress(ks, map(not_, where))), 0)
-                deque(map(touch[1], compress(ks, where)), 0)
+                _touch_all(levels[0].cache, compress(ks, map(not_, where)))
+                _touch_all(levels[1].cache, compress(ks, where))
             n_touched = n
         else:
             n_touched = 0
@@ -703,6 +718,17 @@ class TierStore:
                                      f"{lv.capacity} slots")
             if set(keys) != set(lv.cache.members) or None in lv.cache.members.values():
                 raise AssertionError(f"tier {lv.name}: landing times disagree with the held chunks")
+
+
+def _touch_all(cache, keys) -> None:
+    """`cache.touch` of each of `keys`, in order (an LRU's in one call)."""
+    if type(cache) is LRU:
+        if cache.log is not None:
+            cache.logged(keys)
+        else:
+            deque(map(cache.members.move_to_end, keys), 0)
+    else:
+        deque(map(cache.touch, keys), 0)
 
 
 def make_tier_store(config: SimConfig, log_events: bool = False) -> TierStore:
