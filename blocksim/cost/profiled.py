@@ -22,8 +22,9 @@ engine's columns `t_<component>_s` hold:
   the step's GPU time is ``decode_step(padded batch, mean context)`` and this column holds it less
   ``t_linear_s`` (at least zero), so the two sum to the measured whole step. With the optional
   ``decode_step_shared`` table, a graph step whose rows read blocks an earlier row reads too (the
-  prompt a request's samples share) is scaled by ``1 - (1 - paired / own) * min(1, f / f_table)``
-  at its padded batch and mean context, ``f`` the share of its context tokens in shared blocks.
+  prompt a request's samples share) saves ``(1 - paired / own) * min(1, f / f_table)`` of the step
+  of equal rows at its padded batch and mean context, ``f`` the share of its context tokens in
+  shared blocks: the bytes the shared blocks save, which a longer longest row does not change.
 * ``t_swap_s``: ``swap_in(blocks in) + swap_out(blocks out)``; ``t_copy_s``: ``copy(blocks)``.
   Block counts are converted to the profile's block size (a run with blocks twice as large moves
   twice as many of the profile's blocks).
@@ -221,8 +222,9 @@ class ProfiledCostModel:
         if pad is not None:
             mean = ctx / pad  # the padding rows count as rows of no context
             t = self._longest_plane(pad).eval(mean, np.maximum(np.asarray(longest, np.float64) / mean, 1.0))
-            if shared and self.prices_shared_rows:
-                t = t * self._shared_factor(pad, mean, shared / np.maximum(ctx, 1))
+            if shared and self.prices_shared_rows:  # the bytes the shared blocks save, as at equal rows
+                equal = self._longest_plane(pad).eval(mean, np.ones_like(mean))
+                t = t - (1.0 - self._shared_factor(pad, mean, shared / np.maximum(ctx, 1))) * equal
             whole = True
         else:
             line, whole = self._decode_line(batch, decode_only)

@@ -431,3 +431,14 @@ def test_samples_sharing_a_prompt_run_shorter_graph_steps_and_single_samples_do_
     a, b = runs["shared", "two"].steps, runs["plain", "two"].steps
     assert a.t_attn_decode_s.sum() < b.t_attn_decode_s.sum(), "the samples' shared prompt read for less"
     pd.testing.assert_frame_equal(stepped.steps, a)  # spans price as single steps do
+
+
+def test_sharing_saves_an_uneven_step_what_it_saves_the_step_of_equal_rows(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(synthetic_profile(decode_step="longest", shared=0.9)))
+    cm = model(path)
+    shared = int(0.225 * 32 * 1000)
+    saved_equal = cm.attn_decode(32 * 1000, 32, True, 1000) - cm.attn_decode(32 * 1000, 32, True, 1000, shared=shared)
+    saved_uneven = cm.attn_decode(32 * 1000, 32, True, 4000) - cm.attn_decode(32 * 1000, 32, True, 4000,
+                                                                             shared=shared)
+    assert saved_equal > 0 and saved_uneven == pytest.approx(saved_equal, rel=1e-9)
