@@ -50,6 +50,8 @@ GPU_BLOCKS, CHUNK_TOKENS = 800, 256
 BATCHED_TOKENS = 4096
 TIER_TABLES = ROOT / "benchmarks" / "results" / "tier-h200.json"
 SHIPPED = ROOT / "blocksim" / "profiles" / f"{MODEL}__{GPU}__float16__tp1.json"
+#: The file in an executed runs' directory holding the profile they were executed with (`--base-profile`).
+BASE_PROFILE = "base-profile.json"
 
 #: name -> replay flags
 CONFIGS: dict[str, list[str]] = {"none": []}
@@ -175,7 +177,14 @@ def cmd_execute(a) -> int:
     disk.mkdir(parents=True, exist_ok=True)
     # the profile prices what the engine decides before moving (the recompute mode's what-ifs) as the
     # simulated twin does; the clock takes the measured steps and moves
-    profile = ["--cost-profile", str(merged_profile(out, Path(a.tier_tables)))] if a.model == MODEL else []
+    base = None
+    if a.base_profile:  # kept beside the runs: their simulated twins are priced by it too
+        base = out / BASE_PROFILE
+        if not Path(a.base_profile).is_file():
+            raise UsageError(f"--base-profile {a.base_profile}: no such file; give a blocksim profile output")
+        if Path(a.base_profile).resolve() != base.resolve():
+            shutil.copyfile(a.base_profile, base)
+    profile = ["--cost-profile", str(merged_profile(out, Path(a.tier_tables), base=base))] if a.model == MODEL else []
     start = time.perf_counter()
     factory = None if a.process_per_run else shared_executor(a.executor)
     with open(out / "execute.log", "a") as log:
@@ -198,9 +207,23 @@ class UsageError(Exception):
     """Bad input to this script: one line naming the option and the fix."""
 
 
-def merged_profile(out: Path, tables: Path, name: str = "profile.json") -> Path:
-    """The shipped profile with the tier executor's measured tables (`tables`) merged in."""
+def merged_profile(out: Path, tables: Path, name: str = "profile.json", base: Path | None = None) -> Path:
+    """The shipped profile (or `base`, a profile of MODEL on GPU) with the tier executor's measured
+    tables (`tables`) merged in."""
     from benchmarks.tier_bandwidth_merge import merge
+    if base is not None:
+        try:
+            prof = json.loads(base.read_text())
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--base-profile {base}: not a readable profile ({e}); give a blocksim profile output")
+        if (prof.get("model"), prof.get("gpu")) != (MODEL, GPU):
+            raise UsageError(f"--base-profile {base}: a profile of {prof.get('model')} on {prof.get('gpu')}, not of "
+                             f"{MODEL} on {GPU}; profile {MODEL} on this GPU")
+        if not tables.is_file():
+            raise UsageError(f"--tier-tables {tables}: no such file; give a benchmarks/tier_bandwidth.py result")
+        path = out / name
+        path.write_text(json.dumps(merge(json.loads(tables.read_text()), prof), indent=1))
+        return path
     if not SHIPPED.is_file():
         have = sorted(p.name.split("__")[1] for p in SHIPPED.parent.glob(f"{MODEL}__*__float16__tp1.json"))
         raise UsageError(f"--gpu {GPU}: no shipped profile of {MODEL} for it ({SHIPPED}); "
@@ -248,14 +271,18 @@ def cmd_simulate(a) -> int:
     else:
         use_policy(a.policy or POLICIES[0])
     out.mkdir(parents=True, exist_ok=True)
-    profile = merged_profile(out, Path(a.tier_tables)) if a.model == MODEL else None
+    base = Path(a.base_profile) if a.base_profile else exec_dir / BASE_PROFILE
+    base = base if base.is_file() or a.base_profile else None  # the executed runs' own profile, when they had one
+    if base is not None:
+        print(f"simulate: priced by {base} with the tier tables merged in", flush=True)
+    profile = merged_profile(out, Path(a.tier_tables), base=base) if a.model == MODEL else None
     names = sorted(p.parent.name for p in exec_dir.glob("*/executor.json")) if not a.configs else a.configs
     with open(out / "simulate.log", "a") as log:
         for name in names:
             if a.in_run_rates and CONFIGS[name]:
                 tables = out / f"{name}.tables.json"
                 tables.write_text(json.dumps(in_run_tables(json.loads(Path(a.tier_tables).read_text()), exec_dir / name)))
-                profile = merged_profile(out, tables, f"{name}.profile.json")
+                profile = merged_profile(out, tables, f"{name}.profile.json", base=base)
             shutil.rmtree(out / name, ignore_errors=True)  # a replay refuses a run directory that exists
             args = replay_args(name, out / name, None, a.model, a.catalog)
             if profile is not None:
@@ -440,6 +467,9 @@ def main(argv=None) -> int:
         p.add_argument("--catalog", default=None, help="a catalog file defining --model")
         p.add_argument("--tier-tables", default=str(TIER_TABLES),
                        help="a tier_bandwidth.py result: its measured tables are merged into the shipped profile")
+        p.add_argument("--base-profile", default=None, metavar="FILE",
+                       help="the profile of the model on this GPU the tables are merged into (default: the shipped "
+                            f"one; simulate: EXEC/{BASE_PROFILE} when the runs were executed with one)")
     e.add_argument("--budget-s", type=float, default=None, help="start no run after this many seconds")
     e.add_argument("--process-per-run", action="store_true",
                    help="one `blocksim replay` process per configuration (default: all in this process, the model "

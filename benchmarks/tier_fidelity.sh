@@ -13,7 +13,9 @@
 # kernels/ package, e.g. the committed one exported by `git archive`) replaces the working tree's.
 # The executed runs' engine decides (onload recompute) by the shipped profile with the tier tables
 # of TABLES (default benchmarks/results/tier-$GPU.json); MEASURE_TIERS=1 measures them first
-# (benchmarks/tier_bandwidth.py, written to the run directory) and uses those.
+# (benchmarks/tier_bandwidth.py, written to the run directory) and uses those. PROFILE=1 profiles
+# the model first on this machine (blocksim profile, about 4 minutes), into the run directory's
+# base-profile.json, which then replaces the shipped profile for the runs and their simulated twins.
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
 GPU=${GPU:-h200}
@@ -40,8 +42,14 @@ if [ -n "${MEASURE_TIERS:-}" ]; then  # the tier tables measured again first, by
   tail -3 "$EXEC/tier-bandwidth.log"; echo "tier tables: $TABLES, $(( $(date +%s) - t0 )) s"
 fi
 [ -f "$TABLES" ] || { echo "no tier tables $TABLES: set MEASURE_TIERS=1"; exit 2; }
+if [ -n "${PROFILE:-}" ] && [ ! -f "$EXEC/base-profile.json" ]; then  # the model profiled on this machine first
+  python -m validation.profile --model llama-3-8b --gpu-name "$GPU_NAME" --out "$EXEC/base-profile.json" --quiet \
+    || exit 1
+  echo "profile: $(( $(date +%s) - t0 )) s"
+fi
+BASE=$([ -f "$EXEC/base-profile.json" ] && echo "--base-profile $EXEC/base-profile.json")
 python benchmarks/tier_fidelity.py execute --out "$EXEC" --disk-dir "$DISK_DIR" --tier-tables "$TABLES" --gpu "$GPU_NAME" \
-    --policy "$POLICY" --budget-s $(( BUDGET_S - ($(date +%s) - t0) )) ${CONFIGS:+--configs $CONFIGS}
+    --policy "$POLICY" $BASE --budget-s $(( BUDGET_S - ($(date +%s) - t0) )) ${CONFIGS:+--configs $CONFIGS}
 grep -E "^(Traceback|blocksim:)|Error" "$EXEC/execute.log" | sort | uniq -c | head -20
 python - "$EXEC" <<'EOF'
 import json, sys

@@ -91,3 +91,22 @@ def test_the_other_prefix_caching_engines_perform_and_check_their_tier_moves(tmp
         assert summary["tier_checksum_mismatches"] == 0 and summary["tier_moves"] > 0
         if "tier_disk_gib" in tiers:
             assert res.summary.get("tier_disk_hit_tokens", 0) > 0, "the disk tier served loads"
+
+
+def test_tier_fidelity_merges_the_tables_into_the_runs_own_profile(tmp_path):
+    from benchmarks import tier_fidelity as tf
+    tf.use_gpu("h200-141gb")
+    own = json.loads(tf.SHIPPED.read_text())
+    own["created_utc"] = "2030-01-01T00:00:00Z"  # a profile measured beside the runs
+    base = tmp_path / "own.json"
+    base.write_text(json.dumps(own))
+    merged = json.loads(tf.merged_profile(tmp_path, tf.TIER_TABLES, base=base).read_text())
+    assert merged["created_utc"] == own["created_utc"]
+    assert {"tier_gpu_host", "tier_disk_gpu"} <= set(merged["components"]), "the tier tables merged in"
+    other = dict(own, model="llama-2-7b")
+    base.write_text(json.dumps(other))
+    with pytest.raises(tf.UsageError, match="--base-profile .*llama-2-7b"):
+        tf.merged_profile(tmp_path, tf.TIER_TABLES, base=base)
+    base.write_text("{")
+    with pytest.raises(tf.UsageError, match="not a readable profile"):
+        tf.merged_profile(tmp_path, tf.TIER_TABLES, base=base)
