@@ -219,19 +219,16 @@ def merged_profile(out: Path, tables: Path, name: str = "profile.json", base: Pa
         if (prof.get("model"), prof.get("gpu")) != (MODEL, GPU):
             raise UsageError(f"--base-profile {base}: a profile of {prof.get('model')} on {prof.get('gpu')}, not of "
                              f"{MODEL} on {GPU}; profile {MODEL} on this GPU")
-        if not tables.is_file():
-            raise UsageError(f"--tier-tables {tables}: no such file; give a benchmarks/tier_bandwidth.py result")
-        path = out / name
-        path.write_text(json.dumps(merge(json.loads(tables.read_text()), prof), indent=1))
-        return path
-    if not SHIPPED.is_file():
+    elif not SHIPPED.is_file():
         have = sorted(p.name.split("__")[1] for p in SHIPPED.parent.glob(f"{MODEL}__*__float16__tp1.json"))
         raise UsageError(f"--gpu {GPU}: no shipped profile of {MODEL} for it ({SHIPPED}); "
                          f"choose one of {', '.join(have)}")
+    else:
+        prof = json.loads(SHIPPED.read_text())
     if not tables.is_file():
         raise UsageError(f"--tier-tables {tables}: no such file; give a benchmarks/tier_bandwidth.py result")
     path = out / name
-    path.write_text(json.dumps(merge(json.loads(tables.read_text()), json.loads(SHIPPED.read_text())), indent=1))
+    path.write_text(json.dumps(merge(json.loads(tables.read_text()), prof), indent=1))
     return path
 
 
