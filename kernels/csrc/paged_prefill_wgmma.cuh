@@ -331,20 +331,15 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_pingpong_kern
 
   extern __shared__ __align__(1024) unsigned char wgmma_smem[];
   const BlockSetup b(wgmma_smem);
-  const int tid = b.tid, wgi = b.wgi, warp = b.warp, g = b.g, t = b.t;
-  const int c_chunk = b.c_chunk, c_row0 = b.c_row0;
-  const uint32_t c_off = b.c_off, smem = b.smem, q_smem = b.q_smem, k_ring = b.k_ring, v_ring = b.v_ring,
-                 id_ring = b.id_ring;
-  unsigned char* const smem_ptr = b.smem_ptr;
-  const T* const q_base = static_cast<const T*>(p.query) + c_chunk * 8;
+  const T* const q_base = static_cast<const T*>(p.query) + b.c_chunk * 8;
   auto load_q = [&](const Item& it) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const int R = it.m0 + c_row0 + 16 * i;
+      const int R = it.m0 + b.c_row0 + 16 * i;
       const bool live = R < it.rows;
       const T* src = q_base;
       if (live) src = q_base + (it.q_start + R / group) * p.q_token_stride + static_cast<int64_t>(it.kvh * group + R % group) * kHead;
-      cp_async16(smem_ptr + (q_smem - smem) + tile_offset<kRows>(c_row0 + 16 * i, c_chunk), src, live);
+      cp_async16(b.smem_ptr + (b.q_smem - b.smem) + tile_offset<kRows>(b.c_row0 + 16 * i, b.c_chunk), src, live);
     }
   };
   const int bs_mask = (1 << p.block_size_log2) - 1;
@@ -368,36 +363,36 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_pingpong_kern
     }
   };
   // One tile of keys (which = 0) or values (1) of an item into ring stage `stage` (copy_rows).
-  const char* const k_bytes = reinterpret_cast<const char*>(static_cast<const T*>(p.key_cache) + c_chunk * 8);
-  const char* const v_bytes = reinterpret_cast<const char*>(static_cast<const T*>(p.value_cache) + c_chunk * 8);
+  const char* const k_bytes = reinterpret_cast<const char*>(static_cast<const T*>(p.key_cache) + b.c_chunk * 8);
+  const char* const v_bytes = reinterpret_cast<const char*>(static_cast<const T*>(p.value_cache) + b.c_chunk * 8);
   const int k_block_bytes = static_cast<int>(p.k_block_stride * 2), k_token_bytes = static_cast<int>(p.k_token_stride * 2);
   const int v_block_bytes = static_cast<int>(p.v_block_stride * 2), v_token_bytes = static_cast<int>(p.v_token_stride * 2);
   auto load_tile = [&](const Item& it, const int* ids, int tile, int stage, int which) {
     const char* const base = which ? v_bytes + it.kvh * p.v_head_stride * 2 : k_bytes + it.kvh * p.k_head_stride * 2;
     const int block_bytes = which ? v_block_bytes : k_block_bytes;
     const int token_bytes = which ? v_token_bytes : k_token_bytes;
-    const uint32_t dst = (which ? v_ring : k_ring) + stage * kTileBytes + c_off - smem;
+    const uint32_t dst = (which ? b.v_ring : b.k_ring) + stage * kTileBytes + b.c_off - b.smem;
     const int* const tile_ids = ids + (tile % kIdSlots) * kIdsPerTile;
-    const int key0 = tile * kKeys + c_row0;
+    const int key0 = tile * kKeys + b.c_row0;
     const int left = it.kv_end - key0;  // rows i with 16 i < left hold keys of the item
-    copy_rows<16>(smem_ptr + dst, tile_ids, c_row0, 0, key0, left, base, block_bytes, token_bytes, p, bs_mask);
+    copy_rows<16>(b.smem_ptr + dst, tile_ids, b.c_row0, 0, key0, left, base, block_bytes, token_bytes, p, bs_mask);
   };
   // The same by one warpgroup's 128 threads alone (the ping-pong split: the first warpgroup copies
   // value tiles, the second key tiles): thread l copies chunk l % 16 of rows l / 16 + 8 i.
-  const int h_chunk = tid & 15;
-  const int h_row0 = (tid & 127) >> 4;
+  const int h_chunk = b.tid & 15;
+  const int h_row0 = (b.tid & 127) >> 4;
   const uint32_t h_off = tile_offset<kKeys>(h_row0, h_chunk);
   auto load_tile_wg = [&](const Item& it, const int* ids, int tile, int stage, int which) {
     const char* const base = which ? v_bytes + it.kvh * p.v_head_stride * 2 : k_bytes + it.kvh * p.k_head_stride * 2;
     const int block_bytes = which ? v_block_bytes : k_block_bytes;
     const int token_bytes = which ? v_token_bytes : k_token_bytes;
-    const uint32_t dst = (which ? v_ring : k_ring) + stage * kTileBytes + h_off - smem;
+    const uint32_t dst = (which ? b.v_ring : b.k_ring) + stage * kTileBytes + h_off - b.smem;
     const int* const tile_ids = ids + (tile % kIdSlots) * kIdsPerTile;
     const int key0 = tile * kKeys + h_row0;
     const int left = it.kv_end - key0;
 #pragma unroll
     for (int half = 0; half < 2; ++half)  // 8 ids read before 8 copies, twice
-      copy_rows<8>(smem_ptr + dst, tile_ids, h_row0, 64 * half, key0, left, base, block_bytes, token_bytes, p, bs_mask);
+      copy_rows<8>(b.smem_ptr + dst, tile_ids, h_row0, 64 * half, key0, left, base, block_bytes, token_bytes, p, bs_mask);
   };
   // The first copies, in two groups: the Q rows and key tile 0, then key tile 1 and value tile 0
   // (tile j in ring stage j % kStages).
@@ -410,21 +405,21 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_pingpong_kern
     cp_async_commit();
   };
 
-  int* const ids = reinterpret_cast<int*>(smem_ptr + (id_ring - smem));
-  if (tid < 4 * kIdsPerTile) copy_ids(it, ids, tid / kIdsPerTile, tid % kIdsPerTile, false);
+  int* const ids = reinterpret_cast<int*>(b.smem_ptr + (b.id_ring - b.smem));
+  if (b.tid < 4 * kIdsPerTile) copy_ids(it, ids, b.tid / kIdsPerTile, b.tid % kIdsPerTile, false);
   __syncthreads();
   first_copies(it, ids);
 
   const float scale2 = p.scale * kLog2e;
-  const uint64_t q_desc = smem_desc(q_smem + wgi * 64 * kHalfRow, 16, 1024);
-  const uint64_t k_desc = smem_desc(k_ring, 16, 1024);
+  const uint64_t q_desc = smem_desc(b.q_smem + b.wgi * 64 * kHalfRow, 16, 1024);
+  const uint64_t k_desc = smem_desc(b.k_ring, 16, 1024);
   // V is N-major: its leading byte offset steps between the two halves of 64 head dims, its stride
   // byte offset between groups of 8 keys (Q's and K's leading offsets are unused: K-major, swizzled)
-  const uint64_t v_desc = smem_desc(v_ring, kKeys * kHalfRow, 1024);
+  const uint64_t v_desc = smem_desc(b.v_ring, kKeys * kHalfRow, 1024);
 
   {
     const int n_tiles = it.n_tiles;
-    const int wg_row0 = it.m0 + wgi * 64;  // the warpgroup's first packed row
+    const int wg_row0 = it.m0 + b.wgi * 64;  // the warpgroup's first packed row
     const bool wg_live = wg_row0 < it.rows;
     const int wg_first_pos = it.cached + wg_row0 / group;
     const int wg_kv_end = wg_live ? it.cached + (min(wg_row0 + 64, it.rows) - 1) / group + 1 : 0;
@@ -436,7 +431,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_pingpong_kern
     // free. The first warpgroup waits for its own copies of value tile n - 1 (at n = 0 for its
     // share of the Q rows and key tile 0), the second for those of key tile n.
     auto ring_barrier = [&](int n) {
-      if (wgi == 0 ? n > 0 : n == n_tiles) {
+      if (b.wgi == 0 ? n > 0 : n == n_tiles) {
         cp_async_wait<0>();
       } else {
         cp_async_wait<1>();
@@ -452,12 +447,12 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_pingpong_kern
     // the caller knows it at compile time (std::integral_constant 0 or 1), else -1.
     auto copies = [&](int n, auto role) {
       constexpr int kRole = decltype(role)::value;
-      if (kRole == 0 || (kRole < 0 && wgi == 0)) {
+      if (kRole == 0 || (kRole < 0 && b.wgi == 0)) {
         if (n > 0 && n < n_tiles) load_tile_wg(it, ids, n, stage(n), 1);
       } else if (n + 2 < n_tiles) {
         load_tile_wg(it, ids, n + 2, stage(n + 2), 0);
       }
-      if (tid < kIdsPerTile) copy_ids(it, ids, n + 4, tid, true);
+      if (b.tid < kIdsPerTile) copy_ids(it, ids, n + 4, b.tid, true);
       cp_async_commit();
     };
     constexpr std::integral_constant<int, -1> kAny{};
@@ -476,12 +471,12 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_pingpong_kern
     // packed rows g and g + 8 of the thread's warp: their positions (dead rows take the last row's)
     int qpos[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) qpos[h] = it.cached + min(wg_row0 + warp * 16 + g + 8 * h, it.rows - 1) / group;
+    for (int h = 0; h < 2; ++h) qpos[h] = it.cached + min(wg_row0 + b.warp * 16 + b.g + 8 * h, it.rows - 1) / group;
 
     auto issue_s = [&](int n) { tile_issue_s<T>(s, q_desc, k_desc + ((stage(n) * kTileBytes) >> 4)); };
     auto issue_pv = [&](int n) { tile_issue_pv<T>(o, pa, v_desc + ((stage(n) * kTileBytes) >> 4)); };
     auto softmax = [&](int n, float (&alpha)[2]) {
-      tile_softmax(s, m_run, l_run, alpha, n, scale2, wg_first_pos, t, qpos);
+      tile_softmax(s, m_run, l_run, alpha, n, scale2, wg_first_pos, b.t, qpos);
     };
     // Pins the softmax's results before the wait for the P V product that follows it: without it the
     // compiler is free to sink the exponentials and sums past that wait, so the softmax would run
@@ -495,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_pingpong_kern
     auto rescale_and_pack = [&](const float (&alpha)[2]) { tile_rescale_and_pack<T>(o, pa, s, alpha); };
 
     int n = 0;
-    if (wgi == 1 && wg_live) {
+    if (b.wgi == 1 && wg_live) {
       // The second warpgroup runs half a tile behind: after barrier n it computes the softmax of
       // S_{n-1} while the first warpgroup's products of tile n run, then issues its own S_n and
       // P_{n-1} V_{n-1}, which the tensor cores run while the first warpgroup computes its
@@ -590,10 +585,10 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_pingpong_kern
         float l = l_run[h];
         l += __shfl_xor_sync(kMask, l, 1);
         l += __shfl_xor_sync(kMask, l, 2);
-        const int R = wg_row0 + warp * 16 + g + 8 * h;
+        const int R = wg_row0 + b.warp * 16 + b.g + 8 * h;
         if (R >= it.rows) continue;
         const float f = 1.f / l;
-        T* dst = out + (it.q_start + R / group) * p.out_token_stride + static_cast<int64_t>(it.kvh * group + R % group) * kHead + 2 * t;
+        T* dst = out + (it.q_start + R / group) * p.out_token_stride + static_cast<int64_t>(it.kvh * group + R % group) * kHead + 2 * b.t;
 #pragma unroll
         for (int d = 0; d < kHead / 8; ++d) {
           *reinterpret_cast<uint32_t*>(dst + d * 8) = Mma<T>::pack(o[4 * d + 2 * h] * f, o[4 * d + 2 * h + 1] * f);
@@ -630,12 +625,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_kernel(const 
 
   extern __shared__ __align__(1024) unsigned char wgmma_smem[];
   const BlockSetup b(wgmma_smem);
-  const int tid = b.tid, wgi = b.wgi, warp = b.warp, g = b.g, t = b.t;
-  const int c_chunk = b.c_chunk, c_row0 = b.c_row0;
-  const uint32_t c_off = b.c_off, smem = b.smem, q_smem = b.q_smem, k_ring = b.k_ring, v_ring = b.v_ring,
-                 id_ring = b.id_ring;
-  unsigned char* const smem_ptr = b.smem_ptr;
-  const int wg_row0 = m0 + wgi * 64;  // the warpgroup's first packed row
+  const int wg_row0 = m0 + b.wgi * 64;  // the warpgroup's first packed row
   const bool wg_live = wg_row0 < rows;
   const int wg_first_pos = cached + wg_row0 / group;
   const int wg_kv_end = wg_live ? cached + (min(wg_row0 + 64, rows) - 1) / group + 1 : 0;
@@ -644,35 +634,35 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_kernel(const 
     const T* q = static_cast<const T*>(p.query);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const int R = m0 + c_row0 + 16 * i;
+      const int R = m0 + b.c_row0 + 16 * i;
       const bool live = R < rows;
       const T* src = q;
-      if (live) src = q + (q_start + R / group) * p.q_token_stride + static_cast<int64_t>(kvh * group + R % group) * kHead + c_chunk * 8;
-      cp_async16(smem_ptr + (q_smem - smem) + tile_offset<kRows>(c_row0 + 16 * i, c_chunk), src, live);
+      if (live) src = q + (q_start + R / group) * p.q_token_stride + static_cast<int64_t>(kvh * group + R % group) * kHead + b.c_chunk * 8;
+      cp_async16(b.smem_ptr + (b.q_smem - b.smem) + tile_offset<kRows>(b.c_row0 + 16 * i, b.c_chunk), src, live);
     }
   }
   const int* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
-  const T* kc = static_cast<const T*>(p.key_cache) + kvh * p.k_head_stride + c_chunk * 8;
-  const T* vc = static_cast<const T*>(p.value_cache) + kvh * p.v_head_stride + c_chunk * 8;
+  const T* kc = static_cast<const T*>(p.key_cache) + kvh * p.k_head_stride + b.c_chunk * 8;
+  const T* vc = static_cast<const T*>(p.value_cache) + kvh * p.v_head_stride + b.c_chunk * 8;
   const int bs_mask = (1 << p.block_size_log2) - 1;
   // The block ids of tile m's keys (entry e: keys e * block_size .. of the tile; -1 past the
   // block's keys) sit in slot m % kIdSlots of a shared-memory ring, copied four iterations ahead
   // of the key tile's copies, so that no copy waits on a read of the table.
-  int* const ids = reinterpret_cast<int*>(smem_ptr + (id_ring - smem));
+  int* const ids = reinterpret_cast<int*>(b.smem_ptr + (b.id_ring - b.smem));
   auto copy_ids = [&](int tile, bool async) {
-    if (tid < kIdsPerTile) {
+    if (b.tid < kIdsPerTile) {
       const int first = (tile * kKeys) >> p.block_size_log2;
-      const int key = (first + tid) << p.block_size_log2;
-      int* const dst = ids + (tile % kIdSlots) * kIdsPerTile + tid;
+      const int key = (first + b.tid) << p.block_size_log2;
+      int* const dst = ids + (tile % kIdSlots) * kIdsPerTile + b.tid;
       const bool live = tile < n_tiles && key < kv_end && key < (tile + 1) * kKeys;
       if (!live) {
         *dst = -1;
       } else if (async) {
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-                     "l"(table + first + tid)
+                     "l"(table + first + b.tid)
                      : "memory");
       } else {
-        *dst = __ldg(table + first + tid);
+        *dst = __ldg(table + first + b.tid);
       }
     }
   };
@@ -685,11 +675,11 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_kernel(const 
     const char* const base = which ? v_bytes : k_bytes;
     const int block_bytes = which ? v_block_bytes : k_block_bytes;
     const int token_bytes = which ? v_token_bytes : k_token_bytes;
-    const uint32_t dst = (which ? v_ring : k_ring) + (tile % kStages) * kTileBytes + c_off - smem;
+    const uint32_t dst = (which ? b.v_ring : b.k_ring) + (tile % kStages) * kTileBytes + b.c_off - b.smem;
     const int* const tile_ids = ids + (tile % kIdSlots) * kIdsPerTile;
-    const int key0 = tile * kKeys + c_row0;
+    const int key0 = tile * kKeys + b.c_row0;
     const int left = kv_end - key0;  // rows i with 16 i < left hold keys of the block
-    copy_rows<16>(smem_ptr + dst, tile_ids, c_row0, 0, key0, left, base, block_bytes, token_bytes, p, bs_mask);
+    copy_rows<16>(b.smem_ptr + dst, tile_ids, b.c_row0, 0, key0, left, base, block_bytes, token_bytes, p, bs_mask);
   };
 #pragma unroll
   for (int m = 0; m < 4; ++m) copy_ids(m, false);
@@ -713,13 +703,13 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_kernel(const 
   // packed rows g and g + 8 of the thread's warp: their positions (dead rows take the last row's)
   int qpos[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) qpos[h] = cached + min(wg_row0 + warp * 16 + g + 8 * h, rows - 1) / group;
+  for (int h = 0; h < 2; ++h) qpos[h] = cached + min(wg_row0 + b.warp * 16 + b.g + 8 * h, rows - 1) / group;
 
-  const uint64_t q_desc = smem_desc(q_smem + wgi * 64 * kHalfRow, 16, 1024);
-  const uint64_t k_desc = smem_desc(k_ring, 16, 1024);
+  const uint64_t q_desc = smem_desc(b.q_smem + b.wgi * 64 * kHalfRow, 16, 1024);
+  const uint64_t k_desc = smem_desc(b.k_ring, 16, 1024);
   // V is N-major: its leading byte offset steps between the two halves of 64 head dims, its stride
   // byte offset between groups of 8 keys (Q's and K's leading offsets are unused: K-major, swizzled)
-  const uint64_t v_desc = smem_desc(v_ring, kKeys * kHalfRow, 1024);
+  const uint64_t v_desc = smem_desc(b.v_ring, kKeys * kHalfRow, 1024);
 
   // The ring's barrier: this thread's copies of key tile n and value tile n - 1 landed and are
   // visible to the tensor cores' reads, for every thread; every warpgroup is done with key tile
@@ -739,7 +729,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_kernel(const 
   auto issue_s = [&](int n) { tile_issue_s<T>(s, q_desc, k_desc + (((n % kStages) * kTileBytes) >> 4)); };
   auto issue_pv = [&](int n) { tile_issue_pv<T>(o, pa, v_desc + (((n % kStages) * kTileBytes) >> 4)); };
   auto softmax = [&](int n, float (&alpha)[2]) {
-    tile_softmax(s, m_run, l_run, alpha, n, scale2, wg_first_pos, t, qpos);
+    tile_softmax(s, m_run, l_run, alpha, n, scale2, wg_first_pos, b.t, qpos);
   };
   auto rescale_and_pack = [&](const float (&alpha)[2]) { tile_rescale_and_pack<T>(o, pa, s, alpha); };
 
@@ -793,10 +783,10 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_kernel(const 
     float l = l_run[h];
     l += __shfl_xor_sync(kMask, l, 1);
     l += __shfl_xor_sync(kMask, l, 2);
-    const int R = wg_row0 + warp * 16 + g + 8 * h;
+    const int R = wg_row0 + b.warp * 16 + b.g + 8 * h;
     if (R >= rows) continue;
     const float f = 1.f / l;
-    T* dst = out + (q_start + R / group) * p.out_token_stride + static_cast<int64_t>(kvh * group + R % group) * kHead + 2 * t;
+    T* dst = out + (q_start + R / group) * p.out_token_stride + static_cast<int64_t>(kvh * group + R % group) * kHead + 2 * b.t;
 #pragma unroll
     for (int d = 0; d < kHead / 8; ++d) {
       *reinterpret_cast<uint32_t*>(dst + d * 8) = Mma<T>::pack(o[4 * d + 2 * h] * f, o[4 * d + 2 * h + 1] * f);
