@@ -444,7 +444,8 @@ def lease_note(same_lease: bool, exec_dir: Path) -> str:
     if same_lease:
         text = ("The profiles of the models executed here and the executed runs were measured on one lease of "
                 "the device (`benchmarks/fidelity_device.sh`: the profiles first, then the runs, on the same "
-                "machine). The graph steps of one or two rows, whose shape the profile times exactly as a run "
+                "machine; a table added to a profile later, by `blocksim profile --add-table`, names its own lease "
+                "under its `measured` key). The graph steps of one or two rows, whose shape the profile times exactly as a run "
                 "executes it, show what remains between the profile's measurement and a run's on that machine: "
                 "their mean error in the per-run table below. Another lease (another machine of the same kind, "
                 "or the same one at another time) moves the executed runs themselves: the same slices executed "
