@@ -387,11 +387,6 @@ class SimConfig:
         _require(p.allocator in ("v1", "paged", "radix"), where,
                  f"tiers are modelled on the prefix caches of vllm-prefix, vllm-v1 and sglang, and policy "
                  f"{self.policy!r} uses the {p.allocator} allocator; choose one of those, or drop the tier options")
-        if p.allocator == "radix":
-            top = "host" if t.host_gib > 0 else "disk"
-            _require(getattr(t, f"{top}_write") != "write-back", f"tiers.{top}_write (--tier-{top}-write)",
-                     "the sglang preset's radix cache reports no chunk evictions, so write-back from the GPU is not "
-                     "modelled; use write-through or write-through-selective")
         bs = self.cache.block_size
         chunk = self.tier_chunk_tokens
         _require(chunk % bs == 0, "tiers.chunk_tokens (--tier-chunk-tokens)",

@@ -159,9 +159,6 @@ CASES = [
      "name a directory you can write"),
     ("tier-without-prefix-caching", REPLAY + ["--config", "{d}/config_tier_no_prefix.yaml"],
      ["--tier-host-gib", "'vllm'", "without prefix caching"], "choose vllm-prefix, vllm-v1 or sglang"),
-    ("tier-write-back-under-sglang", REPLAY + ["--policy", "sglang", "--tier-host-gib", "4", "--tier-host-write",
-                                               "write-back"], ["--tier-host-write", "sglang"],
-     "use write-through or write-through-selective"),
     ("tier-option-without-tier", REPLAY + ["--policy", "vllm-v1", "--tier-onload", "recompute"],
      ["--tier-onload", "no tier is on"], "add --tier-host-gib or --tier-disk-gib"),
 ]

@@ -37,10 +37,15 @@ def prompt_block_keys(group: SequenceGroup, block_size: int, hash_block_tokens: 
     without them): block j of `block_size` tokens inside hash block `j * block_size //
     hash_block_tokens` gets that hash id times the blocks per hash block plus its offset; a block
     covering several hash blocks gets the last one's id (a hash id depends on its whole prefix)."""
-    hashes, h, bs = group.prefix_hashes, hash_block_tokens, block_size
+    return block_keys(group.prefix_hashes, group.prompt_tokens, block_size, hash_block_tokens)
+
+
+def block_keys(hashes, prompt_tokens: int, block_size: int, hash_block_tokens: int | None) -> list[int]:
+    """`prompt_block_keys` of a prompt of `prompt_tokens` tokens with prefix hashes `hashes`."""
+    h, bs = hash_block_tokens, block_size
     if hashes is None or not len(hashes) or not h:
         return []
-    full = group.prompt_tokens // bs
+    full = prompt_tokens // bs
     if h % bs == 0:
         per = h // bs
         return [int(hashes[(j * bs) // h]) * per + (j % per) for j in range(full) if (j * bs) // h < len(hashes)]

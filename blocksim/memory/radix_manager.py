@@ -32,7 +32,7 @@ import numpy as np
 from blocksim.config import ConfigError
 from blocksim.interfaces import AllocStatus, MemoryBreakdown
 from blocksim.memory.blocks import BlockError, cdiv
-from blocksim.memory.prefix_cache import prompt_block_keys
+from blocksim.memory.prefix_cache import block_keys, prompt_block_keys
 from blocksim.memory.radix_tree import Content, Node, RadixTree
 from blocksim.sequence import Sequence, SequenceGroup
 
@@ -213,7 +213,29 @@ class RadixCacheManager:
         self.free_pages += pages
 
     def evict(self, num_tokens: int) -> int:
-        return self.tree.evict(num_tokens, self._release)
+        t = self.tiers
+        return self.tree.evict(num_tokens, self._release,
+                               self._write_back if t is not None and t.wants_gpu_evictions else None)
+
+    def _write_back(self, node: Node) -> None:
+        """Hand the tiers each whole prompt chunk that ends in `node`, about to leave the tree, with
+        the pages that hold it (the chunk's earlier pages are its ancestors': a leaf leaves first)."""
+        c = node.content
+        t = self.tiers
+        ct, ps = t.chunk_tokens, self.block_size
+        stop = min(node.end, c.shared_len) // ct  # chunks ending in the node, inside the hashed prompt
+        first = node.start // ct
+        if c.hashes is None or stop <= first:
+            return
+        keys = block_keys(c.hashes, c.shared_len, ct, self._hash_tokens)
+        for j in range(first, min(stop, len(keys))):
+            pages, n, pos = [], node, (j + 1) * ct - ps
+            while len(pages) < ct // ps:  # the chunk's pages, last first, up the path
+                while pos < n.start:
+                    n = n.parent
+                pages.append(n.pages[(pos - n.start) // ps])
+                pos -= ps
+            t.on_gpu_evicted(keys[j], pages[::-1])
 
     def make_room(self, pages: int) -> None:
         """Before a batch allocates `pages` pages: evict that many pages' worth of tokens when the

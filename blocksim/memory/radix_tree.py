@@ -247,15 +247,19 @@ class RadixTree:
         return (node.tick == tick and node.lock_ref == 0 and not node.children and node.parent is not None
                 and node.parent.children.get(self.key(node.content, node.start)) is node)
 
-    def evict(self, num_tokens: int, free_pages: Callable[[list], None]) -> int:
+    def evict(self, num_tokens: int, free_pages: Callable[[list], None],
+              evicted: Callable[[Node], None] | None = None) -> int:
         """Evict least recently used unlocked leaves until `num_tokens` tokens are freed (or none
-        is left); their pages go to `free_pages`. Returns the tokens evicted."""
+        is left); their pages go to `free_pages`, and each leaf to `evicted` first, while its path
+        from the root still holds its ancestors' pages. Returns the tokens evicted."""
         heap = self._heap
         done = 0
         while done < num_tokens and heap:
             tick, _, node = heapq.heappop(heap)
             if not self._live_leaf(tick, node):
                 continue
+            if evicted is not None:
+                evicted(node)
             parent = node.parent
             del parent.children[self.key(node.content, node.start)]
             node.parent = None

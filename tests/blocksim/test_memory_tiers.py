@@ -163,13 +163,17 @@ def test_runs_without_tiers_write_no_tier_records():
     assert res.tier_requests is None and not any(k.startswith("tier_") for k in res.summary)
 
 
-def test_write_back_stores_only_what_the_gpu_evicts():
+@pytest.mark.parametrize("policy", ["vllm-v1", "sglang"])
+def test_write_back_stores_only_what_the_gpu_evicts(policy):
     tr = repeated_prefixes()
-    e, res = run(tr, gpu_blocks=30, tier_host_gib=chunks_gib(200), tier_host_write="write-back")
+    chunk = 64 if policy == "sglang" else H
+    e, res = run(tr, policy, gpu_blocks=30, tier_host_gib=chunks_gib(200, chunk), tier_host_write="write-back")
     s = res.summary
-    assert 0 < s["tier_host_stored_chunks"] <= s["prefix_cache_evictions"]
+    evicted = s["prefix_cache_evictions"] if policy == "vllm-v1" else e.bm.tree.evicted_tokens // chunk
+    assert 0 < s["tier_host_stored_chunks"] <= evicted, "no more chunks than left the GPU"
     assert s["tier_host_hit_tokens"] > 0
     assert_recount_matches(e, s)
+
 
 
 def test_disk_under_host_by_write_back_catches_host_evictions():
@@ -282,9 +286,6 @@ def test_tiers_conserve_blocks_respect_capacity_lose_nothing_and_match_the_recou
         opts["tier_disk_gib"] = chunks_gib(disk, chunk)
     if policy == "vllm-prefix-chunked":
         policy, opts["chunked_prefill"] = "vllm-prefix", True
-    top = "tier_host_write" if host else "tier_disk_write"
-    if policy == "sglang" and opts[top] == "write-back":  # refused: the radix cache reports no chunk evictions
-        opts[top] = "write-through"
     e, res = run(tr, policy, **opts)  # blocks and tiers checked after every step; a lost request raises
     assert set(res.requests.status) <= {"finished", "rejected"}
     s = res.summary
@@ -455,7 +456,6 @@ def policy_state(cache):
     ("vllm-v1", dict(tier_host_gib=1.0, tier_chunk_tokens=24), "tier-chunk-tokens"),
     ("vllm-v1", dict(tier_disk_gib=1.0, tier_disk_path="/nonexistent/dir"), "tier-disk-path"),
     ("vllm", dict(tier_host_gib=1.0), "prefix caching"),
-    ("sglang", dict(tier_host_gib=1.0, tier_host_write="write-back"), "tier-host-write"),
     ("vllm-v1", dict(tier_onload="deadline"), "tier-onload"),
 ])
 def test_unusable_tiers_are_refused_naming_the_option(policy, options, where):
@@ -528,8 +528,6 @@ def test_the_plans_tier_ops_pass_the_tier_executors_checks(policy, writes, tmp_p
     """validation.tiers.ops.check_tier_ops replays the table as the GPU tier executor would: every
     load finds its key, no store writes a key its tier holds, no tier exceeds its capacity."""
     from validation.tiers.ops import check_tier_ops, read_tier_ops
-    if policy == "sglang" and writes[0] == "write-back":
-        writes = ("write-through", writes[1])
     chunk = 64 if policy == "sglang" else H
     per_prefix = 300 // chunk  # host: two prefixes' chunks, disk: five, of six prefixes
     opts = dict(tier_host_gib=chunks_gib(2 * per_prefix, chunk), tier_disk_gib=chunks_gib(5 * per_prefix, chunk),
@@ -578,4 +576,38 @@ def test_a_landed_request_runs_when_the_head_of_the_queue_cannot_get_blocks():
     e, res = run(tr, "vllm-v1", gpu_blocks=21, tier_host_gib=chunks_gib(4), tier_host_write="write-through-selective",
                  tier_disk_write="write-through", tier_write_hits=1, tier_chunk_tokens=16)
     assert res.summary["finished"] == 30 and res.summary["preemptions"] >= 1
+    assert res.summary["tier_host_hit_tokens"] > 0
+
+
+def test_a_radix_eviction_hands_the_tiers_each_chunk_ending_in_the_leaf_with_its_pages(monkeypatch):
+    """SGLang's tree evicts a leaf under a write-back host tier: every whole prompt chunk that ends
+    in the leaf goes to the tiers with the pages holding it, the pages of its path from the root
+    (its first pages may be its ancestors'), as a plain concatenation of that path recounts them."""
+    from blocksim.memory.prefix_cache import block_keys
+    from blocksim.memory.radix_manager import RadixCacheManager
+    seen, expected = [], []
+    write_back = RadixCacheManager._write_back
+
+    def spy(self, node):
+        path, n = [], node
+        while n.parent is not None:
+            path.append(n)
+            n = n.parent
+        pages = [p for n in reversed(path) for p in n.pages]  # the tokens [0, node.end) page by page
+        c, ct, ps = node.content, self.tiers.chunk_tokens, self.block_size
+        keys = block_keys(c.hashes, c.shared_len, ct, self._hash_tokens) if c.hashes is not None else []
+        for j in range(len(keys)):
+            if node.start < (j + 1) * ct <= min(node.end, c.shared_len):
+                expected.append((keys[j], pages[j * ct // ps:(j + 1) * ct // ps]))
+        evicted = self.tiers.on_gpu_evicted
+        self.tiers.on_gpu_evicted = lambda key, blocks: (seen.append((key, list(blocks))), evicted(key, blocks))
+        try:
+            write_back(self, node)
+        finally:
+            self.tiers.on_gpu_evicted = evicted
+    monkeypatch.setattr(RadixCacheManager, "_write_back", spy)
+    tr = repeated_prefixes(n=30, families=5)
+    e, res = run(tr, "sglang", gpu_blocks=30, tier_host_gib=chunks_gib(200, 64), tier_host_write="write-back")
+    assert seen and seen == expected
+    assert any(len({p for p in pages}) == len(pages) for _, pages in seen)
     assert res.summary["tier_host_hit_tokens"] > 0

@@ -69,8 +69,6 @@ def tier_options(policy, writes, onload="wait"):
 def test_moves_measured_at_the_links_prices_give_the_priced_run(policy, writes):
     """Performing each move as it is issued and timing it by what the executor returns changes
     nothing when the executor measures the links' own prices: same requests, steps and tier records."""
-    if policy == "sglang" and writes[0] == "write-back":
-        writes = ("write-through", writes[1])
     cfg = config(policy, **tier_options(policy, writes))
     # six families: the GPU keeps none for long (hits in the tiers); two: GPU hits (selective stores)
     tr = repeated_prefixes(n=40, prompt=300, families=2 if writes[0] == "write-through-selective" else 6, gap_s=0.02)

@@ -78,7 +78,8 @@ def test_the_other_prefix_caching_engines_perform_and_check_their_tier_moves(tmp
              else dict(block_size=BS, max_num_seqs=4, max_num_batched_tokens=128))
     for i, tiers in enumerate([dict(tier_host_gib=40 * CHUNK_BYTES / 2**30),
                                dict(tier_host_gib=4 * CHUNK_BYTES / 2**30, tier_disk_gib=200 * CHUNK_BYTES / 2**30,
-                                    tier_disk_path=str(tmp_path))]):
+                                    tier_disk_path=str(tmp_path)),
+                               dict(tier_host_gib=40 * CHUNK_BYTES / 2**30, tier_host_write="write-back")]):
         cfg = build_config(preset, catalog=[str(tmp_path / "tiny.yaml")], model="tiny", num_gpu_blocks=24,
                            **knobs, **tiers)
         ex = ModelStepExecutor(cfg, device="cpu")
