@@ -200,13 +200,13 @@ def cmd_results(a) -> int:
 
 def scaled_profile(src: Path, factor: float, dst: Path) -> Path:
     """A copy of the profile `src` with every measured time multiplied by `factor` (the tables'
-    seconds and graph seconds, the eager-step differences), at `dst`."""
+    seconds, graph seconds and own-blocks seconds, the eager-step differences), at `dst`."""
     prof = json.loads(src.read_text())
 
     def scale(v):
         return [scale(x) for x in v] if isinstance(v, list) else v * factor
     for name, tab in prof["components"].items():
-        for key in ("seconds", "graph_seconds", "eager_s", "graph_s", "eager_cases_s"):
+        for key in ("seconds", "graph_seconds", "own_seconds", "eager_s", "graph_s", "eager_cases_s"):
             if key in tab:
                 tab[key] = scale(tab[key])
     prof["scaled"] = factor

@@ -196,6 +196,8 @@ def test_a_scaled_profile_prices_every_step_that_much_longer(tmp_path):
                        (a.attn_prefill(np.array([100, 900]), np.array([0, 64])),
                         b.attn_prefill(np.array([100, 900]), np.array([0, 64]))),
                        (a.attn_decode(16 * 700, 16, True, 1500), b.attn_decode(16 * 700, 16, True, 1500)),
+                       (a.attn_decode(16 * 700, 16, True, 1500, shared=4000),
+                        b.attn_decode(16 * 700, 16, True, 1500, shared=4000)),
                        (a.swap(3, 5) + a.copy(2), b.swap(3, 5) + b.copy(2)),
                        (a.overhead(True, 0), b.overhead(True, 0))):
         assert cm_b == pytest.approx(1.25 * cm_a, rel=1e-9)
