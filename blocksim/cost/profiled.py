@@ -60,8 +60,7 @@ import numpy as np
 
 from blocksim.config import SimConfig
 from blocksim.cost.interpolate import Line, Plane, Table
-from blocksim.cost.profile_file import Grid
-from blocksim.cost.profile_file import Profile, ProfileWarning
+from blocksim.cost.profile_file import Grid, Profile, ProfileWarning
 from blocksim.cost.roofline import ALLREDUCES_PER_LAYER, RooflineCostModel
 
 if TYPE_CHECKING:

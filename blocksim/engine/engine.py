@@ -39,7 +39,7 @@ from blocksim.config import ConfigError, SimConfig
 from blocksim.cost import cost_record
 from blocksim.cost.tier_transfer import tier_chunk_seconds
 from blocksim.engine.executor import StepExecutor
-from blocksim.engine.spans import exact_delay, find_span, run_span, shared_tokens
+from blocksim.engine.spans import exact_delay, find_span, graph_attention, run_span, shared_tokens
 from blocksim.interfaces import MemoryManager
 from blocksim.policies import make_cost_model, make_memory_manager, make_scheduler
 from blocksim.records.schema import FREE_EXTENT_COLUMNS, FREE_EXTENT_DTYPES
@@ -314,10 +314,7 @@ class Engine:
                           if s.status is SeqStatus.RUNNING), default=0)
             longest = max(longest, out.padding_longest)
             shared = shared_tokens(out.decode_groups, self.bm.block_size) if self._shared else 0
-            if shared:
-                attn_decode = float(cm.attn_decode(out.decode_ctx_tokens, n, True, longest, shared=shared))
-            else:
-                attn_decode = float(cm.attn_decode(out.decode_ctx_tokens, n, True, longest))
+            attn_decode = float(graph_attention(cm, out.decode_ctx_tokens, n, longest, shared))
             cm.count_longest(out.decode_ctx_tokens, n, longest)
         else:
             attn_decode = float(cm.attn_decode(out.decode_ctx_tokens, n, decode_only))

@@ -75,11 +75,8 @@ class LRU:
     def inserted(self, keys) -> None:
         """Record inserts of `keys` (in order, just inserted at the end of `members`) while the order
         is logged: needed only after a logged touch, which they must follow."""
-        log = self.log
-        if log:
-            log.extend(keys)
-            if len(log) > self._log_limit:
-                self.order()
+        if self.log:
+            self.logged(keys)
 
     def keys(self) -> list[int]:
         return list(self.order())
@@ -100,11 +97,8 @@ class LRU:
             while len(m) >= self.capacity:
                 out.append(m.popitem(last=False))
         self.members[key] = value
-        log = self.log
-        if log:  # after a logged touch (`inserted`)
-            log.append(key)
-            if len(log) > self._log_limit:
-                self.order()
+        if self.log:  # after a logged touch (`inserted`)
+            self.logged((key,))
         return out
 
 

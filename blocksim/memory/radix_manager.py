@@ -225,7 +225,7 @@ class RadixCacheManager:
         ct, ps = t.chunk_tokens, self.block_size
         stop = min(node.end, c.shared_len) // ct  # chunks ending in the node, inside the hashed prompt
         first = node.start // ct
-        if c.hashes is None or stop <= first:
+        if stop <= first:  # (a content without prefix hashes has no hashed prompt)
             return
         keys = block_keys(c.hashes, c.shared_len, ct, self._hash_tokens)
         for j in range(first, min(stop, len(keys))):
