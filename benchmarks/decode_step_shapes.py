@@ -42,7 +42,7 @@ def _contexts(kind: str, rows: int, total: int, rng) -> list[int]:
 
 def measure(model: str, sizes: list[int], fill: float, per_row: int, seed: int = 0) -> list[dict]:
     from blocksim.catalog import Catalog
-    from validation.profile import Profiler, _graph
+    from validation.profile import Profiler, _graph, paired, retable
 
     prof = Profiler(Catalog([]).model(model))
     r = prof.runner
@@ -66,12 +66,9 @@ def measure(model: str, sizes: list[int], fill: float, per_row: int, seed: int =
                 for t in b.decode_tables:
                     new.append(perm[at:at + len(t)].astype(np.int64))
                     at += len(t)
-                b = _retable(b, new, prof.bs)
+                b = retable(b, new, prof.bs)
             elif tables == "pairs":  # the second row of each pair reads the first's blocks but its last
-                new = [t.copy() for t in b.decode_tables]
-                for i in range(1, len(new), 2):
-                    new[i][:-1] = new[i - 1][:-1]
-                b = _retable(b, new, prof.bs)
+                b = paired(b, prof.bs)[0]
             r.load_decode(b, size)
             secs = prof.clock.median(_graph(r, size))
             if name == "uniform":
@@ -83,17 +80,6 @@ def measure(model: str, sizes: list[int], fill: float, per_row: int, seed: int =
                   f"{secs * 1e3:.3f} ms  {secs / base:.3f}", flush=True)
     del prof, r
     return rows_out
-
-
-def _retable(b, tables, bs: int):
-    """`b` with its decode rows reading `tables` (the new token's slot in the table's last block)."""
-    from validation.model import StepBatch
-    pos = b.positions.copy()
-    slots = b.slots.copy()
-    for i, t in enumerate(tables):
-        p = int(pos[i])
-        slots[i] = t[p // bs] * bs + p % bs
-    return StepBatch(b.token_ids, pos, slots, b.prefills, tables, b.decode_context)
 
 
 PRICED_CASES = ("padded", "uneven", "uneven+padded")

@@ -150,20 +150,33 @@ def _graph(runner, b: int, parts=None):
     return fn
 
 
+def device_name(device: str) -> str:
+    """The CUDA device's name for a ``cuda`` device that is there, else ``cpu``."""
+    import torch
+    return torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else "cpu"
+
+
+def retable(batch, tables, bs: int):
+    """`batch` (a StepBatch of decode rows) with its rows reading `tables`, each row's new token in
+    its slot of its table's block."""
+    from validation.model import StepBatch
+    slots = batch.slots.copy()
+    for i, t in enumerate(tables):
+        p = int(batch.positions[i])
+        slots[i] = t[p // bs] * bs + p % bs
+    return StepBatch(batch.token_ids, batch.positions.copy(), slots, batch.prefills, tables, batch.decode_context)
+
+
 def paired(batch, bs: int):
     """`batch` (a StepBatch of decode rows) with its rows in pairs: the second row of each pair reads
-    the first's blocks but its last, as two samples of one request share their prompt's full blocks;
-    and the context tokens the second rows read from those shared blocks."""
-    from validation.model import StepBatch
+    the first's blocks but its last (its own: the new token's), as two samples of one request share
+    their prompt's full blocks; and the context tokens the second rows read from those shared blocks."""
     tables = [t.copy() for t in batch.decode_tables]
-    pos, slots = batch.positions.copy(), batch.slots.copy()
     shared = 0
     for i in range(1, len(tables), 2):
         tables[i][:-1] = tables[i - 1][:-1]
         shared += min(int(batch.decode_context[i]), (len(tables[i]) - 1) * bs)
-        p = int(pos[i])
-        slots[i] = tables[i][p // bs] * bs + p % bs  # the row's own last block
-    return StepBatch(batch.token_ids, pos, slots, batch.prefills, tables, batch.decode_context), shared
+    return retable(batch, tables, bs), shared
 
 
 def longest_row(batch: int, context: int, longest: float, max_len: int) -> int:
@@ -566,7 +579,7 @@ def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_par
     if tier_dir is not None and tensor_parallel > 1:
         raise ProfileError(f"--tier-dir with --tensor-parallel {tensor_parallel}: tier transfers are measured on one "
                            f"GPU; profile them at --tensor-parallel 1")
-    name = torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else "cpu"
+    name = device_name(device)
     if gpu == "auto":
         gpu = catalog_gpu(name)
         if gpu is None:
@@ -614,7 +627,7 @@ def add_table(path: Path, table: str, *, device: str = "cuda", catalog=(), comma
         raise ProfileError(f"--add-table: cannot read the profile {path} ({e}); name an existing profile with --out")
     if prof.get("format") != PROFILE_FORMAT or not isinstance(prof.get("components"), dict):
         raise ProfileError(f"--add-table: {path} is not a {PROFILE_FORMAT} file; name a profile with --out")
-    name = torch.cuda.get_device_name() if device.startswith("cuda") and torch.cuda.is_available() else "cpu"
+    name = device_name(device)
     if name == "cpu":
         raise ProfileError(f"--add-table {table}: whole CUDA-graph steps, measured on a GPU only")
     if name != prof.get("device"):
