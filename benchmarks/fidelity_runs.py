@@ -162,9 +162,10 @@ def cmd_results(a) -> int:
         why = "no such directory" if a.markdown else "its table goes into --markdown: give one"
         print(f"fidelity_runs.py results: --repeat {a.repeat}: {why}", file=sys.stderr)
         return 2
+    moved = ""
     if a.sensitivity:
         try:
-            sensitivity_table(a.sensitivity)
+            moved = sensitivity_table(a.sensitivity)
         except (OSError, ValueError, KeyError, TypeError) as e:
             why = f"no key {e}" if isinstance(e, KeyError) else str(e)
             print(f"fidelity_runs.py results: --sensitivity {a.sensitivity}: {why}; give the JSON that "
@@ -192,8 +193,8 @@ def cmd_results(a) -> int:
         rows = [r for r in json.loads(Path(a.json).read_text()) if key(r) not in new] + rows
     Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
     if a.markdown:
-        Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced, repeats(a.repeat, exec_dir),
-                                                 sensitivity_table(a.sensitivity), a.same_lease))
+        Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced, repeats(a.repeat, exec_dir), moved,
+                                                 a.same_lease))
     print(f"{len(rows)} comparisons written to {a.json}")
     return 0
 
@@ -444,9 +445,9 @@ def lease_note(same_lease: bool, exec_dir: Path) -> str:
     if same_lease:
         text = ("The profiles of the models executed here and the executed runs were measured on one lease of "
                 "the device (`benchmarks/fidelity_device.sh`: the profiles first, then the runs, on the same "
-                "machine; a table added to a profile later, by `blocksim profile --add-table`, names its own lease "
-                "under its `measured` key). The graph steps of one or two rows, whose shape the profile times exactly as a run "
-                "executes it, show what remains between the profile's measurement and a run's on that machine: "
+                "machine; a table added to a profile later, by `blocksim profile --add-table`, names its own "
+                "lease under its `measured` key). The graph steps of one or two rows, whose shape the profile "
+                "times exactly as a run executes it, show what remains between the profile's measurement and a run's on that machine: "
                 "their mean error in the per-run table below. Another lease (another machine of the same kind, "
                 "or the same one at another time) moves the executed runs themselves: the same slices executed "
                 "there (\"Executed twice\", at the end) show how far, and a figure that moves further between "
@@ -514,11 +515,10 @@ layers on real-valued operands, as the executed steps run them (`validation/VALI
 small per-step differences through scheduling (a prompt admitted a step earlier or later), so
 the latency errors are larger than the per-step error: the table "How far the latencies move with
 the step times" gives, per slice, how far each figure moves when every step lasts 1% longer or
-shorter: a figure that moves k times as far as its steps needs them priced within a k-th of its
-target. A graph-replayed decode step is priced by its
-padded batch, the mean context over its rows (padding rows as rows of no context) and its longest
-row over that mean (the profile's `decode_step_longest` table, measured on batches whose rows fall
-in equal steps from the longest), and, where a profile has the `decode_step_shared` table, by the
+shorter. A graph-replayed decode step is priced by its padded batch, the mean context over its
+rows (padding rows as rows of no context) and its longest row over that mean (the profile's
+`decode_step_longest` table, measured on batches whose rows fall in equal steps from the longest),
+and, where a profile has the `decode_step_shared` table, by the
 share of its context that `n = 2` samples read from their prompt's shared blocks (partly from the
 L2 cache; a profile without the table prices them as if they did not share them)
 (`benchmarks/decode_step_shapes.py`, `benchmarks/step_families.py`, docs/cost_models.md, "The
