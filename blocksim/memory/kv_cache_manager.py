@@ -90,12 +90,7 @@ class KVCacheManager:
             return hashes
         g = seq.group
         bs = self.block_size
-        if len(hashes) < g.prompt_tokens // bs:  # the keys once per sequence, not at every extension
-            keys = self._keys.get(seq.seq_id)
-            if keys is None:
-                keys = self._keys[seq.seq_id] = prompt_block_keys(g, bs, self.hash_block_tokens)
-        else:
-            keys = ()
+        keys = self._prompt_keys(seq) if len(hashes) < g.prompt_tokens // bs else ()
         parent = hashes[-1] if hashes else ROOT_HASH
         append = hashes.append
         for j in range(len(hashes), min(num_blocks, len(keys))):  # blocks the trace's prefix hashes cover
@@ -115,11 +110,16 @@ class KVCacheManager:
             return 0
         c = self._covered.get(seq.seq_id)
         if c is None:
-            keys = self._keys.get(seq.seq_id)
-            if keys is None:
-                keys = self._keys[seq.seq_id] = prompt_block_keys(g, self.block_size, self.hash_block_tokens)
-            c = self._covered[seq.seq_id] = len(keys)
+            c = self._covered[seq.seq_id] = len(self._prompt_keys(seq))
         return c
+
+    def _prompt_keys(self, seq: Sequence) -> list[int]:
+        """The content keys of the sequence's prompt blocks (`prompt_block_keys`), computed once per
+        sequence, not at every extension."""
+        keys = self._keys.get(seq.seq_id)
+        if keys is None:
+            keys = self._keys[seq.seq_id] = prompt_block_keys(seq.group, self.block_size, self.hash_block_tokens)
+        return keys
 
     def _cache_full(self, seq: Sequence, done: int, full: int) -> None:
         """Record blocks [done, full) of the sequence's table as cached (unique content deferred)."""
