@@ -103,11 +103,13 @@ REJECTION_WARNING_SHARE = 0.01
 def rejected_on_arrival(trace, config: SimConfig) -> tuple[int, int]:
     """How many of `trace`'s requests the scheduler will reject as never schedulable, by its own
     `NEVER` rules: (prompt + output longer than the model's max_model_len, prompt over the step's
-    token budget without chunked prefill). A request counts once, under the first rule it breaks."""
+    token budget without chunked prefill). A request counts once, under the first rule it breaks.
+    SGLang's scheduler has no budget rule: it truncates a long prompt into chunks, and without
+    chunking admits a batch's first request over `max_prefill_tokens`."""
     df = trace.arrays if hasattr(trace, "arrays") else trace.df  # a Trace's columns, without its frame
     too_long = (df["prompt_tokens"] + df["output_tokens"]) > config.model.max_model_len
     over_budget = too_long & False
-    if not config.policy_config.chunked_prefill:
+    if not config.policy_config.chunked_prefill and config.policy_config.scheduler != "sglang":
         limit = min(config.model.max_model_len, config.scheduler.max_num_batched_tokens)
         over_budget = ~too_long & (df["prompt_tokens"] > limit)
     return int(too_long.sum()), int(over_budget.sum())

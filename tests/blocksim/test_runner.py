@@ -21,6 +21,20 @@ def test_the_prediction_matches_what_the_scheduler_rejects(conv, tmp_path):
         assert predicted == summary["rejected"] > 0, overrides
 
 
+@pytest.mark.parametrize("overrides", [{"chunked_prefill_size": 1024},
+                                       {"chunked_prefill_size": -1, "max_prefill_tokens": 1024}])
+def test_sglang_has_no_step_budget_rejection(conv, tmp_path, overrides):
+    """SGLang truncates a long prompt into chunks, or admits a batch's first request over its prefill
+    budget: prompts over the budget are served, and the warning does not promise otherwise."""
+    trace = traces.head(conv, 400)
+    overrides = {"model": "mistral-7b", **overrides}
+    assert (trace.df["prompt_tokens"] > 1024).any()
+    summary = replay(trace, tmp_path / "run", policy="sglang", overrides=overrides)
+    assert summary["rejected"] == 0 and summary["finished"] == len(trace)
+    assert rejected_on_arrival(trace, check_options("sglang", overrides)) == (0, 0)
+    assert rejection_warning(trace, "sglang", overrides) is None
+
+
 def test_the_warning_names_the_count_and_the_fixes(conv):
     line = rejection_warning(conv)
     assert line.startswith("warning: 143 of 2,000 requests (7.1%) will be rejected: 143 longer than llama-2-7b's "
