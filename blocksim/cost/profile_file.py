@@ -61,9 +61,12 @@ COMPONENT_AXES: dict[str, tuple[str, ...]] = {
     "tier_host_disk": ("chunk_bytes", "chunks"),
     "tier_gpu_disk": ("chunk_bytes", "chunks"),
     "tier_disk_gpu": ("chunk_bytes", "chunks"),
+    # host->disk into slots of the disk tier's file never written before (blocks allocated as written)
+    "tier_host_disk_fresh": ("chunk_bytes", "chunks"),
 }
 TIER_COMPONENTS = ("tier_gpu_host", "tier_host_gpu", "tier_host_disk", "tier_gpu_disk", "tier_disk_gpu")
-OPTIONAL = ("decode_step", "decode_step_longest", "decode_step_shared", "allreduce", *TIER_COMPONENTS)
+TIER_FRESH = "tier_host_disk_fresh"
+OPTIONAL = ("decode_step", "decode_step_longest", "decode_step_shared", "allreduce", *TIER_COMPONENTS, TIER_FRESH)
 #: Header fields a profile must have, checked against the run's configuration where they name it.
 HEADER = ("model", "gpu", "dtype", "tensor_parallel", "block_size", "cuda_graph_batch_sizes")
 

@@ -101,6 +101,13 @@ class TierStore:
         self.d2h = Link("d2h", host_link_gbps, link_latency_s)
         self.disk_read = Link("disk_read", config.disk_read_gbps, config.disk_latency_s)
         self.disk_write = Link("disk_write", config.disk_write_gbps, config.disk_latency_s)
+        #: seconds of a disk write into a slot never written before (measured: the file system
+        #: allocates its blocks); None: priced as any write
+        self.fresh_write_s: float | None = None
+        #: the most chunks the disk tier has held at once: its slots written at least once (a store
+        #: takes a freed slot before a new one, as the tier executor's file does)
+        self.disk_slots = 0
+        self.fresh_writes = 0  # writes priced at `fresh_write_s`
         self.write_hits = config.write_hits
         self.onload = config.onload
         self.deadline_s = config.onload_deadline_ms / 1e3
@@ -138,11 +145,13 @@ class TierStore:
 
     def use_measured(self, per_chunk_s: dict[str, float], source: str) -> None:
         """Price the channels by measured seconds per chunk (`blocksim.cost.tier_transfer`): the
-        host link each way, the disk write from the host, and the disk read as the measured
-        disk->GPU move less its host->GPU part (a disk load then crosses the host link)."""
+        host link each way, the disk write from the host (into a slot written before, and, where
+        measured, into a new one: `_write_s`), and the disk read as the measured disk->GPU move
+        less its host->GPU part (a disk load then crosses the host link)."""
         self.d2h.set_chunk_seconds(per_chunk_s["gpu_host"])
         self.h2d.set_chunk_seconds(per_chunk_s["host_gpu"])
         self.disk_write.set_chunk_seconds(per_chunk_s["host_disk"])
+        self.fresh_write_s = per_chunk_s.get("host_disk_fresh")
         self.disk_read.set_chunk_seconds(max(per_chunk_s["disk_gpu"] - per_chunk_s["host_gpu"], 1e-9))
         self.transfer_source = source
 
@@ -153,6 +162,31 @@ class TierStore:
         and of its disk I/O ((0, 0) for a drop)."""
         self.mover = mover
         self.ops_on = True
+
+    def _slots_priced_alike(self) -> float:
+        """How many chunks the disk tier may hold with every write priced as any other: all of them
+        without a fresh-slot price, else as many as its slots written before."""
+        return float("inf") if self.fresh_write_s is None else self.disk_slots
+
+    def _write_s(self, held: int) -> float:
+        """Seconds of a disk write that leaves the disk tier holding `held` chunks: a tier holding
+        more chunks than ever before writes a slot for the first time, at `fresh_write_s`."""
+        if held > self.disk_slots:
+            self.disk_slots = held
+            if self.fresh_write_s is not None:
+                self.fresh_writes += 1
+                return self.fresh_write_s
+        return self.disk_write.seconds(self.chunk_bytes)
+
+    def _written(self, writes: int, fresh_before: int, free_s: float) -> None:
+        """Account `writes` disk writes issued back to back, ending at `free_s`, those priced fresh
+        being the writes since `fresh_writes` was `fresh_before` (one sum per batch of stores, the
+        same whichever path issued them)."""
+        dw = self.disk_write
+        t = dw.seconds(self.chunk_bytes)
+        fresh = self.fresh_writes - fresh_before
+        busy = writes * t + fresh * (self.fresh_write_s - t) if fresh else writes * t
+        dw.free_s, dw.busy_s, dw.bytes = free_s, dw.busy_s + busy, dw.bytes + writes * self.chunk_bytes
 
     def _perform(self) -> list[tuple[float, float]]:
         """Perform the rows issued since the last call (a mover is attached); their measured parts."""
@@ -239,7 +273,9 @@ class TierStore:
         t_dw = dw.seconds(nbytes)
         held = below.cache.members
         f = dw.free_s
-        if type(below.cache) is LRU and len(held) + excess <= below.capacity:  # no disk eviction
+        fresh_before = self.fresh_writes
+        if type(below.cache) is LRU and len(held) + excess <= min(below.capacity, self._slots_priced_alike()):
+            # no disk eviction, and every write into a slot written before (or priced alike)
             # each write starts when the chunk has landed in the host and the disk is free (and not
             # before now: after the first write the disk's free time is past now); `setdefault`
             # stores a victim the disk lacks (returning the new end) and leaves one it holds
@@ -261,17 +297,15 @@ class TierStore:
                 below.cache.inserted(written)
             below.stored += m
         else:
-            written = []
+            m = 0
             step = self.step
             for v, x in zip(victims, victim_landed):
                 if v not in below.cache:  # (its `members` may be a new dict after an insert)
-                    f = max(now, x, f) + t_dw
-                    written.append(v)
-                    self._put_below(v, f, step, None)
-            if not written:
+                    f = self._put_below(v, max(now, x, f), step, None)
+                    m += 1
+            if not m:
                 return True
-            m = len(written)
-        dw.free_s, dw.busy_s, dw.bytes = f, dw.busy_s + m * t_dw, dw.bytes + m * nbytes
+        self._written(m, fresh_before, f)
         self.bytes[(HOST, DISK)] += m * nbytes
         return True
 
@@ -282,10 +316,11 @@ class TierStore:
         top = levels[0]
         below = levels[1] if len(levels) > 1 else None
         d2h, dw = self.d2h, self.disk_write
-        t_d2h, t_dw = d2h.seconds(nbytes), dw.seconds(nbytes)
+        t_d2h = d2h.seconds(nbytes)
         d2h_free = max(now, d2h.free_s)
         dw_free = dw.free_s
         writes = down = 0
+        fresh_before = self.fresh_writes
         top_disk = top.name == DISK
         wb_below = below is not None and below.write == WRITE_BACK
         wt_below = below is not None and below.write == WRITE_THROUGH
@@ -304,10 +339,13 @@ class TierStore:
             n += 1
             d2h_free += t_d2h
             end = d2h_free
-            if top_disk:
-                end = dw_free = max(end, dw_free) + t_dw
+            if top_disk:  # the write's price depends on the tier's chunks after the insert
+                victims = insert(key, None)
+                s = self._write_s(len(cache.members))
+                end = dw_free = max(end, dw_free) + s
+                cache.members[key] = end
                 writes += 1
-            if lru is not None:  # LRU's insert, inlined
+            elif lru is not None:  # LRU's insert, inlined
                 victims = (lru.popitem(last=False),) if len(lru) >= cap else ()
                 lru[key] = end
             else:
@@ -317,11 +355,11 @@ class TierStore:
                 if hits:
                     hits.pop(v, None)
                 if wb_below and v not in below_cache:
-                    dw_free = max(now, v_landed, dw_free) + t_dw
                     writes += 1
                     down += 1
-                    self._put_below(v, dw_free, step, TierOp(step, "store", top.name, below.name, v, ())
-                                    if ops is not None else None)
+                    dw_free = self._put_below(v, max(now, v_landed, dw_free), step,
+                                              TierOp(step, "store", top.name, below.name, v, ())
+                                              if ops is not None else None)
                 if ops is not None:
                     ops.append(TierOp(step, "store", top.name, top.name, v, (), True))
             if ops is not None:  # after the drops that make room: a tier never holds more than its capacity
@@ -329,31 +367,36 @@ class TierStore:
                 ops.append(TierOp(step, "store", GPU, top.name, key, tuple(table[b:b + cb])))
             top.stored += 1
             if wt_below and key not in below_cache:
-                dw_free = max(now, end, dw_free) + t_dw
                 writes += 1
                 down += 1
-                self._put_below(key, dw_free, step, TierOp(step, "store", top.name, below.name, key, ())
-                                if ops is not None else None)
+                dw_free = self._put_below(key, max(now, end, dw_free), step,
+                                          TierOp(step, "store", top.name, below.name, key, ())
+                                          if ops is not None else None)
         d2h.free_s, d2h.busy_s, d2h.bytes = d2h_free, d2h.busy_s + n * t_d2h, d2h.bytes + n * nbytes
         if writes:
-            dw.free_s, dw.busy_s, dw.bytes = dw_free, dw.busy_s + writes * t_dw, dw.bytes + writes * nbytes
+            self._written(writes, fresh_before, dw_free)
         self.bytes[(GPU, top.name)] += n * nbytes
         if down:
             self.bytes[(HOST, DISK)] += down * nbytes
 
-    def _put_below(self, key: int, landed_s: float, step: int, row: TierOp | None) -> None:
-        """Insert a chunk into the second (last) tier; its evictions are drops, recorded before the
+    def _put_below(self, key: int, start_s: float, step: int, row: TierOp | None) -> float:
+        """Insert a chunk into the second (last) tier, the disk, its write starting at `start_s` (the
+        caller's queue on the disk's write channel included); returns when the write ends (the
+        caller accounts the channel: `_written`). Its evictions are drops, recorded before the
         store's `row`."""
         lv = self.levels[1]
         self.version += 1
-        for v, _ in lv.cache.insert(key, landed_s):
+        for v, _ in lv.cache.insert(key, None):
             lv.evictions += 1
             lv.hits.pop(v, None)
             if self.ops_on:
                 self.ops.append(TierOp(step, "store", lv.name, lv.name, v, (), True))
         if row is not None:
             self.ops.append(row)
+        members = lv.cache.members
+        end = members[key] = start_s + self._write_s(len(members))
         lv.stored += 1
+        return end
 
     def on_gpu_hit(self, key: int, gpu_blocks) -> None:
         """A GPU prefix-cache hit on a whole chunk at admission (its K/V exists since the last step)."""
@@ -408,7 +451,7 @@ class TierStore:
         def land(parts) -> float:  # the GPU copy on the host link, then the disk write for a disk top tier
             end = d2h_end[0] = self.d2h.transfer(self.now_s, nbytes, parts and parts[0])
             if top.name == DISK:
-                end = self.disk_write.transfer(end, nbytes, parts and parts[1])
+                end = self.disk_write.transfer(end, nbytes, parts[1] if parts else self._write_s(len(top.cache)))
             return end
         self.bytes[(GPU, top.name)] += nbytes
         row = TierOp(step, "store", GPU, top.name, key, tuple(gpu_blocks)) if self.ops_on else None
@@ -450,7 +493,8 @@ class TierStore:
         nbytes = self.chunk_bytes
         self.bytes[(lv.name, below.name)] += nbytes
         row = TierOp(step, "store", lv.name, below.name, key, ()) if self.ops_on else None
-        self._insert(i + 1, key, lambda parts: self.disk_write.transfer(start, nbytes, parts and parts[1]), step, row)
+        self._insert(i + 1, key, lambda parts: self.disk_write.transfer(
+            start, nbytes, parts[1] if parts else self._write_s(len(below.cache))), step, row)
 
     # --- lookups and onloads ------------------------------------------------------------------
     def match(self, keys) -> int:

@@ -302,11 +302,14 @@ def test_tiers_conserve_blocks_respect_capacity_lose_nothing_and_match_the_recou
        evictions=st.tuples(st.sampled_from(["lru", "lru", "lfu", "arc"]), st.sampled_from(["lru", "lru", "lfu", "arc"])),
        writes=st.tuples(st.sampled_from(["write-through", "write-through", "write-through-selective", "write-back"]),
                         st.sampled_from(["write-back", "write-back", "write-through", "write-through-selective"])),
-       onload=st.sampled_from(["wait", "deadline", "recompute"]), chunk=st.sampled_from([16, 32]))
+       onload=st.sampled_from(["wait", "deadline", "recompute"]), chunk=st.sampled_from([16, 32]),
+       fresh=st.sampled_from([None, 3.0]))
 def test_batched_tier_moves_give_the_records_of_moves_one_chunk_at_a_time(
-        policy, reqs, gpu_blocks, host, disk, evictions, writes, onload, chunk):
+        policy, reqs, gpu_blocks, host, disk, evictions, writes, onload, chunk, fresh):
     """Runs without recorded moves take the whole-list paths (`TierStore.batched`); the same run one
-    chunk at a time gives the same records, counters and tier contents (landing times included)."""
+    chunk at a time gives the same records, counters and tier contents (landing times included),
+    with the disk's writes into new slots priced apart (`fresh`: their price over any write's) or
+    not."""
     if host == 0 and disk == 0:
         host = 4
     opts = dict(tier_host_eviction=evictions[0], tier_disk_eviction=evictions[1], tier_host_write=writes[0],
@@ -327,12 +330,15 @@ def test_batched_tier_moves_give_the_records_of_moves_one_chunk_at_a_time(
         e = Engine(cfg, tr, check_invariants=True)
         assert not e.tiers.ops_on
         e.tiers.batched = batched
+        if fresh:
+            e.tiers.fresh_write_s = fresh * e.tiers.disk_write.seconds(e.tiers.chunk_bytes)
         runs.append((e, e.run()))
     (a, ra), (b, rb) = runs
     assert_same_tier_runs(a, ra, b, rb)
     for link in ("h2d", "d2h", "disk_read", "disk_write"):
         x, y = getattr(a.tiers, link), getattr(b.tiers, link)
         assert (x.free_s, x.busy_s, x.bytes) == (y.free_s, y.busy_s, y.bytes), link
+    assert (a.tiers.disk_slots, a.tiers.fresh_writes) == (b.tiers.disk_slots, b.tiers.fresh_writes)
 
 
 #: more and longer requests over fewer prefixes: preemptions and tier hits in most examples
@@ -391,9 +397,9 @@ tier_store_events = st.lists(st.tuples(st.sampled_from(["computed", "computed", 
 @settings(max_examples=40, deadline=None)
 @given(host=st.integers(1, 6), disk=st.sampled_from([0, 3, 40]), disk_eviction=st.sampled_from(["lru", "lfu", "arc"]),
        onload=st.sampled_from(["wait", "deadline", "recompute"]), write_hits=st.integers(1, 2),
-       events=tier_store_events)
+       events=tier_store_events, fresh=st.sampled_from([None, 2e-3]))
 def test_a_tier_store_batched_and_one_chunk_at_a_time_end_in_the_same_state(
-        host_eviction, top_write, disk_write, host, disk, disk_eviction, onload, write_hits, events):
+        host_eviction, top_write, disk_write, host, disk, disk_eviction, onload, write_hits, events, fresh):
     """The whole-list paths (a step's stores, load ends, touches, repeated matches) against the
     one-chunk-at-a-time paths, event by event on small tiers: prompts of four families computed
     and looked up in pieces, full host batches, chunks a batch evicts before their turn, a disk
@@ -408,6 +414,7 @@ def test_a_tier_store_batched_and_one_chunk_at_a_time_end_in_the_same_state(
     for batched in (True, False):
         t = TierStore(cfg, H, H, chunk, 25.0, 1e-5)
         t.batched = batched
+        t.fresh_write_s = fresh  # a write into a new disk slot: 2 ms against 0.26 ms into a used one
         t.prefill_s = lambda start, n: n * 3e-4  # a chunk's prefill about as long as its disk read
         answers, last = [], []
         for kind, family, first, last_chunk, dt in events:
@@ -440,6 +447,51 @@ def test_a_tier_store_batched_and_one_chunk_at_a_time_end_in_the_same_state(
     for link in ("h2d", "d2h", "disk_read", "disk_write"):
         x, y = getattr(a, link), getattr(b, link)
         assert (x.free_s, x.busy_s, x.bytes) == (y.free_s, y.busy_s, y.bytes), link
+    assert (a.disk_slots, a.fresh_writes) == (b.disk_slots, b.fresh_writes)
+
+
+@pytest.mark.parametrize("policy", ["vllm-v1", "sglang"])
+@pytest.mark.parametrize("host_gib,writes", [(None, ("write-through", "write-through")),
+                                             (2, ("write-through", "write-through")),
+                                             (2, ("write-through", "write-back")),
+                                             (2, ("write-back", "write-back"))])
+def test_disk_writes_priced_fresh_are_the_executors_first_writes_of_a_slot(policy, host_gib, writes, tmp_path):
+    """A disk write is priced `fresh_write_s` exactly when the GPU tier executor's file would write a
+    slot for the first time: the plan's moves replayed on the executor's own slot allocator
+    (`validation.tiers.executor._Slots`, freed slots taken first), with the disk filling and
+    evicting."""
+    from validation.tiers.executor import _Slots
+    from validation.tiers.ops import read_tier_ops
+    chunk = 64 if policy == "sglang" else H
+    per_prefix = 300 // chunk
+    opts = dict(tier_disk_gib=chunks_gib(per_prefix, chunk), tier_host_write=writes[0], tier_disk_write=writes[1],
+                tier_write_hits=1, tier_chunk_tokens=chunk)
+    if host_gib:
+        opts["tier_host_gib"] = chunks_gib(host_gib, chunk)
+    tr = repeated_prefixes(n=40, prompt=300, families=6)
+    if policy == "sglang":
+        cfg = build_config(policy, num_gpu_blocks=30 * H, max_running_requests=4, chunked_prefill_size=256, **opts)
+    else:
+        cfg = build_config(policy, num_gpu_blocks=30, max_num_seqs=4, max_num_batched_tokens=512, **opts)
+    e = Engine(cfg, tr, plan_dir=tmp_path)
+    t = e.tiers
+    price = t.disk_write.seconds(t.chunk_bytes)
+    t.fresh_write_s = 2.5 * price
+    s = e.run().summary
+    ops = read_tier_ops(tmp_path / "plan" / "tier_ops.parquet")
+    slots, used, first, writes_n = _Slots("disk", s["tier_disk_capacity_chunks"]), set(), 0, 0
+    for i in range(len(ops)):
+        key = int(ops.key[i])
+        if ops.evict[i] and ops.src[i] == "disk":
+            slots.drop(key)
+        elif not ops.evict[i] and ops.op[i] == "store" and ops.dst[i] == "disk":
+            slot = slots.take(key)
+            first += slot not in used
+            used.add(slot)
+            writes_n += 1
+    assert s["tier_disk_evictions"] > 0 and writes_n > first > 0, "the disk fills, evicts and writes used slots"
+    assert t.fresh_writes == first == t.disk_slots == len(used)
+    assert t.disk_write.busy_s == pytest.approx((writes_n - first) * price + first * t.fresh_write_s, rel=1e-9)
 
 
 def policy_state(cache):
@@ -517,8 +569,21 @@ def test_a_profiles_measured_tier_tables_price_the_moves(tmp_path):
     half = tier_chunk_seconds(e.cost.profile, 3 * 2**23)  # between the 8 and 32 MiB points: linear
     lo, hi = (measured["tier_host_gpu"]["seconds"][i][-1] / 16 for i in (1, 2))
     assert abs(half["host_gpu"] - (lo + (hi - lo) * (3 * 2**23 - 2**23) / (2**25 - 2**23))) < 1e-12
+    assert e.tiers.fresh_write_s is None, "no table of writes into new slots: priced as any write"
     res = e.run()
     assert res.summary["tier_transfer_source"] == f"profile {e.cost.profile.path}"
+    fresh = dict(measured["tier_host_disk"], seconds=[[1.4 * x for x in row] for row in
+                                                      measured["tier_host_disk"]["seconds"]])
+    prof["components"]["tier_host_disk_fresh"] = fresh
+    path.write_text(json.dumps(prof))
+    cfg = build_config("vllm-v1", model="llama-3-8b", gpu="h200-141gb", cost_profile=str(path), num_gpu_blocks=200,
+                       max_num_seqs=4, max_num_batched_tokens=512, tier_host_gib=1.0, tier_disk_gib=4.0,
+                       tier_chunk_tokens=256, tier_disk_write="write-through")
+    e = Engine(cfg, repeated_prefixes(n=12, prompt=1040, families=4), make_cost_model(cfg, str(path)))
+    assert e.tiers.fresh_write_s == pytest.approx(1.4 * per_chunk["host_disk"], rel=1e-12)
+    assert e.tiers.disk_write.seconds(e.tiers.chunk_bytes) == per_chunk["host_disk"]
+    e.run()
+    assert 0 < e.tiers.fresh_writes == e.tiers.disk_slots
 
 
 @pytest.mark.parametrize("policy", ["vllm-v1", "vllm-prefix", "sglang"])

@@ -294,7 +294,7 @@ def test_attention_over_restored_blocks_matches_the_dense_reference(tmp_path, la
 def test_profile_with_tier_dir_writes_tier_tables_the_loader_reads(tmp_path, capsys):
     pytest.importorskip("simpy")  # the CLI imports the engine
     from blocksim.cli import main
-    from blocksim.cost.profile_file import TIER_COMPONENTS, load_profile
+    from blocksim.cost.profile_file import TIER_COMPONENTS, TIER_FRESH, load_profile
     (tmp_path / "tiny.yaml").write_text(
         "models:\n  tiny: {num_layers: 2, hidden_size: 256, num_heads: 4, num_kv_heads: 2, head_size: 64, "
         "num_params: 1.0e6,\n         max_model_len: 256, intermediate_size: 256, vocab_size: 512}\n")
@@ -305,10 +305,27 @@ def test_profile_with_tier_dir_writes_tier_tables_the_loader_reads(tmp_path, cap
     assert "--tier-dir" in capsys.readouterr().err
     assert main([*args, "--tier-dir", str(tmp_path)]) == 0
     prof = load_profile(out)
-    for name in TIER_COMPONENTS:
+    for name in (*TIER_COMPONENTS, TIER_FRESH):
         g = prof.tables[name]
         assert g.axes == ("chunk_bytes", "chunks") and (g.seconds > 0).all(), name
     assert g.grids[0][0] == 16 * 2 * 2 * 2 * 64 * 2, "chunk bytes = tokens x KV bytes per token"
+
+
+def test_fresh_writes_time_every_batch_on_slots_never_written_and_remove_the_file(tmp_path, monkeypatch):
+    from validation.tiers import bench
+    from validation.tiers.disk import DiskTier
+    written, real = [], DiskTier.write
+
+    def write(self, slots, rows):
+        written.append(list(slots))
+        return real(self, slots, rows)
+    monkeypatch.setattr(DiskTier, "write", write)
+    secs = bench.fresh_writes(torch, tmp_path / "f.kv", 8192, (1, 4), reps=3, pin=False)
+    assert len(secs) == 2 and all(s > 0 for s in secs)
+    assert [len(w) for w in written] == [1, 4] * 4, "a warm-up round and three timed rounds"
+    flat = [x for w in written for x in w]
+    assert len(set(flat)) == len(flat) and 0 not in flat, "each batch on new slots, past the probe's slot 0"
+    assert not (tmp_path / "f.kv").exists()
 
 
 def test_merge_adds_the_tier_tables_to_a_matching_profile_only(tmp_path):

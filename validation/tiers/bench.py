@@ -10,6 +10,14 @@ file I/O time (the host waits for the file before going on, so the two add up); 
 host's time for the call. Checksums run on every load (outside the timed parts); the result
 counts their mismatches.
 
+The disk moves above reuse the same few slots of the file, so their writes land on blocks the
+file system has allocated before. A disk tier's file is sparse until written, and each slot's
+first write also allocates its blocks, which costs more (on ext4 with direct I/O, 1.3-1.7x), and
+a run writes most of its slots for the first time until its tier fills. `fresh_writes` measures
+host->disk writes into slots of a file never written before (a new file per chunk size, each
+timed batch on slots of its own, removed after), the same file I/O as the tier's host->disk
+move: the table ``tier_host_disk_fresh``.
+
 The tables (`components`) are cost-profile components ("blocksim-profile/1"): one per move,
 ``tier_<src>_<dst>``, axes ``["chunk_bytes", "chunks"]``, the seconds of the whole batch.
 """
@@ -21,10 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
+from validation.tiers.disk import DiskTier, aligned_empty, round_up
 from validation.tiers.executor import TierExecutor
 
 MOVES = (("store", "gpu", "host"), ("store", "host", "disk"), ("load", "host", "gpu"), ("load", "disk", "gpu"),
          ("store", "gpu", "disk"))
+FRESH = "tier_host_disk_fresh"
 CHUNK_TOKENS = (16, 64, 256, 1024)
 CHUNKS = (1, 4, 16)
 
@@ -45,6 +55,7 @@ def measure_tiers(*, num_layers: int, num_kv_heads: int, head_size: int, block_s
     kv_bytes_per_token = 2 * num_layers * num_kv_heads * head_size * torch.finfo(dt).bits // 8
     max_chunks = max(chunks)
     raw, tables = [], {component_name(s, d): np.zeros((len(chunk_tokens), len(chunks))) for _, s, d in MOVES}
+    tables[FRESH] = np.zeros((len(chunk_tokens), len(chunks)))
     mismatches, checked, mode, reason = 0, 0, "none", ""
     for ci, ct in enumerate(chunk_tokens):
         if ct % block_size:
@@ -97,8 +108,19 @@ def measure_tiers(*, num_layers: int, num_kv_heads: int, head_size: int, block_s
                              f"{row['gbps']:7.2f} GB/s (wall {med['wall_s'] * 1e3:8.3f} ms)")
         mismatches += ex.mismatches()
         checked += ex.checked_loads
+        slot_bytes = ex.slot_bytes
         ex.close()
         del ks, vs, ex
+        for ni, secs in enumerate(fresh_writes(torch, Path(disk_dir) / "tier_bench_fresh.kv", slot_bytes, chunks,
+                                               reps=reps, direct_io=direct_io, io_threads=io_threads, pin=cuda)):
+            n = chunks[ni]
+            tables[FRESH][ci, ni] = secs
+            raw.append({"move": "host->disk (new slots)", "chunk_tokens": ct, "chunk_bytes": slot_bytes, "chunks": n,
+                        "bytes": n * slot_bytes, "seconds": secs, "disk_s": secs, "wall_s": secs,
+                        "gbps": n * slot_bytes / secs / 1e9, "wall_gbps": n * slot_bytes / secs / 1e9})
+            if progress:
+                progress(f"{'host->disk':>10} {ct:5d} tokens x {n:2d}: {secs * 1e3:8.3f} ms "
+                         f"{n * slot_bytes / secs / 1e9:7.2f} GB/s (new slots)")
         if cuda:
             torch.cuda.empty_cache()
     chunk_bytes = [ct * kv_bytes_per_token for ct in chunk_tokens]
@@ -109,3 +131,32 @@ def measure_tiers(*, num_layers: int, num_kv_heads: int, head_size: int, block_s
     return {"components": components, "raw": raw, "mismatches": mismatches, "checked_loads": checked,
             "disk_mode": mode, "disk_reason": reason, "kv_bytes_per_token": kv_bytes_per_token,
             "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def fresh_writes(torch, path: Path, slot_bytes: int, chunks, *, reps: int = 5, direct_io: bool = True,
+                 io_threads: int = 4, pin: bool = True) -> list[float]:
+    """Median seconds to write a batch of `n` slots (each of `chunks`) from page-locked host rows
+    into slots of a new file never written before: one warm-up round, then `reps` timed rounds,
+    every batch on slots of its own. The file is removed after."""
+    slot_bytes = round_up(slot_bytes)
+    rows = aligned_empty(torch, max(chunks), slot_bytes, pin=pin)
+    rows.random_(0, 256)
+    path.unlink(missing_ok=True)
+    # slot 0 takes the direct-I/O probe's write (as the tier's own file does); the batches start after it
+    disk = DiskTier(path, 1 + (reps + 1) * sum(chunks), slot_bytes, direct=direct_io, io_threads=io_threads,
+                    probe_buffer=rows[0])
+    try:
+        times = {n: [] for n in chunks}
+        nxt = 1
+        for rep in range(reps + 1):
+            for n in chunks:
+                slots = list(range(nxt, nxt + n))
+                nxt += n
+                t0 = time.perf_counter()
+                disk.write(slots, [rows[i] for i in range(n)])
+                if rep:
+                    times[n].append(time.perf_counter() - t0)
+        return [float(np.median(times[n])) for n in chunks]
+    finally:
+        disk.close()
+        path.unlink(missing_ok=True)
