@@ -10,9 +10,8 @@ measured (the channel busy with back-to-back chunks). Both are interpolated line
 `chunk_bytes` and extrapolated from the nearest two sizes beyond the grid.
 
 An optional sixth table, `tier_host_disk_fresh`, is the host->disk write into slots of the disk
-tier's file never written before, which costs the file system's block allocation besides the write
-(on ext4 with direct I/O, 1.3-1.7x a write over written blocks); the disk tier prices a write
-that takes a new slot by it, and the others by `tier_host_disk`.
+tier's file never written before, which costs the file system's block allocation besides the
+write; the disk tier prices a write that takes a new slot by it, and the others by `tier_host_disk`.
 """
 
 from __future__ import annotations

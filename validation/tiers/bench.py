@@ -12,8 +12,8 @@ counts their mismatches.
 
 The disk moves above reuse the same few slots of the file, so their writes land on blocks the
 file system has allocated before. A disk tier's file is sparse until written, and each slot's
-first write also allocates its blocks, which costs more (on ext4 with direct I/O, 1.3-1.7x), and
-a run writes most of its slots for the first time until its tier fills. `fresh_writes` measures
+first write also allocates its blocks, which costs more, and a run writes most of its slots for
+the first time until its tier fills. `fresh_writes` measures
 host->disk writes into slots of a file never written before (a new file per chunk size, each
 timed batch on slots of its own, removed after), the same file I/O as the tier's host->disk
 move: the table ``tier_host_disk_fresh``.
