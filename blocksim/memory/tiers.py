@@ -296,6 +296,8 @@ class TierStore:
             if written:
                 below.cache.inserted(written)
             below.stored += m
+            if len(held) > self.disk_slots:  # (no eviction: the tier holds more chunks than ever)
+                self.disk_slots = len(held)
         else:
             m = 0
             step = self.step
