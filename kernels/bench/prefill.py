@@ -168,8 +168,8 @@ def prefill_tiles(args, copy_gbs, results):
     measurements behind ``choose_prefill_config``."""
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     wgmma = fast_prefill.wgmma_runs(DTYPE, DTYPE, HEAD, False, fast_prefill.device_capability(0))
-    configs = sorted(fast_prefill.PREFILL_CONFIGS) + ([fast_prefill.WGMMA_CONFIG] if wgmma else [])
-    label = lambda k: fast_prefill.PREFILL_CONFIGS.get(k, "wgmma")  # noqa: E731
+    configs = sorted(fast_prefill.PREFILL_CONFIGS) + (list(fast_prefill.WARPGROUP_CONFIGS) if wgmma else [])
+    label = lambda k: fast_prefill.PREFILL_CONFIGS.get(k, "ws" if k == fast_prefill.WS_CONFIG else "wgmma")  # noqa: E731
     print("\n## Paged prefill tile configurations (16-row tiles per warp, keys per tile, ring stages; "
           f"{fast_prefill.WGMMA_CONFIG}: the warpgroup kernel, on Hopper): ms\n")
     print("default: the configuration choose_prefill_config picks\n")

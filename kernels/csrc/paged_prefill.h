@@ -15,6 +15,8 @@ namespace blocksim {
 // The config value of the warpgroup (wgmma, sm_90a) kernel: float16 or bfloat16 query and caches,
 // head size 128, no ALiBi, a Hopper GPU.
 constexpr int kPrefillWgmma = 6;
+// The warp-specialized persistent warpgroup kernel (paged_prefill_ws.cuh): the same arguments.
+constexpr int kPrefillWs = 7;
 
 struct PagedPrefillParams {
   void* out;                    // [total_new_tokens, num_heads, head_size], query's dtype
@@ -49,7 +51,7 @@ struct PagedPrefillParams {
 // (fast_decode.h's FastDtype). One kernel launch.
 cudaError_t launch_paged_prefill(const PagedPrefillParams& p, int query_dtype, int kv_dtype, cudaStream_t stream);
 
-// The warpgroup kernel (config kPrefillWgmma); dtype kFastF16 or kFastBF16 (query and caches).
+// The warpgroup kernels (config kPrefillWgmma or kPrefillWs); dtype kFastF16 or kFastBF16 (query and caches).
 cudaError_t launch_paged_prefill_wgmma(const PagedPrefillParams& p, int dtype, cudaStream_t stream);
 
 // Query rows (packed (token, head of the GQA group) rows) per thread block for this head size and

@@ -9,7 +9,7 @@ cudaError_t launch_paged_prefill_bf16(const PagedPrefillParams& p, cudaStream_t 
 }
 
 int paged_prefill_block_rows(int head_size, int config) {
-  if (config == kPrefillWgmma) return head_size == prefill::wg::kHead ? prefill::wg::kRows : 0;
+  if (config == kPrefillWgmma || config == kPrefillWs) return head_size == prefill::wg::kHead ? prefill::wg::kRows : 0;
   if (config < 0 || config >= prefill::kNumConfigs) return 0;
   if (config > 1) return prefill::kWarps * 16 * prefill::kConfigs[config].mt;
   if (head_size > 128) return prefill::Shape<256, 0>::BM;
@@ -21,7 +21,7 @@ cudaError_t launch_paged_prefill(const PagedPrefillParams& p, int query_dtype, i
   if (p.block_size_log2 < 3 || p.block_size_log2 > 8 || p.num_kv_heads < 1 || p.num_heads % p.num_kv_heads) {
     return cudaErrorInvalidValue;
   }
-  if (p.config == kPrefillWgmma) {
+  if (p.config == kPrefillWgmma || p.config == kPrefillWs) {
     return query_dtype == kv_dtype ? launch_paged_prefill_wgmma(p, query_dtype, stream) : cudaErrorInvalidValue;
   }
   if (query_dtype == kFastF16 && kv_dtype == kFastF16) return launch_paged_prefill_f16(p, stream);

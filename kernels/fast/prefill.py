@@ -34,6 +34,10 @@ PREFILL_CONFIGS = {0: (2, 32, 4), 1: (1, 64, 2), 2: (2, 32, 2), 3: (2, 32, 3), 4
 # thread block, 128 keys per tile, 3 ring stages): float16 or bfloat16 query and caches of the same
 # dtype, head size 128, no ALiBi, a Hopper GPU (compute capability 9.0).
 WGMMA_CONFIG = 6
+# The warp-specialized persistent warpgroup kernel (kernels/csrc/paged_prefill_ws.cuh): where the
+# warpgroup kernel runs, on the same arguments.
+WS_CONFIG = 7
+WARPGROUP_CONFIGS = (WGMMA_CONFIG, WS_CONFIG)
 WGMMA_HEAD = 128
 LARGE_ROWS = 128          # packed query rows of a thread block in config 0
 PADDING_SHARE = 0.25      # config 1 where this share of config 0's rows would be padding
@@ -71,7 +75,7 @@ def choose_prefill_config(num_seqs: int, max_query_len: int, num_heads: int, num
     rows."""
     rows = max(1, max_query_len * (num_heads // num_kv_heads))
     if wgmma and head_size == WGMMA_HEAD and rows >= WGMMA_MIN_ROWS:
-        return WGMMA_CONFIG
+        return WS_CONFIG
     if head_size > 128:
         return 0
     large = -(-rows // LARGE_ROWS)
@@ -216,15 +220,15 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
     max_query_len, max_context_len = check_prefill(
         out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, query_start_loc, context_lens,
         block_size, alibi_slopes, k_scale, v_scale, max_query_len, max_context_len, validate)
-    if config == WGMMA_CONFIG:
+    if config in WARPGROUP_CONFIGS:
         if not _wgmma_applies(query, key_cache, alibi_slopes):
-            raise ValueError(f"config {WGMMA_CONFIG} (the warpgroup kernel) needs a CUDA device of compute capability "
+            raise ValueError(f"config {config} (the warpgroup kernels) needs a CUDA device of compute capability "
                              f"9.0, float16 or bfloat16 query and caches of one dtype, head size {WGMMA_HEAD} and no "
                              f"alibi_slopes; got {query.dtype} / {key_cache.dtype} at head size {query.shape[2]} on "
                              f"{query.device}")
     elif config is not None and config not in (0, 1) and not (
             config in PREFILL_CONFIGS and query.dtype == key_cache.dtype == torch.float16 and query.shape[2] == 128):
-        raise ValueError(f"config must be None, 0, 1, {WGMMA_CONFIG}, or one of {sorted(PREFILL_CONFIGS)[2:]} with "
+        raise ValueError(f"config must be None, 0, 1, {WGMMA_CONFIG}, {WS_CONFIG}, or one of {sorted(PREFILL_CONFIGS)[2:]} with "
                          f"float16 query and caches at head size 128; got {config!r} for {query.dtype} / "
                          f"{key_cache.dtype} at head size {query.shape[2]}")
     if out is None:

@@ -24,13 +24,13 @@ if not torch.cuda.is_available():
 import kernels  # noqa: E402
 from kernels.fast import layout as fast_layout  # noqa: E402
 from kernels.fast import reference as fast_reference  # noqa: E402
-from kernels.fast.prefill import PREFILL_CONFIGS, WGMMA_CONFIG  # noqa: E402
+from kernels.fast.prefill import PREFILL_CONFIGS, WARPGROUP_CONFIGS, WS_CONFIG  # noqa: E402
 from kernel_cases import assert_attention_close  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 HOPPER = torch.cuda.get_device_capability() == (9, 0)
 # the kernels a test runs: the mma.sync kernel's configurations, and the warpgroup kernel on Hopper
-WGMMA = [WGMMA_CONFIG] if HOPPER else []
+WGMMA = list(WARPGROUP_CONFIGS) if HOPPER else []
 needs_hopper = pytest.mark.skipif(not HOPPER, reason="the warpgroup kernel runs on compute capability 9.0")
 
 ATOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2, fast_layout.FP8: 1e-3}
@@ -119,31 +119,33 @@ def test_head_sizes_and_groups(config, dtype, head_size, heads, batch):
 
 
 @needs_hopper
+@pytest.mark.parametrize("config", WGMMA)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("heads", [(8, 8), (8, 2), (4, 1), (32, 8)])
 @pytest.mark.parametrize("batch", sorted(BATCHES))
-def test_warpgroup_kernel_groups(dtype, heads, batch):
+def test_warpgroup_kernel_groups(config, dtype, heads, batch):
     cached, new = BATCHES[batch]
-    check(build(cached=cached, new=new, num_heads=heads[0], num_kv_heads=heads[1], dtype=dtype), config=WGMMA_CONFIG)
+    check(build(cached=cached, new=new, num_heads=heads[0], num_kv_heads=heads[1], dtype=dtype), config=config)
 
 
 @needs_hopper
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_the_default_runs_the_warpgroup_kernel(dtype):
     new = [300, 64, 1, 129]
-    assert kernels.choose_prefill_config(4, max(new), 32, 8, 128, 132, wgmma=True) == WGMMA_CONFIG
+    assert kernels.choose_prefill_config(4, max(new), 32, 8, 128, 132, wgmma=True) == WS_CONFIG
     check(build(cached=[0, 700, 33, 2000], new=new, num_heads=32, num_kv_heads=8, dtype=dtype))
 
 
 @needs_hopper
+@pytest.mark.parametrize("config", WGMMA)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("heads", [(8, 8), (8, 2), (4, 1), (32, 8)])
-def test_warpgroup_pingpong_kernel(dtype, heads):
+def test_warpgroup_pingpong_kernel(config, dtype, heads):
     """Contexts the launch rule gives the ping-pong kernel (a new token sees 512 to 4096 keys on
     average): row blocks past a short sequence's rows, blocks whose second warpgroup has no rows,
     one new token, chunks not aligned to blocks."""
     check(build(cached=[1500, 0, 700, 3], new=[600, 2000, 1, 130], num_heads=heads[0], num_kv_heads=heads[1],
-                dtype=dtype), config=WGMMA_CONFIG)
+                dtype=dtype), config=config)
 
 
 @pytest.mark.parametrize("config", sorted(PREFILL_CONFIGS))

@@ -1,0 +1,400 @@
+// Paged prefill attention on Hopper, warp-specialized and persistent (config kPrefillWs, sm_90a):
+// float16 and bfloat16 at head size 128, the tile math of paged_prefill_wgmma.cuh (wgmma products,
+// the online softmax, the 128-byte-swizzled tiles) under FlashAttention-3's schedule.
+//
+// A thread block of three warpgroups (384 threads, one block per SM) takes work items in turn: the
+// items of paged_prefill_wgmma.cuh's item_at order (128 packed rows of one (sequence, KV head)
+// pair, the band with the most keys first), block b taking items b, b + grid, b + 2 grid, ...
+//
+// - The producer warpgroup (setmaxnreg down to kProducerRegs) only copies: for each item the Q
+//   rows, then key tile 0, then key tile n + 1 and value tile n in turn, each into a ring stage of
+//   shared memory with cp.async, gathering every 16-byte chunk of a key or value row through the
+//   block table (the tile's block ids are read one per lane and shuffled to the rows). Chunks past
+//   the item's keys or of a block id outside the cache are zero-filled without reading memory, so
+//   unused cache slots never reach the products. A stage is handed over by an mbarrier ("full"):
+//   each producer thread's cp.async.mbarrier.arrive fires once its copies have landed. It waits on
+//   the stage's "empty" mbarrier before refilling it.
+// - Two consumer warpgroups (setmaxnreg up to kConsumerRegs), 64 of the item's rows each, run the
+//   products and the softmax: per key tile n, S_n = Q K_n^T issued together with
+//   O += P_{n-1} V_{n-1}; the softmax of S_n under that product; then the rescale of O and the
+//   packing of P_n. Each warp arrives on a stage's empty mbarrier as soon as the products reading
+//   it have completed, and on Q's once the item's last S product has (the producer then copies the
+//   next item's Q rows and first tiles under this item's last products and its output stores).
+//   The two consumers take turns at the tensor cores (two named barriers, FlashAttention-3's
+//   warp-scheduler barriers): each issues its products of a tile only after the other has issued
+//   its own, so that one's softmax runs under the other's products. A consumer whose rows see
+//   fewer key tiles than the item's (a GQA item's first rows, or rows past the sequence's end)
+//   takes its turns on the remaining tiles without products, so that the turns stay paired.
+//
+// The tiles the copies fill are written by the generic proxy (cp.async); each consumer thread
+// orders them before its products' reads (the async proxy) with fence.proxy.async after its wait.
+#pragma once
+
+#include "paged_prefill_wgmma.cuh"
+
+namespace blocksim {
+namespace prefill {
+namespace ws {
+
+using wg::kHalfRow;
+using wg::kHead;
+using wg::kKeys;
+using wg::kQBytes;
+using wg::kRows;
+using wg::kTileBytes;
+
+constexpr int kStages = 2;          // ring stages of key tiles, and of value tiles
+constexpr int kQStages = 2;         // Q buffers: the next item's rows copied under this item's tiles
+constexpr int kThreads = 384;       // the producer warpgroup and two consumer warpgroups
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
+constexpr int kConsumerWarps = 8;
+// mbarriers: full and empty per stage of each ring and per Q buffer
+constexpr int kBarriers = 4 * kStages + 2 * kQStages;
+constexpr int kSmemBytes = kQStages * kQBytes + 2 * kStages * kTileBytes + kBarriers * 8 + 1024;  // + alignment slack
+// named barriers (0 is __syncthreads): the consumers' turns at the tensor cores
+constexpr int kTurnBarrier0 = 1;
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Arrives on the mbarrier once every cp.async this thread issued before has landed (counted as one
+// of the barrier's expected arrivals).
+__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void cp_async16s(uint32_t dst, const void* src, bool live) {
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(live ? 16 : 0)
+               : "memory");
+}
+
+// A ring position: stage and the parity of its use (uses counted over the block's whole run, so the
+// producer and the consumers, which take the same items and tiles, agree).
+template <int STAGES>
+struct RingPos {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == STAGES) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const PagedPrefillParams p, const int m_blocks,
+                                                                       const int band, const int num_items) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) unsigned char ws_smem[];
+  const int group = p.num_heads / p.num_kv_heads;
+  const int pairs = p.num_seqs * p.num_kv_heads;
+  const int tid = threadIdx.x;
+  const int wgi = tid / 128;
+  const uint32_t smem_raw = static_cast<uint32_t>(__cvta_generic_to_shared(ws_smem));
+  const uint32_t smem = (smem_raw + 1023) & ~1023u;
+  const uint32_t q_smem = smem;
+  const uint32_t k_ring = smem + kQStages * kQBytes;
+  const uint32_t v_ring = k_ring + kStages * kTileBytes;
+  const uint32_t bars = v_ring + kStages * kTileBytes;
+  auto k_full = [&](int s) { return bars + 8 * s; };
+  auto k_empty = [&](int s) { return bars + 8 * (kStages + s); };
+  auto v_full = [&](int s) { return bars + 8 * (2 * kStages + s); };
+  auto v_empty = [&](int s) { return bars + 8 * (3 * kStages + s); };
+  auto q_full = [&](int s) { return bars + 8 * (4 * kStages + s); };
+  auto q_empty = [&](int s) { return bars + 8 * (4 * kStages + kQStages + s); };
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(k_full(s), 128);
+      mbar_init(v_full(s), 128);
+      mbar_init(k_empty(s), kConsumerWarps);
+      mbar_init(v_empty(s), kConsumerWarps);
+    }
+    for (int s = 0; s < kQStages; ++s) {
+      mbar_init(q_full(s), 128);
+      mbar_init(q_empty(s), kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wgi == 0) {
+    // ---- producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    const int lane = tid & 31;
+    const int chunk = tid & 15;     // the 16-byte chunk of a row this thread copies
+    const int row0 = tid >> 4;      // rows row0 + 8 i, i = 0..15, of a 128-row tile
+    // swizzled offset of the thread's chunk in row row0 (the same in rows row0 + 8 i, plus i rows)
+    const uint32_t c_off = static_cast<uint32_t>((chunk >> 3) * kKeys * kHalfRow + row0 * kHalfRow +
+                                                 (((chunk & 7) ^ row0) << 4));
+    const uint32_t q_off = static_cast<uint32_t>((chunk >> 3) * kRows * kHalfRow + row0 * kHalfRow +
+                                                 (((chunk & 7) ^ row0) << 4));
+    const int bs_log2 = p.block_size_log2;
+    const int bs_mask = (1 << bs_log2) - 1;
+    const int k_block_bytes = static_cast<int>(p.k_block_stride * 2), k_token_bytes = static_cast<int>(p.k_token_stride * 2);
+    const int v_block_bytes = static_cast<int>(p.v_block_stride * 2), v_token_bytes = static_cast<int>(p.v_token_stride * 2);
+    RingPos<kStages> kpos, vpos;
+    RingPos<kQStages> qpos_;
+    for (int idx = blockIdx.x; idx < num_items; idx += gridDim.x) {
+      const wg::Item it = wg::item_at(p, idx, pairs, m_blocks, band, group);
+      if (it.m0 >= it.rows) continue;
+      const int* const table = p.block_tables + static_cast<int64_t>(it.seq) * p.max_blocks_per_seq;
+      // the block id of tile n's e-th block (lane e holds it; -1 past the item's keys)
+      auto tile_ids = [&](int n) {
+        const int first = (n * kKeys) >> bs_log2;
+        const int key = (first + lane) << bs_log2;
+        const bool live = n < it.n_tiles && key < it.kv_end && key < (n + 1) * kKeys;
+        return live ? __ldg(table + first + lane) : -1;
+      };
+      const char* const k_base = reinterpret_cast<const char*>(static_cast<const T*>(p.key_cache) +
+                                                               it.kvh * p.k_head_stride + chunk * 8);
+      const char* const v_base = reinterpret_cast<const char*>(static_cast<const T*>(p.value_cache) +
+                                                               it.kvh * p.v_head_stride + chunk * 8);
+      // key (which 0) or value (1) tile n into ring stage `stage`; ids: tile_ids(n)
+      auto copy_tile = [&](int n, int ids, uint32_t dst_tile, int which) {
+        const char* const base = which ? v_base : k_base;
+        const int block_bytes = which ? v_block_bytes : k_block_bytes;
+        const int token_bytes = which ? v_token_bytes : k_token_bytes;
+        const int key0 = n * kKeys;
+        const int first = key0 >> bs_log2;
+#pragma unroll 4
+        for (int i = 0; i < kKeys / 8; ++i) {
+          const int r = row0 + 8 * i;
+          const int key = key0 + r;
+          const int bid = __shfl_sync(0xffffffffu, ids, ((key >> bs_log2) - first) & 31);
+          const bool live = key < it.kv_end && static_cast<unsigned>(bid) < static_cast<unsigned>(p.num_blocks);
+          int64_t off;
+          asm("mul.wide.s32 %0, %1, %2;\n" : "=l"(off) : "r"(live ? bid : 0), "r"(block_bytes));
+          cp_async16s(dst_tile + c_off + 8 * i * kHalfRow, base + off + (key & bs_mask) * token_bytes, live);
+        }
+      };
+      // Q rows: packed row R = it.m0 + row0 + 8 i is new token R / group of head kvh * group + R % group
+      mbar_wait(q_empty(qpos_.stage), qpos_.phase ^ 1u);
+      {
+        const T* const q_base = static_cast<const T*>(p.query) + chunk * 8;
+#pragma unroll 4
+        for (int i = 0; i < kRows / 8; ++i) {
+          const int R = it.m0 + row0 + 8 * i;
+          const bool live = R < it.rows;
+          const T* src = q_base;
+          if (live) src = q_base + (it.q_start + R / group) * p.q_token_stride + static_cast<int64_t>(it.kvh * group + R % group) * kHead;
+          cp_async16s(q_smem + qpos_.stage * kQBytes + q_off + 8 * i * kHalfRow, src, live);
+        }
+      }
+      cp_async_arrive(q_full(qpos_.stage));
+      qpos_.advance();
+      int ids_cur = tile_ids(0);
+      mbar_wait(k_empty(kpos.stage), kpos.phase ^ 1u);
+      copy_tile(0, ids_cur, k_ring + kpos.stage * kTileBytes, 0);
+      cp_async_arrive(k_full(kpos.stage));
+      kpos.advance();
+      for (int n = 0; n < it.n_tiles; ++n) {
+        const int ids_next = tile_ids(n + 1);
+        if (n + 1 < it.n_tiles) {
+          mbar_wait(k_empty(kpos.stage), kpos.phase ^ 1u);
+          copy_tile(n + 1, ids_next, k_ring + kpos.stage * kTileBytes, 0);
+          cp_async_arrive(k_full(kpos.stage));
+          kpos.advance();
+        }
+        mbar_wait(v_empty(vpos.stage), vpos.phase ^ 1u);
+        copy_tile(n, ids_cur, v_ring + vpos.stage * kTileBytes, 1);
+        cp_async_arrive(v_full(vpos.stage));
+        vpos.advance();
+        ids_cur = ids_next;
+      }
+    }
+    cp_async_wait<0>();
+  } else {
+    // ---- consumers ----
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+    const int cw = wgi - 1;            // consumer 0 or 1: rows 64 cw .. of each item
+    const int ctid = tid - 128;
+    const int warp = (ctid / 32) % 4;  // warp in the warpgroup
+    const int lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const float scale2 = p.scale * kLog2e;
+    const uint64_t q_desc0 = wg::smem_desc(q_smem + cw * 64 * kHalfRow, 16, 1024);
+    const uint64_t k_desc = wg::smem_desc(k_ring, 16, 1024);
+    const uint64_t v_desc = wg::smem_desc(v_ring, kKeys * kHalfRow, 1024);
+    const int own_turn = kTurnBarrier0 + cw, other_turn = kTurnBarrier0 + 1 - cw;
+    if (cw == 1) named_arrive(kTurnBarrier0, 256);  // the first consumer goes first
+    RingPos<kStages> kpos, vpos;
+    RingPos<kQStages> qpos_;
+    auto release = [&](uint32_t bar) {
+      if (lane == 0) mbar_arrive(bar);
+    };
+    for (int idx = blockIdx.x; idx < num_items; idx += gridDim.x) {
+      const wg::Item it = wg::item_at(p, idx, pairs, m_blocks, band, group);
+      if (it.m0 >= it.rows) continue;
+      const int n_tiles = it.n_tiles;
+      const int wg_row0 = it.m0 + cw * 64;
+      const bool wg_live = wg_row0 < it.rows;
+      const int wg_first_pos = it.cached + wg_row0 / group;
+      const int wg_kv_end = wg_live ? it.cached + (min(wg_row0 + 64, it.rows) - 1) / group + 1 : 0;
+      const int wg_tiles = (wg_kv_end + kKeys - 1) / kKeys;  // <= n_tiles
+      const int q_stage = qpos_.stage;
+      mbar_wait(q_full(q_stage), qpos_.phase);
+      qpos_.advance();
+      const uint64_t q_desc = q_desc0 + ((q_stage * kQBytes) >> 4);
+      int n = 0;
+      if (wg_live) {
+        float o[64];
+        float s[64];
+        uint32_t pa[32];
+#pragma unroll
+        for (int i = 0; i < 64; ++i) o[i] = 0.f;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) pa[i] = 0u;
+        float m_run[2] = {-INFINITY, -INFINITY};
+        float l_run[2] = {0.f, 0.f};
+        float alpha[2];
+        int qpos[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) qpos[h] = it.cached + min(wg_row0 + warp * 16 + g + 8 * h, it.rows - 1) / group;
+        // tile 0: S_0 alone
+        mbar_wait(k_full(kpos.stage), kpos.phase);
+        wg::fence_proxy_async();
+        named_sync(own_turn, 256);
+        wg::wgmma_fence();
+        wg::tile_issue_s<T>(s, q_desc, k_desc + ((kpos.stage * kTileBytes) >> 4));
+        named_arrive(other_turn, 256);
+        wg::wgmma_wait<0>();
+        wg::fence_regs(s);
+        release(k_empty(kpos.stage));
+        kpos.advance();
+        if (wg_tiles == 1) release(q_empty(q_stage));
+        wg::tile_softmax(s, m_run, l_run, alpha, 0, scale2, wg_first_pos, t, qpos);
+        wg::tile_rescale_and_pack<T>(o, pa, s, alpha);
+        for (n = 1; n < wg_tiles; ++n) {
+          mbar_wait(k_full(kpos.stage), kpos.phase);
+          mbar_wait(v_full(vpos.stage), vpos.phase);
+          wg::fence_proxy_async();
+          wg::fence_regs(o);
+          wg::fence_regs(pa);
+          named_sync(own_turn, 256);
+          wg::wgmma_fence();
+          wg::tile_issue_s<T>(s, q_desc, k_desc + ((kpos.stage * kTileBytes) >> 4));
+          wg::tile_issue_pv<T>(o, pa, v_desc + ((vpos.stage * kTileBytes) >> 4));
+          named_arrive(other_turn, 256);
+          wg::wgmma_wait<1>();
+          wg::fence_regs(s);
+          release(k_empty(kpos.stage));
+          kpos.advance();
+          if (n == wg_tiles - 1) release(q_empty(q_stage));
+          wg::tile_softmax(s, m_run, l_run, alpha, n, scale2, wg_first_pos, t, qpos);
+          wg::fence_regs(s);
+          wg::fence_regs(alpha);
+          wg::fence_regs(l_run);
+          wg::fence_regs(m_run);
+          wg::wgmma_wait<0>();
+          wg::fence_regs(o);
+          wg::fence_regs(pa);
+          release(v_empty(vpos.stage));
+          vpos.advance();
+          wg::tile_rescale_and_pack<T>(o, pa, s, alpha);
+        }
+        // the last P V
+        mbar_wait(v_full(vpos.stage), vpos.phase);
+        wg::fence_proxy_async();
+        wg::fence_regs(o);
+        wg::fence_regs(pa);
+        named_sync(own_turn, 256);
+        wg::wgmma_fence();
+        wg::tile_issue_pv<T>(o, pa, v_desc + ((vpos.stage * kTileBytes) >> 4));
+        named_arrive(other_turn, 256);
+        wg::wgmma_wait<0>();
+        wg::fence_regs(o);
+        release(v_empty(vpos.stage));
+        vpos.advance();
+        // output rows g and g + 8 of the warp's 16, normalised
+        T* out = static_cast<T*>(p.out);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float l = l_run[h];
+          l += __shfl_xor_sync(kMask, l, 1);
+          l += __shfl_xor_sync(kMask, l, 2);
+          const int R = wg_row0 + warp * 16 + g + 8 * h;
+          if (R >= it.rows) continue;
+          const float f = 1.f / l;
+          T* dst = out + (it.q_start + R / group) * p.out_token_stride +
+                   static_cast<int64_t>(it.kvh * group + R % group) * kHead + 2 * t;
+#pragma unroll
+          for (int d = 0; d < kHead / 8; ++d) {
+            *reinterpret_cast<uint32_t*>(dst + d * 8) = Mma<T>::pack(o[4 * d + 2 * h] * f, o[4 * d + 2 * h + 1] * f);
+          }
+        }
+        n = wg_tiles;
+      } else {
+        release(q_empty(q_stage));
+      }
+      // The item's tiles past this consumer's rows: turns without products (n_tiles + 1 turns per
+      // item for both consumers), each stage released once its copies have landed (so that the
+      // release counts towards this use of the stage).
+      for (; n < n_tiles; ++n) {
+        mbar_wait(k_full(kpos.stage), kpos.phase);
+        release(k_empty(kpos.stage));
+        kpos.advance();
+        named_sync(own_turn, 256);
+        named_arrive(other_turn, 256);
+        mbar_wait(v_full(vpos.stage), vpos.phase);
+        release(v_empty(vpos.stage));
+        vpos.advance();
+      }
+      if (!wg_live) {  // the extra turn of the item's last P V
+        named_sync(own_turn, 256);
+        named_arrive(other_turn, 256);
+      }
+    }
+    if (cw == 0) named_sync(kTurnBarrier0, 256);  // the second consumer's last arrival
+  }
+#endif
+}
+
+// The persistent grid: one block per SM, at most one per item.
+template <typename T>
+cudaError_t launch(const PagedPrefillParams& p, cudaStream_t stream) {
+  if (p.head_size != kHead || p.alibi_slopes != nullptr) return cudaErrorInvalidValue;
+  for (const int64_t stride : {p.k_block_stride, p.k_token_stride, p.v_block_stride, p.v_token_stride}) {
+    if (stride < 0 || stride > 0x3fffffff) return cudaErrorInvalidValue;  // the kernel's 32-bit byte offsets
+  }
+  const int group = p.num_heads / p.num_kv_heads;
+  const int64_t m_blocks = (static_cast<int64_t>(p.max_query_len) * group + kRows - 1) / kRows;
+  if (m_blocks == 0) return cudaSuccess;
+  const int64_t items = m_blocks * p.num_seqs * p.num_kv_heads;
+  if (items > 0x7fffffff) return cudaErrorInvalidValue;
+  int device = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  auto* kernel = paged_prefill_ws_kernel<T>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const int grid = static_cast<int>(std::min<int64_t>(items, sms));
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, static_cast<int>(m_blocks),
+                                                 wg::band_for(group, static_cast<int>(m_blocks)),
+                                                 static_cast<int>(items));
+  return cudaGetLastError();
+}
+
+}  // namespace ws
+}  // namespace prefill
+}  // namespace blocksim
