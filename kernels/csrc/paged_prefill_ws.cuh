@@ -2,12 +2,14 @@
 // float16 and bfloat16 at head size 128, the tile math of paged_prefill_wgmma.cuh (wgmma products,
 // the online softmax, the 128-byte-swizzled tiles) under FlashAttention-3's schedule.
 //
-// A thread block of three warpgroups (384 threads, one block per SM) takes work items in turn: the
-// items of paged_prefill_wgmma.cuh's item_at order (128 packed rows of one (sequence, KV head)
-// pair, the band with the most keys first), block b taking items b, b + grid, b + 2 grid, ...
+// A persistent grid of thread blocks of three warpgroups (384 threads, one block per SM) takes
+// work items in turn: the items of paged_prefill_wgmma.cuh's item_at order (128 packed rows of one
+// (sequence, KV head) pair, the band with the most keys first) dealt out in rounds that alternate
+// direction (Schedule).
 //
-// - The producer warpgroup (setmaxnreg down to kProducerRegs) only copies: for each item the Q
-//   rows, then key tile 0, then key tile n + 1 and value tile n in turn, each into a ring stage of
+// - The producer warpgroup (setmaxnreg down to kProducerRegs) only copies: for each item key
+//   tile 0, then key tile n + 1 and value tile n in turn, then the next item's Q rows (Q has two
+//   buffers, so they land under this item's products), each into a ring stage of
 //   shared memory with cp.async, gathering every 16-byte chunk of a key or value row through the
 //   block table (the tile's block ids are read one per lane and shuffled to the rows). Chunks past
 //   the item's keys or of a block id outside the cache are zero-filled without reading memory, so
@@ -18,8 +20,7 @@
 //   products and the softmax: per key tile n, S_n = Q K_n^T issued together with
 //   O += P_{n-1} V_{n-1}; the softmax of S_n under that product; then the rescale of O and the
 //   packing of P_n. Each warp arrives on a stage's empty mbarrier as soon as the products reading
-//   it have completed, and on Q's once the item's last S product has (the producer then copies the
-//   next item's Q rows and first tiles under this item's last products and its output stores).
+//   it have completed, and on its Q buffer's once the item's last S product has.
 //   The two consumers take turns at the tensor cores (two named barriers, FlashAttention-3's
 //   warp-scheduler barriers): each issues its products of a tile only after the other has issued
 //   its own, so that one's softmax runs under the other's products. A consumer whose rows see
@@ -43,17 +44,39 @@ using wg::kQBytes;
 using wg::kRows;
 using wg::kTileBytes;
 
-constexpr int kStages = 2;          // ring stages of key tiles, and of value tiles
+constexpr int kKStages = 2;         // ring stages of key tiles
+constexpr int kVStages = 2;         // ring stages of value tiles
 constexpr int kQStages = 2;         // Q buffers: the next item's rows copied under this item's tiles
 constexpr int kThreads = 384;       // the producer warpgroup and two consumer warpgroups
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
 constexpr int kConsumerWarps = 8;
 // mbarriers: full and empty per stage of each ring and per Q buffer
-constexpr int kBarriers = 4 * kStages + 2 * kQStages;
-constexpr int kSmemBytes = kQStages * kQBytes + 2 * kStages * kTileBytes + kBarriers * 8 + 1024;  // + alignment slack
+constexpr int kBarriers = 2 * (kKStages + kVStages + kQStages);
+constexpr int kSmemBytes = kQStages * kQBytes + (kKStages + kVStages) * kTileBytes + kBarriers * 8 + 1024;  // + alignment slack
+static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
 // named barriers (0 is __syncthreads): the consumers' turns at the tensor cores
 constexpr int kTurnBarrier0 = 1;
+
+// The block's items: item_at's order dealt out in rounds of one item per block, the rounds
+// alternating direction (block b takes item b of round 0, grid - 1 - b of round 1, ...), so that
+// each block's items add up to about the same work where the row blocks of a band have decreasing
+// keys; items past a sequence's rows are skipped. The producer and the consumers walk it alike.
+struct Schedule {
+  int round = -1;
+  __device__ __forceinline__ int next(const PagedPrefillParams& p, int num_items, int pairs, int m_blocks, int band,
+                                      int group) {
+    for (;;) {
+      ++round;
+      if (round * static_cast<int>(gridDim.x) >= num_items) return -1;
+      const int b = (round & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+      const int idx = round * gridDim.x + b;
+      if (idx >= num_items) continue;
+      const wg::Item it = wg::item_at(p, idx, pairs, m_blocks, band, group);
+      if (it.m0 < it.rows) return idx;
+    }
+  }
+};
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -114,19 +137,21 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
   const uint32_t smem = (smem_raw + 1023) & ~1023u;
   const uint32_t q_smem = smem;
   const uint32_t k_ring = smem + kQStages * kQBytes;
-  const uint32_t v_ring = k_ring + kStages * kTileBytes;
-  const uint32_t bars = v_ring + kStages * kTileBytes;
+  const uint32_t v_ring = k_ring + kKStages * kTileBytes;
+  const uint32_t bars = v_ring + kVStages * kTileBytes;
   auto k_full = [&](int s) { return bars + 8 * s; };
-  auto k_empty = [&](int s) { return bars + 8 * (kStages + s); };
-  auto v_full = [&](int s) { return bars + 8 * (2 * kStages + s); };
-  auto v_empty = [&](int s) { return bars + 8 * (3 * kStages + s); };
-  auto q_full = [&](int s) { return bars + 8 * (4 * kStages + s); };
-  auto q_empty = [&](int s) { return bars + 8 * (4 * kStages + kQStages + s); };
+  auto k_empty = [&](int s) { return bars + 8 * (kKStages + s); };
+  auto v_full = [&](int s) { return bars + 8 * (2 * kKStages + s); };
+  auto v_empty = [&](int s) { return bars + 8 * (2 * kKStages + kVStages + s); };
+  auto q_full = [&](int s) { return bars + 8 * (2 * (kKStages + kVStages) + s); };
+  auto q_empty = [&](int s) { return bars + 8 * (2 * (kKStages + kVStages) + kQStages + s); };
   if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < kKStages; ++s) {
       mbar_init(k_full(s), 128);
-      mbar_init(v_full(s), 128);
       mbar_init(k_empty(s), kConsumerWarps);
+    }
+    for (int s = 0; s < kVStages; ++s) {
+      mbar_init(v_full(s), 128);
       mbar_init(v_empty(s), kConsumerWarps);
     }
     for (int s = 0; s < kQStages; ++s) {
@@ -152,11 +177,32 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
     const int bs_mask = (1 << bs_log2) - 1;
     const int k_block_bytes = static_cast<int>(p.k_block_stride * 2), k_token_bytes = static_cast<int>(p.k_token_stride * 2);
     const int v_block_bytes = static_cast<int>(p.v_block_stride * 2), v_token_bytes = static_cast<int>(p.v_token_stride * 2);
-    RingPos<kStages> kpos, vpos;
-    RingPos<kQStages> qpos_;
-    for (int idx = blockIdx.x; idx < num_items; idx += gridDim.x) {
+    RingPos<kKStages> kpos;
+    RingPos<kVStages> vpos;
+    RingPos<kQStages> qring;
+    // The Q rows of item idx into the next Q buffer: packed row R = m0 + row0 + 8 i is new token
+    // R / group of query head kvh * group + R % group.
+    auto copy_q = [&](int idx) {
       const wg::Item it = wg::item_at(p, idx, pairs, m_blocks, band, group);
-      if (it.m0 >= it.rows) continue;
+      mbar_wait(q_empty(qring.stage), qring.phase ^ 1u);
+      const T* const q_base = static_cast<const T*>(p.query) + chunk * 8;
+#pragma unroll 4
+      for (int i = 0; i < kRows / 8; ++i) {
+        const int R = it.m0 + row0 + 8 * i;
+        const bool live = R < it.rows;
+        const T* src = q_base;
+        if (live) src = q_base + (it.q_start + R / group) * p.q_token_stride + static_cast<int64_t>(it.kvh * group + R % group) * kHead;
+        cp_async16s(q_smem + qring.stage * kQBytes + q_off + 8 * i * kHalfRow, src, live);
+      }
+      cp_async_arrive(q_full(qring.stage));
+      qring.advance();
+    };
+    Schedule sched;
+    int idx = sched.next(p, num_items, pairs, m_blocks, band, group);
+    if (idx >= 0) copy_q(idx);
+    while (idx >= 0) {
+      const int next = sched.next(p, num_items, pairs, m_blocks, band, group);
+      const wg::Item it = wg::item_at(p, idx, pairs, m_blocks, band, group);
       const int* const table = p.block_tables + static_cast<int64_t>(it.seq) * p.max_blocks_per_seq;
       // the block id of tile n's e-th block (lane e holds it; -1 past the item's keys)
       auto tile_ids = [&](int n) {
@@ -169,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
                                                                it.kvh * p.k_head_stride + chunk * 8);
       const char* const v_base = reinterpret_cast<const char*>(static_cast<const T*>(p.value_cache) +
                                                                it.kvh * p.v_head_stride + chunk * 8);
-      // key (which 0) or value (1) tile n into ring stage `stage`; ids: tile_ids(n)
+      // key (which 0) or value (1) tile n into the tile at dst_tile; ids: tile_ids(n)
       auto copy_tile = [&](int n, int ids, uint32_t dst_tile, int which) {
         const char* const base = which ? v_base : k_base;
         const int block_bytes = which ? v_block_bytes : k_block_bytes;
@@ -187,40 +233,30 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
           cp_async16s(dst_tile + c_off + 8 * i * kHalfRow, base + off + (key & bs_mask) * token_bytes, live);
         }
       };
-      // Q rows: packed row R = it.m0 + row0 + 8 i is new token R / group of head kvh * group + R % group
-      mbar_wait(q_empty(qpos_.stage), qpos_.phase ^ 1u);
-      {
-        const T* const q_base = static_cast<const T*>(p.query) + chunk * 8;
-#pragma unroll 4
-        for (int i = 0; i < kRows / 8; ++i) {
-          const int R = it.m0 + row0 + 8 * i;
-          const bool live = R < it.rows;
-          const T* src = q_base;
-          if (live) src = q_base + (it.q_start + R / group) * p.q_token_stride + static_cast<int64_t>(it.kvh * group + R % group) * kHead;
-          cp_async16s(q_smem + qpos_.stage * kQBytes + q_off + 8 * i * kHalfRow, src, live);
-        }
-      }
-      cp_async_arrive(q_full(qpos_.stage));
-      qpos_.advance();
-      int ids_cur = tile_ids(0);
-      mbar_wait(k_empty(kpos.stage), kpos.phase ^ 1u);
-      copy_tile(0, ids_cur, k_ring + kpos.stage * kTileBytes, 0);
-      cp_async_arrive(k_full(kpos.stage));
-      kpos.advance();
-      for (int n = 0; n < it.n_tiles; ++n) {
-        const int ids_next = tile_ids(n + 1);
-        if (n + 1 < it.n_tiles) {
-          mbar_wait(k_empty(kpos.stage), kpos.phase ^ 1u);
-          copy_tile(n + 1, ids_next, k_ring + kpos.stage * kTileBytes, 0);
-          cp_async_arrive(k_full(kpos.stage));
-          kpos.advance();
-        }
+      auto copy_k = [&](int n, int ids) {
+        mbar_wait(k_empty(kpos.stage), kpos.phase ^ 1u);
+        copy_tile(n, ids, k_ring + kpos.stage * kTileBytes, 0);
+        cp_async_arrive(k_full(kpos.stage));
+        kpos.advance();
+      };
+      auto copy_v = [&](int n, int ids) {
         mbar_wait(v_empty(vpos.stage), vpos.phase ^ 1u);
-        copy_tile(n, ids_cur, v_ring + vpos.stage * kTileBytes, 1);
+        copy_tile(n, ids, v_ring + vpos.stage * kTileBytes, 1);
         cp_async_arrive(v_full(vpos.stage));
         vpos.advance();
+      };
+      // key tile 0, then key tile n + 1 and value tile n in turn (the order the consumers read
+      // them in), then the next item's Q rows
+      int ids_cur = tile_ids(0);
+      copy_k(0, ids_cur);
+      for (int n = 0; n < it.n_tiles; ++n) {
+        const int ids_next = tile_ids(n + 1);
+        if (n + 1 < it.n_tiles) copy_k(n + 1, ids_next);
+        copy_v(n, ids_cur);
         ids_cur = ids_next;
       }
+      if (next >= 0) copy_q(next);
+      idx = next;
     }
     cp_async_wait<0>();
   } else {
@@ -237,23 +273,26 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
     const uint64_t v_desc = wg::smem_desc(v_ring, kKeys * kHalfRow, 1024);
     const int own_turn = kTurnBarrier0 + cw, other_turn = kTurnBarrier0 + 1 - cw;
     if (cw == 1) named_arrive(kTurnBarrier0, 256);  // the first consumer goes first
-    RingPos<kStages> kpos, vpos;
-    RingPos<kQStages> qpos_;
+    RingPos<kKStages> kpos;
+    RingPos<kVStages> vpos;
+    RingPos<kQStages> qring;
     auto release = [&](uint32_t bar) {
       if (lane == 0) mbar_arrive(bar);
     };
-    for (int idx = blockIdx.x; idx < num_items; idx += gridDim.x) {
+    Schedule sched;
+    for (;;) {
+      const int idx = sched.next(p, num_items, pairs, m_blocks, band, group);
+      if (idx < 0) break;
+      const int q_stage = qring.stage;
+      mbar_wait(q_full(q_stage), qring.phase);
+      qring.advance();
       const wg::Item it = wg::item_at(p, idx, pairs, m_blocks, band, group);
-      if (it.m0 >= it.rows) continue;
       const int n_tiles = it.n_tiles;
       const int wg_row0 = it.m0 + cw * 64;
       const bool wg_live = wg_row0 < it.rows;
       const int wg_first_pos = it.cached + wg_row0 / group;
       const int wg_kv_end = wg_live ? it.cached + (min(wg_row0 + 64, it.rows) - 1) / group + 1 : 0;
       const int wg_tiles = (wg_kv_end + kKeys - 1) / kKeys;  // <= n_tiles
-      const int q_stage = qpos_.stage;
-      mbar_wait(q_full(q_stage), qpos_.phase);
-      qpos_.advance();
       const uint64_t q_desc = q_desc0 + ((q_stage * kQBytes) >> 4);
       int n = 0;
       if (wg_live) {

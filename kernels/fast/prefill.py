@@ -41,13 +41,14 @@ WARPGROUP_CONFIGS = (WGMMA_CONFIG, WS_CONFIG)
 WGMMA_HEAD = 128
 LARGE_ROWS = 128          # packed query rows of a thread block in config 0
 PADDING_SHARE = 0.25      # config 1 where this share of config 0's rows would be padding
-WGMMA_MIN_ROWS = 64       # the warpgroup kernel from this many packed rows of a sequence
+WGMMA_MIN_ROWS = 64       # the warpgroup kernels from this many packed rows of a sequence
+WS_MIN_ROWS = 128         # the warp-specialized one from this many (fewer leave a consumer warpgroup idle)
 
 
 def wgmma_runs(query_dtype: torch.dtype, cache_dtype: torch.dtype, head_size: int, alibi: bool,
                capability: tuple[int, int]) -> bool:
-    """Whether the warpgroup kernel (``WGMMA_CONFIG``) runs these arguments on a GPU of this compute
-    capability."""
+    """Whether the warpgroup kernels (``WARPGROUP_CONFIGS``) run these arguments on a GPU of this
+    compute capability."""
     return (tuple(capability) == (9, 0) and query_dtype == cache_dtype and query_dtype in (torch.float16, torch.bfloat16)
             and head_size == WGMMA_HEAD and not alibi)
 
@@ -65,9 +66,10 @@ def _wgmma_applies(query: torch.Tensor, key_cache: torch.Tensor, alibi_slopes) -
 
 def choose_prefill_config(num_seqs: int, max_query_len: int, num_heads: int, num_kv_heads: int, head_size: int,
                           num_sms: int = 132, *, wgmma: bool = False) -> int:
-    """The tile configuration ``paged_prefill_attention`` runs. ``wgmma``: the warpgroup kernel can
-    run the call (``wgmma_runs``); it then runs ``WGMMA_CONFIG`` wherever a sequence has at least
-    ``WGMMA_MIN_ROWS`` packed rows. Otherwise the mma.sync kernel: the small row blocks (1) where the
+    """The tile configuration ``paged_prefill_attention`` runs. ``wgmma``: the warpgroup kernels can
+    run the call (``wgmma_runs``); then the warp-specialized one (``WS_CONFIG``) runs wherever a
+    sequence has at least ``WS_MIN_ROWS`` packed rows, the other (``WGMMA_CONFIG``) from
+    ``WGMMA_MIN_ROWS``. Otherwise the mma.sync kernel: the small row blocks (1) where the
     large ones (0) would make at most one wave at 2 per SM (few new tokens over long contexts: twice
     the thread blocks fill the SMs) or where ``PADDING_SHARE`` of their rows would be padding
     (short chunks, one new token); the large ones otherwise, which share each K/V fragment between
@@ -75,7 +77,7 @@ def choose_prefill_config(num_seqs: int, max_query_len: int, num_heads: int, num
     rows."""
     rows = max(1, max_query_len * (num_heads // num_kv_heads))
     if wgmma and head_size == WGMMA_HEAD and rows >= WGMMA_MIN_ROWS:
-        return WS_CONFIG
+        return WS_CONFIG if rows >= WS_MIN_ROWS else WGMMA_CONFIG
     if head_size > 128:
         return 0
     large = -(-rows // LARGE_ROWS)
@@ -210,8 +212,8 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
             None reads them from the index tensors (one device synchronisation, as does
             ``validate``). Give both with ``validate=False`` to capture the call in a CUDA graph.
         config: the kernel's tile configuration (a key of ``PREFILL_CONFIGS``; 2-5 for float16
-            query and caches at head size 128 only; ``WGMMA_CONFIG`` the warpgroup kernel, where
-            ``wgmma_runs``), None for ``choose_prefill_config``'s.
+            query and caches at head size 128 only; ``WARPGROUP_CONFIGS`` the warpgroup kernels,
+            where ``wgmma_runs``), None for ``choose_prefill_config``'s.
         validate: read the index tensors to check them (offsets, lengths, block ids).
 
     Returns:

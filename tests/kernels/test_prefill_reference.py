@@ -211,8 +211,9 @@ def test_prefill_config_rule_above_head_128_has_one_shape():
 
 
 @pytest.mark.parametrize("batch,new,heads,kv_heads,want", [
-    (1, 2048, 32, 8, 6),     # the warpgroup kernel where it runs
-    (64, 64, 32, 32, 6),     # 64 rows: one warpgroup's worth
+    (1, 2048, 32, 8, 7),     # the warp-specialized warpgroup kernel where it runs
+    (32, 32, 32, 8, 7),      # 128 rows: one item fills both consumer warpgroups
+    (64, 64, 32, 32, 6),     # 64 rows: one warpgroup's worth, the other warpgroup kernel
     (256, 1, 32, 8, 1),      # decode-like: 4 rows stay on the mma.sync kernel's rule
 ])
 def test_prefill_config_rule_with_the_warpgroup_kernel(batch, new, heads, kv_heads, want):
@@ -234,5 +235,7 @@ def test_where_the_warpgroup_kernel_runs(query_dtype, cache_dtype, head, alibi, 
 
 
 def test_the_warpgroup_config_needs_a_hopper_gpu():
-    with pytest.raises(ValueError, match=r"config 6 \(the warpgroup kernel\) needs a CUDA device of compute capability 9\.0"):
-        call(config=prefill.WGMMA_CONFIG)
+    for config in prefill.WARPGROUP_CONFIGS:
+        with pytest.raises(ValueError, match=rf"config {config} \(the warpgroup kernels\) needs a CUDA device of compute "
+                                             r"capability 9\.0"):
+            call(config=config)
