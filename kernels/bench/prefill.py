@@ -164,14 +164,14 @@ def prefill(args, copy_gbs, results):
 
 def prefill_tiles(args, copy_gbs, results):
     """Each tile configuration of the kernel (``PREFILL_CONFIGS``; float16, head 128) and, on Hopper,
-    the warpgroup kernel (``WGMMA_CONFIG``) on the prefill shapes, against the default: the
+    the warpgroup kernels (``WARPGROUP_CONFIGS``) on the prefill shapes, against the default: the
     measurements behind ``choose_prefill_config``."""
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     wgmma = fast_prefill.wgmma_runs(DTYPE, DTYPE, HEAD, False, fast_prefill.device_capability(0))
     configs = sorted(fast_prefill.PREFILL_CONFIGS) + (list(fast_prefill.WARPGROUP_CONFIGS) if wgmma else [])
     label = lambda k: fast_prefill.PREFILL_CONFIGS.get(k, "ws" if k == fast_prefill.WS_CONFIG else "wgmma")  # noqa: E731
     print("\n## Paged prefill tile configurations (16-row tiles per warp, keys per tile, ring stages; "
-          f"{fast_prefill.WGMMA_CONFIG}: the warpgroup kernel, on Hopper): ms\n")
+          f"{fast_prefill.WGMMA_CONFIG} and {fast_prefill.WS_CONFIG}: the warpgroup kernels, on Hopper): ms\n")
     print("default: the configuration choose_prefill_config picks\n")
     print("| model heads | batch, cached c, new p | default (config) | "
           + " | ".join(f"{k}: {label(k)}" for k in configs) + " | best |")
