@@ -290,6 +290,42 @@ __device__ __forceinline__ void tile_rescale_and_pack(float (&o)[64], uint32_t (
   }
 }
 
+// A warpgroup's rows before their first tile: the output and the packed probabilities zero, each
+// row's running max -inf and sum 0, and the positions of the thread's packed rows `row` and
+// `row + 8` (dead rows take the last row's).
+__device__ __forceinline__ void start_rows(float (&o)[64], uint32_t (&pa)[32], float (&m_run)[2], float (&l_run)[2],
+                                           int (&qpos)[2], int cached, int row, int rows, int group) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) pa[i] = 0u;
+  m_run[0] = m_run[1] = -INFINITY;
+  l_run[0] = l_run[1] = 0.f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) qpos[h] = cached + min(row + 8 * h, rows - 1) / group;
+}
+
+// The output of the thread's packed rows `row` and `row + 8` (of `rows`), normalised by their sums;
+// t: the thread's quad lane.
+template <typename T>
+__device__ __forceinline__ void store_rows(const float (&o)[64], const float (&l_run)[2], T* out, int row, int rows,
+                                           int q_start, int group, int kvh, int64_t token_stride, int t) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(kMask, l, 1);
+    l += __shfl_xor_sync(kMask, l, 2);
+    const int R = row + 8 * h;
+    if (R >= rows) continue;
+    const float f = 1.f / l;
+    T* dst = out + (q_start + R / group) * token_stride + static_cast<int64_t>(kvh * group + R % group) * kHead + 2 * t;
+#pragma unroll
+    for (int d = 0; d < kHead / 8; ++d) {
+      *reinterpret_cast<uint32_t*>(dst + d * 8) = Mma<T>::pack(o[4 * d + 2 * h] * f, o[4 * d + 2 * h + 1] * f);
+    }
+  }
+}
+
 // What both warpgroup kernels set up first: each thread's roles and the block's shared memory.
 struct BlockSetup {
   int tid, wgi, warp, lane, g, t;  // thread; its warpgroup, warp in the warpgroup and lane; fragment row / column
@@ -462,16 +498,9 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_pingpong_kern
     float o[64];
     float s[64];
     uint32_t pa[32];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.f;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) pa[i] = 0u;
-    float m_run[2] = {-INFINITY, -INFINITY};
-    float l_run[2] = {0.f, 0.f};
-    // packed rows g and g + 8 of the thread's warp: their positions (dead rows take the last row's)
+    float m_run[2], l_run[2];
     int qpos[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) qpos[h] = it.cached + min(wg_row0 + b.warp * 16 + b.g + 8 * h, it.rows - 1) / group;
+    start_rows(o, pa, m_run, l_run, qpos, it.cached, wg_row0 + b.warp * 16 + b.g, it.rows, group);
 
     auto issue_s = [&](int n) { tile_issue_s<T>(s, q_desc, k_desc + ((stage(n) * kTileBytes) >> 4)); };
     auto issue_pv = [&](int n) { tile_issue_pv<T>(o, pa, v_desc + ((stage(n) * kTileBytes) >> 4)); };
@@ -579,21 +608,8 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_pingpong_kern
     }
 
     if (wg_live) {
-      T* out = static_cast<T*>(p.out);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float l = l_run[h];
-        l += __shfl_xor_sync(kMask, l, 1);
-        l += __shfl_xor_sync(kMask, l, 2);
-        const int R = wg_row0 + b.warp * 16 + b.g + 8 * h;
-        if (R >= it.rows) continue;
-        const float f = 1.f / l;
-        T* dst = out + (it.q_start + R / group) * p.out_token_stride + static_cast<int64_t>(it.kvh * group + R % group) * kHead + 2 * b.t;
-#pragma unroll
-        for (int d = 0; d < kHead / 8; ++d) {
-          *reinterpret_cast<uint32_t*>(dst + d * 8) = Mma<T>::pack(o[4 * d + 2 * h] * f, o[4 * d + 2 * h + 1] * f);
-        }
-      }
+      store_rows(o, l_run, static_cast<T*>(p.out), wg_row0 + b.warp * 16 + b.g, it.rows, it.q_start, group, it.kvh,
+                 p.out_token_stride, b.t);
     }
   }
   cp_async_wait<0>();  // no copy may still target shared memory when the block exits
@@ -694,16 +710,9 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_kernel(const 
   float o[64];
   float s[64];
   uint32_t pa[32];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.f;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) pa[i] = 0u;
-  float m_run[2] = {-INFINITY, -INFINITY};
-  float l_run[2] = {0.f, 0.f};
-  // packed rows g and g + 8 of the thread's warp: their positions (dead rows take the last row's)
+  float m_run[2], l_run[2];
   int qpos[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) qpos[h] = cached + min(wg_row0 + b.warp * 16 + b.g + 8 * h, rows - 1) / group;
+  start_rows(o, pa, m_run, l_run, qpos, cached, wg_row0 + b.warp * 16 + b.g, rows, group);
 
   const uint64_t q_desc = smem_desc(b.q_smem + b.wgi * 64 * kHalfRow, 16, 1024);
   const uint64_t k_desc = smem_desc(b.k_ring, 16, 1024);
@@ -777,21 +786,8 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_wgmma_kernel(const 
   cp_async_wait<0>();  // no copy may still target shared memory when the block exits
 
   if (!wg_live) return;
-  T* out = static_cast<T*>(p.out);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = l_run[h];
-    l += __shfl_xor_sync(kMask, l, 1);
-    l += __shfl_xor_sync(kMask, l, 2);
-    const int R = wg_row0 + b.warp * 16 + b.g + 8 * h;
-    if (R >= rows) continue;
-    const float f = 1.f / l;
-    T* dst = out + (q_start + R / group) * p.out_token_stride + static_cast<int64_t>(kvh * group + R % group) * kHead + 2 * b.t;
-#pragma unroll
-    for (int d = 0; d < kHead / 8; ++d) {
-      *reinterpret_cast<uint32_t*>(dst + d * 8) = Mma<T>::pack(o[4 * d + 2 * h] * f, o[4 * d + 2 * h + 1] * f);
-    }
-  }
+  store_rows(o, l_run, static_cast<T*>(p.out), wg_row0 + b.warp * 16 + b.g, rows, q_start, group, kvh,
+             p.out_token_stride, b.t);
 #endif
 }
 

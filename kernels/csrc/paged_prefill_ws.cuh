@@ -299,16 +299,9 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
         float o[64];
         float s[64];
         uint32_t pa[32];
-#pragma unroll
-        for (int i = 0; i < 64; ++i) o[i] = 0.f;
-#pragma unroll
-        for (int i = 0; i < 32; ++i) pa[i] = 0u;
-        float m_run[2] = {-INFINITY, -INFINITY};
-        float l_run[2] = {0.f, 0.f};
-        float alpha[2];
+        float m_run[2], l_run[2], alpha[2];
         int qpos[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) qpos[h] = it.cached + min(wg_row0 + warp * 16 + g + 8 * h, it.rows - 1) / group;
+        wg::start_rows(o, pa, m_run, l_run, qpos, it.cached, wg_row0 + warp * 16 + g, it.rows, group);
         // tile 0: S_0 alone
         mbar_wait(k_full(kpos.stage), kpos.phase);
         wg::fence_proxy_async();
@@ -364,23 +357,8 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
         wg::fence_regs(o);
         release(v_empty(vpos.stage));
         vpos.advance();
-        // output rows g and g + 8 of the warp's 16, normalised
-        T* out = static_cast<T*>(p.out);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float l = l_run[h];
-          l += __shfl_xor_sync(kMask, l, 1);
-          l += __shfl_xor_sync(kMask, l, 2);
-          const int R = wg_row0 + warp * 16 + g + 8 * h;
-          if (R >= it.rows) continue;
-          const float f = 1.f / l;
-          T* dst = out + (it.q_start + R / group) * p.out_token_stride +
-                   static_cast<int64_t>(it.kvh * group + R % group) * kHead + 2 * t;
-#pragma unroll
-          for (int d = 0; d < kHead / 8; ++d) {
-            *reinterpret_cast<uint32_t*>(dst + d * 8) = Mma<T>::pack(o[4 * d + 2 * h] * f, o[4 * d + 2 * h + 1] * f);
-          }
-        }
+        wg::store_rows(o, l_run, static_cast<T*>(p.out), wg_row0 + warp * 16 + g, it.rows, it.q_start, group, it.kvh,
+                       p.out_token_stride, t);
         n = wg_tiles;
       } else {
         release(q_empty(q_stage));
