@@ -801,15 +801,24 @@ inline bool pingpong_applies(const PagedPrefillParams& p) {
   return keys >= kPingPongKeys[0] && keys < kPingPongKeys[1] && rows >= kRows;
 }
 
-template <typename T>
-cudaError_t launch(const PagedPrefillParams& p, cudaStream_t stream) {
+// What the warpgroup kernels run (head size 128, no ALiBi, cache strides whose byte offsets fit the
+// kernels' 32 bits), cudaErrorInvalidValue otherwise; m_blocks: the row blocks of the longest
+// sequence.
+inline cudaError_t row_blocks(const PagedPrefillParams& p, int64_t& m_blocks) {
   if (p.head_size != kHead || p.alibi_slopes != nullptr) return cudaErrorInvalidValue;
   for (const int64_t stride : {p.k_block_stride, p.k_token_stride, p.v_block_stride, p.v_token_stride}) {
-    if (stride < 0 || stride > 0x3fffffff) return cudaErrorInvalidValue;  // the kernel's 32-bit byte offsets
+    if (stride < 0 || stride > 0x3fffffff) return cudaErrorInvalidValue;
   }
-  const int group = p.num_heads / p.num_kv_heads;
-  const int64_t m_blocks = (static_cast<int64_t>(p.max_query_len) * group + kRows - 1) / kRows;
+  m_blocks = (static_cast<int64_t>(p.max_query_len) * (p.num_heads / p.num_kv_heads) + kRows - 1) / kRows;
+  return cudaSuccess;
+}
+
+template <typename T>
+cudaError_t launch(const PagedPrefillParams& p, cudaStream_t stream) {
+  int64_t m_blocks = 0;
+  if (row_blocks(p, m_blocks) != cudaSuccess) return cudaErrorInvalidValue;
   if (m_blocks == 0) return cudaSuccess;
+  const int group = p.num_heads / p.num_kv_heads;
   if (m_blocks > 0x7fffffff || p.num_kv_heads > 65535 || p.num_seqs > 65535) return cudaErrorInvalidValue;
   if (pingpong_applies(p)) {
     const int64_t items = m_blocks * p.num_seqs * p.num_kv_heads;

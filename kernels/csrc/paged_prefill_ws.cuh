@@ -389,13 +389,10 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
 // The persistent grid: one block per SM, at most one per item.
 template <typename T>
 cudaError_t launch(const PagedPrefillParams& p, cudaStream_t stream) {
-  if (p.head_size != kHead || p.alibi_slopes != nullptr) return cudaErrorInvalidValue;
-  for (const int64_t stride : {p.k_block_stride, p.k_token_stride, p.v_block_stride, p.v_token_stride}) {
-    if (stride < 0 || stride > 0x3fffffff) return cudaErrorInvalidValue;  // the kernel's 32-bit byte offsets
-  }
-  const int group = p.num_heads / p.num_kv_heads;
-  const int64_t m_blocks = (static_cast<int64_t>(p.max_query_len) * group + kRows - 1) / kRows;
+  int64_t m_blocks = 0;
+  if (wg::row_blocks(p, m_blocks) != cudaSuccess) return cudaErrorInvalidValue;
   if (m_blocks == 0) return cudaSuccess;
+  const int group = p.num_heads / p.num_kv_heads;
   const int64_t items = m_blocks * p.num_seqs * p.num_kv_heads;
   if (items > 0x7fffffff) return cudaErrorInvalidValue;
   int device = 0, sms = 0;
