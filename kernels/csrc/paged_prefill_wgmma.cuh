@@ -801,13 +801,17 @@ inline bool pingpong_applies(const PagedPrefillParams& p) {
   return keys >= kPingPongKeys[0] && keys < kPingPongKeys[1] && rows >= kRows;
 }
 
-// What the warpgroup kernels run (head size 128, no ALiBi, cache strides whose byte offsets fit the
-// kernels' 32 bits), cudaErrorInvalidValue otherwise; m_blocks: the row blocks of the longest
+// What the warpgroup kernels run (head size 128, no ALiBi, cache strides whose byte offsets within a
+// block fit the kernels' 32 bits), cudaErrorInvalidValue otherwise; m_blocks: the row blocks of the longest
 // sequence.
 inline cudaError_t row_blocks(const PagedPrefillParams& p, int64_t& m_blocks) {
   if (p.head_size != kHead || p.alibi_slopes != nullptr) return cudaErrorInvalidValue;
   for (const int64_t stride : {p.k_block_stride, p.k_token_stride, p.v_block_stride, p.v_token_stride}) {
     if (stride < 0 || stride > 0x3fffffff) return cudaErrorInvalidValue;
+  }
+  // a key's byte offset within its block, (key % block_size) * token bytes, is a 32-bit product
+  if ((int64_t{1} << p.block_size_log2) * 2 * std::max(p.k_token_stride, p.v_token_stride) > 0x7fffffff) {
+    return cudaErrorInvalidValue;
   }
   m_blocks = (static_cast<int64_t>(p.max_query_len) * (p.num_heads / p.num_kv_heads) + kRows - 1) / kRows;
   return cudaSuccess;

@@ -394,11 +394,11 @@ cudaError_t launch(const PagedPrefillParams& p, cudaStream_t stream) {
   if (m_blocks == 0) return cudaSuccess;
   const int group = p.num_heads / p.num_kv_heads;
   const int64_t items = m_blocks * p.num_seqs * p.num_kv_heads;
-  if (items > 0x7fffffff) return cudaErrorInvalidValue;
   int device = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
+  if (items > 0x7fffffff - sms) return cudaErrorInvalidValue;  // Schedule's item indices, a round past the last
   auto* kernel = paged_prefill_ws_kernel<T>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;

@@ -214,7 +214,10 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
         config: the kernel's tile configuration (a key of ``PREFILL_CONFIGS``; 2-5 for float16
             query and caches at head size 128 only; ``WARPGROUP_CONFIGS`` the warpgroup kernels,
             where ``wgmma_runs``), None for ``choose_prefill_config``'s.
-        validate: read the index tensors to check them (offsets, lengths, block ids).
+        validate: read the index tensors to check them (offsets, lengths, block ids). Without it
+            they must be consistent: a context length shorter than its sequence's new tokens makes
+            the warp-specialized kernel's producer and consumers disagree on the tiles, and the
+            launch does not return.
 
     Returns:
         ``out``.
