@@ -46,11 +46,16 @@ def block_keys(hashes, prompt_tokens: int, block_size: int, hash_block_tokens: i
     if hashes is None or not len(hashes) or not h:
         return []
     full = prompt_tokens // bs
-    if h % bs == 0:
+    if h % bs == 0:  # block j lies in hash block j // per, at offset j % per
         per = h // bs
-        return [int(hashes[(j * bs) // h]) * per + (j % per) for j in range(full) if (j * bs) // h < len(hashes)]
-    if bs % h == 0:
-        return [int(hashes[((j + 1) * bs) // h - 1]) for j in range(full) if ((j + 1) * bs) // h - 1 < len(hashes)]
+        n = min(full, len(hashes) * per)
+        offsets = range(per)
+        keys = [base + k for base in [int(x) * per for x in hashes[:-(-n // per)]] for k in offsets]
+        del keys[n:]
+        return keys
+    if bs % h == 0:  # block j ends with hash block (j + 1) * per - 1
+        per = bs // h
+        return [int(x) for x in hashes[per - 1:per * full:per]]
     raise BlockError(f"prefix hashes cover {h} tokens, which neither divides nor is a multiple "
                      f"of the block size {bs}; choose a block size that does")
 

@@ -2,6 +2,8 @@
 (full attention, one KV cache group), re-expressed with block contents given as per-block ids."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from blocksim.memory.block_pool import UNIQUE
 from blocksim.memory.kv_cache_manager import ROOT_HASH, KVCacheManager
@@ -274,3 +276,24 @@ def test_deferred_unique_hashes_give_the_pool_of_hashing_each_block_as_it_fills(
     same_pools(deferred, eager)
     assert deferred.pool.evictions > 0
     deferred.pool.check()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(-2**62, 2**62), min_size=1, max_size=12), st.integers(0, 6000),
+       st.sampled_from([(16, 512), (16, 16), (8, 64), (32, 16), (64, 16), (256, 64), (16, 256), (1, 4)]),
+       st.booleans())
+def test_block_keys_follow_their_hash_blocks(hashes, prompt_tokens, sizes, as_array):
+    """Each full prompt block's key, as the definition reads: block j of a hash block of `per`
+    blocks is that hash times `per` plus j's offset; a block of several hash blocks takes its
+    last one's hash; blocks past the hashes get none."""
+    import numpy as np
+
+    from blocksim.memory.prefix_cache import block_keys
+    bs, h = sizes
+    full = prompt_tokens // bs
+    if h % bs == 0:
+        want = [hashes[(j * bs) // h] * (h // bs) + j % (h // bs) for j in range(full) if (j * bs) // h < len(hashes)]
+    else:
+        want = [hashes[((j + 1) * bs) // h - 1] for j in range(full) if ((j + 1) * bs) // h - 1 < len(hashes)]
+    given_hashes = np.array(hashes, dtype=np.int64) if as_array else hashes
+    assert block_keys(given_hashes, prompt_tokens, bs, h) == want
