@@ -217,7 +217,7 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
         validate: read the index tensors to check them (offsets, lengths, block ids). Without it
             they must be consistent: a context length shorter than its sequence's new tokens makes
             the warp-specialized kernel's producer and consumers disagree on the tiles, and the
-            launch does not return.
+            kernel never finishes.
 
     Returns:
         ``out``.
