@@ -135,3 +135,53 @@ def test_pool_invariants_hold_under_any_sequence_of_calls(ops):
                 pool.cache_full_blocks([b], [x % 4], 0, 1)
         pool.check()
         assert pool.num_free + len(set(held)) == 8
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["take", "pop", "remove", "free"]), st.integers(0, 40)), max_size=120))
+def test_free_queue_hands_out_blocks_in_eviction_order(ops):
+    """Taking, popping, removing from the middle and freeing, against a plain list of the free
+    blocks in eviction order: every take returns that list's head, however many removed entries
+    lie ahead of it."""
+    q, ref, used = FreeBlockQueue(24), list(range(24)), []
+    for op, x in ops:
+        if op == "take" and ref:
+            n = 1 + x % len(ref)
+            assert q.take(n) == ref[:n]
+            used += ref[:n]
+            del ref[:n]
+        elif op == "pop" and ref:
+            assert q.popleft() == ref.pop(0)
+        elif op == "remove" and ref:
+            b = ref.pop(x % len(ref))
+            q.remove(b)
+            used.append(b)
+        elif op == "free" and used:
+            k = 1 + x % len(used)
+            back, used = used[-k:], used[:-k]
+            q.extend(back)
+            ref += back
+        assert q.blocks() == ref and q.num_free == len(ref)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 12), max_size=10), max_size=5), st.integers(0, 3))
+def test_caching_a_batch_of_full_blocks_is_caching_them_one_by_one(batches, start):
+    """`cache_full_blocks_of` on several tables at once, hashes repeated within and across them,
+    leaves the cache map, its duplicates and each block's hash as one block at a time would."""
+    pool = BlockPool(64)
+    filled, want_cached, want_dups, want_hash = [], {}, {}, {}
+    for hashes in batches:
+        blocks = pool.get_new_blocks(len(hashes)) if hashes else []
+        lo = min(start, len(hashes))
+        filled.append((blocks, hashes, lo, len(hashes)))
+        for b, h in zip(blocks[lo:], hashes[lo:]):
+            want_hash[b] = h
+            if h in want_cached:
+                want_dups.setdefault(h, []).append(b)
+            else:
+                want_cached[h] = b
+    pool.cache_full_blocks_of(filled)
+    assert pool.cached == want_cached and pool.duplicates == want_dups
+    assert all(pool.block_hash[b] == h for b, h in want_hash.items())
+    assert list(pool.cached) == list(want_cached)
