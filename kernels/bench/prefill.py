@@ -75,10 +75,12 @@ class PrefillCase:
         self.scale = HEAD ** -0.5
         self.flops = 4 * HEAD * heads * batch * (new * cached + new * (new + 1) / 2)
 
-    def paged(self, validate=False):
+    def paged(self, validate=False, config=None):
+        """The paged kernel on this case, into ``out``: ``config`` as ``paged_prefill_attention``'s
+        (None: the configuration ``choose_prefill_config`` picks)."""
         return fast_prefill.paged_prefill_attention(
             self.out, self.query, self.kc, self.vc, self.kv_heads, self.scale, self.tables, self.loc, self.lens,
-            BLOCK, max_query_len=self.new, max_context_len=self.ctx, validate=validate)
+            BLOCK, max_query_len=self.new, max_context_len=self.ctx, config=config, validate=validate)
 
     def sdpa_query(self):
         return self.query.view(self.batch, self.new, self.heads, HEAD).transpose(1, 2).contiguous()
@@ -183,9 +185,7 @@ def prefill_tiles(args, copy_gbs, results):
                    "config": fast_prefill.choose_prefill_config(c.batch, c.new, heads, kv_heads, HEAD, nsm,
                                                                 wgmma=wgmma)}
             for k in configs:
-                row[str(k)] = graph_ms([lambda k=k: fast_prefill.paged_prefill_attention(
-                    c.out, c.query, c.kc, c.vc, c.kv_heads, c.scale, c.tables, c.loc, c.lens, BLOCK,
-                    max_query_len=c.new, max_context_len=c.ctx, config=k, validate=False)], args.warmup, args.iters)
+                row[str(k)] = graph_ms([lambda k=k: c.paged(config=k)], args.warmup, args.iters)
             best = min(["default", *map(str, configs)], key=lambda n: row[n])
             results["prefill_tiles"].append(row)
             print(f"| {model} | {', '.join(map(str, shape))} | {row['default']:.4f} ({row['config']}) | "

@@ -4,15 +4,13 @@ l2 / l3 llama-2-7b's (32 / 32) or llama-3-8b's (32 / 8) heads."""
 import sys
 import torch
 sys.path.insert(0, ".")
-from kernels.fast import prefill as fp
-from kernels.bench.prefill import BLOCK, PrefillCase, causal_sdpa
+from kernels.bench.prefill import PrefillCase, causal_sdpa
 shape = tuple(int(x) for x in sys.argv[2].split(","))
 heads, kvh = (32, 32) if sys.argv[3] == "l2" else (32, 8)
 c = PrefillCase(*shape, heads, kvh)
 if sys.argv[1] == "ws":
     for _ in range(4):
-        fp.paged_prefill_attention(c.out, c.query, c.kc, c.vc, c.kv_heads, c.scale, c.tables, c.loc, c.lens, BLOCK,
-                                   max_query_len=c.new, max_context_len=c.ctx, config=int(sys.argv[4]), validate=False)
+        c.paged(config=int(sys.argv[4]))
 else:
     from torch.nn.attention import SDPBackend
     q = c.sdpa_query()

@@ -1,5 +1,6 @@
-// Instantiates the warpgroup (wgmma) paged prefill kernel for float16 and bfloat16 (sm_90a; on other
-// targets the kernel is empty and the dispatch never picks it).
+// Instantiates the warpgroup (wgmma) paged prefill kernels, config 6 (paged_prefill_wgmma.cuh) and 7
+// (paged_prefill_ws.cuh), for float16 and bfloat16 (sm_90a; on other targets the kernels are empty
+// and the dispatch never picks them).
 #include "paged_prefill_ws.cuh"
 
 namespace blocksim {

@@ -29,7 +29,7 @@ from kernel_cases import assert_attention_close  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 HOPPER = torch.cuda.get_device_capability() == (9, 0)
-# the kernels a test runs: the mma.sync kernel's configurations, and the warpgroup kernel on Hopper
+# the kernels a test runs: the mma.sync kernel's configurations, and the warpgroup kernels on Hopper
 WGMMA = list(WARPGROUP_CONFIGS) if HOPPER else []
 needs_hopper = pytest.mark.skipif(not HOPPER, reason="the warpgroup kernel runs on compute capability 9.0")
 
