@@ -118,10 +118,7 @@ class RadixCacheManager:
 
     def _set_block_keys(self, group: SequenceGroup, hashes, h: int) -> None:
         """Content keys of full prompt pages, as `PrefixCachingBlockManager.block_keys` (for plans)."""
-        ps = self.block_size
-        per = h // ps
-        full = min(group.prompt_tokens // ps, len(hashes) * per)
-        group.block_keys = [int(hashes[j // per]) * per + j % per for j in range(full)]
+        group.block_keys = block_keys(hashes, group.prompt_tokens, self.block_size, h)
 
     # --- KV tiers (blocksim.memory.tiers) --------------------------------------------------------
     def attach_tiers(self, tiers) -> None:
