@@ -8,8 +8,11 @@ once); the best wall time of the engine's run counts, and the best CPU time of t
 the same runs (what other jobs on the machine take from it does not count there, what they take of
 its caches does). A configuration with tiers alternates its runs with runs of its policy's "gpu
 only" configuration, and its ratio is to the best of those (`gpu_only_wall_s`), so that the load
-of the machine weighs on both sides alike. The JSON records the machine's load average before
-and after. Needs ../shared/traces beside the repository.
+of the machine weighs on both sides alike. Each run starts after the garbage of the runs before
+it is collected: an engine's requests and sequences refer to each other, so a finished run stays
+in memory until the cyclic garbage collector finds it, and a run made among many such leftovers
+took up to one and a half times as long (sglang's one-token pages most). The JSON records the
+machine's load average before and after. Needs ../shared/traces beside the repository.
 
 `--tier-time`: one more run of each configuration with tiers, its calls into the tier store
 (`blocksim.memory.tiers.TierStore`: lookups, onload plans, commits, stores, the step counters)
@@ -20,6 +23,7 @@ memory manager, which simulate more steps and lookups with tiers); the timers ad
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -81,6 +85,7 @@ def timed_tier_run(cfg, trace) -> dict:
     for name, method in originals.items():
         setattr(TierStore, name, timer(name, method))
     try:
+        gc.collect()
         engine = Engine(cfg, trace, make_cost_model(cfg, PROFILE))
         t0 = clock()
         engine.run()
@@ -113,6 +118,8 @@ def main() -> None:
         turns = (("run", cfg),) if ref_cfg is cfg else (("ref", ref_cfg), ("run", cfg))
         for _ in range(a.repeats):
             for which, c in turns:
+                engine = res = None  # the run before freed and its garbage collected (the docstring)
+                gc.collect()
                 engine = Engine(c, trace, make_cost_model(c, PROFILE))
                 t0, c0 = time.perf_counter(), time.process_time()
                 res = engine.run()
