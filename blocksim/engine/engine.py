@@ -27,6 +27,7 @@ counters per step (`tier_steps.parquet`) and the moves for the plan.
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 import time
@@ -103,6 +104,12 @@ def request_arrays(trace) -> dict[str, np.ndarray]:
     return out
 
 
+def prefill_seconds(cm, start_tokens: int, new_tokens: int) -> float:
+    """Cost model `cm`'s time to prefill `new_tokens` after `start_tokens` of prefix, alone."""
+    return (cm.linear(new_tokens, 1, False)
+            + cm.attn_prefill(np.array([new_tokens], np.int64), np.array([start_tokens], np.int64)))
+
+
 def requests_frame(trace) -> pd.DataFrame:
     """`request_arrays` as a frame."""
     import pandas as pd
@@ -146,7 +153,7 @@ class Engine:
                                   f"{config.policy_config.allocator!r} with scheduler {config.policy_config.scheduler!r} "
                                   f"has no KV tiers; choose vllm-prefix, vllm-v1 or sglang, or drop the tier options")
             self.bm.attach_tiers(self.tiers)
-            self.tiers.prefill_s = self._prefill_s
+            self.tiers.prefill_s = functools.partial(prefill_seconds, self.cost)  # not a bound method: no cycle
             profile = getattr(self.cost, "profile", None)  # a measured profile's tier tables price the moves
             measured = tier_chunk_seconds(profile, self.tiers.chunk_bytes) if profile is not None else None
             if measured is not None:
@@ -288,12 +295,6 @@ class Engine:
         self._wake = env.event()
         yield env.any_of([env.timeout(max(0.0, t - env.now)), self._wake])
         self._wake = None
-
-    def _prefill_s(self, start_tokens: int, new_tokens: int) -> float:
-        """The cost model's time to prefill `new_tokens` after `start_tokens` of prefix, alone."""
-        cm = self.cost
-        return (cm.linear(new_tokens, 1, False)
-                + cm.attn_prefill(np.array([new_tokens], np.int64), np.array([start_tokens], np.int64)))
 
     # --- steps ---------------------------------------------------------------------------------
     def _step_times(self, out: SchedulerOutputs) -> dict[str, float]:
@@ -450,14 +451,24 @@ class Engine:
                     disable=None)  # None: drawn only when stderr is a terminal
 
     # --- run -----------------------------------------------------------------------------------
+    def __del__(self) -> None:
+        """Unlink each sequence from its request (`Sequence.group`, a cycle with `SequenceGroup.seqs`)
+        so that reference counting frees the run's requests with the engine: the cyclic garbage
+        collector would hold them, and their block tables, until it next runs. The engine holds no
+        cycle of its own, so this runs when the last reference to it goes; a request kept beyond
+        the engine (`groups`) keeps its sequences, whose `group` is then None."""
+        for g in getattr(self, "groups", ()):  # () when __init__ failed
+            for s in g.seqs:
+                s.group = None
+
     def run(self) -> "RunResult":
         from blocksim.records.result import RunResult
         t0 = time.perf_counter()
         self.env.process(self._arrivals_proc())
         self.env.process(self._engine_proc())
         # The step loop allocates objects by the million and leaves no reference cycles behind (its
-        # requests and sequences refer to each other but live as long as the engine), so the cyclic
-        # garbage collector would only walk them again and again: it pauses for the run.
+        # requests and sequences refer to each other while the engine lives; `__del__` unlinks them),
+        # so the cyclic garbage collector would only walk them again and again: it pauses for the run.
         collecting = gc.isenabled()
         gc.disable()
         try:

@@ -309,7 +309,10 @@ class KVCacheManager:
         self.tiers = tiers
         if tiers.wants_gpu_evictions:  # a block's hash must be known when it is evicted
             self.defer_unique_hashes = False
-            self.pool.on_evict = self._tier_evicted
+            # a closure over the tables, not a bound method: the pool would refer back to the manager
+            chunks, cached = self._tier_chunks, self.pool.cached
+            self.pool.on_evict = lambda block, block_hash: tiers.on_gpu_block_evicted(
+                block, block_hash, chunks.get(block_hash), cached.get)
 
     def _chunk_key(self, hashes: list[int], c: int) -> int:
         return hashes[(c + 1) * self.tiers.chunk_blocks - 1]
@@ -371,9 +374,6 @@ class KVCacheManager:
         for j, key in enumerate(keys):
             b0 = first_block + j * cb
             self._tier_chunks[key] = tuple(hashes[b0:b0 + cb])
-
-    def _tier_evicted(self, block: int, block_hash: int) -> None:
-        self.tiers.on_gpu_block_evicted(block, block_hash, self._tier_chunks.get(block_hash), self.pool.cached.get)
 
     # --- MemoryManager: what the engine calls ----------------------------------------------------
     def free(self, seq: Sequence) -> None:

@@ -232,7 +232,9 @@ class PrefixCachingBlockManager(BlockSpaceManager):
         """Look prefixes up in `tiers` after the GPU, and report computed, hit and evicted chunks."""
         self.tiers = tiers
         if tiers.wants_gpu_evictions:
-            self.gpu.on_evict = self._tier_evicted
+            # a closure over the tables, not a bound method: the allocator would refer back to the manager
+            chunks, block_of = self._tier_chunks, self.gpu.block_of
+            self.gpu.on_evict = lambda block, key: tiers.on_gpu_block_evicted(block, key, chunks.get(key), block_of.get)
 
     def _tier_admit(self, group: SequenceGroup, table: list[int], keys: list[int], hits: int, computed_hits: int,
                     cached: int, filled: int | None) -> int:
@@ -297,9 +299,6 @@ class PrefixCachingBlockManager(BlockSpaceManager):
             for c, key in zip(range(first, last), ckeys):
                 self._tier_chunks[key] = tuple(keys[c * cb:(c + 1) * cb])
         t.on_computed(ckeys, group.seqs[0].block_table, first * cb)
-
-    def _tier_evicted(self, block: int, key: int) -> None:
-        self.tiers.on_gpu_block_evicted(block, key, self._tier_chunks.get(key), self.gpu.block_of.get)
 
     def num_cached_tokens(self, group: SequenceGroup) -> int:
         """The computed cached prefix `allocate` would skip now (vLLM 0.6.4's uncached-token admission)."""

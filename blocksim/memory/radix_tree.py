@@ -83,6 +83,17 @@ class RadixTree:
         self.evicted_nodes = 0
         self.num_nodes = 1
 
+    def __del__(self) -> None:
+        """Unlink the nodes (a node's `parent` and its parent's `children` form cycles) so that
+        reference counting frees them, and the page lists they hold, with the tree: the cyclic
+        garbage collector would hold them until it next runs."""
+        stack = [self.root] if hasattr(self, "root") else []  # none when __init__ failed
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            node.children = {}
+            node.parent = None
+
     def _next_id(self) -> int:
         self._ids += 1
         return self._ids

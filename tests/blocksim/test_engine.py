@@ -101,6 +101,54 @@ def test_a_run_pauses_the_cycle_collector_and_leaves_no_cycles(policy):
     assert result.summary["finished"] + result.summary["rejected"] == 200
 
 
+
+SMALL_TIERS = {"tier_host_gib": 1.0, "tier_disk_gib": 4.0}
+
+
+@pytest.mark.parametrize("policy, options", [
+    ("vllm", {}), ("vllm-prefix", {}), ("vllm-v1", {}), ("sglang", {}), ("orca-pow2", {}),
+    ("vllm-v1", {**SMALL_TIERS, "tier_host_write": "write-back"}),
+    ("vllm-prefix", {**SMALL_TIERS, "tier_host_write": "write-back"}),
+    ("sglang", SMALL_TIERS)])
+@pytest.mark.parametrize("plan", [False, True])
+def test_a_dropped_engine_is_freed_without_the_cycle_collector(policy, options, plan, tmp_path):
+    """Once the caller drops a finished engine and its result, reference counting frees the run
+    (engine, scheduler, manager, tier store, radix tree): the cyclic garbage collector, off
+    throughout, is not needed, and a collection afterwards finds none of blocksim's objects (the
+    requests, sequences and radix nodes, whose slots take no weak references, among them)."""
+    import gc
+    import weakref
+
+    import traces
+    cfg = build_config(policy, model="llama-2-7b", gpu="a100-40gb", **options)
+    tr, _ = traces.clip_to_max_len(traces.head(traces.read_trace(traces.bundled("mooncake")), 300),
+                                   cfg.model.max_model_len)
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        engine = Engine(cfg, tr, plan_dir=tmp_path / "plan" if plan else None)
+        result = engine.run()
+        assert result.summary["finished"] + result.summary["rejected"] == 300
+        objects = {"engine": engine, "memory manager": engine.bm, "scheduler": engine.sched}
+        if engine.tiers is not None:
+            objects["tier store"] = engine.tiers
+        if hasattr(engine.bm, "tree"):
+            assert engine.bm.tree.root.children, "the run left prefixes in the radix tree"
+            objects["radix tree"] = engine.bm.tree
+        refs = {name: weakref.ref(o) for name, o in objects.items()}
+        del engine, result, objects
+        alive = [name for name, r in refs.items() if r() is not None]
+        assert not alive, f"{alive} outlive the engine (held by reference cycles)"
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        cyclic = {type(o).__qualname__ for o in gc.garbage if type(o).__module__.startswith("blocksim")}
+        assert not cyclic, f"the run left blocksim objects in reference cycles: {sorted(cyclic)}"
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        (gc.enable if was else gc.disable)()
+
 def test_bad_trace_rows_are_named():
     cfg = build_config()
     bad = pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": [10, 0], "output_tokens": [5, 5]})
