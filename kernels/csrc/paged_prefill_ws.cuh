@@ -49,7 +49,11 @@ constexpr int kVStages = 2;         // ring stages of value tiles
 constexpr int kQStages = 2;         // Q buffers: the next item's rows copied under this item's tiles
 constexpr int kThreads = 384;       // the producer warpgroup and two consumer warpgroups
 constexpr int kProducerRegs = 40;
-constexpr int kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
+constexpr int kConsumerRegs = 232;
+// The consumers' raise comes out of what the producer gives back of the block's launch registers
+// (65536 / 384 rounded down to a multiple of 8: 168 a thread), not out of the SM's spare ones: a
+// raise beyond that waits for ever in setmaxnreg. Here 128 * (168 - 40) = 256 * (232 - 168).
+static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "setmaxnreg beyond the block's registers");
 constexpr int kConsumerWarps = 8;
 // mbarriers: full and empty per stage of each ring and per Q buffer
 constexpr int kBarriers = 2 * (kKStages + kVStages + kQStages);
