@@ -8,10 +8,11 @@ once); the best wall time of the engine's run counts, and the best CPU time of t
 the same runs (what other jobs on the machine take from it does not count there, what they take of
 its caches does). A configuration with tiers alternates its runs with runs of its policy's "gpu
 only" configuration, and its ratio is to the best of those (`gpu_only_wall_s`), so that the load
-of the machine weighs on both sides alike. Each run starts after the garbage of the runs before
-it is collected: an engine's requests and sequences refer to each other, so a finished run stays
-in memory until the cyclic garbage collector finds it, and a run made among many such leftovers
-took up to one and a half times as long (sglang's one-token pages most). The JSON records the
+of the machine weighs on both sides alike. Each run starts after `gc.collect()`, as in a fresh
+process: a dropped engine leaves no reference cycles (benchmarks/REPLAY.md, "Many runs in one
+process"), so the collection matters to older code only (commit 08606dc and before, whose finished
+runs stayed in memory until the cyclic collector found them: a run made among many such leftovers
+took up to one and a half times as long, sglang's one-token pages most). The JSON records the
 machine's load average before and after. Needs ../shared/traces beside the repository.
 
 `--tier-time`: one more run of each configuration with tiers, its calls into the tier store
