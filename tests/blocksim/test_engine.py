@@ -101,7 +101,6 @@ def test_a_run_pauses_the_cycle_collector_and_leaves_no_cycles(policy):
     assert result.summary["finished"] + result.summary["rejected"] == 200
 
 
-
 SMALL_TIERS = {"tier_host_gib": 1.0, "tier_disk_gib": 4.0}
 
 
@@ -148,6 +147,7 @@ def test_a_dropped_engine_is_freed_without_the_cycle_collector(policy, options, 
         gc.set_debug(0)
         gc.garbage.clear()
         (gc.enable if was else gc.disable)()
+
 
 def test_bad_trace_rows_are_named():
     cfg = build_config()
