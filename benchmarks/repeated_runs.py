@@ -32,6 +32,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from replay_process import commit_of  # benchmarks/, this script's directory
+
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl"
 PROFILE = ROOT / "benchmarks" / "roofline_defaults.json"
@@ -85,15 +87,6 @@ def child(spec: str, runs: int, trace: str) -> dict:
             "final_collect": {"objects": found, "s": round(time.perf_counter() - t0, 3)}}
 
 
-def commit_of(tree: Path) -> str | None:
-    found = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    if found.returncode != 0:
-        return None
-    dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--", "blocksim", "traces"],
-                           capture_output=True, text=True).stdout.strip()
-    return found.stdout.strip() + (" with uncommitted changes" if dirty else "")
-
-
 def run_child(tree: Path, policy: str, runs: int, trace: str) -> dict:
     cmd = [sys.executable, __file__, "--child", policy, "--runs", str(runs), "--trace", trace]
     env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -119,6 +112,7 @@ def main() -> None:
         return
     trees = dict(t.split("=", 1) for t in a.tree) or {"this": str(ROOT)}
     trees = {name: Path(d).resolve() for name, d in trees.items()}
+    commits = {name: commit_of(tree, ("blocksim", "traces")) for name, tree in trees.items()}
     load_before = os.getloadavg()
     rows = []
     for r in range(a.rounds):
@@ -126,7 +120,7 @@ def main() -> None:
             for name, tree in trees.items():
                 out = run_child(tree, policy, a.runs, a.trace)
                 cpu = out["cpu_s"]
-                rows.append({"tree": name, "commit": commit_of(tree), "policy": policy, "round": r, **out})
+                rows.append({"tree": name, "commit": commits[name], "policy": policy, "round": r, **out})
                 print(f"{name:<6} {policy:<20} round {r}: CPU s per run {' '.join(f'{c:.2f}' for c in cpu)}  "
                       f"(first {cpu[0]:.2f}, median of the rest {statistics.median(cpu[1:] or cpu):.2f}, "
                       f"max {max(cpu):.2f})  peak RSS {out['peak_rss_mib'][0]:.0f} -> {out['peak_rss_mib'][-1]:.0f} "
@@ -146,7 +140,7 @@ def main() -> None:
     result = {"trace": Path(a.trace).name, "runs_per_process": a.runs, "rounds": a.rounds,
               "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
               "load_average_1_5_15_min": {"before": load_before, "after": os.getloadavg()},
-              "trees": {name: commit_of(tree) for name, tree in trees.items()}, "summary": summary,
+              "trees": commits, "summary": summary,
               "processes": rows}
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(result, indent=2) + "\n")

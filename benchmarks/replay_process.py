@@ -54,9 +54,16 @@ def run_once(tree: Path, trace: Path, policy: str, out: Path, cache: Path | None
     return round(wall, 3), round(usage.ru_utime + usage.ru_stime, 3), round(usage.ru_maxrss / 1024, 1)
 
 
-def commit_of(tree: Path) -> str | None:
+def commit_of(tree: Path, sources: tuple[str, ...] = ()) -> str | None:
+    """The short commit `tree` holds (None outside git), marked "with uncommitted changes" where any
+    of the paths `sources` has some."""
     found = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return found.stdout.strip() or None if found.returncode == 0 else None
+    commit = found.stdout.strip() or None if found.returncode == 0 else None
+    if commit is None or not sources:
+        return commit
+    dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--", *sources],
+                           capture_output=True, text=True).stdout.strip()
+    return commit + (" with uncommitted changes" if dirty else "")
 
 
 def main() -> None:
