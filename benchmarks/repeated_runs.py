@@ -107,6 +107,8 @@ def main() -> None:
     p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "repeated_runs.json"))
     p.add_argument("--child", metavar="POLICY", help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.runs < 2:
+        p.error(f"--runs {a.runs}: at least 2 (the summary sets the first run against the later ones)")
     if a.child:
         print(json.dumps(child(a.child, a.runs, a.trace)))
         return
