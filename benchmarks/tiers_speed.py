@@ -9,11 +9,9 @@ the same runs (what other jobs on the machine take from it does not count there,
 its caches does). A configuration with tiers alternates its runs with runs of its policy's "gpu
 only" configuration, and its ratio is to the best of those (`gpu_only_wall_s`), so that the load
 of the machine weighs on both sides alike. Each run starts after `gc.collect()`, as in a fresh
-process: a dropped engine leaves no reference cycles (benchmarks/REPLAY.md, "Many runs in one
-process"), so the collection matters to older code only (commit 08606dc and before, whose finished
-runs stayed in memory until the cyclic collector found them: a run made among many such leftovers
-took up to one and a half times as long, sglang's one-token pages most). The JSON records the
-machine's load average before and after. Needs ../shared/traces beside the repository.
+process, so that a tree whose dropped engines stay in reference cycles (benchmarks/REPLAY.md,
+"Many runs in one process") is not timed among its own leftovers. The JSON records the machine's
+load average before and after. Needs ../shared/traces beside the repository.
 
 `--tier-time`: one more run of each configuration with tiers, its calls into the tier store
 (`blocksim.memory.tiers.TierStore`: lookups, onload plans, commits, stores, the step counters)
