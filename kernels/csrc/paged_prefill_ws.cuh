@@ -65,7 +65,8 @@ constexpr int kTurnBarrier0 = 1;
 // The block's items: item_at's order dealt out in rounds of one item per block, the rounds
 // alternating direction (block b takes item b of round 0, grid - 1 - b of round 1, ...), so that
 // each block's items add up to about the same work where the row blocks of a band have decreasing
-// keys; items past a sequence's rows are skipped. The producer and the consumers walk it alike.
+// keys; items past a sequence's rows, or with no keys (a context shorter than its new tokens, which only
+// validate=False lets through), are skipped. The producer and the consumers walk it alike.
 struct Schedule {
   int round = -1;
   __device__ __forceinline__ int next(const PagedPrefillParams& p, int num_items, int pairs, int m_blocks, int band,
@@ -77,7 +78,7 @@ struct Schedule {
       const int idx = round * gridDim.x + b;
       if (idx >= num_items) continue;
       const wg::Item it = wg::item_at(p, idx, pairs, m_blocks, band, group);
-      if (it.m0 < it.rows) return idx;
+      if (it.m0 < it.rows && it.n_tiles > 0) return idx;  // no tiles: lengths that contradict each other
     }
   }
 };
@@ -262,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
       if (next >= 0) copy_q(next);
       idx = next;
     }
-    cp_async_wait<0>();
+    asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy may still target shared memory when the block exits
   } else {
     // ---- consumers ----
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
@@ -293,9 +294,9 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
       const wg::Item it = wg::item_at(p, idx, pairs, m_blocks, band, group);
       const int n_tiles = it.n_tiles;
       const int wg_row0 = it.m0 + cw * 64;
-      const bool wg_live = wg_row0 < it.rows;
       const int wg_first_pos = it.cached + wg_row0 / group;
-      const int wg_kv_end = wg_live ? it.cached + (min(wg_row0 + 64, it.rows) - 1) / group + 1 : 0;
+      const int wg_kv_end = wg_row0 < it.rows ? it.cached + (min(wg_row0 + 64, it.rows) - 1) / group + 1 : 0;
+      const bool wg_live = wg_kv_end > 0;  // rows, and keys they see (lengths that contradict each other see none)
       const int wg_tiles = (wg_kv_end + kKeys - 1) / kKeys;  // <= n_tiles
       const uint64_t q_desc = q_desc0 + ((q_stage * kQBytes) >> 4);
       int n = 0;

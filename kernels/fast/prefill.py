@@ -215,9 +215,9 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
             query and caches at head size 128 only; ``WARPGROUP_CONFIGS`` the warpgroup kernels,
             where ``wgmma_runs``), None for ``choose_prefill_config``'s.
         validate: read the index tensors to check them (offsets, lengths, block ids). Without it
-            they must be consistent: a context length shorter than its sequence's new tokens makes
-            the warp-specialized kernel's producer and consumers disagree on the tiles, and the
-            kernel never finishes.
+            they are trusted: a sequence whose context length is shorter than its new tokens gets
+            no defined output (the kernels still finish, and the other sequences' rows are right),
+            and a block id outside the cache is read as zeros by the warpgroup kernels.
 
     Returns:
         ``out``.

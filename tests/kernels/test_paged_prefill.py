@@ -227,3 +227,47 @@ def test_graph_capture_with_given_lengths(config):
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out, want, atol=0, rtol=0)
+
+
+CONTRADICTING = """
+import sys, torch
+sys.path[:0] = {paths!r}
+import kernels
+from kernels.fast import reference as fast_reference
+from kernel_cases import assert_attention_close
+from test_paged_prefill import ATOL, REL, build
+a = build(cached=[40, 0, 300], new=[200, 300, 77], num_heads=32, num_kv_heads=8)
+lens = a["context_lens"].clone()
+lens[1] = 100  # 300 new tokens in a context of 100
+out = torch.full_like(a["query"], float("nan"))
+kernels.paged_prefill_attention(out, a["query"], a["key_cache"], a["value_cache"], 8, a["scale"], a["block_tables"],
+                                a["query_start_loc"], lens, a["block_size"], max_query_len=300, max_context_len=377,
+                                validate=False, config={config})
+torch.cuda.synchronize()
+want = fast_reference.paged_prefill_attention(None, a["query"].float(), a["key_cache"], a["value_cache"], 8,
+                                              a["scale"], a["block_tables"], a["query_start_loc"], a["context_lens"],
+                                              None)
+for rows in (slice(0, 200), slice(500, 577)):
+    assert_attention_close(out[rows], want[rows], atol=ATOL[torch.float16], rel=REL[torch.float16])
+print("finished")
+"""
+
+
+@pytest.mark.parametrize("config", [0, *WGMMA])
+def test_contradicting_lengths_without_validate_still_finish(config):
+    """validate=False trusts the lengths: a sequence whose context is shorter than its new tokens
+    gets no defined output, but the kernel finishes and the other sequences' rows are right. Run in
+    a process of its own with a time limit, so that a kernel that waits for ever fails the test
+    instead of stopping the suite."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    paths = [str(here.parents[1]), str(here)]
+    code = CONTRADICTING.format(paths=paths, config=config)
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"config {config}: the kernel did not finish within 300 s on contradicting lengths")
+    assert done.returncode == 0 and "finished" in done.stdout, done.stderr[-3000:]
