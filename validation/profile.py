@@ -71,7 +71,9 @@ DEVICE_GPUS = {"H200": "h200-141gb", "H100": "h100-80gb", "A100-SXM4-80GB": "a10
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 GRAPH_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PREFILL_BATCH = (1, 2, 4, 8)
-PREFILL_NEW = (16, 64, 256, 1024, 4096)
+#: new tokens of a prefill, up to the model's length (`Profiler`): 8192 covers a v0 engine's whole
+#: prompts of llama-3-8b and mistral-7b, which steps beyond the grid would extrapolate
+PREFILL_NEW = (16, 64, 256, 1024, 2048, 4096, 8192)
 PREFILL_CACHED = (0, 512, 2048, 8192)
 DECODE_BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DECODE_CONTEXT = (16, 64, 256, 1024, 2048, 4096, 8192)
@@ -269,8 +271,9 @@ class Profiler:
         self.grid = {k: globals()[k] for k in QUICK}
         if quick:
             self.grid.update(QUICK)
-        # contexts up to the model's length (a captured graph attends to at most that many tokens)
+        # contexts and prompts up to the model's length (a captured graph attends to at most that many tokens)
         self.grid["DECODE_CONTEXT"] = tuple(c for c in self.grid["DECODE_CONTEXT"] if c <= d.max_model_len)
+        self.grid["PREFILL_NEW"] = tuple(p for p in self.grid["PREFILL_NEW"] if p <= d.max_model_len)
         block_bytes = per_gpu.kv_block_bytes(block_size, dtype_bytes)
         if self.cuda:
             if not torch.cuda.is_available():
