@@ -303,6 +303,16 @@ class KVCacheManager:
         seq.block_table = []
         self._num_cached.pop(seq.seq_id, None)
 
+    def release_reserved(self, seq: Sequence, tokens: int) -> None:
+        """Give back the blocks of `seq`'s table beyond the first `tokens` tokens: blocks reserved
+        for a first prefill chunk after tier loads (no K/V, no hash), when the chunk the request
+        runs is shorter than the one reserved."""
+        table = seq.block_table
+        keep = cdiv(tokens, self.block_size)
+        if len(table) > keep:
+            self.pool.free_blocks(reversed(table[keep:]))
+            del table[keep:]
+
     # --- KV tiers (blocksim.memory.tiers) ----------------------------------------------------------
     def attach_tiers(self, tiers) -> None:
         """Look prefixes up in `tiers` after the GPU, and report computed, hit and evicted chunks."""

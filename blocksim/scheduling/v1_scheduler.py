@@ -277,13 +277,16 @@ class V1Scheduler(Scheduler):
 
     def _admit_landed(self, group: SequenceGroup, budget: int, out: SchedulerOutputs) -> int:
         """Admit a request (out of the waiting queue) whose tier chunks have landed: they count as
-        computed, and the blocks it holds suffice for its first chunk. Returns the tokens scheduled."""
+        computed, and the blocks it holds suffice for its first chunk. A chunk shorter than the one
+        its blocks were reserved for (less budget left now) gives the rest back: a table covers
+        the K/V its request has computed or runs now, as in vLLM V1. Returns the tokens scheduled."""
         kv, seq = self.kv, group.seqs[0]
         hit = group.hit_tokens
         n = self._num_new(seq.num_tokens, hit, budget)
         if not kv.allocate_slots(seq, hit, n):
             n = min(n, len(seq.block_table) * kv.block_size - hit)  # the blocks it holds suffice
             kv.allocate_slots(seq, hit, n)
+        kv.release_reserved(seq, hit + n)
         self.onloading.remove(group)
         group.onload_state = 0
         self._admit(group, hit, n, out)

@@ -341,6 +341,27 @@ def test_batched_tier_moves_give_the_records_of_moves_one_chunk_at_a_time(
     assert (a.tiers.disk_slots, a.tiers.fresh_writes) == (b.tiers.disk_slots, b.tiers.fresh_writes)
 
 
+
+def test_a_landed_request_admitted_with_less_budget_gives_back_the_blocks_reserved_beyond_its_chunk():
+    """Under vLLM V1 a request whose chunks load from a tier holds blocks for them and for its first
+    prefill chunk; when they land and less of the step's budget is left than when it reserved, it
+    runs a shorter chunk and gives the rest back, so that its table covers exactly the K/V it has
+    computed or runs (checked after every step). A hypothesis example: request 25 (176 + 1 tokens,
+    recomputed) reserved blocks for 177 tokens and ran 128 of them."""
+    prompts = [1] * 8 + [48, 49, 49] + [1] * 3 + [113] + [1] * 10 + [176, 177]
+    families = [0] * len(prompts)
+    families[14] = 1
+    tr = workload([0.0] * len(prompts), prompts, [1] * len(prompts), families)
+    cfg = build_config("vllm-v1", num_gpu_blocks=24, max_num_seqs=4, max_num_batched_tokens=256,
+                       tier_host_gib=chunks_gib(4), tier_host_write="write-through-selective",
+                       tier_disk_write="write-back", tier_onload="wait")
+    for batched in (True, False):
+        e = Engine(cfg, tr, check_invariants=True)
+        e.tiers.batched = batched
+        res = e.run()
+        assert set(res.requests.status) == {"finished"}
+        assert res.summary["tier_host_hit_tokens"] > 0
+
 #: more and longer requests over fewer prefixes: preemptions and tier hits in most examples
 pressing = request_lists(st.integers(10, 30), st.integers(40, 200), st.integers(5, 40), st.integers(0, 2))
 
