@@ -341,7 +341,6 @@ def test_batched_tier_moves_give_the_records_of_moves_one_chunk_at_a_time(
     assert (a.tiers.disk_slots, a.tiers.fresh_writes) == (b.tiers.disk_slots, b.tiers.fresh_writes)
 
 
-
 def test_a_landed_request_admitted_with_less_budget_gives_back_the_blocks_reserved_beyond_its_chunk():
     """Under vLLM V1 a request whose chunks load from a tier holds blocks for them and for its first
     prefill chunk; when they land and less of the step's budget is left than when it reserved, it
@@ -361,6 +360,7 @@ def test_a_landed_request_admitted_with_less_budget_gives_back_the_blocks_reserv
         res = e.run()
         assert set(res.requests.status) == {"finished"}
         assert res.summary["tier_host_hit_tokens"] > 0
+
 
 #: more and longer requests over fewer prefixes: preemptions and tier hits in most examples
 pressing = request_lists(st.integers(10, 30), st.integers(40, 200), st.integers(5, 40), st.integers(0, 2))
