@@ -9,9 +9,10 @@ drained (as the executor starts each step), and the median of its repetitions is
 
 Tables (seconds, whole model, one GPU):
 
-* ``linear`` by tokens: everything but attention, cache writes and sampling (embedding, norms,
-  QKV, rotary, output projection, gated MLP), eager; ``graph_seconds`` the same captured as a
-  CUDA graph on ``grid.graph_tokens`` (batch sizes the executor captures);
+* ``linear`` by tokens (every 64 up to 4096: `LINEAR_TOKENS`): everything but attention, cache
+  writes and sampling (embedding, norms, QKV, rotary, output projection, gated MLP), eager;
+  ``graph_seconds`` the same captured as a CUDA graph on ``grid.graph_tokens`` (batch sizes the
+  executor captures);
 * ``attn_prefill`` by (batch, new tokens, cached tokens): the paged prefill attention of all
   layers, ``batch`` sequences alike, timed inside whole steps over keys and values the model wrote
   (on CUDA; `Profiler.attn_prefill` says why);
@@ -69,6 +70,12 @@ DEVICE_GPUS = {"H200": "h200-141gb", "H100": "h100-80gb", "A100-SXM4-80GB": "a10
                "L4": "l4"}
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+#: ``linear``'s token counts: every 64 up to 4096, every 512 up to 8192. An eager step's GEMMs run in
+#: tiles of rows and in waves of tiles over the SMs, so their time climbs in stairs whose cheap
+#: corners include the powers of two: interpolated between powers of two, the multiples of 64 from
+#: 512 to 4096 come out 2.3-2.9% short on average and up to 16% short (H100, llama-2-7b and
+#: llama-3-8b, `benchmarks/linear_grid.py`).
+LINEAR_TOKENS = (1, 2, 4, 8, 16, 32, *range(64, 4097, 64), *range(4608, 8193, 512), 16384)
 GRAPH_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PREFILL_BATCH = (1, 2, 4, 8)
 #: new tokens of a prefill, up to the model's length (`Profiler`): 8192 covers a v0 engine's whole
@@ -85,7 +92,7 @@ SHARED_BATCH = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 SHARED_CONTEXT = (64, 256, 1024, 2048, 4096, 8192)
 SEQUENCES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BLOCKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-QUICK = {"TOKENS": (1, 16, 256), "GRAPH_TOKENS": (1, 8), "PREFILL_BATCH": (1, 2), "PREFILL_NEW": (16, 64),
+QUICK = {"TOKENS": (1, 16, 256), "LINEAR_TOKENS": (1, 16, 256), "GRAPH_TOKENS": (1, 8), "PREFILL_BATCH": (1, 2), "PREFILL_NEW": (16, 64),
          "PREFILL_CACHED": (0, 32), "DECODE_BATCH": (1, 4), "DECODE_CONTEXT": (16, 64), "STEP_BATCH": (1, 4),
          "LONGEST": (1.0, 2.0), "SHARED_BATCH": (2, 4), "SHARED_CONTEXT": (16, 64), "SEQUENCES": (1, 4),
          "BLOCKS": (1, 4)}
@@ -347,10 +354,10 @@ class Profiler:
     def linear(self) -> dict:
         g = self.grid
         secs = []
-        for n in g["TOKENS"]:
+        for n in g["LINEAR_TOKENS"]:
             secs.append(self.clock.median(self._forward(self._tokens_batch(n), ("linear",))))
-        self._say(f"linear {['%.3g' % s for s in secs]}")
-        out = {"axes": ["tokens"], "grid": {"tokens": list(g["TOKENS"])}, "seconds": secs}
+        self._say(f"linear {['%.3g' % s for s in secs[::8]]} (every 8th of {len(secs)})")
+        out = {"axes": ["tokens"], "grid": {"tokens": list(g["LINEAR_TOKENS"])}, "seconds": secs}
         if self.cuda:
             sizes = list(g["GRAPH_TOKENS"])
             self.runner.capture_decode_graphs(max(sizes), sizes=sizes, parts=("linear",))

@@ -1,0 +1,134 @@
+"""The linear layers of an eager step timed at token counts between the profile's grid points (on a
+GPU), to see what interpolating between those points misses.
+
+    PYTHONPATH=. python benchmarks/linear_grid.py --model llama-2-7b --out OUT.json
+
+Times `blocksim profile`'s `linear` component (everything of a step but attention, cache writes and
+sampling: one prompt of n tokens) with the profile's clock, at every multiple of `--step` tokens
+from `--low` to `--high` (the profile's power-of-two points among them), in that order. Writes the
+token counts and their median seconds; `python benchmarks/linear_grid.py --report OUT.json` prints
+how far the piecewise-linear interpolation between the power-of-two points (the cost model's rule
+for this table) is from each measured count.
+
+`--reprice OUT.json --exec EXEC --sim SIM --profile PROFILE` prices the eager steps with a prompt
+of an executed run (`blocksim replay --executor cuda`) as its profiled twin SIM does
+(`analysis.fidelity.compare`: SIM's cost model, PROFILE, pricing EXEC's steps), then again with
+their linear layers scaled by the measured file's counts against its power-of-two interpolation
+(for the steps whose tokens lie in the measured range): what a profile measured on the finer grid
+would change, written as JSON (`--json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def measure(a) -> int:
+    import torch
+
+    from blocksim.catalog import MODELS
+    from validation.profile import Profiler
+    prof = Profiler(MODELS[a.model], progress=False)
+    tokens = list(range(a.low, a.high + 1, a.step))
+    secs = []
+    t0 = time.time()
+    for n in tokens:
+        secs.append(prof.clock.median(prof._forward(prof._tokens_batch(n), ("linear",))))
+        print(f"{n:6d} tokens {secs[-1] * 1e3:8.3f} ms", flush=True)
+    res = {"model": a.model, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "tokens": tokens, "seconds": secs, "measure_s": time.time() - t0}
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1)
+    return 0
+
+
+def report(path: str) -> int:
+    import numpy as np
+
+    from blocksim.cost.interpolate import Line
+    res = json.loads(Path(path).read_text())
+    t, s = np.asarray(res["tokens"]), np.asarray(res["seconds"])
+    pow2 = [i for i, n in enumerate(t) if n & (n - 1) == 0]
+    coarse = Line("linear", "tokens", t[pow2].astype(np.float64), s[pow2])
+    print(f"{res['model']} on {res['device']}: interpolation between {[int(t[i]) for i in pow2]} tokens")
+    for n, sec, est in zip(t, s, coarse.eval(t.astype(np.float64))):
+        print(f"{n:6d} tokens  measured {sec * 1e3:8.3f} ms  interpolated {est * 1e3:8.3f} ms  {est / sec - 1:+.1%}")
+    return 0
+
+
+def reprice(a) -> int:
+    import warnings
+
+    import numpy as np
+    import pandas as pd
+
+    from analysis.fidelity import compare
+    from blocksim.cost.interpolate import Line
+    fine = json.loads(Path(a.reprice).read_text())
+    t, s = np.asarray(fine["tokens"], np.float64), np.asarray(fine["seconds"])
+    dense = Line("linear", "tokens", t, s)
+    pow2 = np.asarray([n & (n - 1) == 0 for n in fine["tokens"]])
+    coarse = Line("linear", "tokens", t[pow2], s[pow2])
+    p = json.loads(Path(a.profile).read_text())["components"]["linear"]
+    profiled = Line("linear", "tokens", np.asarray(p["grid"]["tokens"], np.float64), np.asarray(p["seconds"]))
+    out = {"fine": a.reprice, "profile": a.profile, "runs": []}
+    for ex, sim in zip(a.exec, a.sim):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            f = compare(sim, ex)
+        steps = pd.read_parquet(Path(ex) / "executor_steps.parquet")
+        steps["predicted"] = f.predicted_s
+        e = steps[~steps.graph & (steps.num_prefills > 0)]
+        n = e.num_tokens.to_numpy(np.float64)
+        inside = (n >= t[0]) & (n <= t[-1])
+        nc = np.clip(n, t[0], t[-1])
+        scale = np.where(inside, dense.eval(nc) / coarse.eval(nc), 1.0)
+        again = e.predicted + profiled.eval(n) * (scale - 1)
+        before, after = e.predicted / e.measured_s - 1, again / e.measured_s - 1
+        row = {"exec": ex, "sim": sim, "steps": len(e), "steps_in_range": int(inside.sum())}
+        for name, err in (("all", slice(None)), ("in_range", inside)):
+            row[name] = {"mean_err_before": float(before[err].mean()), "mean_err_after": float(after[err].mean()),
+                         "mape_before": float(before[err].abs().mean()), "mape_after": float(after[err].abs().mean())}
+        out["runs"].append(row)
+        r = row["in_range"]
+        print(f"{Path(ex).name}: {row['steps_in_range']} of {row['steps']} eager prompt steps in range: mean error "
+              f"{r['mean_err_before']:+.2%} -> {r['mean_err_after']:+.2%}, MAPE {r['mape_before']:.2%} -> "
+              f"{r['mape_after']:.2%}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="llama-2-7b")
+    ap.add_argument("--low", type=int, default=512)
+    ap.add_argument("--high", type=int, default=4096)
+    ap.add_argument("--step", type=int, default=64)
+    ap.add_argument("--out")
+    ap.add_argument("--report", metavar="JSON", help="print the interpolation error of a measured file")
+    ap.add_argument("--reprice", metavar="JSON", help="re-price executed runs' eager steps with a measured file")
+    ap.add_argument("--exec", nargs="+", default=[], help="--reprice: executed run directories")
+    ap.add_argument("--sim", nargs="+", default=[], help="--reprice: their profiled twins, in the same order")
+    ap.add_argument("--profile", help="--reprice: the profile the twins were priced by")
+    ap.add_argument("--json", help="--reprice: write the result here")
+    a = ap.parse_args()
+    if a.report:
+        return report(a.report)
+    if a.reprice:
+        if not a.exec or len(a.exec) != len(a.sim) or not a.profile:
+            ap.error("--reprice needs --exec and --sim of the same length and --profile")
+        return reprice(a)
+    if not a.out:
+        ap.error("--out is required to measure")
+    return measure(a)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
