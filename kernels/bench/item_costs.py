@@ -1,0 +1,79 @@
+"""Where the time of a causal prefill with no cached tokens goes: a fixed cost per work item
+against a cost per tile of products, fitted on the `prefill` section's c = 0 shapes (no GPU).
+
+    python kernels/bench/item_costs.py kernels/results/h200-prefill.json [--sms 132]
+
+The warp-specialized kernel's work is items of 128 packed query rows of one (sequence, KV head)
+pair, each over the key tiles of 128 keys its rows see (the causal band). Per shape this counts
+the items and the (item, key tile) steps each SM takes on average, and fits, per model's heads,
+time = a * tile steps per SM + b * items per SM by least squares, for the kernel ("paged") and for
+the fastest SDPA backend on contiguous K/V measured beside it (whose own tiles may differ: the
+same counts serve as a yardstick). A kernel whose `b` is large loses to the backend on short
+sequences, where each item has few tiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+ROWS = 128  # packed query rows per item
+KEYS = 128  # keys per tile
+
+
+def counts(batch: int, new: int, heads: int, kv_heads: int) -> tuple[int, int]:
+    """Items and (item, key tile) steps of a c = 0 prefill of `batch` sequences of `new` tokens."""
+    group = heads // kv_heads
+    row_blocks = math.ceil(new * group / ROWS)
+    tiles = sum(math.ceil(min((rb * ROWS + ROWS - 1) // group + 1, new) / KEYS) for rb in range(row_blocks))
+    pairs = batch * kv_heads
+    return row_blocks * pairs, tiles * pairs
+
+
+def fit(rows: list[dict], sms: int) -> list[dict]:
+    out = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        shapes = [r for r in rows if r["model"] == model and r["shape"][1] == 0]
+        if len(shapes) < 2:
+            continue
+        x = []
+        for r in shapes:
+            b, _, p = r["shape"]
+            items, steps = counts(b, p, r["heads"], r["kv_heads"])
+            x.append((steps / sms, items / sms))
+        x = np.asarray(x)
+        for name in ("paged", "sdpa"):
+            y = np.asarray([r[name] * 1e3 for r in shapes])  # microseconds
+            (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)
+            fitted = x @ np.asarray([a, b])
+            out.append({"model": model, "kernel": name, "us_per_tile_step": float(a), "us_per_item": float(b),
+                        "shapes": [r["shape"] for r in shapes], "items_per_sm": x[:, 1].tolist(),
+                        "tile_steps_per_sm": x[:, 0].tolist(), "measured_us": y.tolist(),
+                        "fitted_us": fitted.tolist()})
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", help="a JSON of `python -m kernels.bench --sections prefill --json`")
+    ap.add_argument("--sms", type=int, default=132, help="the GPU's SMs (H100 SXM and H200: 132)")
+    ap.add_argument("--json", help="write the fits here")
+    a = ap.parse_args()
+    res = json.loads(Path(a.results).read_text())
+    fits = fit(res["prefill"], a.sms)
+    print(f"{res.get('device', a.results)}, {a.sms} SMs")
+    for f in fits:
+        worst = max(abs(m / v - 1) for m, v in zip(f["fitted_us"], f["measured_us"]))
+        print(f"{f['model']:<11} {f['kernel']:<6} {f['us_per_tile_step']:.2f} us per tile step + "
+              f"{f['us_per_item']:.2f} us per item (fit within {worst:.1%} of the {len(f['shapes'])} shapes)")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"results": a.results, "sms": a.sms, "fits": fits}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
