@@ -4,7 +4,10 @@ After a plain decode step (decodes only: no prefill, block move, preemption or r
 which every decoding group has one running sequence and no group is mid-prompt, each further
 step is the same batch with every context one token longer, until a sequence finishes, a
 request arrives or free blocks run low: waiting and swapped groups stay blocked (free blocks only
-shrink and the batch is constant) and no copy-on-write can occur. `find_span` finds how many
+shrink and the batch is constant) and no copy-on-write can occur. With KV tiers a waiting request
+plans the loads of its prefix beyond its GPU hit and reserves blocks for them, so a new block that
+evicts a block of that hit can lower what it needs: there the span also ends before the first
+take that evicts prefix-cached content (`clean_takes` of the memory manager). `find_span` finds how many
 steps such a span has, `run_span` advances the clock over them, applies their appends and
 records their steps. Step records, block tables and times are exactly those of stepping one by
 one (`Engine(spans=False)` steps one by one, for checking that claim).
@@ -135,8 +138,10 @@ def decode_times(cost, out: SchedulerOutputs, k: int, comm=None, longest: int | 
     return durations, times, ctx, top
 
 
-def block_crossings(bm: MemoryManager, lens: list[int], k: int):
-    """Blocks each further step of a `k`-step span takes; `k` cut where free blocks run low.
+def block_crossings(bm: MemoryManager, lens: list[int], k: int, clean=None):
+    """Blocks each further step of a `k`-step span takes; `k` cut where free blocks run low, and
+    with `clean` (`clean(limit)`: how many of the next `limit` new blocks evict no prefix-cached
+    content) before the first take that would evict some.
 
     Returns `(k, takers, new_blocks)`: `takers` the sequences (indices into `lens`) that take a
     new block, in step order, then running order; `new_blocks[j]` how many step j takes (None
@@ -150,6 +155,8 @@ def block_crossings(bm: MemoryManager, lens: list[int], k: int):
     bs = bm.block_size
     room = bm.num_free_gpu_blocks - 1  # keeps vLLM's one-free-block-per-sequence check true
     n = len(lens)
+    if clean is not None:
+        room = min(room, clean(n * (k // bs + 1)))  # at most that many takes in k steps
     if bs == 1:  # take t is sequence t % n's at step t // n + 1
         if (k - 1) * n > room:  # the span ends before the step of the take that finds no room
             k = room // n + 1 if room >= 0 else 1
@@ -212,7 +219,12 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     k = min(k, before)
     if k <= 1:
         return None
-    k, takers, new_blocks = block_crossings(bm, lens, k)
+    clean = None
+    if sched.waiting and getattr(bm, "tiers", None) is not None:
+        # a new block that evicts a prefix-cached block can shorten a waiting request's hit and,
+        # through its onload plan, what it needs: the step taking it is scheduled on its own
+        clean = getattr(bm, "clean_takes", lambda limit: 0)
+    k, takers, new_blocks = block_crossings(bm, lens, k, clean)
     if k <= 1:
         return None
     return Span(k, seqs, takers, new_blocks, np.array(starts[:k]), durations, ctx, top, times,
@@ -295,6 +307,8 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
     k, seqs = span.steps, span.seqs
     n = out.num_decode_seqs
     constant, memory = span_memory(bm, n, span.new_blocks, sched.waiting[0] if sched.waiting else None)
+    if engine.tiers is not None:  # the moves its scheduling issued are the first step's, as stepping records them
+        engine._tier_record(1)
     bm.append_span_slots(seqs, k - 1, span.takers)  # step order, then running order
     # The clock adds each step's time, exactly as stepping does: one timeout to that sum when one
     # delay reaches it exactly from now (almost always), else one timeout per step.
@@ -306,9 +320,9 @@ def run_span(engine: Engine, out: SchedulerOutputs, span: Span):
             yield env.timeout(d)
     sched.on_span_steps(k - 1)
     finished = sched.complete_span(out, seqs, k, env.now, span.finishes)
-    if engine.tiers is not None:
+    if engine.tiers is not None:  # the further steps move nothing
         engine.tiers.now_s = env.now
-        engine._tier_record(k)
+        engine._tier_record(k - 1)
     times = span.times
     if span.longest is not None:
         engine.cost.count_longest(span.ctx_tokens[:k], n, span.longest[:k])

@@ -101,6 +101,24 @@ class FreeBlockQueue:
         self.first = i
         return out
 
+    def peek(self, n: int) -> list[int]:
+        """The first `n` blocks `take(n)` would return (fewer when fewer are free), left in place."""
+        i, order, removed = self.first, self.order, self.removed
+        if not removed:
+            return order[i:i + min(n, self.num_free)]
+        out: list[int] = []
+        skipped: dict[int, int] = {}
+        n = min(n, self.num_free)
+        while len(out) < n:
+            b = order[i]
+            i += 1
+            k = skipped.get(b, 0)
+            if removed.get(b, 0) > k:
+                skipped[b] = k + 1
+            else:
+                out.append(b)
+        return out
+
     def popleft(self) -> int:
         if not self.num_free:
             raise BlockError("free block queue: empty")
@@ -166,6 +184,18 @@ class BlockPool:
 
     def get_cached_block(self, block_hash: int) -> int | None:
         return self.cached.get(block_hash)
+
+    def clean_head(self, limit: int) -> int:
+        """How many of the next `limit` new blocks evict no content a lookup can find: the free
+        queue's leading blocks without a hash (or with a hash no lookup reaches, `UNIQUE`)."""
+        hashes = self.block_hash
+        n = 0
+        for b in self.free_queue.peek(limit):
+            h = hashes[b]
+            if h is not None and h is not UNIQUE:
+                break
+            n += 1
+        return n
 
     def get_new_blocks(self, n: int) -> list[int]:
         """`n` blocks from the head of the free queue, each evicted from the cache if it held content."""

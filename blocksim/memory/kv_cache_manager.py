@@ -405,6 +405,10 @@ class KVCacheManager:
     def num_free_gpu_blocks(self) -> int:
         return self.pool.free_queue.num_free
 
+    def clean_takes(self, limit: int) -> int:
+        """How many of the next `limit` new blocks evict no prefix-cached content (spans with tiers)."""
+        return self.pool.clean_head(limit)
+
     def memory_breakdown(self, next_group: SequenceGroup | None,
                          pending_prefill_slots: int) -> MemoryBreakdown:
         """K/V slots (scheduled tokens included), no reservation, the unfilled rest of used blocks

@@ -163,6 +163,11 @@ class PrefixCachingBlockManager(BlockSpaceManager):
     def set_clock(self, now_s: float) -> None:
         self.gpu.clock = now_s
 
+    def clean_takes(self, limit: int) -> int:
+        """How many of the next `limit` new blocks evict no prefix-cached content (spans with tiers):
+        those the never-cached free list holds."""
+        return min(limit, len(self.gpu._free))
+
     def block_keys(self, group: SequenceGroup) -> list[int]:
         """Content keys of the group's full prompt blocks (empty without prefix hashes)."""
         if group.block_keys is None:

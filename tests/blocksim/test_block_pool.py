@@ -162,6 +162,23 @@ def test_free_queue_hands_out_blocks_in_eviction_order(ops):
             q.extend(back)
             ref += back
         assert q.blocks() == ref and q.num_free == len(ref)
+        assert q.peek(x) == ref[:x], "peek: the blocks a take would return, left in place"
+        assert q.blocks() == ref and q.num_free == len(ref)
+
+
+def test_clean_head_counts_the_new_blocks_before_the_first_that_evicts_a_lookup_hit():
+    """A span under KV tiers ends before a new block evicts content a lookup could find: the free
+    queue's leading blocks without a hash (or with a hash no lookup reaches) are the clean ones."""
+    from blocksim.memory.block_pool import UNIQUE
+    pool = BlockPool(7)
+    blocks = pool.get_new_blocks(6)
+    pool.cache_full_blocks(blocks, [10, 11, 12, 13], 1, 3)  # blocks[1] and blocks[2] get hashes 11, 12
+    pool.block_hash[blocks[3]] = UNIQUE                      # a deferred hash: no lookup finds it
+    pool.free_blocks([blocks[0], blocks[3], blocks[1], blocks[4], blocks[2]])
+    assert pool.clean_head(10) == 2 and pool.clean_head(1) == 1
+    pool.touch([blocks[1]])  # a hit takes the first cached block out of the queue
+    assert pool.clean_head(10) == 3
+    assert pool.free_queue.blocks() == [blocks[0], blocks[3], blocks[4], blocks[2]]
 
 
 @settings(max_examples=200, deadline=None)

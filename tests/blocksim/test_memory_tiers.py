@@ -362,6 +362,68 @@ def test_a_landed_request_admitted_with_less_budget_gives_back_the_blocks_reserv
         assert res.summary["tier_host_hit_tokens"] > 0
 
 
+def test_a_span_ends_before_a_new_block_evicts_the_cached_prefix_a_waiting_request_plans_on():
+    """A span of decode steps runs while a preempted request waits for blocks. Its GPU hit plans a
+    host load and reserves blocks for it and its first chunk; a decode's new block that evicts one
+    block of that hit lowers what it needs (one block less hit, no load), so at the next step it
+    fits. Stepping one by one admits it in that step; the span must end before it and record the
+    same steps (a fuzzing example: the span had admitted it one step later)."""
+    tr = family_trace([0.0] * 18, [1] * 17 + [140], [1] * 14 + [17, 25, 24, 6], [0] * 18, hash_tokens=H,
+                      family_stride=1000)
+    cfg = build_config("vllm-v1", block_size=8, num_gpu_blocks=25, max_num_seqs=4, long_prefill_token_threshold=24,
+                       tier_host_gib=chunks_gib(2, 8), tier_chunk_tokens=8, tier_disk_write="write-through")
+    spans, stepped = Engine(cfg, tr, check_invariants=True), Engine(cfg, tr, spans=False)
+    assert_same_tier_runs(spans, spans.run(), stepped, stepped.run())
+
+
+def test_the_moves_a_spans_scheduling_issues_are_recorded_at_its_first_step():
+    """A request looked up while the others decode plans a disk load in that step's scheduling,
+    and the step starts a span: stepping one by one records the load's bytes at that step, so the
+    span must too, not at its last step (a hypothesis example)."""
+    prompts = [1] * 9 + [64, 121, 104, 65, 1]
+    outputs = [1] * 11 + [3, 1, 1]
+    families = [0] * 10 + [1, 2, 0, 0]
+    tr = workload([0.0] * 12 + [0.03125] * 2, prompts, outputs, families)
+    cfg = build_config("vllm-v1", block_size=8, num_gpu_blocks=32, max_num_seqs=4, max_num_batched_tokens=256,
+                       tier_host_gib=chunks_gib(1), tier_disk_gib=chunks_gib(60), tier_disk_write="write-through",
+                       tier_onload_deadline_ms=2.0)
+    spans, stepped = Engine(cfg, tr, check_invariants=True), Engine(cfg, tr, spans=False)
+    res = spans.run()
+    assert res.tier_steps.bytes_disk_to_gpu.sum() > 0, "the example loads from the disk"
+    assert_same_tier_runs(spans, res, stepped, stepped.run())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=st.sampled_from(["vllm-v1", "vllm-v1", "vllm-prefix", "sglang"]), reqs=request_lists(
+           st.integers(10, 30), st.integers(1, 160), st.integers(1, 40), st.integers(0, 2)),
+       gpu_blocks=st.integers(16, 40), host=st.integers(1, 30), disk=st.sampled_from([0, 3, 60]),
+       top_write=st.sampled_from(["write-through", "write-through-selective"]),
+       disk_write=st.sampled_from(["write-through", "write-back"]),
+       onload=st.sampled_from(["wait", "deadline", "recompute"]), block_size=st.sampled_from([8, 16]),
+       threshold=st.sampled_from([None, 24]))
+def test_spans_with_tiers_give_exactly_the_records_of_stepping_one_by_one(
+        policy, reqs, gpu_blocks, host, disk, top_write, disk_write, onload, block_size, threshold):
+    """Spans of decode steps under tiers that take no GPU evictions (those turn spans off): the
+    same request, step and tier records as stepping one by one, the moves a span's scheduling
+    issued recorded at its first step, and the same tier contents."""
+    tr = workload(*reqs)
+    chunk = 16
+    opts = dict(tier_host_gib=chunks_gib(host, chunk), tier_host_write=top_write, tier_disk_write=disk_write,
+                tier_onload=onload, tier_chunk_tokens=chunk, tier_onload_deadline_ms=2.0)
+    if disk:
+        opts["tier_disk_gib"] = chunks_gib(disk, chunk)
+    if policy == "sglang":
+        cfg = build_config(policy, num_gpu_blocks=gpu_blocks * H, max_running_requests=4, chunked_prefill_size=256,
+                           **opts)
+    else:
+        if policy == "vllm-v1" and threshold:
+            opts["long_prefill_token_threshold"] = threshold
+        cfg = build_config(policy, block_size=block_size, num_gpu_blocks=gpu_blocks * H // block_size, max_num_seqs=4,
+                           max_num_batched_tokens=256, **opts)
+    spans, stepped = Engine(cfg, tr, check_invariants=True), Engine(cfg, tr, spans=False)
+    assert_same_tier_runs(spans, spans.run(), stepped, stepped.run())
+
+
 #: more and longer requests over fewer prefixes: preemptions and tier hits in most examples
 pressing = request_lists(st.integers(10, 30), st.integers(40, 200), st.integers(5, 40), st.integers(0, 2))
 
