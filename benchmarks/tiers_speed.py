@@ -17,6 +17,9 @@ load average before and after. Needs ../shared/traces beside the repository.
 (`blocksim.memory.tiers.TierStore`: lookups, onload plans, commits, stores, the step counters)
 timed, to split its wall time into the tier store's work and the rest (the engine, scheduler and
 memory manager, which simulate more steps and lookups with tiers); the timers add to its wall time.
+And one more run of every configuration counting the engine's iterations (`iterations`): the
+scheduler's calls, the spans of decode steps and the single steps they led to, and the idle waits
+for chunks to land.
 """
 
 from __future__ import annotations
@@ -96,6 +99,30 @@ def timed_tier_run(cfg, trace) -> dict:
             "calls_s": {k: v for k, v in spent.items() if v}}
 
 
+def counted_run(cfg, trace) -> dict:
+    """One run with the engine's iterations counted: spans, single steps and idle waits (the
+    scheduler is called once for each)."""
+    import blocksim.engine.engine as engine_module
+    count = {"spans": 0, "single_steps": 0, "idle_waits": 0}
+    run_span, run_step, sleep_until = engine_module.run_span, Engine._run_step, Engine._sleep_until
+
+    def counting(name, fn):
+        def call(*args, **kwargs):
+            count[name] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    engine_module.run_span = counting("spans", run_span)
+    Engine._run_step = counting("single_steps", run_step)
+    Engine._sleep_until = counting("idle_waits", sleep_until)
+    try:
+        gc.collect()
+        Engine(cfg, trace, make_cost_model(cfg, PROFILE)).run()
+    finally:
+        engine_module.run_span, Engine._run_step, Engine._sleep_until = run_span, run_step, sleep_until
+    return {"scheduler_calls": sum(count.values()), **count}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
@@ -136,6 +163,11 @@ def main() -> None:
                      **{k: summary[k] for k in ("tier_host_hit_rate", "tier_disk_hit_rate") if k in summary}})
         print(f"{name:<72} {best:6.2f} s  x{best / ref:.2f}  (CPU {best_cpu:5.2f} s  x{best_cpu / ref_cpu:.2f})  "
               f"{summary['steps']:>7} steps  TTFT mean {summary['ttft_mean_s']:.3f} s")
+        if a.tier_time:
+            engine = res = None  # the last repeat's engine and records freed before the counted run
+            rows[-1]["iterations"] = it = counted_run(cfg, trace)
+            print(f"{'':<72} {it['scheduler_calls']} scheduler calls: {it['spans']} spans, "
+                  f"{it['single_steps']} single steps, {it['idle_waits']} idle waits")
         if a.tier_time and cfg.tiers is not None:
             engine = res = None  # the last repeat's engine and records freed before the timed run
             split = rows[-1]["tier_time"] = timed_tier_run(cfg, trace)

@@ -138,10 +138,11 @@ def decode_times(cost, out: SchedulerOutputs, k: int, comm=None, longest: int | 
     return durations, times, ctx, top
 
 
-def block_crossings(bm: MemoryManager, lens: list[int], k: int, clean=None):
-    """Blocks each further step of a `k`-step span takes; `k` cut where free blocks run low, and
-    with `clean` (`clean(limit)`: how many of the next `limit` new blocks evict no prefix-cached
-    content) before the first take that would evict some.
+def block_crossings(bm: MemoryManager, lens: list[int], k: int, clean=None, room: int | None = None):
+    """Blocks each further step of a `k`-step span takes; `k` cut where free blocks run low (at
+    most `room` takes: by default all free blocks but one), and with `clean` (`clean(limit)`: how
+    many of the next `limit` new blocks evict no prefix-cached content) before the first take that
+    would evict some.
 
     Returns `(k, takers, new_blocks)`: `takers` the sequences (indices into `lens`) that take a
     new block, in step order, then running order; `new_blocks[j]` how many step j takes (None
@@ -152,11 +153,16 @@ def block_crossings(bm: MemoryManager, lens: list[int], k: int, clean=None):
     """
     if not bm.allocates_on_append:
         return k, [], None
+    if clean is not None:  # the span's takes, then as many of them as are clean
+        k, takers, new_blocks = block_crossings(bm, lens, k, None, room)
+        c = clean(len(takers)) if takers else 0
+        if c == len(takers):
+            return k, takers, new_blocks
+        return block_crossings(bm, lens, k, None, c)
     bs = bm.block_size
-    room = bm.num_free_gpu_blocks - 1  # keeps vLLM's one-free-block-per-sequence check true
+    if room is None:
+        room = bm.num_free_gpu_blocks - 1  # keeps vLLM's one-free-block-per-sequence check true
     n = len(lens)
-    if clean is not None:
-        room = min(room, clean(n * (k // bs + 1)))  # at most that many takes in k steps
     if bs == 1:  # take t is sequence t % n's at step t // n + 1
         if (k - 1) * n > room:  # the span ends before the step of the take that finds no room
             k = room // n + 1 if room >= 0 else 1
