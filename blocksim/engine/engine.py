@@ -266,7 +266,8 @@ class Engine:
                     landing = sched.next_onload_s() if hasattr(sched, "next_onload_s") else None
                     if landing is not None and landing < next_event:
                         next_event = landing
-                span = find_span(sched, bm, self.cost, out, now, next_event, self._comm)
+                clean = bm.clean_takes if tiers is not None and sched.waiting else None
+                span = find_span(sched, bm, self.cost, out, now, next_event, self._comm, clean)
             else:
                 span = None
             if span is not None:

@@ -193,10 +193,12 @@ def block_crossings(bm: MemoryManager, lens: list[int], k: int, clean=None, room
 
 
 def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, now_s: float,
-              next_arrival_s: float, comm=None) -> Span | None:
+              next_arrival_s: float, comm=None, clean=None) -> Span | None:
     """The span that the step `out`, scheduled at `now_s`, starts; None when it starts none
     (fewer than two steps before a finish, an arrival or a shortage of free blocks). `comm` as
-    in `decode_times`."""
+    in `decode_times`. `clean`, given under KV tiers while a request waits: the memory manager's
+    `clean_takes` (a new block that evicts a block of that request's GPU hit can lower what its
+    onload plan needs, so the span ends before the first take that evicts prefix-cached content)."""
     if not out.is_plain_decode or not sched.allows_span():
         return None
     batch = decode_batch(sched, out)
@@ -225,11 +227,6 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     k = min(k, before)
     if k <= 1:
         return None
-    clean = None
-    if sched.waiting and getattr(bm, "tiers", None) is not None:
-        # a new block that evicts a prefix-cached block can shorten a waiting request's hit and,
-        # through its onload plan, what it needs: the step taking it is scheduled on its own
-        clean = getattr(bm, "clean_takes", lambda limit: 0)
     k, takers, new_blocks = block_crossings(bm, lens, k, clean)
     if k <= 1:
         return None

@@ -478,6 +478,11 @@ class RadixCacheManager:
     def swap_in(self, group: SequenceGroup) -> dict[int, int]:
         raise BlockError("the radix pool does not swap (supports_swap is False)")
 
+    def clean_takes(self, limit: int) -> int:
+        """How many of the next `limit` new pages evict no tree content (spans with tiers): those the
+        free list holds."""
+        return min(limit, len(self.free_pages))
+
     # --- accounting ----------------------------------------------------------------------------
     @property
     def num_free_gpu_blocks(self) -> int:
