@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+import kernels
 from blocksim.sequence import SeqStatus
 from validation.kv import content_seeds
 from validation.model import (GRAPH_BATCH_SIZES, ModelDims, PrefillSeq, SegmentTimer, StepBatch,
@@ -98,6 +99,11 @@ class ModelStepExecutor:
         self.bs = config.cache.block_size
         self.num_gpu_blocks, self.num_cpu_blocks = config.num_gpu_blocks, config.num_cpu_blocks
         self.cuda = device.startswith("cuda")
+        sizes = kernels.FAST_BLOCK_SIZES if attention == "fast" else kernels.SUPPORTED_BLOCK_SIZES
+        if self.bs not in sizes:
+            option = "--page-size" if config.policy_config.scheduler == "sglang" else "--block-size"
+            raise ExecutorError(f"--executor {device}: blocks of {self.bs} tokens ({option}) have no {attention!r} "
+                                f"attention kernel; give {option} one of {', '.join(map(str, sizes))}")
         from validation.sharded import ShardError, make_runner, per_rank_dims
         try:
             per_gpu = per_rank_dims(self.dims, tp)

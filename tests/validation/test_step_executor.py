@@ -59,6 +59,19 @@ def test_a_run_that_does_not_fit_is_refused_naming_the_sizes():
         memory_check(dims, 1000, 16, 2, 20 << 30, device="cpu", ranks=2)  # the host holds every rank
 
 
+def test_a_block_size_without_an_attention_kernel_is_refused_naming_the_option(tmp_path, capsys):
+    """SGLang's default page of one token has no paged attention kernel: the run is refused before
+    it starts, in one line naming --page-size and the sizes that run."""
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    rc = main(["replay", str(trace(tmp_path / "t.parquet")), "--out", str(tmp_path / "run"), "--catalog",
+               str(tmp_path / "tiny.yaml"), "--model", "tiny", "--policy", "sglang", "--num-gpu-blocks", "512",
+               "--executor", "cpu", "--quiet", "--no-report"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert "--page-size" in err[0] and "8, 16, 32" in err[0] and "Traceback" not in err[0]
+    assert not (tmp_path / "run").exists()
+
+
 def test_cuda_executor_without_a_gpu_is_a_configuration_error(tmp_path, capsys):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
