@@ -65,6 +65,92 @@ def test_spans_give_exactly_the_single_step_result(lists, blocks, block_size, pr
     pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
 
 
+KV_BYTES_PER_TOKEN = 2 * 32 * 32 * 128 * 2  # llama-2-7b
+
+
+@st.composite
+def engine_options(draw):
+    """A preset and the options that combine with it: schedulers, preemption, block sizes,
+    chunked-prefill budgets, and KV tiers for the prefix-caching presets."""
+    preset = draw(st.sampled_from(["vllm", "vllm-prefix", "vllm-chunked", "vllm-0.6", "vllm-v1", "orca-max",
+                                   "orca-pow2", "orca-oracle", "static", "sglang"]))
+    kw = {}
+    unit = draw(st.sampled_from([1, 4, 8, 16, 32]))
+    if preset == "sglang":
+        unit = kw["page_size"] = draw(st.sampled_from([1, 4, 16]))
+        kw.update(num_gpu_blocks=draw(st.integers(100, 1500)), max_running_requests=draw(st.integers(1, 8)),
+                  schedule_policy=draw(st.sampled_from(["fcfs", "lpm", "dfs-weight", "lof", "random"])),
+                  chunked_prefill_size=draw(st.sampled_from([-1, 64, 256])))
+    else:
+        kw.update(block_size=unit, num_gpu_blocks=draw(st.integers(4, 80)), max_num_seqs=draw(st.integers(1, 8)))
+    if preset.startswith("vllm") and preset != "vllm-v1":
+        kw.update(preemption=draw(st.sampled_from(["auto", "recompute", "swap"])),
+                  swap_space_gib=draw(st.sampled_from([0.0, 0.01, 1.0])), watermark=draw(st.sampled_from([0.0, 0.1])),
+                  victim=draw(st.sampled_from(["newest", "largest", "fewest-blocks"])),
+                  v0_release=draw(st.sampled_from(["0.1", "0.2", "0.4", "0.6.4"])))
+        if draw(st.booleans()):
+            kw["scheduler"] = draw(st.sampled_from(["fcfs", "priority", "sjf"]))
+    if preset == "vllm-v1":
+        kw.update(scheduler=draw(st.sampled_from(["v1", "v1-priority"])),
+                  max_num_batched_tokens=draw(st.sampled_from([8, 32, 128, 2048])),
+                  long_prefill_token_threshold=draw(st.sampled_from([0, 24])))
+    if preset == "vllm-chunked":
+        kw["max_num_batched_tokens"] = draw(st.sampled_from([16, 64, 512]))
+    if preset in ("vllm-prefix", "vllm-v1", "sglang") and draw(st.booleans()):
+        chunk = unit * draw(st.sampled_from([1, 2, 4]))
+        per_chunk = chunk * KV_BYTES_PER_TOKEN / 2**30
+        kw.update(tier_host_gib=per_chunk * draw(st.integers(1, 30)), tier_disk_gib=per_chunk * draw(st.sampled_from([0, 3, 40])),
+                  tier_chunk_tokens=chunk, tier_host_eviction=draw(st.sampled_from(["lru", "lfu", "arc"])),
+                  tier_disk_eviction=draw(st.sampled_from(["lru", "lfu", "arc"])),
+                  tier_host_write=draw(st.sampled_from(["write-through", "write-through-selective", "write-back"])),
+                  tier_disk_write=draw(st.sampled_from(["write-through", "write-through-selective", "write-back"])),
+                  tier_onload=draw(st.sampled_from(["wait", "deadline", "recompute"])),
+                  tier_write_hits=draw(st.integers(1, 3)))
+    return preset, kw
+
+
+families = st.integers(1, 18).flatmap(lambda k: st.tuples(*(st.lists(x, min_size=k, max_size=k) for x in (
+    st.floats(0, 0.05), st.integers(1, 150), st.integers(1, 60), st.integers(0, 3), st.sampled_from([1, 1, 1, 2, 3]),
+    st.integers(0, 2)))))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(options=engine_options(), lists=families)
+def test_any_preset_with_any_options_keeps_its_invariants_and_spans_equal_single_steps(options, lists):
+    """Presets crossed with the options that combine with them (a configuration the options refuse
+    is skipped): blocks conserved after every step, every request finished or rejected, spans giving
+    the records of stepping one by one, and with KV tiers the tiers' whole-list paths the records of
+    their one-chunk-at-a-time paths (tier tables included)."""
+    import traces
+    from hypothesis import assume
+
+    from blocksim.config import ConfigError
+    arrivals, prompts, outputs, fams, ns, priorities = lists
+    a = np.cumsum(arrivals)
+    df = pd.DataFrame({"arrival_s": a - a[0], "prompt_tokens": prompts, "output_tokens": outputs, "n": ns,
+                       "priority": priorities,
+                       "prefix_hashes": [[f * 1000 + j for j in range(-(-p // 16))] for p, f in zip(prompts, fams)]})
+    tr = traces.Trace(df, hash_block_tokens=16)
+    preset, kw = options
+    try:
+        cfg = build_config(preset, **kw)
+        engine = Engine(cfg, tr, check_invariants=True)
+    except ConfigError:
+        assume(False)
+    res = engine.run()
+    assert len(res.requests) == len(df) and set(res.requests.status) <= {"finished", "rejected"}
+    runs = [Engine(cfg, tr, spans=False)]
+    if cfg.tiers is not None:
+        runs.append(Engine(cfg, tr))
+        runs[-1].tiers.batched = False
+    for other in runs:
+        again = other.run()
+        for name in ("steps", "requests", "tier_steps", "tier_requests"):
+            x, y = getattr(res, name, None), getattr(again, name, None)
+            if x is not None or y is not None:
+                pd.testing.assert_frame_equal(x, y, check_exact=True)
+
+
 def test_a_bundled_trace_replays_with_spans_identical_to_single_steps():
     import traces
     tr = traces.head(traces.read_trace(traces.bundled("azure-conv")), 300)
