@@ -25,6 +25,7 @@ for chunks to land.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -69,11 +70,24 @@ TIER_CALLS = ("match", "plan_onload", "commit", "count_query", "on_computed", "o
               "take_wait", "totals", "take_ops")
 
 
+@contextlib.contextmanager
+def wrapped(targets, wrap):
+    """Within the block, each `(owner, attribute, key)` of `targets` holds `wrap(key, original)`;
+    the originals are put back after it, however it ends."""
+    originals = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in targets]
+    for (owner, attr, key), (_, _, original) in zip(targets, originals):
+        setattr(owner, attr, wrap(key, original))
+    try:
+        yield
+    finally:
+        for owner, attr, original in originals:
+            setattr(owner, attr, original)
+
+
 def timed_tier_run(cfg, trace) -> dict:
     """One run with each of `TIER_CALLS` timed: its wall time and the seconds in each call."""
     spent = dict.fromkeys(TIER_CALLS, 0.0)
     clock = time.perf_counter
-    originals = {name: getattr(TierStore, name) for name in TIER_CALLS}
 
     def timer(name, method):
         def call(*args, **kwargs):
@@ -84,17 +98,12 @@ def timed_tier_run(cfg, trace) -> dict:
                 spent[name] += clock() - t0
         return call
 
-    for name, method in originals.items():
-        setattr(TierStore, name, timer(name, method))
-    try:
+    with wrapped([(TierStore, name, name) for name in TIER_CALLS], timer):
         gc.collect()
         engine = Engine(cfg, trace, make_cost_model(cfg, PROFILE))
         t0 = clock()
         engine.run()
         wall = clock() - t0
-    finally:
-        for name, method in originals.items():
-            setattr(TierStore, name, method)
     return {"wall_s": wall, "tier_store_s": sum(spent.values()), "rest_s": wall - sum(spent.values()),
             "calls_s": {k: v for k, v in spent.items() if v}}
 
@@ -104,7 +113,6 @@ def counted_run(cfg, trace) -> dict:
     scheduler is called once for each)."""
     import blocksim.engine.engine as engine_module
     count = {"spans": 0, "single_steps": 0, "idle_waits": 0}
-    run_span, run_step, sleep_until = engine_module.run_span, Engine._run_step, Engine._sleep_until
 
     def counting(name, fn):
         def call(*args, **kwargs):
@@ -112,14 +120,10 @@ def counted_run(cfg, trace) -> dict:
             return fn(*args, **kwargs)
         return call
 
-    engine_module.run_span = counting("spans", run_span)
-    Engine._run_step = counting("single_steps", run_step)
-    Engine._sleep_until = counting("idle_waits", sleep_until)
-    try:
+    with wrapped([(engine_module, "run_span", "spans"), (Engine, "_run_step", "single_steps"),
+                  (Engine, "_sleep_until", "idle_waits")], counting):
         gc.collect()
         Engine(cfg, trace, make_cost_model(cfg, PROFILE)).run()
-    finally:
-        engine_module.run_span, Engine._run_step, Engine._sleep_until = run_span, run_step, sleep_until
     return {"scheduler_calls": sum(count.values()), **count}
 
 

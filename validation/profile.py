@@ -92,8 +92,8 @@ SHARED_BATCH = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 SHARED_CONTEXT = (64, 256, 1024, 2048, 4096, 8192)
 SEQUENCES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BLOCKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-QUICK = {"TOKENS": (1, 16, 256), "LINEAR_TOKENS": (1, 16, 256), "GRAPH_TOKENS": (1, 8), "PREFILL_BATCH": (1, 2), "PREFILL_NEW": (16, 64),
-         "PREFILL_CACHED": (0, 32), "DECODE_BATCH": (1, 4), "DECODE_CONTEXT": (16, 64), "STEP_BATCH": (1, 4),
+QUICK = {"TOKENS": (1, 16, 256), "LINEAR_TOKENS": (1, 16, 256), "GRAPH_TOKENS": (1, 8), "PREFILL_BATCH": (1, 2),
+         "PREFILL_NEW": (16, 64), "PREFILL_CACHED": (0, 32), "DECODE_BATCH": (1, 4), "DECODE_CONTEXT": (16, 64), "STEP_BATCH": (1, 4),
          "LONGEST": (1.0, 2.0), "SHARED_BATCH": (2, 4), "SHARED_CONTEXT": (16, 64), "SEQUENCES": (1, 4),
          "BLOCKS": (1, 4)}
 CACHE_BYTES = 40 << 30  # the KV cache the profiler allocates (at most)

@@ -7,8 +7,8 @@ request arrives or free blocks run low: waiting and swapped groups stay blocked 
 shrink and the batch is constant) and no copy-on-write can occur. With KV tiers a waiting request
 plans the loads of its prefix beyond its GPU hit and reserves blocks for them, so a new block that
 evicts a block of that hit can lower what it needs: there the span also ends before the first
-take that evicts prefix-cached content (`clean_takes` of the memory manager). `find_span` finds how many
-steps such a span has, `run_span` advances the clock over them, applies their appends and
+take that evicts prefix-cached content (`clean_takes` of the memory manager). `find_span` finds
+how many steps such a span has, `run_span` advances the clock over them, applies their appends and
 records their steps. Step records, block tables and times are exactly those of stepping one by
 one (`Engine(spans=False)` steps one by one, for checking that claim).
 

@@ -99,8 +99,8 @@ def engine_options(draw):
     if preset in ("vllm-prefix", "vllm-v1", "sglang") and draw(st.booleans()):
         chunk = unit * draw(st.sampled_from([1, 2, 4]))
         per_chunk = chunk * KV_BYTES_PER_TOKEN / 2**30
-        kw.update(tier_host_gib=per_chunk * draw(st.integers(1, 30)), tier_disk_gib=per_chunk * draw(st.sampled_from([0, 3, 40])),
-                  tier_chunk_tokens=chunk, tier_host_eviction=draw(st.sampled_from(["lru", "lfu", "arc"])),
+        kw.update(tier_host_gib=per_chunk * draw(st.integers(1, 30)),
+                  tier_disk_gib=per_chunk * draw(st.sampled_from([0, 3, 40])), tier_chunk_tokens=chunk, tier_host_eviction=draw(st.sampled_from(["lru", "lfu", "arc"])),
                   tier_disk_eviction=draw(st.sampled_from(["lru", "lfu", "arc"])),
                   tier_host_write=draw(st.sampled_from(["write-through", "write-through-selective", "write-back"])),
                   tier_disk_write=draw(st.sampled_from(["write-through", "write-through-selective", "write-back"])),

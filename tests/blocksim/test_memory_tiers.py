@@ -31,14 +31,19 @@ def chunks_gib(n, chunk_tokens=H):
 
 
 def run(tr, policy="vllm-v1", **tier_options):
-    blocks = tier_options.pop("gpu_blocks", 40)
-    if policy == "sglang":  # a token-granular pool, SGLang's own knobs
-        cfg = build_config(policy, num_gpu_blocks=blocks * H, max_running_requests=4, chunked_prefill_size=256,
-                           **tier_options)
-    else:
-        cfg = build_config(policy, num_gpu_blocks=blocks, max_num_seqs=4, max_num_batched_tokens=256, **tier_options)
+    cfg = tier_config(policy, tier_options.pop("gpu_blocks", 40), **tier_options)
     e = Engine(cfg, tr, check_invariants=True, log_tier_events=True)
     return e, e.run()
+
+
+def tier_config(policy, gpu_blocks, block_size=H, **tier_options):
+    """The tier tests' engine: `gpu_blocks` blocks of `H` tokens' worth of GPU memory, four
+    requests at a time, 256 tokens a step."""
+    if policy == "sglang":  # a token-granular pool, SGLang's own knobs
+        return build_config(policy, num_gpu_blocks=gpu_blocks * H, max_running_requests=4, chunked_prefill_size=256,
+                            **tier_options)
+    return build_config(policy, block_size=block_size, num_gpu_blocks=gpu_blocks * H // block_size, max_num_seqs=4,
+                        max_num_batched_tokens=256, **tier_options)
 
 
 def recount_of(engine) -> Recount:
@@ -320,10 +325,7 @@ def test_batched_tier_moves_give_the_records_of_moves_one_chunk_at_a_time(
         opts["tier_disk_gib"] = chunks_gib(disk, chunk)
     if policy == "sglang":
         opts["tier_host_write" if host else "tier_disk_write"] = "write-through"
-        cfg = build_config(policy, num_gpu_blocks=gpu_blocks * H, max_running_requests=4, chunked_prefill_size=256,
-                           **opts)
-    else:
-        cfg = build_config(policy, num_gpu_blocks=gpu_blocks, max_num_seqs=4, max_num_batched_tokens=256, **opts)
+    cfg = tier_config(policy, gpu_blocks, **opts)
     tr = workload(*reqs)
     runs = []
     for batched in (True, False):
@@ -412,14 +414,9 @@ def test_spans_with_tiers_give_exactly_the_records_of_stepping_one_by_one(
                 tier_onload=onload, tier_chunk_tokens=chunk, tier_onload_deadline_ms=2.0)
     if disk:
         opts["tier_disk_gib"] = chunks_gib(disk, chunk)
-    if policy == "sglang":
-        cfg = build_config(policy, num_gpu_blocks=gpu_blocks * H, max_running_requests=4, chunked_prefill_size=256,
-                           **opts)
-    else:
-        if policy == "vllm-v1" and threshold:
-            opts["long_prefill_token_threshold"] = threshold
-        cfg = build_config(policy, block_size=block_size, num_gpu_blocks=gpu_blocks * H // block_size, max_num_seqs=4,
-                           max_num_batched_tokens=256, **opts)
+    if policy == "vllm-v1" and threshold:
+        opts["long_prefill_token_threshold"] = threshold
+    cfg = tier_config(policy, gpu_blocks, block_size, **opts)
     spans, stepped = Engine(cfg, tr, check_invariants=True), Engine(cfg, tr, spans=False)
     assert_same_tier_runs(spans, spans.run(), stepped, stepped.run())
 
