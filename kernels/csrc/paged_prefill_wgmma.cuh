@@ -326,6 +326,48 @@ __device__ __forceinline__ void store_rows(const float (&o)[64], const float (&l
   }
 }
 
+// store_rows through the warp's 4 KB staging area at shared address `stage`, for stores of whole
+// 16-byte chunks (the output 16-byte aligned): the warp writes its 16 rows row0 .. row0 + 15 there
+// (chunk d of staged row r at d ^ (r % 8), so that neither the fragment writes nor the row reads
+// conflict in the banks), then each half-warp stores a row's 256 contiguous bytes: 8 store
+// instructions a warp of 4 whole 128-byte lines each, where store_rows issues 32 of 8 half-filled
+// 32-byte sectors each.
+template <typename T>
+__device__ __forceinline__ void store_rows_staged(const float (&o)[64], const float (&l_run)[2], T* out, uint32_t stage,
+                                                  int row0, int rows, int q_start, int group, int kvh,
+                                                  int64_t token_stride, int g, int t, int lane) {
+  __syncwarp();  // the warp's previous rows have been read out of the area
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(kMask, l, 1);
+    l += __shfl_xor_sync(kMask, l, 2);
+    const float f = 1.f / l;
+    const uint32_t row = stage + (g + 8 * h) * (kHead * 2) + t * 4;
+#pragma unroll
+    for (int d = 0; d < kHead / 8; ++d) {
+      const uint32_t v = Mma<T>::pack(o[4 * d + 2 * h] * f, o[4 * d + 2 * h + 1] * f);
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row + ((d ^ g) << 4)), "r"(v) : "memory");
+    }
+  }
+  __syncwarp();
+  const int c = lane & 15;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int r = (lane >> 4) + 2 * i;
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(stage + r * (kHead * 2) + ((c ^ (r & 7)) << 4))
+                 : "memory");
+    const int R = row0 + r;
+    if (R < rows) {
+      T* dst = out + (q_start + R / group) * token_stride + static_cast<int64_t>(kvh * group + R % group) * kHead + c * 8;
+      *reinterpret_cast<uint4*>(dst) = v;
+    }
+  }
+}
+
 // What both warpgroup kernels set up first: each thread's roles and the block's shared memory.
 struct BlockSetup {
   int tid, wgi, warp, lane, g, t;  // thread; its warpgroup, warp in the warpgroup and lane; fragment row / column

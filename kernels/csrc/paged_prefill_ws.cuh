@@ -57,7 +57,10 @@ static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "setmaxnre
 constexpr int kConsumerWarps = 8;
 // mbarriers: full and empty per stage of each ring and per Q buffer
 constexpr int kBarriers = 2 * (kKStages + kVStages + kQStages);
-constexpr int kSmemBytes = kQStages * kQBytes + (kKStages + kVStages) * kTileBytes + kBarriers * 8 + 1024;  // + alignment slack
+// each consumer warp's output rows, staged before they are stored as whole rows
+constexpr int kOutWarpBytes = 16 * kHead * 2;
+constexpr int kSmemBytes = kQStages * kQBytes + (kKStages + kVStages) * kTileBytes + kConsumerWarps * kOutWarpBytes +
+                           kBarriers * 8 + 1024;  // + alignment slack
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
 // named barriers (0 is __syncthreads): the consumers' turns at the tensor cores
 constexpr int kTurnBarrier0 = 1;
@@ -131,7 +134,8 @@ struct RingPos {
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const PagedPrefillParams p, const int m_blocks,
-                                                                       const int band, const int num_items) {
+                                                                       const int band, const int num_items,
+                                                                       const bool out_aligned) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char ws_smem[];
   const int group = p.num_heads / p.num_kv_heads;
@@ -143,7 +147,8 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
   const uint32_t q_smem = smem;
   const uint32_t k_ring = smem + kQStages * kQBytes;
   const uint32_t v_ring = k_ring + kKStages * kTileBytes;
-  const uint32_t bars = v_ring + kVStages * kTileBytes;
+  const uint32_t o_stage = v_ring + kVStages * kTileBytes;
+  const uint32_t bars = o_stage + kConsumerWarps * kOutWarpBytes;
   auto k_full = [&](int s) { return bars + 8 * s; };
   auto k_empty = [&](int s) { return bars + 8 * (kKStages + s); };
   auto v_full = [&](int s) { return bars + 8 * (2 * kKStages + s); };
@@ -362,8 +367,13 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
         wg::fence_regs(o);
         release(v_empty(vpos.stage));
         vpos.advance();
-        wg::store_rows(o, l_run, static_cast<T*>(p.out), wg_row0 + warp * 16 + g, it.rows, it.q_start, group, it.kvh,
-                       p.out_token_stride, t);
+        if (out_aligned) {
+          wg::store_rows_staged(o, l_run, static_cast<T*>(p.out), o_stage + (cw * 4 + warp) * kOutWarpBytes,
+                                wg_row0 + warp * 16, it.rows, it.q_start, group, it.kvh, p.out_token_stride, g, t, lane);
+        } else {
+          wg::store_rows(o, l_run, static_cast<T*>(p.out), wg_row0 + warp * 16 + g, it.rows, it.q_start, group, it.kvh,
+                         p.out_token_stride, t);
+        }
         n = wg_tiles;
       } else {
         release(q_empty(q_stage));
@@ -408,9 +418,11 @@ cudaError_t launch(const PagedPrefillParams& p, cudaStream_t stream) {
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
   const int grid = static_cast<int>(std::min<int64_t>(items, sms));
+  // output rows 16-byte aligned: stored whole from the staging area
+  const bool out_aligned = reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && p.out_token_stride % 8 == 0;
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, static_cast<int>(m_blocks),
                                                  wg::band_for(group, static_cast<int>(m_blocks)),
-                                                 static_cast<int>(items));
+                                                 static_cast<int>(items), out_aligned);
   return cudaGetLastError();
 }
 

@@ -148,6 +148,27 @@ def test_warpgroup_pingpong_kernel(config, dtype, heads):
                 dtype=dtype), config=config)
 
 
+@pytest.mark.parametrize("config", WGMMA)
+@pytest.mark.parametrize("offset", [0, 1])
+def test_output_rows_staged_or_not(config, offset):
+    """The output inside a larger buffer: 16-byte aligned (config 7 stores each row whole from
+    shared memory) or one element off (it stores the fragments directly); the buffer around it
+    keeps its values."""
+    a = build(cached=[0, 300, 5], new=[513, 64, 130], num_heads=32, num_kv_heads=8)
+    n = a["query"].numel()
+    buf = torch.full((n + 16,), 7.0, dtype=a["query"].dtype, device="cuda")
+    out = buf[offset:offset + n].view(a["query"].shape)
+    kernels.paged_prefill_attention(out, a["query"], a["key_cache"], a["value_cache"], a["num_kv_heads"], a["scale"],
+                                    a["block_tables"], a["query_start_loc"], a["context_lens"], a["block_size"],
+                                    config=config)
+    want = fast_reference.paged_prefill_attention(None, a["query"].float(), a["key_cache"], a["value_cache"],
+                                                  a["num_kv_heads"], a["scale"], a["block_tables"],
+                                                  a["query_start_loc"], a["context_lens"], None)
+    assert_attention_close(out, want, atol=ATOL[torch.float16], rel=REL[torch.float16])
+    rest = torch.cat([buf[:offset], buf[offset + n:]])
+    assert bool((rest == 7.0).all())
+
+
 @pytest.mark.parametrize("config", sorted(PREFILL_CONFIGS))
 def test_every_tile_configuration(config):
     check(build(cached=[0, 700, 33, 2000], new=[300, 64, 1, 129], num_heads=32, num_kv_heads=8, alibi=True),
