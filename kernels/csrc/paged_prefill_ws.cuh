@@ -134,8 +134,7 @@ struct RingPos {
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const PagedPrefillParams p, const int m_blocks,
-                                                                       const int band, const int num_items,
-                                                                       const bool out_aligned) {
+                                                                       const int band, const int num_items) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char ws_smem[];
   const int group = p.num_heads / p.num_kv_heads;
@@ -367,13 +366,8 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
         wg::fence_regs(o);
         release(v_empty(vpos.stage));
         vpos.advance();
-        if (out_aligned) {
-          wg::store_rows_staged(o, l_run, static_cast<T*>(p.out), o_stage + (cw * 4 + warp) * kOutWarpBytes,
-                                wg_row0 + warp * 16, it.rows, it.q_start, group, it.kvh, p.out_token_stride, g, t, lane);
-        } else {
-          wg::store_rows(o, l_run, static_cast<T*>(p.out), wg_row0 + warp * 16 + g, it.rows, it.q_start, group, it.kvh,
-                         p.out_token_stride, t);
-        }
+        wg::store_rows_staged(o, l_run, static_cast<T*>(p.out), o_stage + (cw * 4 + warp) * kOutWarpBytes,
+                              wg_row0 + warp * 16, it.rows, it.q_start, group, it.kvh, p.out_token_stride, g, t, lane);
         n = wg_tiles;
       } else {
         release(q_empty(q_stage));
@@ -418,11 +412,9 @@ cudaError_t launch(const PagedPrefillParams& p, cudaStream_t stream) {
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
   const int grid = static_cast<int>(std::min<int64_t>(items, sms));
-  // output rows 16-byte aligned: stored whole from the staging area
-  const bool out_aligned = reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && p.out_token_stride % 8 == 0;
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, static_cast<int>(m_blocks),
                                                  wg::band_for(group, static_cast<int>(m_blocks)),
-                                                 static_cast<int>(items), out_aligned);
+                                                 static_cast<int>(items));
   return cudaGetLastError();
 }
 

@@ -233,6 +233,10 @@ void paged_prefill(torch::Tensor out, torch::Tensor query, torch::Tensor key_cac
               "out must be a contiguous tensor like query");
   TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1 && query.stride(1) == query.size(2),
               "query must be [tokens, heads, head_size] with contiguous head rows");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(query.data_ptr()) % 16 == 0 &&
+                  query.stride(0) % 8 == 0,
+              "out and query must start 16-byte aligned, query tokens 8 elements apart "
+              "(kernels.paged_prefill_attention copies such tensors)");
   TORCH_CHECK(key_cache.dim() == 4 && value_cache.dim() == 4 && key_cache.sizes() == value_cache.sizes(),
               "caches must be [num_blocks, block_size, num_kv_heads, head_size]");
   TORCH_CHECK(key_cache.stride(3) == 1 && value_cache.stride(3) == 1, "cache head rows must be contiguous");

@@ -254,12 +254,17 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
                                        query.shape[2], device_sms(query.device.index or 0),
                                        wgmma=_wgmma_applies(query, key_cache, alibi_slopes))
     if query.stride(2) != 1 or query.stride(1) != query.shape[2] or query.stride(0) % 8 or query.data_ptr() % 16:
-        query = query.contiguous()
+        query = query.clone(memory_format=torch.contiguous_format)  # a fresh allocation: aligned
+    into = out
+    if out.data_ptr() % 16:  # the kernels store whole 16-byte chunks: run into an aligned tensor, then copy
+        into = torch.empty_like(query, memory_format=torch.contiguous_format)
     if alibi_slopes is not None:
         alibi_slopes = alibi_slopes.to(torch.float32).contiguous()
-    extension().paged_prefill(out, query, key_cache, value_cache, int(num_kv_heads), float(scale) * float(k_scale),
+    extension().paged_prefill(into, query, key_cache, value_cache, int(num_kv_heads), float(scale) * float(k_scale),
                               float(v_scale), block_tables.to(torch.int32).contiguous(),
                               query_start_loc.to(torch.int32).contiguous(), context_lens.to(torch.int32).contiguous(),
                               int(max_query_len), int(max_context_len), int(config), alibi_slopes,
                               torch.cuda.current_stream(query.device).cuda_stream)
+    if into is not out:
+        out.copy_(into)
     return out

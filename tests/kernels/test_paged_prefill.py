@@ -148,17 +148,20 @@ def test_warpgroup_pingpong_kernel(config, dtype, heads):
                 dtype=dtype), config=config)
 
 
-@pytest.mark.parametrize("config", WGMMA)
-@pytest.mark.parametrize("offset", [0, 1])
-def test_output_rows_staged_or_not(config, offset):
-    """The output inside a larger buffer: 16-byte aligned (config 7 stores each row whole from
-    shared memory) or one element off (it stores the fragments directly); the buffer around it
-    keeps its values."""
+@pytest.mark.parametrize("config", [0, *WGMMA])
+@pytest.mark.parametrize("offset", [0, 1, 8])
+def test_output_and_query_inside_larger_buffers(config, offset):
+    """Output and query as views at an element offset into larger buffers (16-byte aligned at 0 and
+    8, 2 bytes off at 1, where the wrapper copies the query and runs into an aligned output before
+    copying it back): the right rows, and the output buffer around them keeps its values."""
     a = build(cached=[0, 300, 5], new=[513, 64, 130], num_heads=32, num_kv_heads=8)
     n = a["query"].numel()
+    qbuf = torch.zeros(n + 16, dtype=a["query"].dtype, device="cuda")
+    query = qbuf[offset:offset + n].view(a["query"].shape)
+    query.copy_(a["query"])
     buf = torch.full((n + 16,), 7.0, dtype=a["query"].dtype, device="cuda")
     out = buf[offset:offset + n].view(a["query"].shape)
-    kernels.paged_prefill_attention(out, a["query"], a["key_cache"], a["value_cache"], a["num_kv_heads"], a["scale"],
+    kernels.paged_prefill_attention(out, query, a["key_cache"], a["value_cache"], a["num_kv_heads"], a["scale"],
                                     a["block_tables"], a["query_start_loc"], a["context_lens"], a["block_size"],
                                     config=config)
     want = fast_reference.paged_prefill_attention(None, a["query"].float(), a["key_cache"], a["value_cache"],
