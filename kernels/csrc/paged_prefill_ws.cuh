@@ -26,6 +26,9 @@
 //   its own, so that one's softmax runs under the other's products. A consumer whose rows see
 //   fewer key tiles than the item's (a GQA item's first rows, or rows past the sequence's end)
 //   takes its turns on the remaining tiles without products, so that the turns stay paired.
+//   At an item's end each warp normalises its 16 output rows into its own staging area of shared
+//   memory and stores them from there as whole 256-byte rows (wg::store_rows_staged; the
+//   wrapper hands the kernel a 16-byte aligned output).
 //
 // The tiles the copies fill are written by the generic proxy (cp.async); each consumer thread
 // orders them before its products' reads (the async proxy) with fence.proxy.async after its wait.
