@@ -48,6 +48,9 @@ all-reduces. The profiled cost model adds ``2 * layers`` all-reduces per step fr
 Eager tables are GPU time, timed as the executor times an eager step (`SegmentTimer`: a sleep
 before each segment keeps the host's launch gaps out), so the components of a step add up.
 
+``measure_s`` (top level) holds the wall seconds each table, or group of tables measured together,
+took to measure on this device, so that a run of the command can be planned.
+
 Sequences of a synthetic batch take distinct blocks, wrapping around the cache when a point needs
 more than it holds (the cache is far larger than the L2 cache, so every read still comes from HBM).
 """
@@ -306,6 +309,7 @@ class Profiler:
         self.clock = _Clock(torch, self.cuda, max_reps=3 if quick else 9)
         self.graph_sizes = list(GRAPH_BATCH_SIZES)
         self._next_block = 0
+        self.measure_s: dict[str, float] = {}  # wall seconds each table took to measure (`_timed`)
 
     def _say(self, msg: str) -> None:
         if self.progress:
@@ -553,22 +557,34 @@ class Profiler:
         self._say(f"allreduce {['%.3g' % x for x in secs]}")
         return {"axes": ["bytes"], "grid": {"bytes": sizes}, "seconds": secs}
 
+    def _timed(self, name: str, measure):
+        """`measure()`, its wall seconds kept in `measure_s` under `name`."""
+        t0 = time.perf_counter()
+        out = measure()
+        self.measure_s[name] = round(time.perf_counter() - t0, 3)
+        return out
+
     def run(self) -> dict:
         t0 = time.perf_counter()
+        self.measure_s = {}
         tp = self.tp > 1
         if tp:  # components on one rank without communication; the all-reduces in their own table
             self.runner.set_communicate(False)
-        comps = {"linear": self.linear(), "attn_prefill": self.attn_prefill(), "attn_decode": self.attn_decode(),
-                 "cache_write": self.cache_write(), "sample": self.sample(), **self.moves()}
-        comps["overhead"] = self.overhead()
+        comps = {name: self._timed(name, getattr(self, name))
+                 for name in ("linear", "attn_prefill", "attn_decode", "cache_write", "sample")}
+        comps.update(self._timed("swap_out, swap_in, copy", self.moves))
+        comps["overhead"] = self._timed("overhead", self.overhead)
         if tp:  # a whole decode step holds its all-reduces
             self.runner.set_communicate(True)
-            comps["allreduce"] = self.allreduce()
-        step = self.decode_step()
-        if step is not None:
+            comps["allreduce"] = self._timed("allreduce", self.allreduce)
+        step = self._timed("decode_step, decode_step_longest", self.decode_step)
+        if step is None:  # (CUDA only)
+            del self.measure_s["decode_step, decode_step_longest"]
+        else:
             comps["decode_step"], comps["decode_step_longest"] = step
-            comps["decode_step_shared"] = self.decode_step_shared()
-        self._say(f"measured in {time.perf_counter() - t0:.0f} s")
+            comps["decode_step_shared"] = self._timed("decode_step_shared", self.decode_step_shared)
+        self._say(f"measured in {time.perf_counter() - t0:.0f} s: "
+                  + ", ".join(f"{k} {v:.0f} s" for k, v in self.measure_s.items()))
         return comps
 
 
@@ -604,17 +620,18 @@ def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_par
         from validation.tiers.bench import measure_tiers
         d, prefill_impl = p.dims, p.runner.prefill_impl
         del p.runner  # the model's caches make room for the tier buffers
-        tiers = measure_tiers(num_layers=d.num_layers, num_kv_heads=d.num_kv_heads, head_size=d.head_size,
-                              block_size=block_size, dtype=dtype, device=device, disk_dir=tier_dir,
-                              **({"chunk_tokens": (16, 64), "chunks": (1, 4), "reps": 2} if quick else {}),
-                              progress=p._say if progress else None)
+        tiers = p._timed("tier moves", lambda: measure_tiers(
+            num_layers=d.num_layers, num_kv_heads=d.num_kv_heads, head_size=d.head_size, block_size=block_size,
+            dtype=dtype, device=device, disk_dir=tier_dir,
+            **({"chunk_tokens": (16, 64), "chunks": (1, 4), "reps": 2} if quick else {}),
+            progress=p._say if progress else None))
         comps.update(tiers["components"])
     return {
         "format": PROFILE_FORMAT, "model": model, "gpu": gpu, "dtype": dtype, "kv_dtype": dtype,
         "tensor_parallel": tensor_parallel, "block_size": block_size, "device": name, "torch": torch.__version__,
         "command": command, "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "decode_attention": attention, "prefill_attention": prefill_impl, "quick": quick,
-        "cuda_graph_batch_sizes": p.graph_sizes if p.cuda else [], "components": comps,
+        "cuda_graph_batch_sizes": p.graph_sizes if p.cuda else [], "measure_s": p.measure_s, "components": comps,
         **({"tier_disk_io": f"{tiers['disk_mode']} ({tiers['disk_reason']})"} if tiers else {}),
     }
 
@@ -651,9 +668,10 @@ def add_table(path: Path, table: str, *, device: str = "cuda", catalog=(), comma
     if p.graph_sizes != list(prof["cuda_graph_batch_sizes"]):
         raise ProfileError(f"--add-table: {path} holds CUDA graphs of sizes {prof['cuda_graph_batch_sizes']}, the "
                            f"executor captures {p.graph_sizes}; measure a whole profile with blocksim profile")
-    measured = getattr(p, table)()
+    measured = p._timed(table, getattr(p, table))
     measured["measured"] = {"device": name, "torch": torch.__version__, "command": command,
-                            "utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+                            "utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                            "measure_s": p.measure_s[table]}
     prof["components"][table] = measured
     return prof
 

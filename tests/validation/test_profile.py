@@ -43,6 +43,9 @@ def test_profile_has_every_component_on_its_grid(written):
         assert secs.shape == shape and (secs > 0).all(), name
     assert comps["overhead"]["eager_s"] >= 0 and comps["overhead"]["graph_s"] == 0.0
     assert prof["command"].startswith("blocksim profile")
+    # what each table took to measure: every table measured is named once, in seconds
+    named = [n.strip() for key in prof["measure_s"] for n in key.split(",")]
+    assert sorted(named) == sorted(comps) and all(v >= 0 for v in prof["measure_s"].values())
 
 
 def test_profile_reads_back_through_the_cost_models_loader(written):
