@@ -711,6 +711,17 @@ def add_profile_command(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def _write_whole(path: Path, prof: dict) -> None:
+    """The profile at `path`, written beside it first and moved into place: an interrupt leaves the
+    file as it was (a shipped profile included), never half-written."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(prof, indent=1) + "\n")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     command = "blocksim profile " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "blocksim profile"
     if args.add_table:
@@ -723,9 +734,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         except ProfileError as e:
             print(str(e), file=sys.stderr)
             return 2
-        tmp = Path(args.out).with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(prof, indent=1) + "\n")
-        tmp.replace(args.out)  # the profile is never left half-written
+        _write_whole(Path(args.out), prof)
         print(f"profile: {args.add_table} added to {args.out}")
         return 0
     try:
@@ -740,7 +749,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                                            / shipped_name(prof["model"], prof["gpu"], prof["dtype"],
                                                           prof["tensor_parallel"]))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(prof, indent=1) + "\n")
+    _write_whole(out, prof)
     print(f"profile: {prof['model']} on {prof['gpu']} ({prof['device']}), written to {out}")
     return 0
 

@@ -140,3 +140,16 @@ def test_adding_a_table_needs_a_profile_and_a_gpu(written, tmp_path, capsys):
     assert main([*args, "--out", str(path)]) == 2 and "on a GPU only" in capsys.readouterr().err
     assert path.read_text() == before, "the profile is left as it was"
     assert main([*args, "--out", str(tmp_path / "none.json")]) == 2 and "cannot read" in capsys.readouterr().err
+
+
+def test_an_interrupted_write_leaves_the_profile_as_it_was(tmp_path, monkeypatch):
+    out = tmp_path / "p.json"
+    out.write_text('{"before": true}\n')
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(type(out), "replace", interrupted)  # after the new text is written beside it
+    with pytest.raises(KeyboardInterrupt):
+        profile._write_whole(out, {"after": True})
+    assert out.read_text() == '{"before": true}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["p.json"]
