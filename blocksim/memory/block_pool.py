@@ -50,12 +50,21 @@ class FreeBlockQueue:
         self.removed: dict[int, int] = {}  # block -> its entries from `first` on that are no longer in the queue
         self.num_free = num_blocks
 
-    def _live(self) -> list[int]:
-        removed = dict(self.removed)
-        out = []
-        for b in self.order[self.first:]:
-            if removed.get(b):
-                removed[b] -= 1
+    def _live(self, limit: int | None = None) -> list[int]:
+        """The free blocks from the head, in the order `take` returns them (the first `limit` of
+        them), read from the entries themselves (not from `num_free`)."""
+        i, order, removed = self.first, self.order, self.removed
+        if not removed:
+            return order[i:] if limit is None else order[i:i + limit]
+        out: list[int] = []
+        skipped: dict[int, int] = {}  # block -> its removed entries passed so far
+        end = len(order)
+        while i < end and len(out) != limit:
+            b = order[i]
+            i += 1
+            k = skipped.get(b, 0)
+            if removed.get(b, 0) > k:
+                skipped[b] = k + 1
             else:
                 out.append(b)
         return out
@@ -63,7 +72,7 @@ class FreeBlockQueue:
     @property
     def head(self) -> int:
         """The block taken next (-1 when none is free)."""
-        live = self._live()
+        live = self._live(1)
         return live[0] if live else _NIL
 
     @property
@@ -103,21 +112,7 @@ class FreeBlockQueue:
 
     def peek(self, n: int) -> list[int]:
         """The first `n` blocks `take(n)` would return (fewer when fewer are free), left in place."""
-        i, order, removed = self.first, self.order, self.removed
-        if not removed:
-            return order[i:i + min(n, self.num_free)]
-        out: list[int] = []
-        skipped: dict[int, int] = {}
-        n = min(n, self.num_free)
-        while len(out) < n:
-            b = order[i]
-            i += 1
-            k = skipped.get(b, 0)
-            if removed.get(b, 0) > k:
-                skipped[b] = k + 1
-            else:
-                out.append(b)
-        return out
+        return self._live(n)
 
     def popleft(self) -> int:
         if not self.num_free:
