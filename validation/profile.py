@@ -566,7 +566,6 @@ class Profiler:
 
     def run(self) -> dict:
         t0 = time.perf_counter()
-        self.measure_s = {}
         tp = self.tp > 1
         if tp:  # components on one rank without communication; the all-reduces in their own table
             self.runner.set_communicate(False)
@@ -577,11 +576,9 @@ class Profiler:
         if tp:  # a whole decode step holds its all-reduces
             self.runner.set_communicate(True)
             comps["allreduce"] = self._timed("allreduce", self.allreduce)
-        step = self._timed("decode_step, decode_step_longest", self.decode_step)
-        if step is None:  # (CUDA only)
-            del self.measure_s["decode_step, decode_step_longest"]
-        else:
-            comps["decode_step"], comps["decode_step_longest"] = step
+        if self.cuda:  # whole graph-replayed steps
+            comps["decode_step"], comps["decode_step_longest"] = self._timed("decode_step, decode_step_longest",
+                                                                             self.decode_step)
             comps["decode_step_shared"] = self._timed("decode_step_shared", self.decode_step_shared)
         self._say(f"measured in {time.perf_counter() - t0:.0f} s: "
                   + ", ".join(f"{k} {v:.0f} s" for k, v in self.measure_s.items()))
