@@ -43,6 +43,7 @@ struct PagedPrefillParams {
                                 // warpgroup kernel (paged_prefill_wgmma.cuh)
   int64_t q_token_stride;       // elements between query tokens
   int64_t out_token_stride;     // elements between output tokens
+  int64_t num_tokens;           // rows of out and query (the output's tensor map)
   int64_t k_block_stride, k_token_stride, k_head_stride;  // elements
   int64_t v_block_stride, v_token_stride, v_head_stride;
 };

@@ -20,19 +20,28 @@
 //   products and the softmax: per key tile n, S_n = Q K_n^T issued together with
 //   O += P_{n-1} V_{n-1}; the softmax of S_n under that product; then the rescale of O and the
 //   packing of P_n. Each warp arrives on a stage's empty mbarrier as soon as the products reading
-//   it have completed, and on its Q buffer's once the item's last S product has.
+//   it have completed, and on its Q buffer's once the item's last S product has (or, for rows
+//   stored by TMA, after the store below).
 //   The two consumers take turns at the tensor cores (two named barriers, FlashAttention-3's
 //   warp-scheduler barriers): each issues its products of a tile only after the other has issued
 //   its own, so that one's softmax runs under the other's products. A consumer whose rows see
 //   fewer key tiles than the item's (a GQA item's first rows, or rows past the sequence's end)
 //   takes its turns on the remaining tiles without products, so that the turns stay paired.
-//   At an item's end each warp normalises its 16 output rows into its own staging area of shared
-//   memory and stores them from there as whole 256-byte rows (wg::store_rows_staged; the
+//   At an item's end a consumer whose 64 rows all lie within the sequence normalises them into
+//   its half of the item's Q buffer (the products that read it have completed; the same 128-byte
+//   swizzle as the tiles) and one thread stores them with two TMA stores (64 head dims each)
+//   through a tensor map of the output; that thread releases the Q buffer once the stores have
+//   read it (cp.async.bulk.wait_group.read), so the producer's next copy of Q never waits on
+//   global stores. Rows of an item's last, partial 64 (and outputs a tensor map cannot describe)
+//   go through each warp's own staging area as whole 256-byte rows (wg::store_rows_staged; the
 //   wrapper hands the kernel a 16-byte aligned output).
 //
 // The tiles the copies fill are written by the generic proxy (cp.async); each consumer thread
 // orders them before its products' reads (the async proxy) with fence.proxy.async after its wait.
 #pragma once
+
+#include <cuda.h>          // CUtensorMap
+#include <cudaTypedefs.h>  // the tensor-map encoder's signature
 
 #include "paged_prefill_wgmma.cuh"
 
@@ -67,6 +76,7 @@ constexpr int kSmemBytes = kQStages * kQBytes + (kKStages + kVStages) * kTileByt
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
 // named barriers (0 is __syncthreads): the consumers' turns at the tensor cores
 constexpr int kTurnBarrier0 = 1;
+constexpr int kStoreBarrier0 = 3;  // each consumer's 128 threads before its TMA store
 
 // The block's items: item_at's order dealt out in rounds of one item per block, the rounds
 // alternating direction (block b takes item b of round 0, grid - 1 - b of round 1, ...), so that
@@ -121,6 +131,19 @@ __device__ __forceinline__ void cp_async16s(uint32_t dst, const void* src, bool 
                : "memory");
 }
 
+// Arrives `count` times on the mbarrier.
+__device__ __forceinline__ void mbar_arrive_count(uint32_t bar, uint32_t count) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(count) : "memory");
+}
+// The box of the output's tensor map at (c0, c1, c2) stored from shared memory at src (TMA).
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(src)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
 // A ring position: stage and the parity of its use (uses counted over the block's whole run, so the
 // producer and the consumers, which take the same items and tiles, agree).
 template <int STAGES>
@@ -137,7 +160,9 @@ struct RingPos {
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const PagedPrefillParams p, const int m_blocks,
-                                                                       const int band, const int num_items) {
+                                                                       const int band, const int num_items,
+                                                                       const __grid_constant__ CUtensorMap out_map,
+                                                                       const bool tma_out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char ws_smem[];
   const int group = p.num_heads / p.num_kv_heads;
@@ -305,6 +330,9 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
       const int wg_kv_end = wg_row0 < it.rows ? it.cached + (min(wg_row0 + 64, it.rows) - 1) / group + 1 : 0;
       const bool wg_live = wg_kv_end > 0;  // rows, and keys they see (lengths that contradict each other see none)
       const int wg_tiles = (wg_kv_end + kKeys - 1) / kKeys;  // <= n_tiles
+      // all 64 rows within the sequence: stored by TMA from this item's Q buffer, which is released
+      // once the store has read it (not at the last S)
+      const bool tma_item = tma_out && wg_row0 + 64 <= it.rows;
       const uint64_t q_desc = q_desc0 + ((q_stage * kQBytes) >> 4);
       int n = 0;
       if (wg_live) {
@@ -325,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
         wg::fence_regs(s);
         release(k_empty(kpos.stage));
         kpos.advance();
-        if (wg_tiles == 1) release(q_empty(q_stage));
+        if (wg_tiles == 1 && !tma_item) release(q_empty(q_stage));
         wg::tile_softmax(s, m_run, l_run, alpha, 0, scale2, wg_first_pos, t, qpos);
         wg::tile_rescale_and_pack<T>(o, pa, s, alpha);
         for (n = 1; n < wg_tiles; ++n) {
@@ -343,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
           wg::fence_regs(s);
           release(k_empty(kpos.stage));
           kpos.advance();
-          if (n == wg_tiles - 1) release(q_empty(q_stage));
+          if (n == wg_tiles - 1 && !tma_item) release(q_empty(q_stage));
           wg::tile_softmax(s, m_run, l_run, alpha, n, scale2, wg_first_pos, t, qpos);
           wg::fence_regs(s);
           wg::fence_regs(alpha);
@@ -369,8 +397,38 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
         wg::fence_regs(o);
         release(v_empty(vpos.stage));
         vpos.advance();
-        wg::store_rows_staged(o, l_run, static_cast<T*>(p.out), o_stage + (cw * 4 + warp) * kOutWarpBytes,
-                              wg_row0 + warp * 16, it.rows, it.q_start, group, it.kvh, p.out_token_stride, g, t, lane);
+        if (tma_item) {
+          // the rows into this consumer's rows of the Q buffer (the 128-byte swizzle of the tiles),
+          // then one thread stores the two halves of 64 head dims by TMA
+          const uint32_t qb = q_smem + q_stage * kQBytes + cw * 64 * kHalfRow;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float l = l_run[h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float f = 1.f / l;
+            const int r = warp * 16 + g + 8 * h;
+#pragma unroll
+            for (int d = 0; d < kHead / 8; ++d) {
+              const uint32_t v = fast::Mma<T>::pack(o[4 * d + 2 * h] * f, o[4 * d + 2 * h + 1] * f);
+              const uint32_t a = qb + (d >> 3) * kRows * kHalfRow + r * kHalfRow + (((d & 7) ^ g) << 4) + t * 4;
+              asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+            }
+          }
+          wg::fence_proxy_async();
+          named_sync(kStoreBarrier0 + cw, 128);
+          if ((ctid & 127) == 0) {
+            const int tok = it.q_start + wg_row0 / group;
+            tma_store_3d(&out_map, qb, 0, it.kvh * group, tok);
+            tma_store_3d(&out_map, qb + kRows * kHalfRow, 64, it.kvh * group, tok);
+            asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+            mbar_arrive_count(q_empty(q_stage), 4);
+          }
+        } else {
+          wg::store_rows_staged(o, l_run, static_cast<T*>(p.out), o_stage + (cw * 4 + warp) * kOutWarpBytes,
+                                wg_row0 + warp * 16, it.rows, it.q_start, group, it.kvh, p.out_token_stride, g, t,
+                                lane);
+        }
         n = wg_tiles;
       } else {
         release(q_empty(q_stage));
@@ -394,8 +452,43 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
       }
     }
     if (cw == 0) named_sync(kTurnBarrier0, 256);  // the second consumer's last arrival
+    if ((ctid & 127) == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the TMA stores done
   }
 #endif
+}
+
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// The output [tokens, heads, 128] as a tensor map of boxes of 64 head dims x `group` heads x
+// 64 / group tokens (a consumer's 64 packed rows), 128-byte swizzled; false where it cannot be.
+template <typename T>
+bool out_map_of(CUtensorMap* map, const PagedPrefillParams& p, int group) {
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr || 64 % group != 0 || reinterpret_cast<uintptr_t>(p.out) % 16 != 0 ||
+      (p.out_token_stride * 2) % 16 != 0 || p.num_tokens <= 0) {
+    return false;
+  }
+  const cuuint64_t dims[3] = {kHead, static_cast<cuuint64_t>(p.num_heads), static_cast<cuuint64_t>(p.num_tokens)};
+  const cuuint64_t strides[2] = {kHead * 2, static_cast<cuuint64_t>(p.out_token_stride) * 2};
+  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(group), static_cast<cuuint32_t>(64 / group)};
+  const cuuint32_t elem[3] = {1, 1, 1};
+  const CUtensorMapDataType type =
+      std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return encode(map, type, 3, p.out, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // The persistent grid: one block per SM, at most one per item.
@@ -415,9 +508,11 @@ cudaError_t launch(const PagedPrefillParams& p, cudaStream_t stream) {
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
   const int grid = static_cast<int>(std::min<int64_t>(items, sms));
+  CUtensorMap out_map{};
+  const bool tma_out = out_map_of<T>(&out_map, p, group);
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, static_cast<int>(m_blocks),
                                                  wg::band_for(group, static_cast<int>(m_blocks)),
-                                                 static_cast<int>(items));
+                                                 static_cast<int>(items), out_map, tma_out);
   return cudaGetLastError();
 }
 

@@ -281,6 +281,7 @@ void paged_prefill(torch::Tensor out, torch::Tensor query, torch::Tensor key_cac
   p.max_context_len = static_cast<int>(max_context_len);
   p.q_token_stride = query.stride(0);
   p.out_token_stride = out.stride(0);
+  p.num_tokens = out.size(0);
   p.k_block_stride = key_cache.stride(0);
   p.k_token_stride = key_cache.stride(1);
   p.k_head_stride = key_cache.stride(2);
