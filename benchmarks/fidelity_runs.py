@@ -440,8 +440,9 @@ def first_copies(exec_dir: Path) -> str:
             "simulation does not price.")
 
 
-def lease_note(same_lease: bool, exec_dir: Path) -> str:
-    """The paragraph on where the profiles and the executed runs were measured."""
+def lease_note(same_lease: bool, exec_dir: Path, repeated: bool = False) -> str:
+    """The paragraph on where the profiles and the executed runs were measured (naming the "Executed
+    twice" table only where the document has one)."""
     if same_lease:
         text = ("The profiles of the models executed here and the executed runs were measured on one lease of "
                 "the device (`benchmarks/fidelity_device.sh`: the profiles first, then the runs, on the same "
@@ -449,16 +450,21 @@ def lease_note(same_lease: bool, exec_dir: Path) -> str:
                 "lease under its `measured` key). The graph steps of one or two rows, whose shape the profile "
                 "times exactly as a run executes it, show what remains between the profile's measurement and a run's on that machine: "
                 "their mean error in the per-run table below. Another lease (another machine of the same kind, "
-                "or the same one at another time) moves the executed runs themselves: the same slices executed "
-                "there (\"Executed twice\", at the end) show how far, and a figure that moves further between "
-                "two executions than its target cannot be judged to that target against one of them.")
+                "or the same one at another time) moves the executed runs themselves"
+                + (": the same slices executed there (\"Executed twice\", at the end) show how far, and"
+                   if repeated else
+                   " (these slices were executed on this lease only; the sensitivity table below gives how far "
+                   "each figure moves with the step times), and")
+                + " a figure that moves further between two executions than its target cannot be judged to "
+                "that target against one of them.")
     else:
         text = ("The profile and the executed runs were measured on different leases of the device (machines "
                 "of the same kind, or the same one at another time). The graph steps of one or two rows, whose "
                 "shape the profile times exactly as a run executes it, show how far the two leases differ: "
-                "their mean error in the per-run table below is the profile's lease against the run's, and the "
-                "same slice executed on two leases (\"Executed twice\", at the end) moves by as much. Both "
-                "bound what a per-step or latency error below a percent or two can mean.")
+                "their mean error in the per-run table below is the profile's lease against the run's"
+                + (", and the same slice executed on two leases (\"Executed twice\", at the end) moves by as "
+                   "much. Both bound" if repeated else ". It bounds")
+                + " what a per-step or latency error below a percent or two can mean.")
     return textwrap.fill(text + first_copies(exec_dir), 100)
 
 
@@ -467,7 +473,7 @@ def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str =
     """benchmarks/FIDELITY.md: how the figures were made and the generated tables."""
     devices = sorted({json.loads(p.read_text()).get("device", "?") for p in exec_dir.glob("*/executor.json")})
     torch_v = sorted({json.loads(p.read_text()).get("torch", "?") for p in exec_dir.glob("*/executor.json")})
-    out = [HEADER.format(devices=", ".join(devices), torch=", ".join(torch_v), lease=lease_note(same_lease, exec_dir))]
+    out = [HEADER.format(devices=", ".join(devices), torch=", ".join(torch_v), lease=lease_note(same_lease, exec_dir, bool(repeated)))]
     done = {p.parent.name for p in exec_dir.glob("*/executor.json")}
     want = [run_name(t, p, m) for m in MODELS for t in SLICES for p in PRESETS]
     missing = [w for w in want if w not in done]
