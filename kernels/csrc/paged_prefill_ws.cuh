@@ -144,6 +144,19 @@ __device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t sr
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
 
+// The bytes the mbarrier's current phase waits for besides its arrivals (the tensor copies below).
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// The box of a tensor map at (c0, c1, c2) into shared memory at dst (TMA), its bytes counted on
+// the mbarrier; a box's part past the tensor's bounds lands as zeros.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
 // A ring position: stage and the parity of its use (uses counted over the block's whole run, so the
 // producer and the consumers, which take the same items and tiles, agree).
 template <int STAGES>
@@ -162,6 +175,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const PagedPrefillParams p, const int m_blocks,
                                                                        const int band, const int num_items,
                                                                        const __grid_constant__ CUtensorMap out_map,
+                                                                       const __grid_constant__ CUtensorMap q_map,
                                                                        const bool tma_out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char ws_smem[];
@@ -222,6 +236,24 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
     auto copy_q = [&](int idx) {
       const wg::Item it = wg::item_at(p, idx, pairs, m_blocks, band, group);
       mbar_wait(q_empty(qring.stage), qring.phase ^ 1u);
+      if (tma_out) {
+        // the item's 64-row blocks that hold rows of the sequence, each as two boxes of 64 head
+        // dims by TMA (rows of a block past the sequence's end load other tokens or zeros: their
+        // outputs are never stored)
+        const uint32_t dst = q_smem + qring.stage * kQBytes;
+        if (tid == 0) {
+          const int blocks = min(2, (it.rows - it.m0 + 63) / 64);
+          mbar_expect_tx(q_full(qring.stage), static_cast<uint32_t>(blocks * 64 * kHead * 2));
+          for (int h = 0; h < blocks; ++h) {
+            const int tok = it.q_start + (it.m0 + 64 * h) / group;
+            tma_load_3d(dst + h * 64 * kHalfRow, &q_map, 0, it.kvh * group, tok, q_full(qring.stage));
+            tma_load_3d(dst + kRows * kHalfRow + h * 64 * kHalfRow, &q_map, 64, it.kvh * group, tok, q_full(qring.stage));
+          }
+        }
+        mbar_arrive(q_full(qring.stage));
+        qring.advance();
+        return;
+      }
       const T* const q_base = static_cast<const T*>(p.query) + chunk * 8;
 #pragma unroll 4
       for (int i = 0; i < kRows / 8; ++i) {
@@ -474,19 +506,19 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // The output [tokens, heads, 128] as a tensor map of boxes of 64 head dims x `group` heads x
 // 64 / group tokens (a consumer's 64 packed rows), 128-byte swizzled; false where it cannot be.
 template <typename T>
-bool out_map_of(CUtensorMap* map, const PagedPrefillParams& p, int group) {
+bool rows_map_of(CUtensorMap* map, const void* base, int64_t token_stride, const PagedPrefillParams& p, int group) {
   const auto encode = tensor_map_encoder();
-  if (encode == nullptr || 64 % group != 0 || reinterpret_cast<uintptr_t>(p.out) % 16 != 0 ||
-      (p.out_token_stride * 2) % 16 != 0 || p.num_tokens <= 0) {
+  if (encode == nullptr || 64 % group != 0 || reinterpret_cast<uintptr_t>(base) % 16 != 0 ||
+      (token_stride * 2) % 16 != 0 || p.num_tokens <= 0) {
     return false;
   }
   const cuuint64_t dims[3] = {kHead, static_cast<cuuint64_t>(p.num_heads), static_cast<cuuint64_t>(p.num_tokens)};
-  const cuuint64_t strides[2] = {kHead * 2, static_cast<cuuint64_t>(p.out_token_stride) * 2};
+  const cuuint64_t strides[2] = {kHead * 2, static_cast<cuuint64_t>(token_stride) * 2};
   const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(group), static_cast<cuuint32_t>(64 / group)};
   const cuuint32_t elem[3] = {1, 1, 1};
   const CUtensorMapDataType type =
       std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  return encode(map, type, 3, p.out, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+  return encode(map, type, 3, const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
@@ -508,11 +540,12 @@ cudaError_t launch(const PagedPrefillParams& p, cudaStream_t stream) {
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
   const int grid = static_cast<int>(std::min<int64_t>(items, sms));
-  CUtensorMap out_map{};
-  const bool tma_out = out_map_of<T>(&out_map, p, group);
+  CUtensorMap out_map{}, q_map{};
+  const bool tma_out = rows_map_of<T>(&out_map, p.out, p.out_token_stride, p, group) &&
+                       rows_map_of<T>(&q_map, p.query, p.q_token_stride, p, group);
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, static_cast<int>(m_blocks),
                                                  wg::band_for(group, static_cast<int>(m_blocks)),
-                                                 static_cast<int>(items), out_map, tma_out);
+                                                 static_cast<int>(items), out_map, q_map, tma_out);
   return cudaGetLastError();
 }
 
