@@ -9,7 +9,10 @@
 //
 // - The producer warpgroup (setmaxnreg down to kProducerRegs) only copies: for each item key
 //   tile 0, then key tile n + 1 and value tile n in turn, then the next item's Q rows (Q has two
-//   buffers, so they land under this item's products), each into a ring stage of
+//   buffers, so they land under this item's products). The Q rows go by TMA: one thread loads
+//   each 64-row block of the item as two boxes of 64 head dims through a tensor map of the query
+//   (the same geometry as the output's below), its bytes counted on the Q buffer's full mbarrier.
+//   The key and value tiles go into ring stages of
 //   shared memory with cp.async, gathering every 16-byte chunk of a key or value row through the
 //   block table (the tile's block ids are read one per lane and shuffled to the rows). Chunks past
 //   the item's keys or of a block id outside the cache are zero-filled without reading memory, so
@@ -32,11 +35,13 @@
 //   swizzle as the tiles) and one thread stores them with two TMA stores (64 head dims each)
 //   through a tensor map of the output; that thread releases the Q buffer once the stores have
 //   read it (cp.async.bulk.wait_group.read), so the producer's next copy of Q never waits on
-//   global stores. Rows of an item's last, partial 64 (and outputs a tensor map cannot describe)
-//   go through each warp's own staging area as whole 256-byte rows (wg::store_rows_staged; the
-//   wrapper hands the kernel a 16-byte aligned output).
+//   global stores. Rows of an item's last, partial 64 go through each warp's own staging area as
+//   whole 256-byte rows (wg::store_rows_staged; the wrapper hands the kernel a 16-byte aligned
+//   output). Where a tensor map cannot describe the query or the output (a GQA group that does not
+//   divide 64, a token stride off 16 bytes), Q is copied with cp.async, 16 bytes a thread, and
+//   every output row is staged.
 //
-// The tiles the copies fill are written by the generic proxy (cp.async); each consumer thread
+// The tiles the cp.async copies fill are written by the generic proxy; each consumer thread
 // orders them before its products' reads (the async proxy) with fence.proxy.async after its wait.
 #pragma once
 
