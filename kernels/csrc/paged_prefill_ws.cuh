@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
                                                                        const int band, const int num_items,
                                                                        const __grid_constant__ CUtensorMap out_map,
                                                                        const __grid_constant__ CUtensorMap q_map,
-                                                                       const bool tma_out) {
+                                                                       const bool tma_rows) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char ws_smem[];
   const int group = p.num_heads / p.num_kv_heads;
@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
     auto copy_q = [&](int idx) {
       const wg::Item it = wg::item_at(p, idx, pairs, m_blocks, band, group);
       mbar_wait(q_empty(qring.stage), qring.phase ^ 1u);
-      if (tma_out) {
+      if (tma_rows) {
         // the item's 64-row blocks that hold rows of the sequence, each as two boxes of 64 head
         // dims by TMA (rows of a block past the sequence's end load other tokens or zeros: their
         // outputs are never stored)
@@ -369,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
       const int wg_tiles = (wg_kv_end + kKeys - 1) / kKeys;  // <= n_tiles
       // all 64 rows within the sequence: stored by TMA from this item's Q buffer, which is released
       // once the store has read it (not at the last S)
-      const bool tma_item = tma_out && wg_row0 + 64 <= it.rows;
+      const bool tma_item = tma_rows && wg_row0 + 64 <= it.rows;
       const uint64_t q_desc = q_desc0 + ((q_stage * kQBytes) >> 4);
       int n = 0;
       if (wg_live) {
@@ -546,11 +546,12 @@ cudaError_t launch(const PagedPrefillParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const int grid = static_cast<int>(std::min<int64_t>(items, sms));
   CUtensorMap out_map{}, q_map{};
-  const bool tma_out = rows_map_of<T>(&out_map, p.out, p.out_token_stride, p, group) &&
+  // Q loaded and the output stored by TMA where both tensor maps can be encoded
+  const bool tma_rows = rows_map_of<T>(&out_map, p.out, p.out_token_stride, p, group) &&
                        rows_map_of<T>(&q_map, p.query, p.q_token_stride, p, group);
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, static_cast<int>(m_blocks),
                                                  wg::band_for(group, static_cast<int>(m_blocks)),
-                                                 static_cast<int>(items), out_map, q_map, tma_out);
+                                                 static_cast<int>(items), out_map, q_map, tma_rows);
   return cudaGetLastError();
 }
 
