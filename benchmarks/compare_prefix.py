@@ -2,6 +2,7 @@
 prefix caching (vllm-prefix), vLLM V1 (vllm-v1) and SGLang's radix cache (sglang).
 
     python benchmarks/compare_prefix.py [TRACE] [--model M] [--gpu G] [--blocks N] [--clip T] [--rate-scale X]
+        [--engine PRESET[:OPTION=VALUE,...]]... [--json FILE]
 
 Every engine gets the same KV memory: `--blocks` blocks of 16 tokens for vLLM (default: what
 vllm-prefix derives for the model and GPU), the same tokens as pages of 1 token for SGLang; each
@@ -9,12 +10,16 @@ keeps its own batch defaults. The trace is clipped to `--clip` tokens (default t
 Prints one Markdown row per engine: prompt tokens served from the cache (saved: not prefilled; hit
 rate: saved / prompt tokens admitted, re-admissions after preemption included), TTFT, TPOT,
 throughput (prompt and output tokens per simulated second), cached tokens evicted (vLLM: blocks x
-16), preemptions (SGLang: retractions).
+16), preemptions (SGLang: retractions). `--engine` replaces the three engines (repeatable; options
+are `build_config`'s, e.g. `vllm-0.6:prefix_caching=true` or `sglang:schedule_policy=lpm`); `--json`
+adds one object per run to a JSON list in FILE (replacing the runs of the same settings), with the
+cost model that priced them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -23,7 +28,27 @@ from blocksim.engine import Engine
 from blocksim.experiments.runner import build_config
 
 MOONCAKE = Path(__file__).resolve().parents[2] / "shared/traces/mooncake/synthetic_trace.jsonl"
-ENGINES = (("vllm-prefix", 16), ("vllm-v1", 16), ("sglang", 1))
+ENGINES = ("vllm-prefix", "vllm-v1", "sglang")
+
+
+def engine_spec(text: str) -> tuple[str, dict]:
+    """`PRESET[:OPTION=VALUE,...]` as the preset and its options (values read as JSON where they
+    parse: true, 8192; else as strings)."""
+    preset, _, rest = text.partition(":")
+    options = {}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"--engine {text}: {item!r} is not OPTION=VALUE")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return preset, options
+
+
+def label(preset: str, options: dict) -> str:
+    return " ".join([f"`{preset}`", *(f"{k}={v}" for k, v in options.items())])
 
 
 def main() -> None:
@@ -34,7 +59,10 @@ def main() -> None:
     p.add_argument("--blocks", type=int, default=None, help="GPU blocks of 16 tokens (SGLang: x16 one-token pages)")
     p.add_argument("--clip", type=int, default=None)
     p.add_argument("--rate-scale", type=float, default=1.0)
+    p.add_argument("--engine", type=engine_spec, action="append", dest="engines", metavar="PRESET[:OPTION=VALUE,...]")
+    p.add_argument("--json", default=None, metavar="FILE")
     a = p.parse_args()
+    engines = a.engines or [(e, {}) for e in ENGINES]
     base = build_config("vllm-prefix", model=a.model, gpu=a.gpu)
     blocks = a.blocks or base.num_gpu_blocks
     tr = traces.read_trace(a.trace)
@@ -46,8 +74,10 @@ def main() -> None:
     print("| engine | hit rate | prompt tokens saved | TTFT p50 / p99 (s) | TPOT p50 (ms) | throughput (tok/s) "
           "| cached tokens evicted | preemptions |")
     print("|---|---|---|---|---|---|---|---|")
-    for policy, bs in ENGINES:
-        cfg = build_config(policy, model=a.model, gpu=a.gpu, num_gpu_blocks=blocks * 16 // bs)
+    rows = []
+    for policy, options in engines:
+        bs = 1 if policy == "sglang" else 16  # SGLang's pages of one token, the same KV memory
+        cfg = build_config(policy, model=a.model, gpu=a.gpu, num_gpu_blocks=blocks * 16 // bs, **options)
         t = time.perf_counter()
         eng = Engine(cfg, tr)
         res = eng.run()
@@ -57,10 +87,29 @@ def main() -> None:
         admitted = sum(g.prompt_tokens * (1 + g.preemptions) for g in eng.groups if g.status != "rejected")
         evicted = s["radix_evicted_tokens"] if "radix_evicted_tokens" in s else s.get("prefix_cache_evictions", 0) * 16
         fin = r[r.status == "finished"]
-        print(f"| `{policy}` | {saved / max(admitted, 1):.2%} | {saved:,} | {fin.ttft_s.quantile(0.5):.3f} / "
-              f"{fin.ttft_s.quantile(0.99):.3f} | {fin.tpot_s.quantile(0.5) * 1e3:.2f} | "
-              f"{s['total_tokens_per_s']:,.0f} | {evicted:,} | {s['preemptions']} | <!-- wall {wall:.1f} s -->",
-              flush=True)
+        row = {"trace": Path(a.trace).name, "model": a.model, "gpu": a.gpu, "kv_tokens": blocks * 16,
+               "rate_scale": a.rate_scale, "clip": a.clip, "preset": policy, "options": options,
+               "cost_model": s.get("cost_model"), "hit_rate": saved / max(admitted, 1), "prompt_tokens_saved": saved,
+               "ttft_p50_s": fin.ttft_s.quantile(0.5), "ttft_p99_s": fin.ttft_s.quantile(0.99),
+               "tpot_p50_s": fin.tpot_s.quantile(0.5), "throughput_tok_s": s["total_tokens_per_s"],
+               "cached_tokens_evicted": int(evicted), "preemptions": int(s["preemptions"])}
+        rows.append(row)
+        print(f"| {label(policy, options)} | {row['hit_rate']:.2%} | {saved:,} | {row['ttft_p50_s']:.3f} / "
+              f"{row['ttft_p99_s']:.3f} | {row['tpot_p50_s'] * 1e3:.2f} | {row['throughput_tok_s']:,.0f} | "
+              f"{evicted:,} | {s['preemptions']} | <!-- wall {wall:.1f} s -->", flush=True)
+    if a.json:
+        write_rows(Path(a.json), rows)
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    """Adds the rows to the JSON list at path, replacing the earlier rows of the same settings."""
+    keys = ("trace", "model", "gpu", "kv_tokens", "rate_scale", "clip", "preset", "options")
+    old = json.loads(path.read_text()) if path.exists() else []
+    new = {tuple(json.dumps(r[k], sort_keys=True) for k in keys) for r in rows}
+    kept = [r for r in old if tuple(json.dumps(r.get(k), sort_keys=True) for k in keys) not in new]
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(kept + rows, indent=1) + "\n")
+    tmp.replace(path)
 
 
 if __name__ == "__main__":
