@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import traces
+from blocksim.config import ConfigError
 from blocksim.engine import Engine
 from blocksim.experiments.runner import build_config
 
@@ -47,6 +48,11 @@ def engine_spec(text: str) -> tuple[str, dict]:
     return preset, options
 
 
+def page(preset: str) -> int:
+    """Tokens of a GPU block: SGLang's pages of one token get the same KV memory as 16-token blocks."""
+    return 1 if preset == "sglang" else 16
+
+
 def label(preset: str, options: dict) -> str:
     return " ".join([f"`{preset}`", *(f"{k}={v}" for k, v in options.items())])
 
@@ -63,9 +69,14 @@ def main() -> None:
     p.add_argument("--json", default=None, metavar="FILE")
     a = p.parse_args()
     engines = a.engines or [(e, {}) for e in ENGINES]
-    base = build_config("vllm-prefix", model=a.model, gpu=a.gpu)
-    blocks = a.blocks or base.num_gpu_blocks
-    tr = traces.read_trace(a.trace)
+    try:  # every configuration and the trace checked before the first run
+        base = build_config("vllm-prefix", model=a.model, gpu=a.gpu)
+        blocks = a.blocks or base.num_gpu_blocks
+        configs = [build_config(policy, model=a.model, gpu=a.gpu, num_gpu_blocks=blocks * 16 // page(policy), **options)
+                   for policy, options in engines]
+        tr = traces.read_trace(a.trace)
+    except (ConfigError, traces.TraceError) as e:
+        p.exit(2, f"compare_prefix.py: {e}\n")
     tr, clipped = traces.clip_to_max_len(tr, a.clip or base.model.max_model_len)
     if a.rate_scale != 1.0:
         tr = traces.scale_rate(tr, a.rate_scale)
@@ -75,9 +86,7 @@ def main() -> None:
           "| cached tokens evicted | preemptions |")
     print("|---|---|---|---|---|---|---|---|")
     rows = []
-    for policy, options in engines:
-        bs = 1 if policy == "sglang" else 16  # SGLang's pages of one token, the same KV memory
-        cfg = build_config(policy, model=a.model, gpu=a.gpu, num_gpu_blocks=blocks * 16 // bs, **options)
+    for (policy, options), cfg in zip(engines, configs):
         t = time.perf_counter()
         eng = Engine(cfg, tr)
         res = eng.run()
