@@ -1,11 +1,15 @@
 #!/bin/bash
 # The H100 part of the fidelity benchmark, one command on an H100 machine (repository root):
-# profiles of llama-2-7b, llama-3-8b and mistral-7b, and one executed slice per model
-# (the Azure conversation slice, preset vllm). See benchmarks/FIDELITY.md for the rest.
-# On an H100 the kernel build takes ~30 s, a slice ~35 s, a profile 4-6 min (llama-2-7b about 4,
-# llama-3-8b over 5.5, measured before the linear table's 64-token grid added 64 points); where a
-# call is limited to 10 minutes, give PROFILE_MODELS one model a call
+# profiles of llama-2-7b, llama-3-8b and mistral-7b, and the Azure conversation and code slices
+# (preset vllm) executed for llama-2-7b and llama-3-8b, as in benchmarks/FIDELITY-h100.md. See
+# benchmarks/FIDELITY.md for the rest.
+# On an H100 the kernel build takes ~30 s, the conversation slice ~42-44 s and the code slice ~21 s;
+# a profile takes 4.8 min (llama-2-7b: 285 s measured, of which attn_prefill 99 s) to 6 min
+# (llama-3-8b: 363 s, attn_prefill 181 s), each table's seconds under the profile's `measure_s`.
+# Where a call is limited to 10 minutes, give it one model:
+#   PROFILE_MODELS=llama-2-7b RUN_MODELS=llama-2-7b bash benchmarks/fidelity_h100.sh
 # (PROFILE_MODELS="" runs the slices alone). Profiles are copied to $OUT as they finish, the
 # executed runs packed at the end.
-GPU=h100-80gb PROFILE_MODELS=${PROFILE_MODELS-"llama-2-7b llama-3-8b mistral-7b"} RUN_MODELS="llama-2-7b llama-3-8b" \
-  TRACES="azure-conv" PRESETS="vllm" BUDGET_S=${BUDGET_S:-500} exec bash "$(dirname "$0")/fidelity_device.sh"
+GPU=h100-80gb PROFILE_MODELS=${PROFILE_MODELS-"llama-2-7b llama-3-8b mistral-7b"} \
+  RUN_MODELS=${RUN_MODELS:-"llama-2-7b llama-3-8b"} TRACES="azure-conv azure-code" PRESETS="vllm" \
+  BUDGET_S=${BUDGET_S:-520} exec bash "$(dirname "$0")/fidelity_device.sh"
