@@ -253,3 +253,15 @@ def test_results_refuse_a_malformed_sensitivity_file_in_one_line(tmp_path, capsy
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "\n" not in err and "--sensitivity" in err
     assert not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.parametrize("same_lease", [True, False])
+def test_the_lease_note_names_the_executed_twice_table_only_where_there_is_one(tmp_path, same_lease):
+    """benchmarks/fidelity_runs.py results: a document without --repeat has no "Executed twice"
+    table, so its lease paragraph must not point to one."""
+    fr = _fidelity_runs()
+    with_table = " ".join(fr.lease_note(same_lease, tmp_path, repeated=True).split())
+    without = " ".join(fr.lease_note(same_lease, tmp_path, repeated=False).split())
+    assert "Executed twice" in with_table
+    assert "Executed twice" not in without
+    assert without.endswith(("mean.", "them."))
