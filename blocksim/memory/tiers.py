@@ -125,6 +125,9 @@ class TierStore:
         #: counts the changes of what the tiers hold (stores, evictions): `commit` skips matching again
         #: keys that `match` has just matched
         self.version = 0
+        #: each chunk key names its whole prefix (vLLM V1's chained block hashes, set by its memory
+        #: manager): a chunk held implies the chunks before it were computed too (`_match`)
+        self.chained_keys = False
         self._matched: tuple | None = None
         self._last_ends: tuple | None = None  # the last plan's `_load_ends`, for its commit
         self._totals: tuple = (None, None)  # ((version, lookups), `totals()` then)
@@ -512,6 +515,12 @@ class TierStore:
 
     def _match(self, keys) -> int:
         levels = self.levels
+        if self.chained_keys and self._keeps_every_store():
+            # a chunk some tier holds was computed after the chunks before it in its prompt (each
+            # computed, or hit or loaded on the GPU after an earlier computation), and every chunk
+            # computed was stored and is held since: the held keys are a leading run
+            held = [lv.cache.members for lv in levels]
+            return bisect_left(keys, True, key=lambda k: not any(k in m for m in held))
         if len(levels) == 1:
             m = levels[0].cache.members
             for n, k in enumerate(keys):
@@ -525,6 +534,15 @@ class TierStore:
             if k not in m1 and k not in m0:
                 return n
         return len(keys)
+
+    def _keeps_every_store(self) -> bool:
+        """Whether every chunk computed on the GPU was stored and is still held by some tier: the
+        top tier is written through, its victims go to the tier below (written back or through),
+        and the last tier has never evicted."""
+        levels = self.levels
+        top, last = levels[0], levels[-1]
+        return top.write == WRITE_THROUGH and not last.evictions and (
+            last is top or last.write in (WRITE_THROUGH, WRITE_BACK))
 
     def _load_ends(self, keys, n: int, commit: bool, measured=None) -> tuple[list[float], list[int]]:
         """When each of the first `n` keys (all held) would land on the GPU, loaded in order from the
