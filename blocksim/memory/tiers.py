@@ -587,24 +587,37 @@ class TierStore:
         m0 = levels[0].cache.members
         landed = list(map(m0.get, ks))  # None: not in the top tier, so in the one below
         below = landed.count(None) if len(levels) > 1 else 0
+        # each channel serves in order, a transfer starting when its chunk is ready, the channel is
+        # free and not before now (after the first transfer the channel's free time is past now)
+        f = self.disk_read.free_s
+        f = f if f > now else now
+        # a chunk below has landed by the end of the disk's last write: when that is before the
+        # first read can start, no read waits for its chunk, and its landing time is not looked up
+        waits = below and self.disk_write.free_s > f
         if below == n:
-            landed = list(map(levels[1].cache.members.__getitem__, ks))
+            if waits:
+                landed = list(map(levels[1].cache.members.__getitem__, ks))
             where = [1] * n
             rows = list(range(n))
         elif below:
             m1 = levels[1].cache.members
             where = [0 if x is not None else 1 for x in landed]
-            landed = [x if x is not None else m1[k] for x, k in zip(landed, ks)]
+            if waits:
+                landed = [x if x is not None else m1[k] for x, k in zip(landed, ks)]
             rows = list(compress(range(n), where))
         else:
             where = [0] * n
             rows = list(range(n)) if levels[0].name == DISK else []
-        # each channel serves in order, a transfer starting when its chunk is ready, the channel is
-        # free and not before now (after the first transfer the channel's free time is past now)
-        f = self.disk_read.free_s
-        f = f if f > now else now
         if len(rows) == n:  # disk reads first, in order on their own channel
-            ready = rd_ends = [f := (x if x > f else f) + t_rd for x in landed]
+            if below and not waits:
+                ready = rd_ends = list(islice(accumulate(repeat(t_rd, n), initial=f), 1, None))
+            else:
+                ready = rd_ends = [f := (x if x > f else f) + t_rd for x in landed]
+        elif below and not waits:
+            ready, rd_ends = landed, []
+            for j in rows:
+                ready[j] = f = f + t_rd
+                rd_ends.append(f)
         else:
             ready, rd_ends = landed, []
             for j in rows:

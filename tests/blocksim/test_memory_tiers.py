@@ -591,6 +591,50 @@ def test_a_tier_store_batched_and_one_chunk_at_a_time_end_in_the_same_state(
     assert (a.disk_slots, a.fresh_writes) == (b.disk_slots, b.fresh_writes)
 
 
+def load_ends_one_chunk_at_a_time(t, keys, n):
+    """When each of the first `n` keys would land on the GPU, and its tier: a chunk held only in the
+    disk read once it has landed there and the read channel is free, then each chunk copied over
+    the host link once it is ready and the link is free, in order, none before now."""
+    now, nbytes = t.now_s, t.chunk_bytes
+    rd, h2d = max(t.disk_read.free_s, now), max(t.h2d.free_s, now)
+    ends, where = [], []
+    for k in keys[:n]:
+        i = 0 if k in t.levels[0].cache else 1
+        ready = t.levels[i].cache.members[k]
+        if t.levels[i].name == "disk":
+            ready = rd = max(ready, rd) + t.disk_read.seconds(nbytes)
+        ready = h2d = max(ready, h2d) + t.h2d.seconds(nbytes)
+        ends.append(ready)
+        where.append(i)
+    return ends, where
+
+
+@settings(max_examples=60, deadline=None)
+@given(host=st.integers(0, 6), disk=st.sampled_from([3, 40]), disk_write=st.sampled_from(["write-back", "write-through"]),
+       events=tier_store_events)
+def test_a_lookups_load_ends_are_its_chunks_transfers_in_order(host, disk, disk_write, events):
+    """The whole-list load ends (`_load_ends`) against each chunk's transfers one after another,
+    lookup by lookup, with the disk's writes still running or all ended (a disk chunk's landing
+    time is then not read)."""
+    from blocksim.config import TierConfig
+    from blocksim.memory.tiers import TierStore
+    chunk = H * KV_BYTES
+    cfg = TierConfig(host_gib=host * chunk / GIB, disk_gib=disk * chunk / GIB, host_write="write-through",
+                     disk_write=disk_write, disk_read_gbps=2.0, disk_write_gbps=1.0)
+    t = TierStore(cfg, H, H, chunk, 25.0, 1e-5)
+    for kind, family, first, last_chunk, dt in events:
+        t.now_s += dt
+        t.step += 1
+        if kind in ("computed", "gpu_hit", "gpu_evict"):
+            t.on_computed([family * 100 + j for j in range(first, max(first + 1, last_chunk))], [], 0)
+        else:
+            keys = [family * 100 + j for j in range(last_chunk)]
+            found = t.match(keys)
+            if found:
+                assert t._load_ends(keys, found, commit=False) == load_ends_one_chunk_at_a_time(t, keys, found)
+                t.commit(keys, found, found, list(range(len(keys))))
+
+
 @pytest.mark.parametrize("policy", ["vllm-v1", "sglang"])
 @pytest.mark.parametrize("host_gib,writes", [(None, ("write-through", "write-through")),
                                              (2, ("write-through", "write-through")),
