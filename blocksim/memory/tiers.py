@@ -20,11 +20,13 @@ Between tiers: a chunk stored in the host goes on to the disk at once under writ
 `write_hits` host hits under write-through-selective, and when the host evicts it under write-back.
 
 After the GPU's own prefix match, `match(keys)` counts the following chunk keys that some tier holds
-(the leading run; each loads from the highest tier holding it). `plan_onload` decides how many of them to
-load by the onload mode (wait: all; deadline: those that land within the deadline; recompute: as
-many leading chunks, none, all or up to a change of tier, as make their transfers plus the cost
-model's prefill of the rest shortest); `commit` touches them, issues their loads (disk -> host link -> GPU blocks) and returns
-when the last lands. A load does not copy the chunk into the host tier.
+(the leading run; each loads from the highest tier holding it); under vLLM V1, whose chunk keys name
+their whole prefix (`chained_keys`), it bisects the keys while the tiers keep every chunk computed.
+`plan_onload` decides how many of them to load by the onload mode (wait: all; deadline: those that
+land within the deadline; recompute: as many leading chunks, none, all or up to a change of tier, as
+make their transfers plus the cost model's prefill of the rest shortest); `commit` touches them,
+issues their loads (disk -> host link -> GPU blocks) and returns when the last lands. A load does
+not copy the chunk into the host tier.
 
 Every move is an operation (`TierOp`) in `ops`, in issue order, for the engine's step records and
 the execution plan; transfer times come from `blocksim.memory.tier_links`. `log`, when enabled,
