@@ -317,6 +317,7 @@ class KVCacheManager:
     def attach_tiers(self, tiers) -> None:
         """Look prefixes up in `tiers` after the GPU, and report computed, hit and evicted chunks."""
         self.tiers = tiers
+        tiers.chained_keys = True  # a chunk's key is its last block's hash, chained over the prefix
         if tiers.wants_gpu_evictions:  # a block's hash must be known when it is evicted
             self.defer_unique_hashes = False
             # a closure over the tables, not a bound method: the pool would refer back to the manager

@@ -20,11 +20,13 @@ Between tiers: a chunk stored in the host goes on to the disk at once under writ
 `write_hits` host hits under write-through-selective, and when the host evicts it under write-back.
 
 After the GPU's own prefix match, `match(keys)` counts the following chunk keys that some tier holds
-(the leading run; each loads from the highest tier holding it). `plan_onload` decides how many of them to
-load by the onload mode (wait: all; deadline: those that land within the deadline; recompute: as
-many leading chunks, none, all or up to a change of tier, as make their transfers plus the cost
-model's prefill of the rest shortest); `commit` touches them, issues their loads (disk -> host link -> GPU blocks) and returns
-when the last lands. A load does not copy the chunk into the host tier.
+(the leading run; each loads from the highest tier holding it); under vLLM V1, whose chunk keys name
+their whole prefix (`chained_keys`), it bisects the keys while the tiers keep every chunk computed.
+`plan_onload` decides how many of them to load by the onload mode (wait: all; deadline: those that
+land within the deadline; recompute: as many leading chunks, none, all or up to a change of tier, as
+make their transfers plus the cost model's prefill of the rest shortest); `commit` touches them,
+issues their loads (disk -> host link -> GPU blocks) and returns when the last lands. A load does
+not copy the chunk into the host tier.
 
 Every move is an operation (`TierOp`) in `ops`, in issue order, for the engine's step records and
 the execution plan; transfer times come from `blocksim.memory.tier_links`. `log`, when enabled,
@@ -125,6 +127,9 @@ class TierStore:
         #: counts the changes of what the tiers hold (stores, evictions): `commit` skips matching again
         #: keys that `match` has just matched
         self.version = 0
+        #: each chunk key names its whole prefix (vLLM V1's chained block hashes, set by its memory
+        #: manager): a chunk held implies the chunks before it were computed too (`_match`)
+        self.chained_keys = False
         self._matched: tuple | None = None
         self._last_ends: tuple | None = None  # the last plan's `_load_ends`, for its commit
         self._totals: tuple = (None, None)  # ((version, lookups), `totals()` then)
@@ -512,6 +517,12 @@ class TierStore:
 
     def _match(self, keys) -> int:
         levels = self.levels
+        if self.chained_keys and self._keeps_every_store():
+            # a chunk some tier holds was computed after the chunks before it in its prompt (each
+            # computed, or hit or loaded on the GPU after an earlier computation), and every chunk
+            # computed was stored and is held since: the held keys are a leading run
+            held = [lv.cache.members for lv in levels]
+            return bisect_left(keys, True, key=lambda k: not any(k in m for m in held))
         if len(levels) == 1:
             m = levels[0].cache.members
             for n, k in enumerate(keys):
@@ -525,6 +536,15 @@ class TierStore:
             if k not in m1 and k not in m0:
                 return n
         return len(keys)
+
+    def _keeps_every_store(self) -> bool:
+        """Whether every chunk computed on the GPU was stored and is still held by some tier: the
+        top tier is written through, its victims go to the tier below (written back or through),
+        and the last tier has never evicted."""
+        levels = self.levels
+        top, last = levels[0], levels[-1]
+        return top.write == WRITE_THROUGH and not last.evictions and (
+            last is top or last.write in (WRITE_THROUGH, WRITE_BACK))
 
     def _load_ends(self, keys, n: int, commit: bool, measured=None) -> tuple[list[float], list[int]]:
         """When each of the first `n` keys (all held) would land on the GPU, loaded in order from the
@@ -569,24 +589,37 @@ class TierStore:
         m0 = levels[0].cache.members
         landed = list(map(m0.get, ks))  # None: not in the top tier, so in the one below
         below = landed.count(None) if len(levels) > 1 else 0
+        # each channel serves in order, a transfer starting when its chunk is ready, the channel is
+        # free and not before now (after the first transfer the channel's free time is past now)
+        f = self.disk_read.free_s
+        f = f if f > now else now
+        # a chunk below has landed by the end of the disk's last write: when that is before the
+        # first read can start, no read waits for its chunk, and its landing time is not looked up
+        waits = below and self.disk_write.free_s > f
         if below == n:
-            landed = list(map(levels[1].cache.members.__getitem__, ks))
+            if waits:
+                landed = list(map(levels[1].cache.members.__getitem__, ks))
             where = [1] * n
             rows = list(range(n))
         elif below:
             m1 = levels[1].cache.members
             where = [0 if x is not None else 1 for x in landed]
-            landed = [x if x is not None else m1[k] for x, k in zip(landed, ks)]
+            if waits:
+                landed = [x if x is not None else m1[k] for x, k in zip(landed, ks)]
             rows = list(compress(range(n), where))
         else:
             where = [0] * n
             rows = list(range(n)) if levels[0].name == DISK else []
-        # each channel serves in order, a transfer starting when its chunk is ready, the channel is
-        # free and not before now (after the first transfer the channel's free time is past now)
-        f = self.disk_read.free_s
-        f = f if f > now else now
         if len(rows) == n:  # disk reads first, in order on their own channel
-            ready = rd_ends = [f := (x if x > f else f) + t_rd for x in landed]
+            if below and not waits:
+                ready = rd_ends = list(islice(accumulate(repeat(t_rd, n), initial=f), 1, None))
+            else:
+                ready = rd_ends = [f := (x if x > f else f) + t_rd for x in landed]
+        elif below and not waits:
+            ready, rd_ends = landed, []
+            for j in rows:
+                ready[j] = f = f + t_rd
+                rd_ends.append(f)
         else:
             ready, rd_ends = landed, []
             for j in rows:

@@ -462,6 +462,67 @@ def test_v1_tiers_defer_unique_hashes_unless_a_write_back_tier_reads_evicted_blo
     assert not back.bm.defer_unique_hashes and back.bm.pool.on_evict is not None
 
 
+def lookups_checked_against_a_scan(engine) -> list[tuple]:
+    """Each match of the engine's tier store as it runs: (found, whether each key is held, whether
+    the tiers keep every chunk computed)."""
+    t = engine.tiers
+    match, matched = t._match, []
+
+    def scanned(keys):
+        n = match(keys)
+        matched.append((n, [any(k in lv.cache for lv in t.levels) for k in keys], t._keeps_every_store()))
+        return n
+    t._match = scanned
+    return matched
+
+
+def test_v1_matches_by_bisection_while_the_tiers_keep_every_chunk():
+    """vLLM V1's chunk keys are chained block hashes, each naming its whole prefix: while every chunk
+    computed stays in some tier (a host written through over a disk that never evicts), the keys the
+    tiers hold are a leading run of a lookup's, and the bisected match finds that run."""
+    n = 30  # five families, each prompt of a family longer or shorter than the one before
+    tr = workload([0.05] * n, [96 + 32 * (i % 4) for i in range(n)], [4] * n, [i % 5 for i in range(n)])
+    e = Engine(tier_config("vllm-v1", 30, tier_host_gib=chunks_gib(12), tier_disk_gib=chunks_gib(200)), tr,
+               check_invariants=True)
+    matched = lookups_checked_against_a_scan(e)
+    s = e.run().summary
+    assert s["tier_host_evictions"] > 0 and s["tier_disk_evictions"] == 0
+    assert all(kept for *_, kept in matched)
+    assert any(0 < n < len(held) for n, held, _ in matched), "lookups ending inside their keys"
+    for n, held, _ in matched:
+        assert held == [True] * n + [False] * (len(held) - n), "the held keys are the leading run found"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=pressing,
+       gpu_blocks=st.integers(16, 40), host=st.integers(0, 30), disk=st.integers(0, 300),
+       writes=st.tuples(st.sampled_from(["write-through", "write-through", "write-back"]),
+                        st.sampled_from(["write-back", "write-through", "write-through-selective"])),
+       evictions=st.tuples(st.sampled_from(["lru", "lfu", "arc"]), st.sampled_from(["lru", "lfu", "arc"])),
+       onload=st.sampled_from(["wait", "deadline", "recompute"]), chunk=st.sampled_from([16, 32]))
+def test_v1_tiers_keeping_every_chunk_hold_a_leading_run_of_each_lookup(reqs, gpu_blocks, host, disk, writes,
+                                                                         evictions, onload, chunk):
+    """Whenever the tiers keep every chunk computed (`TierStore._keeps_every_store`), the keys they
+    hold are a leading run of each vLLM V1 lookup's keys, found by the bisected match."""
+    if host == 0 and disk == 0:
+        host = 4
+    opts = dict(tier_host_write=writes[0], tier_disk_write=writes[1], tier_host_eviction=evictions[0],
+                tier_disk_eviction=evictions[1], tier_onload=onload, tier_chunk_tokens=chunk,
+                tier_onload_deadline_ms=2.0)
+    if host:
+        opts["tier_host_gib"] = chunks_gib(host, chunk)
+    if disk:
+        opts["tier_disk_gib"] = chunks_gib(disk, chunk)
+    e = Engine(tier_config("vllm-v1", gpu_blocks, **opts), workload(*reqs), check_invariants=True)
+    matched = lookups_checked_against_a_scan(e)
+    e.run()
+    for n, held, kept in matched:
+        lead = next((i for i, h in enumerate(held) if not h), len(held))
+        assert n == lead, "the match is the leading run of held keys"
+        if kept:
+            assert not any(held[n:]), "while the tiers keep every chunk, no key after the run is held"
+
+
 #: a tier store's events: (kind, prompt family, first chunk, last chunk, seconds the clock advances)
 tier_store_events = st.lists(st.tuples(st.sampled_from(["computed", "computed", "lookup", "lookup", "rematch", "gpu_hit",
                                                         "gpu_evict"]),
@@ -528,6 +589,50 @@ def test_a_tier_store_batched_and_one_chunk_at_a_time_end_in_the_same_state(
         x, y = getattr(a, link), getattr(b, link)
         assert (x.free_s, x.busy_s, x.bytes) == (y.free_s, y.busy_s, y.bytes), link
     assert (a.disk_slots, a.fresh_writes) == (b.disk_slots, b.fresh_writes)
+
+
+def load_ends_one_chunk_at_a_time(t, keys, n):
+    """When each of the first `n` keys would land on the GPU, and its tier: a chunk held only in the
+    disk read once it has landed there and the read channel is free, then each chunk copied over
+    the host link once it is ready and the link is free, in order, none before now."""
+    now, nbytes = t.now_s, t.chunk_bytes
+    rd, h2d = max(t.disk_read.free_s, now), max(t.h2d.free_s, now)
+    ends, where = [], []
+    for k in keys[:n]:
+        i = 0 if k in t.levels[0].cache else 1
+        ready = t.levels[i].cache.members[k]
+        if t.levels[i].name == "disk":
+            ready = rd = max(ready, rd) + t.disk_read.seconds(nbytes)
+        ready = h2d = max(ready, h2d) + t.h2d.seconds(nbytes)
+        ends.append(ready)
+        where.append(i)
+    return ends, where
+
+
+@settings(max_examples=60, deadline=None)
+@given(host=st.integers(0, 6), disk=st.sampled_from([3, 40]), disk_write=st.sampled_from(["write-back", "write-through"]),
+       events=tier_store_events)
+def test_a_lookups_load_ends_are_its_chunks_transfers_in_order(host, disk, disk_write, events):
+    """The whole-list load ends (`_load_ends`) against each chunk's transfers one after another,
+    lookup by lookup, with the disk's writes still running or all ended (a disk chunk's landing
+    time is then not read)."""
+    from blocksim.config import TierConfig
+    from blocksim.memory.tiers import TierStore
+    chunk = H * KV_BYTES
+    cfg = TierConfig(host_gib=host * chunk / GIB, disk_gib=disk * chunk / GIB, host_write="write-through",
+                     disk_write=disk_write, disk_read_gbps=2.0, disk_write_gbps=1.0)
+    t = TierStore(cfg, H, H, chunk, 25.0, 1e-5)
+    for kind, family, first, last_chunk, dt in events:
+        t.now_s += dt
+        t.step += 1
+        if kind in ("computed", "gpu_hit", "gpu_evict"):
+            t.on_computed([family * 100 + j for j in range(first, max(first + 1, last_chunk))], [], 0)
+        else:
+            keys = [family * 100 + j for j in range(last_chunk)]
+            found = t.match(keys)
+            if found:
+                assert t._load_ends(keys, found, commit=False) == load_ends_one_chunk_at_a_time(t, keys, found)
+                t.commit(keys, found, found, list(range(len(keys))))
 
 
 @pytest.mark.parametrize("policy", ["vllm-v1", "sglang"])
