@@ -453,8 +453,8 @@ def lease_note(same_lease: bool, exec_dir: Path, repeated: bool = False) -> str:
                 "or the same one at another time) moves the executed runs themselves"
                 + (": the same slices executed there (\"Executed twice\", at the end) show how far, and"
                    if repeated else
-                   " (these slices were executed on this lease only; the sensitivity table below gives how far "
-                   "each figure moves with the step times), and")
+                   " (these slices were executed on this lease only, so this document has no measure of how far "
+                   "the executed runs move between leases), and")
                 + " a figure that moves further between two executions than its target cannot be judged to "
                 "that target against one of them.")
     else:
