@@ -194,7 +194,7 @@ def cmd_results(a) -> int:
     Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
     if a.markdown:
         Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced, repeats(a.repeat, exec_dir), moved,
-                                                 a.same_lease))
+                                                 a.same_lease, a))
     print(f"{len(rows)} comparisons written to {a.json}")
     return 0
 
@@ -468,12 +468,33 @@ def lease_note(same_lease: bool, exec_dir: Path, repeated: bool = False) -> str:
     return textwrap.fill(text + first_copies(exec_dir), 100)
 
 
+def commands_block(a, devices: list[str]) -> str:
+    """The commands that make the document from these arguments of `results` (the device's first)."""
+    h100 = devices and all("H100" in d for d in devices)
+    lines = ["# on the GPU, the profiles and the executed runs on one lease",
+             "bash benchmarks/fidelity_h100.sh" if h100 else
+             'GPU=h200-141gb PROFILE_MODELS="llama-2-7b llama-3-8b mistral-7b" RUN_MODELS="llama-2-7b llama-3-8b" \\\n'
+             "    bash benchmarks/fidelity_device.sh",
+             "# on any machine, with the executed runs and profiles fetched",
+             f"python benchmarks/fidelity_runs.py simulate --exec {a.exec} --out {a.sim}"]
+    if a.sensitivity:
+        lines.append(f"python benchmarks/fidelity_runs.py sensitivity --exec {a.exec} --sim {a.sim} \\\n"
+                     f"    --out {Path(a.sim).parent / 'sensitivity'} --json {a.sensitivity}")
+    opts = [f"--json {a.json}", f"--markdown {a.markdown}"]
+    opts += [f"--repeat {a.repeat}"] * bool(a.repeat) + ["--same-lease"] * a.same_lease
+    opts += [f"--sensitivity {a.sensitivity}"] * bool(a.sensitivity)
+    lines.append(f"python benchmarks/fidelity_runs.py results --exec {a.exec} --sim {a.sim} \\\n    " + " ".join(opts))
+    return "\n".join(lines)
+
+
 def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str = "", moved: str = "",
-                 same_lease: bool = False) -> str:
+                 same_lease: bool = False, args=None) -> str:
     """benchmarks/FIDELITY.md: how the figures were made and the generated tables."""
     devices = sorted({json.loads(p.read_text()).get("device", "?") for p in exec_dir.glob("*/executor.json")})
     torch_v = sorted({json.loads(p.read_text()).get("torch", "?") for p in exec_dir.glob("*/executor.json")})
-    out = [HEADER.format(devices=", ".join(devices), torch=", ".join(torch_v), lease=lease_note(same_lease, exec_dir, bool(repeated)))]
+    commands = commands_block(args, devices) if args is not None else "python benchmarks/fidelity_runs.py results ..."
+    out = [HEADER.format(devices=", ".join(devices), torch=", ".join(torch_v),
+                         lease=lease_note(same_lease, exec_dir, bool(repeated)), commands=commands)]
     done = {p.parent.name for p in exec_dir.glob("*/executor.json")}
     want = [run_name(t, p, m) for m in MODELS for t in SLICES for p in PRESETS]
     missing = [w for w in want if w not in done]
@@ -538,19 +559,10 @@ twice its rate; mooncake = the Mooncake sample (prefix hashes), [380 s, 395 s). 
 vllm-prefix and vllm-chunked with 900 GPU blocks (14400 token slots: requests wait for memory or are
 preempted); swap-n2 = two samples per request, 700 blocks, preemption by swap.
 
-Commands:
+Commands, as this document was made:
 
 ```sh
-# on the GPU (H200: benchmarks/fidelity_device.sh; H100: benchmarks/fidelity_h100.sh)
-GPU=h200-141gb PROFILE_MODELS="llama-2-7b llama-3-8b mistral-7b" RUN_MODELS="llama-2-7b llama-3-8b" \\
-    bash benchmarks/fidelity_device.sh
-# on any machine, with the executed runs and profiles fetched
-python benchmarks/fidelity_runs.py simulate --exec runs/fidelity/exec --out runs/fidelity/sim
-python benchmarks/fidelity_runs.py sensitivity --exec runs/fidelity/exec --sim runs/fidelity/sim \\
-    --out runs/fidelity/sensitivity --json benchmarks/results/fidelity-sensitivity-h200.json
-python benchmarks/fidelity_runs.py results --exec runs/fidelity/exec --sim runs/fidelity/sim \\
-    --json benchmarks/results/fidelity-h200.json --markdown benchmarks/FIDELITY.md [--repeat DIR] [--same-lease] \\
-    [--sensitivity benchmarks/results/fidelity-sensitivity-h200.json]
+{commands}
 ```
 """
 
