@@ -193,8 +193,7 @@ def cmd_results(a) -> int:
         rows = [r for r in json.loads(Path(a.json).read_text()) if key(r) not in new] + rows
     Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
     if a.markdown:
-        Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced, repeats(a.repeat, exec_dir), moved,
-                                                 a.same_lease, a))
+        Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced, repeats(a.repeat, exec_dir), moved, a))
     print(f"{len(rows)} comparisons written to {a.json}")
     return 0
 
@@ -487,14 +486,14 @@ def commands_block(a, devices: list[str]) -> str:
     return "\n".join(lines)
 
 
-def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str = "", moved: str = "",
-                 same_lease: bool = False, args=None) -> str:
-    """benchmarks/FIDELITY.md: how the figures were made and the generated tables."""
+def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str, moved: str, args) -> str:
+    """benchmarks/FIDELITY.md: how the figures were made (`args`: those of `results`) and the
+    generated tables."""
     devices = sorted({json.loads(p.read_text()).get("device", "?") for p in exec_dir.glob("*/executor.json")})
     torch_v = sorted({json.loads(p.read_text()).get("torch", "?") for p in exec_dir.glob("*/executor.json")})
-    commands = commands_block(args, devices) if args is not None else "python benchmarks/fidelity_runs.py results ..."
     out = [HEADER.format(devices=", ".join(devices), torch=", ".join(torch_v),
-                         lease=lease_note(same_lease, exec_dir, bool(repeated)), commands=commands)]
+                         lease=lease_note(args.same_lease, exec_dir, bool(repeated)),
+                         commands=commands_block(args, devices))]
     done = {p.parent.name for p in exec_dir.glob("*/executor.json")}
     want = [run_name(t, p, m) for m in MODELS for t in SLICES for p in PRESETS]
     missing = [w for w in want if w not in done]
