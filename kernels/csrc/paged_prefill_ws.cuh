@@ -494,6 +494,8 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
 #endif
 }
 
+// The driver's tensor-map encoder, reached through the runtime (no link to the driver library);
+// null where the driver lacks it.
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
@@ -508,8 +510,9 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-// The output [tokens, heads, 128] as a tensor map of boxes of 64 head dims x `group` heads x
-// 64 / group tokens (a consumer's 64 packed rows), 128-byte swizzled; false where it cannot be.
+// The output or the query ([tokens, heads, 128] at `base`, tokens `token_stride` elements apart)
+// as a tensor map of boxes of 64 head dims x `group` heads x 64 / group tokens (a consumer's 64
+// packed rows), 128-byte swizzled as the tiles are; false where it cannot be.
 template <typename T>
 bool rows_map_of(CUtensorMap* map, const void* base, int64_t token_stride, const PagedPrefillParams& p, int group) {
   const auto encode = tensor_map_encoder();
