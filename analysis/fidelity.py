@@ -289,14 +289,17 @@ def compare(sim_dir, exec_dir) -> Fidelity:
 
 
 # --- results file ----------------------------------------------------------------------------------
-def _key(row: dict) -> tuple:
-    return tuple(row.get(k) for k in ("trace", "preset", "model", "gpu", "tensor_parallel", "cost_model",
-                                      "cost_profile"))
+#: what names a row of a fidelity results file: a new row replaces an old one with the same values
+ROW_IDENTITY = ("trace", "preset", "model", "gpu", "tensor_parallel", "cost_model", "cost_profile")
 
 
-def append_rows(path, rows: list[dict]) -> Path:
-    """Add rows to a results file (a JSON list), replacing a row of the same trace, preset, model,
-    GPU, TP, cost model and profile; the file is created when absent."""
+def append_rows(path, rows: list[dict], identity: tuple[str, ...] = ROW_IDENTITY) -> Path:
+    """Add rows to a results file (a JSON list), replacing the rows whose values of `identity` (by
+    default: trace, preset, model, GPU, TP, cost model and profile) a new row repeats; the file is
+    created when absent and replaced whole (never left half-written)."""
+    def key(row: dict) -> tuple:
+        return tuple(json.dumps(row.get(k), sort_keys=True) for k in identity)
+
     p = Path(path)
     old = []
     if p.exists():
@@ -306,8 +309,10 @@ def append_rows(path, rows: list[dict]) -> Path:
             raise FidelityError(f"results file {p}: not valid JSON ({e}); fix or remove it") from None
         if not isinstance(old, list):
             raise FidelityError(f"results file {p}: expected a JSON list of rows")
-    new_keys = {_key(r) for r in rows}
-    merged = [r for r in old if _key(r) not in new_keys] + list(rows)
+    new_keys = {key(r) for r in rows}
+    merged = [r for r in old if key(r) not in new_keys] + list(rows)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(merged, indent=1) + "\n")
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(merged, indent=1) + "\n")
+    tmp.replace(p)
     return p

@@ -24,12 +24,16 @@ import time
 from pathlib import Path
 
 import traces
+from analysis.fidelity import append_rows
+from analysis.rundir import RunDirError
 from blocksim.config import ConfigError
 from blocksim.engine import Engine
 from blocksim.experiments.runner import build_config
 
 MOONCAKE = Path(__file__).resolve().parents[2] / "shared/traces/mooncake/synthetic_trace.jsonl"
 ENGINES = ("vllm-prefix", "vllm-v1", "sglang")
+#: the settings that name a run in the `--json` list: a new run replaces the one of the same settings
+SETTINGS = ("trace", "model", "gpu", "kv_tokens", "rate_scale", "clip", "preset", "options")
 
 
 def engine_spec(text: str) -> tuple[str, dict]:
@@ -107,18 +111,10 @@ def main() -> None:
               f"{row['ttft_p99_s']:.3f} | {row['tpot_p50_s'] * 1e3:.2f} | {row['throughput_tok_s']:,.0f} | "
               f"{evicted:,} | {s['preemptions']} | <!-- wall {wall:.1f} s -->", flush=True)
     if a.json:
-        write_rows(Path(a.json), rows)
-
-
-def write_rows(path: Path, rows: list[dict]) -> None:
-    """Adds the rows to the JSON list at path, replacing the earlier rows of the same settings."""
-    keys = ("trace", "model", "gpu", "kv_tokens", "rate_scale", "clip", "preset", "options")
-    old = json.loads(path.read_text()) if path.exists() else []
-    new = {tuple(json.dumps(r[k], sort_keys=True) for k in keys) for r in rows}
-    kept = [r for r in old if tuple(json.dumps(r.get(k), sort_keys=True) for k in keys) not in new]
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(kept + rows, indent=1) + "\n")
-    tmp.replace(path)
+        try:
+            append_rows(Path(a.json), rows, identity=SETTINGS)
+        except RunDirError as e:
+            p.exit(2, f"compare_prefix.py: {e}\n")
 
 
 if __name__ == "__main__":

@@ -121,6 +121,18 @@ def test_command_writes_the_report_and_adds_the_row(sim, tmp_path, capsys):
     assert len(json.loads(results.read_text())) == 2
 
 
+def test_rows_named_by_other_settings_replace_their_own(tmp_path):
+    """`identity` names a row by other keys, dict values included (compare_prefix.py's runs)."""
+    path = tmp_path / "runs.json"
+    run = {"preset": "sglang", "options": {"schedule_policy": "lpm", "chunk": 64}, "ttft_p50_s": 1.0}
+    append_rows(path, [run, {**run, "options": {}}], identity=("preset", "options"))
+    append_rows(path, [{**run, "options": {"chunk": 64, "schedule_policy": "lpm"}, "ttft_p50_s": 2.0}],
+                identity=("preset", "options"))
+    rows = json.loads(path.read_text())
+    assert [(r["options"], r["ttft_p50_s"]) for r in rows] == [({}, 1.0), (run["options"], 2.0)]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
 @pytest.mark.parametrize("policy, trace_file", [("vllm", "azure_conv_2023_sample.csv"),
                                                 ("vllm-prefix", "mooncake_sample.jsonl")])
 def test_executed_steps_are_priced_by_another_model_at_their_measured_times(tmp_path, policy, trace_file):
