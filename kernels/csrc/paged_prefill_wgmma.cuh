@@ -305,6 +305,29 @@ __device__ __forceinline__ void start_rows(float (&o)[64], uint32_t (&pa)[32], f
   for (int h = 0; h < 2; ++h) qpos[h] = cached + min(row + 8 * h, rows - 1) / group;
 }
 
+// 1 / the sum of a packed row's probabilities, from the thread's part `l` (the quad's four parts).
+__device__ __forceinline__ float inv_row_sum(float l) {
+  l += __shfl_xor_sync(kMask, l, 1);
+  l += __shfl_xor_sync(kMask, l, 2);
+  return 1.f / l;
+}
+
+// The thread's output fragments normalised by their rows' sums and packed two columns a word into
+// shared memory: row half h (the thread's packed row g + 8 h), columns 8 d + 2 t and 8 d + 2 t + 1
+// at `addr(h, d)`.
+template <typename T, typename Addr>
+__device__ __forceinline__ void write_rows_shared(const float (&o)[64], const float (&l_run)[2], Addr addr) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float f = inv_row_sum(l_run[h]);
+#pragma unroll
+    for (int d = 0; d < kHead / 8; ++d) {
+      const uint32_t v = Mma<T>::pack(o[4 * d + 2 * h] * f, o[4 * d + 2 * h + 1] * f);
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr(h, d)), "r"(v) : "memory");
+    }
+  }
+}
+
 // The output of the thread's packed rows `row` and `row + 8` (of `rows`), normalised by their sums;
 // t: the thread's quad lane.
 template <typename T>
@@ -312,12 +335,9 @@ __device__ __forceinline__ void store_rows(const float (&o)[64], const float (&l
                                            int q_start, int group, int kvh, int64_t token_stride, int t) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float l = l_run[h];
-    l += __shfl_xor_sync(kMask, l, 1);
-    l += __shfl_xor_sync(kMask, l, 2);
+    const float f = inv_row_sum(l_run[h]);
     const int R = row + 8 * h;
     if (R >= rows) continue;
-    const float f = 1.f / l;
     T* dst = out + (q_start + R / group) * token_stride + static_cast<int64_t>(kvh * group + R % group) * kHead + 2 * t;
 #pragma unroll
     for (int d = 0; d < kHead / 8; ++d) {
@@ -337,19 +357,7 @@ __device__ __forceinline__ void store_rows_staged(const float (&o)[64], const fl
                                                   int row0, int rows, int q_start, int group, int kvh,
                                                   int64_t token_stride, int g, int t, int lane) {
   __syncwarp();  // the warp's previous rows have been read out of the area
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = l_run[h];
-    l += __shfl_xor_sync(kMask, l, 1);
-    l += __shfl_xor_sync(kMask, l, 2);
-    const float f = 1.f / l;
-    const uint32_t row = stage + (g + 8 * h) * (kHead * 2) + t * 4;
-#pragma unroll
-    for (int d = 0; d < kHead / 8; ++d) {
-      const uint32_t v = Mma<T>::pack(o[4 * d + 2 * h] * f, o[4 * d + 2 * h + 1] * f);
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row + ((d ^ g) << 4)), "r"(v) : "memory");
-    }
-  }
+  write_rows_shared<T>(o, l_run, [&](int h, int d) { return stage + (g + 8 * h) * (kHead * 2) + t * 4 + ((d ^ g) << 4); });
   __syncwarp();
   const int c = lane & 15;
 #pragma unroll

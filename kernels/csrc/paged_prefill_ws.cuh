@@ -438,20 +438,9 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
           // the rows into this consumer's rows of the Q buffer (the 128-byte swizzle of the tiles),
           // then one thread stores the two halves of 64 head dims by TMA
           const uint32_t qb = q_smem + q_stage * kQBytes + cw * 64 * kHalfRow;
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float l = l_run[h];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const float f = 1.f / l;
-            const int r = warp * 16 + g + 8 * h;
-#pragma unroll
-            for (int d = 0; d < kHead / 8; ++d) {
-              const uint32_t v = fast::Mma<T>::pack(o[4 * d + 2 * h] * f, o[4 * d + 2 * h + 1] * f);
-              const uint32_t a = qb + (d >> 3) * kRows * kHalfRow + r * kHalfRow + (((d & 7) ^ g) << 4) + t * 4;
-              asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
-            }
-          }
+          wg::write_rows_shared<T>(o, l_run, [&](int h, int d) {
+            return qb + (d >> 3) * kRows * kHalfRow + (warp * 16 + g + 8 * h) * kHalfRow + (((d & 7) ^ g) << 4) + t * 4;
+          });
           wg::fence_proxy_async();
           named_sync(kStoreBarrier0 + cw, 128);
           if ((ctid & 127) == 0) {
