@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds of the kernels against the working tree's, on a GPU machine, from the repository root: each
 # PATCH (a `git diff` of kernels/csrc, e.g. kernels/results/ws-variants/tmakv.patch) applied to a
-# copy of the tree and built in a cache of its own, its prefill tests run, then every build's config
-# 7 timed on the c = 0 prefill shapes (kernels/bench/ab_c0.py), the builds in turn, ROUNDS times.
+# copy of the tree and built in a cache of its own, the prefill tests of every build (the tree's too)
+# run, then every build's config 7 timed on the c = 0 prefill shapes (kernels/bench/ab_c0.py), the builds in turn, ROUNDS times.
 # The working tree's own build is "base". Logs, test output and ab-NAMEROUND.json under $OUT.
 #   bash kernels/bench/ab_builds.sh PATCH...     (ROUNDS=2 by default)
 set -o pipefail
@@ -23,7 +23,7 @@ for name in "${names[@]}"; do
     python -c "import kernels._build as b; b.extension()" > "$OUT/build-$name.log" 2>&1) &
 done
 wait; el builds
-for name in "${names[@]:1}"; do
+for name in "${names[@]}"; do
   (cd "$work/$name" && PYTHONPATH=. BLOCKSIM_KERNELS_CACHE="$work/cache-$name" timeout 300 python -m pytest -q -x \
     -p no:cacheprovider tests/kernels/test_paged_prefill.py > "$OUT/tests-$name.log" 2>&1; tail -n 1 "$OUT/tests-$name.log")
   el "tests $name"
