@@ -296,6 +296,22 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
         const int token_bytes = which ? v_token_bytes : k_token_bytes;
         const int key0 = n * kKeys;
         const int first = key0 >> bs_log2;
+        if (bs_log2 >= 4) {
+          // blocks of 16 keys or more start at multiples of 16, so rows row0 + 16 j and
+          // row0 + 16 j + 8 (row0 < 8) lie in one block: one id and one address for both copies
+#pragma unroll 4
+          for (int j = 0; j < kKeys / 16; ++j) {
+            const int key = key0 + row0 + 16 * j;
+            const int bid = __shfl_sync(0xffffffffu, ids, ((key >> bs_log2) - first) & 31);
+            const bool ok = static_cast<unsigned>(bid) < static_cast<unsigned>(p.num_blocks);
+            int64_t off;
+            asm("mul.wide.s32 %0, %1, %2;\n" : "=l"(off) : "r"(ok ? bid : 0), "r"(block_bytes));
+            const char* const src = base + off + (key & bs_mask) * token_bytes;
+            cp_async16s(dst_tile + c_off + 16 * j * kHalfRow, src, ok && key < it.kv_end);
+            cp_async16s(dst_tile + c_off + (16 * j + 8) * kHalfRow, src + 8 * token_bytes, ok && key + 8 < it.kv_end);
+          }
+          return;
+        }
 #pragma unroll 4
         for (int i = 0; i < kKeys / 8; ++i) {
           const int r = row0 + 8 * i;
