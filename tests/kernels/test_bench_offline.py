@@ -150,3 +150,30 @@ def test_prefill_shapes_select_the_sections_shapes():
     assert prefill.shapes(args) == [(1, 0, 2048), (4, 4096, 1024)]
     args.prefill_shapes = None
     assert prefill.shapes(args) == prefill.PREFILL_SHAPES
+
+
+def test_stall_summary_reads_a_saved_source_page(tmp_path, capsys):
+    """ws_stalls.py on a small source page: samples by reason, the producer's share (the SASS from
+    its first to its last LDGSTS) and the instructions with the most samples."""
+    import csv
+    import gzip
+
+    from kernels.bench import ws_stalls
+    hdr = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_barrier",
+           "stall_wait", "stall_barrier (Not Issued)"]
+    rows = [["0x0", "HGMMA.64x128x16.F32 R88", "60", "10", "50", "10", "5"],
+            ["0x10", "LDGSTS.E.BYPASS [R2]", "20", "30", "0", "20", "0"],
+            ["0x20", "IADD3 R4, R4, R5", "10", "50", "0", "10", "0"],
+            ["0x30", "LDGSTS.E.BYPASS [R4]", "10", "10", "0", "10", "0"]]
+    page = tmp_path / "src.csv.gz"
+    with gzip.open(page, "wt", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["kernel name line"])
+        w.writerow(hdr)
+        w.writerows(rows)
+    ws_stalls.summary(str(page), top=2)
+    out = capsys.readouterr().out
+    assert "100 samples" in out and "barrier 50.0%" in out and "wait 50.0%" in out
+    assert "producer's copy code (SASS rows 1-3): 40.0% of samples, 90.0% of instructions" in out
+    lines = out.strip().splitlines()
+    assert "HGMMA" in lines[-2] and "LDGSTS" in lines[-1]
