@@ -4,7 +4,7 @@
 # copy of the tree and built in a cache of its own, the prefill tests of every build (the tree's too)
 # run, then every build's config 7 timed on the c = 0 prefill shapes (kernels/bench/ab_c0.py), the builds in turn, ROUNDS times.
 # The working tree's own build is "base". Logs, test output and ab-NAMEROUND.json under $OUT.
-#   bash kernels/bench/ab_builds.sh PATCH...     (ROUNDS=2 by default)
+#   bash kernels/bench/ab_builds.sh PATCH...     (ROUNDS=2 by default; BASE_TESTS=0 skips the tree's tests)
 set -o pipefail
 OUT=${OUT:-ab-run}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 export OUT PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-8}
@@ -23,7 +23,8 @@ for name in "${names[@]}"; do
     python -c "import kernels._build as b; b.extension()" > "$OUT/build-$name.log" 2>&1) &
 done
 wait; el builds
-for name in "${names[@]}"; do
+tested=("${names[@]}"); [ "${BASE_TESTS:-1}" = 0 ] && tested=("${names[@]:1}")
+for name in "${tested[@]}"; do
   (cd "$work/$name" && PYTHONPATH=. BLOCKSIM_KERNELS_CACHE="$work/cache-$name" timeout 300 python -m pytest -q -x \
     -p no:cacheprovider tests/kernels/test_paged_prefill.py > "$OUT/tests-$name.log" 2>&1; tail -n 1 "$OUT/tests-$name.log")
   el "tests $name"
