@@ -348,15 +348,21 @@ def step_kinds(exec_dir: Path, priced: dict) -> str:
                      f"{100 * g.err.abs().mean():.1f}% |")
     g = x[x.kind == "decode, CUDA graph"]
     lines += ["", "Graph-replayed decode steps by run (the pricing of uneven, padded and shared batches: "
-              "docs/cost_models.md), and those of one or two rows alone (little more than the weights' read, "
-              "a shape the profile measures as the run executes it):", "",
-              "| run | steps | mean error | MAPE | 1-2 rows: steps | 1-2 rows: mean error |",
-              "| --- | ---: | ---: | ---: | ---: | ---: |"]
+              "docs/cost_models.md), those of one or two rows alone (little more than the weights' read, "
+              "a shape the profile measures as the run executes it), and those of more rows by how full their "
+              "padded batch is (all rows real, or a quarter of the graph's batch or more padding):", "",
+              "| run | steps | mean error | MAPE | 1-2 rows: steps | 1-2 rows: mean error "
+              "| full: steps | full: mean error | padded a quarter or more: steps | padded a quarter or more: mean error |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+
+    def part(rows) -> str:
+        return f"{len(rows)} | " + (f"{100 * rows.err.mean():+.1f}%" if len(rows) else "n/a")
+
     for run, r in g.groupby("run"):
-        small = r[r.padded_batch <= 2]
-        se = f"{100 * small.err.mean():+.1f}%" if len(small) else "n/a"
+        more = r[r.padded_batch > 2]
         lines.append(f"| {run} | {len(r)} | {100 * r.err.mean():+.1f}% | {100 * r.err.abs().mean():.1f}% | "
-                     f"{len(small)} | {se} |")
+                     f"{part(r[r.padded_batch <= 2])} | {part(more[more.num_decodes == more.padded_batch])} | "
+                     f"{part(more[4 * more.num_decodes <= 3 * more.padded_batch])} |")
     e = x[x.kind == "eager, with a prompt"].copy()
     e["again"] = e.groupby("run").num_tokens.transform(lambda t: t.duplicated())
     e["tokens"] = pd.cut(e.num_tokens, [0, 256, 1024, 2048, 4096, 1 << 20],

@@ -277,3 +277,20 @@ def test_the_lease_note_names_the_executed_twice_table_only_where_there_is_one(t
     assert "Executed twice" in with_table
     assert "Executed twice" not in without
     assert without.endswith(("mean.", "them."))
+
+
+def test_graph_steps_are_split_by_how_full_their_padded_batch_is(tmp_path):
+    """fidelity_runs.py's per-step tables: graph steps of one or two rows, of full padded batches and
+    of batches a quarter or more padding, each with its steps' mean error."""
+    fr = _fidelity_runs()
+    run = tmp_path / "azure-conv__vllm__llama-2-7b"
+    run.mkdir()
+    rows = [  # (padded batch, rows, measured, predicted)
+        (2, 1, 1.0, 0.99), (16, 16, 1.0, 1.002), (16, 12, 1.0, 1.01), (16, 9, 1.0, 1.03), (16, 13, 1.0, 1.5)]
+    pd.DataFrame({"step": range(len(rows)), "measured_s": [r[2] for r in rows], "m_swap_s": 0.0, "m_copy_s": 0.0,
+                  "graph": True, "padded_batch": [r[0] for r in rows], "num_decodes": [r[1] for r in rows],
+                  "num_prefills": 0, "num_tokens": [r[1] for r in rows]}).to_parquet(run / "executor_steps.parquet")
+    text = fr.step_kinds(tmp_path, {run.name: np.array([r[3] for r in rows])})
+    line = next(ln for ln in text.splitlines() if ln.startswith(f"| {run.name} |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[1:] == ["5", "+10.6%", "11.0%", "1", "-1.0%", "1", "+0.2%", "2", "+2.0%"]
