@@ -293,13 +293,19 @@ def compare(sim_dir, exec_dir) -> Fidelity:
 ROW_IDENTITY = ("trace", "preset", "model", "gpu", "tensor_parallel", "cost_model", "cost_profile")
 
 
+def merged_rows(old: list[dict], rows: list[dict], identity: tuple[str, ...] = ROW_IDENTITY) -> list[dict]:
+    """`old` without the rows whose values of `identity` a row of `rows` repeats, then `rows`."""
+    def key(row: dict) -> tuple:
+        return tuple(json.dumps(row.get(k), sort_keys=True) for k in identity)
+
+    new_keys = {key(r) for r in rows}
+    return [r for r in old if key(r) not in new_keys] + list(rows)
+
+
 def append_rows(path, rows: list[dict], identity: tuple[str, ...] = ROW_IDENTITY) -> Path:
     """Add rows to a results file (a JSON list), replacing the rows whose values of `identity` (by
     default: trace, preset, model, GPU, TP, cost model and profile) a new row repeats; the file is
     created when absent and replaced whole (never left half-written)."""
-    def key(row: dict) -> tuple:
-        return tuple(json.dumps(row.get(k), sort_keys=True) for k in identity)
-
     p = Path(path)
     old = []
     if p.exists():
@@ -309,8 +315,7 @@ def append_rows(path, rows: list[dict], identity: tuple[str, ...] = ROW_IDENTITY
             raise FidelityError(f"results file {p}: not valid JSON ({e}); fix or remove it") from None
         if not isinstance(old, list):
             raise FidelityError(f"results file {p}: expected a JSON list of rows")
-    new_keys = {key(r) for r in rows}
-    merged = [r for r in old if key(r) not in new_keys] + list(rows)
+    merged = merged_rows(old, rows, identity)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(p.name + ".tmp")
     tmp.write_text(json.dumps(merged, indent=1) + "\n")

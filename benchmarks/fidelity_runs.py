@@ -156,7 +156,7 @@ def cmd_simulate(a) -> int:
 
 
 def cmd_results(a) -> int:
-    from analysis.fidelity import compare, errors  # the fidelity report's library
+    from analysis.fidelity import compare, errors, merged_rows  # the fidelity report's library
     exec_dir, sim_dir = Path(a.exec), Path(a.sim)
     if a.repeat and (not a.markdown or not Path(a.repeat).is_dir()):
         why = "no such directory" if a.markdown else "its table goes into --markdown: give one"
@@ -188,9 +188,8 @@ def cmd_results(a) -> int:
                          "cost_model": cost, **e})
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     if a.merge and Path(a.json).is_file():  # keep the file's rows of other runs
-        key = (lambda r: tuple(r.get(k) for k in ("trace", "preset", "model", "gpu", "tensor_parallel", "cost_model")))
-        new = {key(r) for r in rows}
-        rows = [r for r in json.loads(Path(a.json).read_text()) if key(r) not in new] + rows
+        rows = merged_rows(json.loads(Path(a.json).read_text()), rows,
+                           ("trace", "preset", "model", "gpu", "tensor_parallel", "cost_model"))
     Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
     if a.markdown:
         Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced, repeats(a.repeat, exec_dir), moved, a))
