@@ -1,8 +1,9 @@
 """Config 7 (the warp-specialized prefill kernel) of whichever build ``kernels`` loads, on the
 prefill section's c = 0 shapes, against the fastest SDPA backend: three alternating measurements a
-shape (CUDA graphs, 30 replays after 10), medians. One line a shape on stdout and ``ab-TAG.json``
-under ``$OUT`` (``TAG``: the build's name). ``kernels/bench/ab_builds.sh`` runs it on patched
-builds in turn; correctness is the GPU tests' (tests/kernels/test_paged_prefill.py).
+shape, the pair's order alternating (CUDA graphs, 30 replays after 10), medians. One line a shape
+on stdout and ``ab-TAG.json`` under ``$OUT`` (``TAG``: the build's name).
+``kernels/bench/ab_builds.sh`` runs it on patched builds in turn; correctness is the GPU tests'
+(tests/kernels/test_paged_prefill.py).
 
     PYTHONPATH=. TAG=name python kernels/bench/ab_c0.py
 """
@@ -22,12 +23,14 @@ from kernels.bench.prefill import (
     best_backend,
     causal_sdpa,
 )
+from kernels.bench.stats import alternate
 from kernels.bench.timing import graph_ms
 from kernels.fast import prefill as fp
 
 
 def time_shape(tag: str, model: str, shape: tuple, heads: int, kv_heads: int) -> dict:
-    """Config 7 and the fastest SDPA backend on one c = 0 shape, three alternating medians."""
+    """Config 7 and the fastest SDPA backend on one c = 0 shape: medians of three measurements each,
+    the pair's order alternating."""
     c = PrefillCase(*shape, heads, kv_heads)
 
     def paged():
@@ -41,10 +44,7 @@ def time_shape(tag: str, model: str, shape: tuple, heads: int, kv_heads: int) ->
     def sdpa():
         causal_sdpa(q, k, v, c.cached, backend)
 
-    t7, ts = [], []
-    for _ in range(3):
-        t7.append(graph_ms([paged], 10, 30))
-        ts.append(graph_ms([sdpa], 10, 30))
+    t7, ts = alternate(lambda: graph_ms([paged], 10, 30), lambda: graph_ms([sdpa], 10, 30), 3)
     row = {"tag": tag, "model": model, "shape": list(shape), "backend": label, "ms7": statistics.median(t7),
            "ms_sdpa": statistics.median(ts)}
     row["r7"] = row["ms7"] / row["ms_sdpa"]

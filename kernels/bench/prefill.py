@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from ..fast import layout as fast_layout
 from ..fast import prefill as fast_prefill
 from .cases import gather_contiguous
-from .stats import interval_label, ratio_interval
+from .stats import alternate, interval_label, ratio_interval
 from .timing import backend_label, graph_ms, median_ms, sdpa_backends
 
 PREFILL_SHAPES = ((1, 0, 2048), (1, 0, 8192), (8, 0, 1024), (32, 0, 512), (1, 8192, 512), (4, 4096, 1024),
@@ -133,15 +133,17 @@ def prefill(args, copy_gbs, results):
                  "sdpa_backend": label, "config": fast_prefill.choose_prefill_config(
                      c.batch, c.new, heads, kv_heads, HEAD, torch.cuda.get_device_properties(0).multi_processor_count,
                      wgmma=fast_prefill.wgmma_runs(DTYPE, DTYPE, HEAD, False, fast_prefill.device_capability(0)))}
-            paged_runs, sdpa_runs = [], []
-            for i in range(args.repeats):
-                pair = [lambda: paged_runs.append(graph_ms([c.paged], args.warmup, args.iters)),
-                        lambda: sdpa_runs.append(graph_ms([lambda: causal_sdpa(q, k, v, c.cached, backend)],
-                                                          args.warmup, args.iters))]
-                if backend is None:
-                    pair = pair[:1]
-                for measure in (pair if i % 2 == 0 else pair[::-1]):
-                    measure()
+
+            def paged_ms():
+                return graph_ms([c.paged], args.warmup, args.iters)
+
+            def sdpa_ms():
+                return graph_ms([lambda: causal_sdpa(q, k, v, c.cached, backend)], args.warmup, args.iters)
+
+            if backend is None:
+                paged_runs, sdpa_runs = [paged_ms() for _ in range(args.repeats)], []
+            else:
+                paged_runs, sdpa_runs = alternate(paged_ms, sdpa_ms, args.repeats)
             r["paged_runs"], r["paged"] = paged_runs, statistics.median(paged_runs)
             if backend is not None:
                 r["sdpa_runs"], r["sdpa"] = sdpa_runs, statistics.median(sdpa_runs)

@@ -9,20 +9,32 @@ import statistics
 from .timing import graph_ms, sdpa
 
 
+def alternate(measure_a, measure_b, repeats: int) -> tuple[list, list]:
+    """``repeats`` pairs of measurements by the zero-argument functions ``measure_a`` and
+    ``measure_b``, the pair's order alternating (a first on even repeats, b first on odd ones), so
+    that whatever the first of two measurements gains or loses falls on both sides: the lists of
+    their results, ``repeats`` each, in the order taken."""
+    runs_a, runs_b = [], []
+    for i in range(repeats):
+        if i % 2 == 0:
+            runs_a.append(measure_a())
+            runs_b.append(measure_b())
+        else:
+            runs_b.append(measure_b())
+            runs_a.append(measure_a())
+    return runs_a, runs_b
+
+
 def alternating_runs(c, backend, args):
     """The fast kernel on case ``c`` and SDPA (``backend``) on the same tokens, measured in turn
-    ``args.repeats`` times: lists of times (ms), so that medians compare the two under the same
-    drift of the device's speed. The pair's order alternates (fast first, then SDPA first), so
-    that whatever the first of two measurements gains or loses falls on both sides."""
+    ``args.repeats`` times (``alternate``, fast first on even repeats): lists of times (ms), so
+    that medians compare the two under the same drift of the device's speed."""
     k, v = c.contiguous()
     q4 = [s[0].unsqueeze(2) for s in c.sets]
-    fast_runs, sdpa_runs = [], []
-    for i in range(args.repeats):
-        pair = [lambda: fast_runs.append(c.fast_ms(args.warmup, args.iters)),
-                lambda: sdpa_runs.append(graph_ms([lambda q=q: sdpa(q, k, v, backend) for q in q4],
-                                                  args.warmup, args.iters))]
-        for measure in (pair if i % 2 == 0 else pair[::-1]):
-            measure()
+    fast_runs, sdpa_runs = alternate(
+        lambda: c.fast_ms(args.warmup, args.iters),
+        lambda: graph_ms([lambda q=q: sdpa(q, k, v, backend) for q in q4], args.warmup, args.iters),
+        args.repeats)
     del k, v
     return fast_runs, sdpa_runs
 

@@ -64,6 +64,19 @@ def test_ratio_interval_with_few_pairs_reports_its_lower_coverage():
         stats.ratio_interval([1.0, 1.0], [1.0])
 
 
+def test_alternate_puts_each_function_first_on_every_other_repeat():
+    order = []
+
+    def measure(name, value):
+        return lambda: order.append(name) or value + len(order)
+
+    runs_a, runs_b = stats.alternate(measure("a", 0.0), measure("b", 10.0), 5)
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a", "a", "b"], "a first on even repeats, b on odd"
+    # each list holds its own function's results, one a repeat, in the order taken
+    assert runs_a == [1.0, 4.0, 5.0, 8.0, 9.0] and runs_b == [12.0, 13.0, 16.0, 17.0, 20.0]
+    assert stats.alternate(measure("a", 0.0), measure("b", 0.0), 0) == ([], [])
+
+
 def test_alternating_runs_swap_the_order_within_each_pair(monkeypatch):
     order = []
 
