@@ -32,6 +32,12 @@ Tables (seconds, whole model, one GPU):
   request share), with ``own_seconds`` (the same rows on their own blocks, measured alongside) and
   ``shared_fraction`` (the share of the step's context tokens read from shared blocks); ``--add-table
   decode_step_shared`` measures it alone into an existing profile of this device;
+* ``decode_step_padded`` by (batch, real, context): a whole graph step whose real rows are the
+  fraction ``real`` of the graph's padded batch, holding ``batch * context`` context tokens in
+  equal rows (`padded_rows`), the other rows the executor's padding (one token each), with
+  ``spread_seconds`` (its twin: the same tokens over all the batch's rows, spread as
+  ``decode_step_longest``'s below a longest row as long as a real row) measured alongside;
+  ``--add-table decode_step_padded`` measures it alone into an existing profile of this device;
 * ``overhead``: ``eager_s``, the median of (a whole eager step) - (the sum of its components:
   attention timed inside the step, the others alone) over a few mixed steps, at least 0;
   ``eager_cases_s`` the differences, whose median (negative where the components timed alone add
@@ -93,11 +99,18 @@ LONGEST = (1.0, 1.5, 2.0, 3.0, 5.0, 8.0)
 #: ``decode_step_shared``'s grid: padded batches (even: rows in pairs) and contexts.
 SHARED_BATCH = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 SHARED_CONTEXT = (64, 256, 1024, 2048, 4096, 8192)
+#: ``decode_step_padded``'s grid: padded batches (graph sizes whose fractions below are whole
+#: rows), the fraction of their rows that are real, and contexts (the mean over the padded rows; a
+#: real row holds the context over the fraction, within the model's length).
+PADDED_BATCH = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+PADDED_REAL = (0.5, 0.75)
+PADDED_CONTEXT = (16, 64, 256, 1024, 2048)
 SEQUENCES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BLOCKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 QUICK = {"TOKENS": (1, 16, 256), "LINEAR_TOKENS": (1, 16, 256), "GRAPH_TOKENS": (1, 8), "PREFILL_BATCH": (1, 2),
          "PREFILL_NEW": (16, 64), "PREFILL_CACHED": (0, 32), "DECODE_BATCH": (1, 4), "DECODE_CONTEXT": (16, 64), "STEP_BATCH": (1, 4),
-         "LONGEST": (1.0, 2.0), "SHARED_BATCH": (2, 4), "SHARED_CONTEXT": (16, 64), "SEQUENCES": (1, 4),
+         "LONGEST": (1.0, 2.0), "SHARED_BATCH": (2, 4), "SHARED_CONTEXT": (16, 64), "PADDED_BATCH": (4,),
+         "PADDED_REAL": (0.5, 0.75), "PADDED_CONTEXT": (16, 64), "SEQUENCES": (1, 4),
          "BLOCKS": (1, 4)}
 CACHE_BYTES = 40 << 30  # the KV cache the profiler allocates (at most)
 
@@ -244,6 +257,15 @@ def spread_contexts(batch: int, context: int, longest: float, max_len: int) -> l
         out[k] -= 1
         short += 1
     return [int(v) for v in out]
+
+
+def padded_rows(batch: int, real: float, context: int) -> list[int]:
+    """The real rows of a synthetic padded graph step: `round(real * batch)` rows (at least one)
+    sharing `batch * context` tokens as evenly as tokens allow; the graph's other rows are the
+    executor's padding."""
+    n = max(1, int(round(real * batch)))
+    base, extra = divmod(batch * context, n)
+    return [base + 1] * extra + [base] * (n - extra)
 
 
 def capped_cell(measured: list[tuple[float, float]], longest: float) -> float:
@@ -517,6 +539,38 @@ class Profiler:
         return {"axes": ["batch", "context"], "grid": {"batch": sizes, "context": contexts}, "seconds": secs,
                 "own_seconds": own, "shared_fraction": frac}
 
+    def decode_step_padded(self) -> dict | None:
+        """``decode_step_padded``: whole graph-replayed decode steps whose real rows fill a fraction
+        of the graph's batch (equal rows holding all the context; the executor's padding rows, of one
+        token each, the rest), each beside its spread twin: the same total context over all the
+        batch's rows, falling in equal steps from a longest row as long as a real row
+        (`spread_contexts`, the rows ``decode_step_longest`` is measured on)."""
+        if not self.cuda:
+            return None
+        g, r = self.grid, self.runner
+        sizes = [b for b in g["PADDED_BATCH"] if b in self.graph_sizes]
+        fractions = list(g["PADDED_REAL"])
+        contexts = [c for c in g["PADDED_CONTEXT"] if c <= self.dims.max_model_len * min(fractions)]
+        r.capture_decode_graphs(max(sizes))
+        secs, spread = [], []
+        for b in sizes:
+            plane_s, plane_t = [], []
+            for f in fractions:
+                row_s, row_t = [], []
+                for c in contexts:
+                    real = padded_rows(b, f, c)
+                    r.load_decode(self.batch(decodes=real), b)
+                    row_s.append(self.clock.median(_graph(r, b)))
+                    r.load_decode(self.batch(decodes=spread_contexts(b, c, max(real) / c, self.dims.max_model_len)), b)
+                    row_t.append(self.clock.median(_graph(r, b)))
+                plane_s.append(row_s)
+                plane_t.append(row_t)
+            secs.append(plane_s)
+            spread.append(plane_t)
+        self._say("decode_step_padded done")
+        return {"axes": ["batch", "real", "context"], "grid": {"batch": sizes, "real": fractions, "context": contexts},
+                "seconds": secs, "spread_seconds": spread, "rows": "equal real rows, one-token padding rows"}
+
     def overhead(self) -> dict:
         """Whole eager steps against the sum of their components timed alone."""
         cases = [([(256, 0)], [1024] * 32), ([(64, 512)], [256] * 8), ([(1024, 0), (512, 0)], []),
@@ -580,6 +634,7 @@ class Profiler:
             comps["decode_step"], comps["decode_step_longest"] = self._timed("decode_step, decode_step_longest",
                                                                              self.decode_step)
             comps["decode_step_shared"] = self._timed("decode_step_shared", self.decode_step_shared)
+            comps["decode_step_padded"] = self._timed("decode_step_padded", self.decode_step_padded)
         self._say(f"measured in {time.perf_counter() - t0:.0f} s: "
                   + ", ".join(f"{k} {v:.0f} s" for k, v in self.measure_s.items()))
         return comps
@@ -635,7 +690,7 @@ def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_par
 
 #: Tables `--add-table` measures into an existing profile (each measured whole steps beside a twin of
 #: its own, so it holds on another lease of the device than the rest of the profile).
-ADDABLE = ("decode_step_shared",)
+ADDABLE = ("decode_step_shared", "decode_step_padded")
 
 
 def add_table(path: Path, table: str, *, device: str = "cuda", catalog=(), command: str = "",

@@ -35,8 +35,8 @@ ROOFLINE_FORMAT = "blocksim-roofline/1"
 KNOWN_FORMATS = (PROFILE_FORMAT, ROOFLINE_FORMAT)
 PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
 
-#: Each table's axes, in order. `decode_step`, `decode_step_longest`, `allreduce` and the tier tables are
-#: optional; the others are required.
+#: Each table's axes, in order. `decode_step`, `decode_step_longest`, `decode_step_shared`,
+#: `decode_step_padded`, `allreduce` and the tier tables are optional; the others are required.
 COMPONENT_AXES: dict[str, tuple[str, ...]] = {
     "linear": ("tokens",),
     "attn_prefill": ("batch", "new_tokens", "cached_tokens"),
@@ -54,6 +54,10 @@ COMPONENT_AXES: dict[str, tuple[str, ...]] = {
     # its own blocks measured alongside, and `shared_fraction`, the share of the step's context tokens
     # a row reads from blocks its pair's first row also reads
     "decode_step_shared": ("batch", "context"),
+    # a whole graph step whose real rows are the fraction `real` of its padded batch (equal rows; the
+    # others the executor's one-token padding rows), `context` the mean over the padded rows; with
+    # `spread_seconds`, its twin of the same tokens spread over all the rows, measured alongside
+    "decode_step_padded": ("batch", "real", "context"),
     "allreduce": ("bytes",),
     # tier transfers (`blocksim profile --tier-dir`): seconds to move `chunks` chunks of `chunk_bytes`
     "tier_gpu_host": ("chunk_bytes", "chunks"),
@@ -66,7 +70,8 @@ COMPONENT_AXES: dict[str, tuple[str, ...]] = {
 }
 TIER_COMPONENTS = ("tier_gpu_host", "tier_host_gpu", "tier_host_disk", "tier_gpu_disk", "tier_disk_gpu")
 TIER_FRESH = "tier_host_disk_fresh"
-OPTIONAL = ("decode_step", "decode_step_longest", "decode_step_shared", "allreduce", *TIER_COMPONENTS, TIER_FRESH)
+OPTIONAL = ("decode_step", "decode_step_longest", "decode_step_shared", "decode_step_padded", "allreduce",
+            *TIER_COMPONENTS, TIER_FRESH)
 #: Header fields a profile must have, checked against the run's configuration where they name it.
 HEADER = ("model", "gpu", "dtype", "tensor_parallel", "block_size", "cuda_graph_batch_sizes")
 
@@ -237,6 +242,18 @@ def _shared_twins(path: str, spec: dict, paired: Grid) -> dict[str, Grid]:
             "decode_step_shared_fraction": Grid("decode_step_shared_fraction", paired.axes, paired.grids, frac)}
 
 
+def _padded_twin(path: str, spec: dict, padded: Grid) -> dict[str, Grid]:
+    """``decode_step_padded``'s spread twin, as a Grid of its grid (``decode_step_padded_spread``)."""
+    w = "components.decode_step_padded"
+    if "spread_seconds" not in spec:
+        raise _bad(path, w, "missing spread_seconds (the table's twin measured alongside it)")
+    real = padded.grids[1]
+    if real[0] <= 0 or real[-1] >= 1:
+        raise _bad(path, f"{w}.grid.real", "expected fractions of real rows in (0, 1)")
+    spread = _seconds(path, f"{w}.spread_seconds", spec["spread_seconds"], padded.seconds.shape)
+    return {"decode_step_padded_spread": Grid("decode_step_padded_spread", padded.axes, padded.grids, spread)}
+
+
 def _table(path: str, name: str, spec, axes: tuple[str, ...]) -> Grid:
     w = f"components.{name}"
     if not isinstance(spec, dict):
@@ -285,6 +302,8 @@ def parse_profile(data: dict, path: str) -> Profile:
         tables[name] = _table(path, name, comps[name], axes)
     if "decode_step_shared" in tables:
         tables.update(_shared_twins(path, comps["decode_step_shared"], tables["decode_step_shared"]))
+    if "decode_step_padded" in tables:
+        tables.update(_padded_twin(path, comps["decode_step_padded"], tables["decode_step_padded"]))
     unknown = sorted(set(comps) - set(COMPONENT_AXES) - {"overhead"})
     if unknown:
         warnings.warn(f"cost profile {path}: ignoring unknown component(s) {', '.join(unknown)}", ProfileWarning,

@@ -25,6 +25,13 @@ engine's columns `t_<component>_s` hold:
   prompt a request's samples share) saves ``(1 - paired / own) * min(1, f / f_table)`` of the step
   of equal rows at its padded batch and mean context, ``f`` the share of its context tokens in
   shared blocks: the bytes the shared blocks save, which a longer longest row does not change.
+  With the optional ``decode_step_padded`` table, a graph step of ``b`` real rows in a graph of
+  ``pad > b`` rows lasts that price times the table's ratio of a padded step to its spread twin
+  at ``(pad, b / pad, mean context)``: the same tokens on the real rows, the padding rows holding
+  one token each, against the same tokens spread over all the rows, as the ``decode_step_longest``
+  table is measured. Between the table's largest fraction of real rows and a full batch the ratio
+  goes to 1; beyond the grid's batches, fractions and contexts it is held at the edge (and the
+  steps counted), never extrapolated.
 * ``t_swap_s``: ``swap_in(blocks in) + swap_out(blocks out)``; ``t_copy_s``: ``copy(blocks)``.
   Block counts are converted to the profile's block size (a run with blocks twice as large moves
   twice as many of the profile's blocks).
@@ -99,6 +106,17 @@ class ProfiledCostModel:
                                             paired.seconds / t["decode_step_shared_own"].seconds))
             self._shared_fraction = Table(t["decode_step_shared_fraction"])
         self._longest_planes: dict = {}
+        #: Whether a graph-replayed decode step with padding rows is priced for them (the
+        #: ``decode_step_padded`` table, over its spread twin).
+        self.prices_padding = self.decode_longest is not None and "decode_step_padded" in t
+        if self.prices_padding:
+            pt = t["decode_step_padded"]
+            ratio = pt.seconds / t["decode_step_padded_spread"].seconds
+            # the fraction of real rows closed at 1: a batch without padding rows is its own twin
+            real = np.append(pt.grids[1], 1.0)
+            ratio = np.concatenate([ratio, np.ones_like(ratio[:, :1])], axis=1)
+            self._padding = Table(Grid("decode_step_padded_ratio", pt.axes, (pt.grids[0], real, pt.grids[2]), ratio))
+            self._padding_planes: dict = {}
         self.graph_sizes = np.asarray(profile.cuda_graph_batch_sizes, dtype=np.int64)
         self.max_graph = int(self.graph_sizes[-1]) if len(self.graph_sizes) else 0
         self._pad = [None] + [int(self.graph_sizes[np.searchsorted(self.graph_sizes, b)])
@@ -203,6 +221,30 @@ class ProfiledCostModel:
             hit = self._longest_planes[pad] = Plane(tab.name, c, x, tab.eval(float(pad), cc, xx))
         return hit
 
+    def _padding_plane(self, pad: int) -> Plane:
+        """The ``decode_step_padded`` ratio at the padded batch `pad` (held at the grid's nearest
+        batch beyond it): a plane over (fraction of real rows, context)."""
+        hit = self._padding_planes.get(pad)
+        if hit is None:
+            tab = self._padding
+            b = min(max(float(pad), tab.grids[0][0]), tab.grids[0][-1])
+            f, c = tab.grids[1], tab.grids[2]
+            ff, cc = np.meshgrid(f, c, indexing="ij")
+            hit = self._padding_planes[pad] = Plane(tab.name, f, c, tab.eval(b, ff, cc))
+        return hit
+
+    def _padding_factor(self, batch: int, pad: int, mean):
+        """A graph step's time over its spread twin's, for `batch` real rows of a graph of `pad`
+        rows at mean contexts `mean` (over the padded rows; a float, or an array): 1 without padding
+        rows, else the ``decode_step_padded`` ratio, held at the grid's edges (never extrapolated)."""
+        tab = self._padding
+        real = min(max(batch / pad, float(tab.grids[1][0])), 1.0)
+        lo, hi = float(tab.grids[2][0]), float(tab.grids[2][-1])
+        plane = self._padding_plane(pad)
+        if isinstance(mean, np.ndarray):
+            return plane.eval(np.full(mean.shape, real), np.clip(mean, lo, hi))
+        return plane.point(real, min(max(mean, lo), hi))
+
     def attn_decode(self, ctx_tokens, batch: int = 0, decode_only: bool = False, longest=None, shared=0):
         """Decode attention of `batch` sequences holding `ctx_tokens` context tokens in all (an int,
         or an int array for a span of steps: then an array of seconds). `longest`: the longest
@@ -216,7 +258,10 @@ class ProfiledCostModel:
         pad = self.padded(batch) if decode_only and longest is not None and self.decode_longest is not None else None
         if pad is not None and scalar and not shared:  # plain Python, the same operations as the array path below
             mean = ctx_tokens / pad
-            return max(self._longest_plane(pad).point(mean, max(longest / mean, 1.0)) - self._step_rest(batch), 0.0)
+            t = self._longest_plane(pad).point(mean, max(longest / mean, 1.0))
+            if batch < pad and self.prices_padding:
+                t = t * self._padding_factor(batch, pad, mean)
+            return max(t - self._step_rest(batch), 0.0)
         ctx = np.array([ctx_tokens], dtype=np.int64) if scalar else ctx_tokens.astype(np.int64, copy=False)
         if pad is not None:
             mean = ctx / pad  # the padding rows count as rows of no context
@@ -224,6 +269,8 @@ class ProfiledCostModel:
             if shared and self.prices_shared_rows:  # the bytes the shared blocks save, as at equal rows
                 equal = self._longest_plane(pad).eval(mean, np.ones_like(mean))
                 t = t - (1.0 - self._shared_factor(pad, mean, shared / np.maximum(ctx, 1))) * equal
+            if batch < pad and self.prices_padding:
+                t = t * self._padding_factor(batch, pad, mean)
             whole = True
         else:
             line, whole = self._decode_line(batch, decode_only)
@@ -343,6 +390,11 @@ class ProfiledCostModel:
         if self.decode_longest is not None:  # its context: the mean over the padded rows
             add("decode_step_longest.batch", whole & self.decode_longest.outside(0, pad))
             add("decode_step_longest.context", whole & self.decode_longest.outside(1, C / np.maximum(pad, 1)))
+            if self.prices_padding:  # padded graph steps whose ratio is held at the grid's edge
+                padded = whole & (D < pad)
+                add("decode_step_padded.batch", padded & self._padding.outside(0, pad))
+                add("decode_step_padded.real", padded & (D / np.maximum(pad, 1) < self._padding.grids[1][0]))
+                add("decode_step_padded.context", padded & self._padding.outside(2, C / np.maximum(pad, 1)))
         elif self.decode_step is not None:
             add("decode_step.batch", whole & self.decode_step.outside(0, pad))
             add("decode_step.context", whole & self.decode_step.outside(1, mean_ctx))

@@ -18,10 +18,11 @@ GRAPH_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256]
 
 def synthetic_profile(model: str = "llama-2-7b", gpu: str = "h100-80gb", *, tensor_parallel: int = 1,
                       block_size: int = 16, dtype: str = "float16", decode_step: bool | str = False,
-                      allreduce: bool = False, shared: float | None = None) -> dict:
+                      allreduce: bool = False, shared: float | None = None, padded: float | None = None) -> dict:
     """`decode_step`: True adds the table of whole graph steps, "longest" the longest-row table too;
     `shared` (with "longest"): a ``decode_step_shared`` table whose paired steps last `shared` times
-    their own-blocks twins, at a shared fraction of 0.45."""
+    their own-blocks twins, at a shared fraction of 0.45; `padded` (with "longest"): a
+    ``decode_step_padded`` table whose padded steps last `padded` times their spread twins."""
     m, g = MODELS[model], GPUS[gpu]
     flops, bw = g.fp16_tflops * 1e12 * 0.6, g.hbm_bw_gbps * 1e9 * 0.8
     kvb = 2 * m.num_layers * max(1, m.num_kv_heads // tensor_parallel) * m.head_size * 2
@@ -79,6 +80,12 @@ def synthetic_profile(model: str = "llama-2-7b", gpu: str = "h100-80gb", *, tens
             "axes": ["batch", "context"], "grid": {"batch": pairs, "context": ctx},
             "seconds": [[shared * t for t in row] for row in own], "own_seconds": own,
             "shared_fraction": [[0.45] * len(ctx) for _ in pairs]}
+    if padded is not None:
+        sizes, real, pctx = [4, 8, 16, 32, 64, 128, 256], [0.5, 0.75], [16, 64, 256, 1024, 2048]
+        spread = [[[step(GRAPH_SIZES.index(b), b, x, 1.0 / f) for x in pctx] for f in real] for b in sizes]
+        comps["decode_step_padded"] = {
+            "axes": ["batch", "real", "context"], "grid": {"batch": sizes, "real": real, "context": pctx},
+            "seconds": [[[padded * t for t in row] for row in plane] for plane in spread], "spread_seconds": spread}
     if allreduce:  # one all-reduce by message bytes
         nbytes = [2 ** k for k in range(10, 31, 2)]
         comps["allreduce"] = {"axes": ["bytes"], "grid": {"bytes": nbytes}, "seconds": [ring(b) for b in nbytes]}

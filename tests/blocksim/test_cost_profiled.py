@@ -285,15 +285,16 @@ requests = st.integers(1, 20).flatmap(lambda k: st.tuples(
        preset=st.sampled_from(["vllm", "vllm-prefix", "vllm-chunked", "orca-pow2"]),
        decode_step=st.sampled_from([False, True, "longest"]), max_seqs=st.sampled_from([4, 20]),
        mode=st.sampled_from(["auto", "recompute", "swap"]), tp=st.sampled_from([1, 2]), allreduce=st.booleans(),
-       shared=st.sampled_from([None, 0.9]))
+       shared=st.sampled_from([None, 0.9]), padded=st.sampled_from([None, 0.95]))
 def test_spans_price_steps_exactly_as_stepping_one_by_one(tmp_path_factory, lists, blocks, block_size, preset,
-                                                         decode_step, max_seqs, mode, tp, allreduce, shared):
+                                                         decode_step, max_seqs, mode, tp, allreduce, shared, padded):
     arrivals, prompts, outputs, ns = lists
     trace = pd.DataFrame({"arrival_s": np.cumsum(arrivals), "prompt_tokens": prompts, "output_tokens": outputs,
                           "n": ns})
     path = tmp_path_factory.mktemp("prof") / "p.json"
     path.write_text(json.dumps(synthetic_profile(decode_step=decode_step, tensor_parallel=tp, allreduce=allreduce,
-                                                 shared=shared if decode_step == "longest" else None)))
+                                                 shared=shared if decode_step == "longest" else None,
+                                                 padded=padded if decode_step == "longest" else None)))
     knobs = {} if preset == "orca-pow2" else {"watermark": 0.0, "preemption": mode}
     cfg = build_config(preset, num_gpu_blocks=blocks, block_size=block_size, max_num_seqs=max_seqs,
                        cost_model="profiled", tensor_parallel=tp, **knobs)
@@ -442,3 +443,45 @@ def test_sharing_saves_an_uneven_step_what_it_saves_the_step_of_equal_rows(tmp_p
     saved_uneven = cm.attn_decode(32 * 1000, 32, True, 4000) - cm.attn_decode(32 * 1000, 32, True, 4000,
                                                                              shared=shared)
     assert saved_equal > 0 and saved_uneven == pytest.approx(saved_equal, rel=1e-9)
+
+
+# --- padding rows of a graph step -------------------------------------------------------------------
+def test_padding_rows_scale_a_graph_step_by_the_measured_ratio_to_its_spread_twin(tmp_path):
+    cm = model(write_profile(tmp_path / "p.json", decode_step="longest", padded=0.95))
+    plain = model(write_profile(tmp_path / "l.json", decode_step="longest"))
+    assert cm.prices_padding and not plain.prices_padding
+
+    def whole(m, batch, ctx, longest):
+        return m.linear(batch, batch, True) + m.attn_decode(ctx, batch, True, longest)
+    # 12 and 9 real rows of a 16-row graph (fractions 0.75 and 0.5625, on and inside the grid)
+    for batch in (12, 9):
+        assert whole(cm, batch, 16 * 500, 1000) == pytest.approx(0.95 * whole(plain, batch, 16 * 500, 1000), rel=1e-9)
+    # 28 of 32 rows (0.875): halfway from the grid's last fraction to a full batch
+    assert whole(cm, 28, 32 * 500, 900) == pytest.approx(0.975 * whole(plain, 28, 32 * 500, 900), rel=1e-9)
+    assert whole(cm, 32, 32 * 500, 900) == whole(plain, 32, 32 * 500, 900), "a full batch has no padding rows"
+    # a context beyond the grid's last holds the ratio there, and the step is counted
+    assert whole(cm, 12, 16 * 3000, 4000) == pytest.approx(0.95 * whole(plain, 12, 16 * 3000, 4000), rel=1e-9)
+    steps = {"num_prefill_seqs": np.zeros(3, np.int64), "prefill_tokens": np.zeros(3, np.int64),
+             "num_decode_seqs": np.array([12, 12, 16]), "decode_ctx_tokens": np.array([16 * 500, 16 * 3000, 16 * 3000]),
+             "blocks_swapped_in": np.zeros(3, np.int64), "blocks_swapped_out": np.zeros(3, np.int64),
+             "blocks_copied": np.zeros(3, np.int64)}
+    assert cm.extrapolated(steps)["decode_step_padded.context"] == 1, "the padded step beyond the grid only"
+    # a span prices each step as one step alone would; an eager step is not a graph's
+    span = cm.attn_decode(np.array([16 * 500, 16 * 501]), 12, True, np.array([1000, 1001]))
+    assert span.tolist() == [cm.attn_decode(16 * 500, 12, True, 1000), cm.attn_decode(16 * 501, 12, True, 1001)]
+    assert cm.attn_decode(16 * 500, 12, False, 1000) == plain.attn_decode(16 * 500, 12, False, 1000)
+
+
+@pytest.mark.parametrize("field, value, match", [("real", [0.5, 1.0], "fractions of real rows in \\(0, 1\\)"),
+                                                 ("spread_seconds", None, "missing spread_seconds")])
+def test_a_bad_padded_table_is_refused_naming_its_field(tmp_path, field, value, match):
+    prof = synthetic_profile(decode_step="longest", padded=0.95)
+    tab = prof["components"]["decode_step_padded"]
+    if value is None:
+        del tab[field]
+    else:
+        tab["grid"][field] = value
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(prof))
+    with pytest.raises(ConfigError, match=f"decode_step_padded.*{match}"):
+        load_profile(path)

@@ -108,6 +108,15 @@ def test_spread_contexts_keep_the_total_and_fall_from_the_longest_row(batch, con
         assert np.ptp(np.diff(rows)[1:]) <= 2, "in equal steps, down to the floor of one token"
 
 
+@pytest.mark.parametrize("batch, real, context", [(16, 0.5, 100), (16, 0.75, 7), (4, 0.75, 2048), (24, 0.75, 33)])
+def test_padded_rows_hold_the_batchs_tokens_on_the_fraction_of_real_rows(batch, real, context):
+    rows = profile.padded_rows(batch, real, context)
+    assert len(rows) == round(real * batch) and sum(rows) == batch * context, "the same tokens as the spread twin"
+    assert max(rows) - min(rows) <= 1, "equal rows, but for a token of rounding"
+    top = profile.spread_contexts(batch, context, max(rows) / context, 1 << 20)
+    assert top[0] == max(rows) and sum(top) == batch * context, "its twin's longest row as long as a real row"
+
+
 def test_a_capped_cell_carries_the_line_through_the_two_longest_rows_measured():
     assert profile.capped_cell([(1.0, 5.0), (2.0, 6.0), (3.0, 7.0)], 5.0) == pytest.approx(9.0)
     assert profile.capped_cell([(1.0, 5.0)], 8.0) == 5.0, "one reachable ratio: its own seconds"
@@ -131,11 +140,12 @@ def test_paired_rows_read_their_first_rows_blocks_but_the_last(tmp_path):
     assert (pairs.slots[[0, 2, 4]] == plain.slots[[0, 2, 4]]).all()
 
 
-def test_adding_a_table_needs_a_profile_and_a_gpu(written, tmp_path, capsys):
+@pytest.mark.parametrize("table", ["decode_step_shared", "decode_step_padded"])
+def test_adding_a_table_needs_a_profile_and_a_gpu(written, tmp_path, capsys, table):
     _, path = written
     before = path.read_text()
     args = ["profile", "--model", "tiny", "--catalog", str(path.parent / "tiny.yaml"), "--device", "cpu", "--quiet",
-            "--add-table", "decode_step_shared"]
+            "--add-table", table]
     assert main(args) == 2 and "--out" in capsys.readouterr().err
     assert main([*args, "--out", str(path)]) == 2 and "on a GPU only" in capsys.readouterr().err
     assert path.read_text() == before, "the profile is left as it was"
@@ -153,3 +163,20 @@ def test_an_interrupted_write_leaves_the_profile_as_it_was(tmp_path, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         profile._write_whole(out, {"after": True})
     assert out.read_text() == '{"before": true}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["p.json"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("table", ["decode_step_shared", "decode_step_padded"])
+def test_graph_step_tables_measure_on_a_gpu_whole_and_load(tmp_path, table):
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from blocksim.catalog import Catalog
+    from blocksim.cost.profile_file import COMPONENT_AXES, _table
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    p = profile.Profiler(Catalog([str(tmp_path / "tiny.yaml")]).model("tiny"), device="cuda", quick=True,
+                         progress=False)
+    t = getattr(p, table)()
+    grid = _table("gpu", table, t, COMPONENT_AXES[table])
+    twin = np.asarray(t["own_seconds" if table == "decode_step_shared" else "spread_seconds"])
+    assert twin.shape == grid.seconds.shape and (twin > 0).all() and (grid.seconds > 0).all()
