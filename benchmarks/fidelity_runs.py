@@ -549,10 +549,13 @@ the step times" gives, per slice, how far each figure moves when every step last
 shorter. A graph-replayed decode step is priced by its padded batch, the mean context over its
 rows (padding rows as rows of no context) and its longest row over that mean (the profile's
 `decode_step_longest` table, measured on batches whose rows fall in equal steps from the longest),
-and, where a profile has the `decode_step_shared` table, by the
+where a profile has the `decode_step_shared` table, by the
 share of its context that `n = 2` samples read from their prompt's shared blocks (partly from the
-L2 cache; a profile without the table prices them as if they did not share them)
-(`benchmarks/decode_step_shapes.py`, `benchmarks/step_families.py`, docs/cost_models.md, "The
+L2 cache; a profile without the table prices them as if they did not share them), and, where a
+profile has the `decode_step_padded` table, by the share of its rows that are padding (the
+table's ratio of a step whose real rows hold the tokens and whose padding rows hold one each to
+the step of the same tokens spread over all its rows; a profile without it prices a padded step
+as the spread one) (`benchmarks/decode_step_shapes.py`, `benchmarks/step_families.py`, docs/cost_models.md, "The
 profiled model").
 
 {lease}
