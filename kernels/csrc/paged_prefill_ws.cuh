@@ -296,32 +296,29 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
         const int token_bytes = which ? v_token_bytes : k_token_bytes;
         const int key0 = n * kKeys;
         const int first = key0 >> bs_log2;
-        if (bs_log2 >= 4) {
-          // blocks of 16 keys or more start at multiples of 16, so rows row0 + 16 j and
-          // row0 + 16 j + 8 (row0 < 8) lie in one block: one id and one address for both copies
+        // rows row0 + 8 i (row0 < 8), R at a time with one block id and one address for the R copies:
+        // R = 2 when blocks hold 16 keys or more (they start at multiples of 16, so rows row0 + 16 j
+        // and row0 + 16 j + 8 lie in one block), else 1
+        auto copy_rows = [&](auto rows_per_id) {
+          constexpr int R = decltype(rows_per_id)::value;
 #pragma unroll 4
-          for (int j = 0; j < kKeys / 16; ++j) {
-            const int key = key0 + row0 + 16 * j;
+          for (int j = 0; j < kKeys / (8 * R); ++j) {
+            const int key = key0 + row0 + 8 * R * j;
             const int bid = __shfl_sync(0xffffffffu, ids, ((key >> bs_log2) - first) & 31);
             const bool ok = static_cast<unsigned>(bid) < static_cast<unsigned>(p.num_blocks);
             int64_t off;
             asm("mul.wide.s32 %0, %1, %2;\n" : "=l"(off) : "r"(ok ? bid : 0), "r"(block_bytes));
             const char* const src = base + off + (key & bs_mask) * token_bytes;
-            cp_async16s(dst_tile + c_off + 16 * j * kHalfRow, src, ok && key < it.kv_end);
-            cp_async16s(dst_tile + c_off + (16 * j + 8) * kHalfRow, src + 8 * token_bytes, ok && key + 8 < it.kv_end);
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+              cp_async16s(dst_tile + c_off + 8 * (R * j + r) * kHalfRow, src + 8 * r * token_bytes,
+                          ok && key + 8 * r < it.kv_end);
           }
-          return;
-        }
-#pragma unroll 4
-        for (int i = 0; i < kKeys / 8; ++i) {
-          const int r = row0 + 8 * i;
-          const int key = key0 + r;
-          const int bid = __shfl_sync(0xffffffffu, ids, ((key >> bs_log2) - first) & 31);
-          const bool live = key < it.kv_end && static_cast<unsigned>(bid) < static_cast<unsigned>(p.num_blocks);
-          int64_t off;
-          asm("mul.wide.s32 %0, %1, %2;\n" : "=l"(off) : "r"(live ? bid : 0), "r"(block_bytes));
-          cp_async16s(dst_tile + c_off + 8 * i * kHalfRow, base + off + (key & bs_mask) * token_bytes, live);
-        }
+        };
+        if (bs_log2 >= 4)
+          copy_rows(std::integral_constant<int, 2>{});
+        else
+          copy_rows(std::integral_constant<int, 1>{});
       };
       auto copy_k = [&](int n, int ids) {
         mbar_wait(k_empty(kpos.stage), kpos.phase ^ 1u);
