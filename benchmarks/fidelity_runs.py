@@ -192,7 +192,8 @@ def cmd_results(a) -> int:
                            ("trace", "preset", "model", "gpu", "tensor_parallel", "cost_model"))
     Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
     if a.markdown:
-        Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced, repeats(a.repeat, exec_dir), moved, a))
+        Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced, repeats(a.repeat, exec_dir), moved, a,
+                                                 repeat_moves(a.repeat, exec_dir)))
     print(f"{len(rows)} comparisons written to {a.json}")
     return 0
 
@@ -400,20 +401,41 @@ def prefix_hits(exec_dir: Path) -> str:
                       *rows]) + "\n"
 
 
-def repeats(repeat_dir, exec_dir: Path) -> str:
-    """The table of slices executed twice: the run in `repeat_dir` against its namesake in `exec_dir`,
-    each figure a signed fraction (repeat - first) / first, as the twins' errors are; '' without."""
+def repeat_moves(repeat_dir, exec_dir: Path) -> dict[str, tuple[str, dict]]:
+    """The slices executed twice: run name -> (the repeat's device, how far each figure moved, a
+    signed fraction (repeat - first) / first, as the twins' errors are), for each run in
+    `repeat_dir` with a namesake in `exec_dir`; {} without."""
     if not repeat_dir:
-        return ""
+        return {}
     from analysis.fidelity import compare, errors
-    lines = []
+    out = {}
     for run in sorted(p.parent for p in Path(repeat_dir).glob("*/executor.json")):
         first = exec_dir / run.name
-        if not (first / "executor.json").is_file():
-            continue
-        e = errors(compare(run, first))
-        rep, one = (json.loads((d / "executor.json").read_text()).get("device", "?") for d in (run, first))
-        lines.append(f"| {run.name} | {rep} | " + " | ".join(f"{100 * e[k]:+.1f}%" for k in ERRORS[1:]) + " |")
+        if (first / "executor.json").is_file():
+            out[run.name] = (json.loads((run / "executor.json").read_text()).get("device", "?"),
+                             errors(compare(run, first)))
+    return out
+
+
+def judged(rows: list[dict], moves: dict) -> str:
+    """The sentence under a cost model's table when slices were executed twice: the figures whose
+    executed run moved less than their target between the two executions (the others cannot be
+    judged to the target against one of them), and how many of those are within it."""
+    parts = []
+    for key in ERRORS[1:]:
+        fit = [r for r in rows if run_name(r["trace"], r["preset"], r["model"], r.get("tensor_parallel", 1)) in moves
+               and abs(moves[run_name(r["trace"], r["preset"], r["model"], r.get("tensor_parallel", 1))][1][key])
+               <= TARGETS[key] and isinstance(r.get(key), (int, float))]
+        parts.append(f"{key} {sum(abs(r[key]) <= TARGETS[key] for r in fit)}/{len(fit)}")
+    return ("Of the runs executed twice, the figures whose executed run moved no further than the target "
+            "between the two executions (\"Executed twice\"; a figure that moved further cannot be judged to "
+            "its target against one execution), within target: " + ", ".join(parts) + ".\n")
+
+
+def repeats(repeat_dir, exec_dir: Path) -> str:
+    """The table of slices executed twice (`repeat_moves`); '' without."""
+    lines = [f"| {name} | {device} | " + " | ".join(f"{100 * e[k]:+.1f}%" for k in ERRORS[1:]) + " |"
+             for name, (device, e) in repeat_moves(repeat_dir, exec_dir).items()]
     if not lines:
         return ""
     head = "| run | device | " + " | ".join(ERRORS[1:]) + " |"
@@ -478,8 +500,12 @@ def commands_block(a, devices: list[str]) -> str:
     lines = ["# on the GPU, the profiles and the executed runs on one lease",
              "bash benchmarks/fidelity_h100.sh" if h100 else
              'GPU=h200-141gb PROFILE_MODELS="llama-2-7b llama-3-8b mistral-7b" RUN_MODELS="llama-2-7b llama-3-8b" \\\n'
-             "    bash benchmarks/fidelity_device.sh",
-             "# on any machine, with the executed runs and profiles fetched",
+             "    bash benchmarks/fidelity_device.sh"]
+    if a.repeat:
+        lines += [f"# on another lease, the slices executed again (fetched into {a.repeat})",
+                  'PROFILE_MODELS="" bash benchmarks/fidelity_h100.sh' if h100 else
+                  'GPU=h200-141gb PROFILE_MODELS="" RUN_MODELS="llama-2-7b llama-3-8b" bash benchmarks/fidelity_device.sh']
+    lines += ["# on any machine, with the executed runs and profiles fetched",
              f"python benchmarks/fidelity_runs.py simulate --exec {a.exec} --out {a.sim}"]
     if a.sensitivity:
         lines.append(f"python benchmarks/fidelity_runs.py sensitivity --exec {a.exec} --sim {a.sim} \\\n"
@@ -491,9 +517,10 @@ def commands_block(a, devices: list[str]) -> str:
     return "\n".join(lines)
 
 
-def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str, moved: str, args) -> str:
+def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str, moved: str, args,
+                 moves: dict | None = None) -> str:
     """benchmarks/FIDELITY.md: how the figures were made (`args`: those of `results`) and the
-    generated tables."""
+    generated tables (`moves`: `repeat_moves`, for which figures can be judged)."""
     devices = sorted({json.loads(p.read_text()).get("device", "?") for p in exec_dir.glob("*/executor.json")})
     torch_v = sorted({json.loads(p.read_text()).get("torch", "?") for p in exec_dir.glob("*/executor.json")})
     out = [HEADER.format(devices=", ".join(devices), torch=", ".join(torch_v),
@@ -513,6 +540,8 @@ def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str, 
         out.append(f"### {cost} cost model\n")
         out.append(markdown_table(sub))
         out.append("Within target (|error| <= target): " + ", ".join(f"{k} {met(sub, k)}" for k in ERRORS) + ".\n")
+        if moves:
+            out.append(judged(sub, moves))
     if moved:
         out.append(moved)
     if repeated:

@@ -294,3 +294,17 @@ def test_graph_steps_are_split_by_how_full_their_padded_batch_is(tmp_path):
     line = next(ln for ln in text.splitlines() if ln.startswith(f"| {run.name} |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[1:] == ["5", "+10.6%", "11.0%", "1", "-1.0%", "1", "+0.2%", "2", "+2.0%"]
+
+
+def test_figures_whose_executed_run_moved_beyond_the_target_are_not_judged():
+    fr = _fidelity_runs()
+    row = {"trace": "azure-conv", "preset": "vllm", "model": "llama-2-7b", "tensor_parallel": 1,
+           **{k: 0.01 for k in fr.ERRORS}}
+    far = dict(row, model="llama-3-8b", ttft_p50_err=0.05)
+    moves = {fr.run_name("azure-conv", "vllm", "llama-2-7b"): ("H100", {k: 0.0 for k in fr.ERRORS}),
+             fr.run_name("azure-conv", "vllm", "llama-3-8b"): ("H100", {**{k: 0.0 for k in fr.ERRORS},
+                                                                       "ttft_p50_err": -0.2})}
+    line = fr.judged([row, far], moves)
+    assert "ttft_p50_err 1/1" in line, "the run that moved 20% between executions is left out"
+    assert "tpot_p50_err 2/2" in line
+    assert "ttft_p50_err 0/1" in fr.judged([dict(row, ttft_p50_err=0.05)], moves), "judged and outside its target"
