@@ -17,9 +17,14 @@ GPU=$(python -c "import torch; from validation.profile import catalog_gpu; print
 t0=$(date +%s)
 python -c "from kernels._build import extension; extension()" || exit 1
 echo "kernels: $(( $(date +%s) - t0 )) s"
+rc=0
 for m in $MODELS; do
   f="blocksim/profiles/${m}__${GPU}__float16__tp1.json"
-  python -m blocksim profile --model "$m" --add-table "$TABLE" --out "$f" || echo "$m: $TABLE failed"
-  [ -n "${OUT:-}" ] && cp "$f" "$OUT/"
+  if python -m blocksim profile --model "$m" --add-table "$TABLE" --out "$f"; then
+    [ -n "${OUT:-}" ] && cp "$f" "$OUT/"
+  else
+    echo "$m: $TABLE failed; $f left as it was" >&2; rc=1
+  fi
   echo "$m: $(( $(date +%s) - t0 )) s"
 done
+exit $rc

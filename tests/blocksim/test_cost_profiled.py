@@ -485,3 +485,32 @@ def test_a_bad_padded_table_is_refused_naming_its_field(tmp_path, field, value, 
     path.write_text(json.dumps(prof))
     with pytest.raises(ConfigError, match=f"decode_step_padded.*{match}"):
         load_profile(path)
+
+
+def test_the_padded_ratio_is_read_from_its_own_cell_and_held_at_the_grids_edges(tmp_path):
+    prof = synthetic_profile(decode_step="longest", padded=1.0)
+    tab = prof["components"]["decode_step_padded"]
+    sizes, real, ctx = tab["grid"]["batch"], tab["grid"]["real"], tab["grid"]["context"]
+
+    def ratio(i, j, k):  # a different ratio in every cell
+        return 0.9 + 0.01 * i + 0.03 * j + 0.002 * k
+    tab["seconds"] = [[[ratio(i, j, k) * tab["spread_seconds"][i][j][k] for k in range(len(ctx))]
+                       for j in range(len(real))] for i in range(len(sizes))]
+    (tmp_path / "v.json").write_text(json.dumps(prof))
+    cm = model(tmp_path / "v.json")
+    plain = model(write_profile(tmp_path / "l.json", decode_step="longest"))
+
+    for i, b in enumerate(sizes):
+        for j, f in enumerate(real):
+            for k, c in enumerate(ctx):
+                assert cm._padding_factor(int(f * b), b, float(c)) == pytest.approx(ratio(i, j, k), rel=1e-12)
+    # beyond the grid's contexts: the last context's ratio; between batches (24 rows, between 16
+    # and 32), the ratio interpolated along the batch; above the grid's fractions, toward 1
+    i = sizes.index(16)
+    assert cm._padding_factor(12, 16, 5000.0) == pytest.approx(ratio(i, 1, len(ctx) - 1), rel=1e-12)
+    assert cm._padding_factor(18, 24, 256.0) == pytest.approx(0.5 * (ratio(i, 1, 2) + ratio(i + 1, 1, 2)), rel=1e-12)
+    assert cm._padding_factor(14, 16, 256.0) == pytest.approx(0.5 * (ratio(i, 1, 2) + 1.0), rel=1e-12)
+    # and a whole graph step is its spread price times the factor
+    rest = cm.linear(12, 12, True)
+    whole, spread = (rest + m.attn_decode(16 * 1024, 12, True, 1400) for m in (cm, plain))
+    assert whole == pytest.approx(spread * cm._padding_factor(12, 16, 1024.0), rel=1e-9)
