@@ -12,8 +12,9 @@ from .timing import graph_ms, sdpa
 def alternate(measure_a, measure_b, repeats: int) -> tuple[list, list]:
     """``repeats`` pairs of measurements by the zero-argument functions ``measure_a`` and
     ``measure_b``, the pair's order alternating (a first on even repeats, b first on odd ones), so
-    that whatever the first of two measurements gains or loses falls on both sides: the lists of
-    their results, ``repeats`` each, in the order taken."""
+    that whatever the first of two measurements gains or loses falls on both sides (evenly for an
+    even number of repeats; a goes first once more for an odd one): the lists of their results,
+    ``repeats`` each, in the order taken."""
     runs_a, runs_b = [], []
     for i in range(repeats):
         if i % 2 == 0:

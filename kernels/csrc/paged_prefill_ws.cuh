@@ -48,6 +48,8 @@
 #include <cuda.h>          // CUtensorMap
 #include <cudaTypedefs.h>  // the tensor-map encoder's signature
 
+#include <type_traits>  // std::integral_constant: the copy loop's rows per block id
+
 #include "paged_prefill_wgmma.cuh"
 
 namespace blocksim {
