@@ -36,7 +36,8 @@ Tables (seconds, whole model, one GPU):
   fraction ``real`` of the graph's padded batch, holding ``batch * context`` context tokens in
   equal rows (`padded_rows`), the other rows the executor's padding (one token each), with
   ``spread_seconds`` (its twin: the same tokens over all the batch's rows, spread as
-  ``decode_step_longest``'s below a longest row as long as a real row) measured alongside;
+  ``decode_step_longest``'s below a longest row as long as a real row) measured alongside, each
+  the median of ``pairs`` (`PADDED_PAIRS`) measurements taken in pairs whose order alternates;
   ``--add-table decode_step_padded`` measures it alone into an existing profile of this device;
 * ``overhead``: ``eager_s``, the median of (a whole eager step) - (the sum of its components:
   attention timed inside the step, the others alone) over a few mixed steps, at least 0;
@@ -105,12 +106,14 @@ SHARED_CONTEXT = (64, 256, 1024, 2048, 4096, 8192)
 PADDED_BATCH = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 PADDED_REAL = (0.5, 0.75)
 PADDED_CONTEXT = (16, 64, 256, 1024, 2048)
+#: Pairs of a padded step and its twin per cell, the pair's order alternating (medians of each).
+PADDED_PAIRS = 3
 SEQUENCES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BLOCKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 QUICK = {"TOKENS": (1, 16, 256), "LINEAR_TOKENS": (1, 16, 256), "GRAPH_TOKENS": (1, 8), "PREFILL_BATCH": (1, 2),
          "PREFILL_NEW": (16, 64), "PREFILL_CACHED": (0, 32), "DECODE_BATCH": (1, 4), "DECODE_CONTEXT": (16, 64), "STEP_BATCH": (1, 4),
          "LONGEST": (1.0, 2.0), "SHARED_BATCH": (2, 4), "SHARED_CONTEXT": (16, 64), "PADDED_BATCH": (4,),
-         "PADDED_REAL": (0.5, 0.75), "PADDED_CONTEXT": (16, 64), "SEQUENCES": (1, 4),
+         "PADDED_REAL": (0.5, 0.75), "PADDED_CONTEXT": (16, 64), "PADDED_PAIRS": 1, "SEQUENCES": (1, 4),
          "BLOCKS": (1, 4)}
 CACHE_BYTES = 40 << 30  # the KV cache the profiler allocates (at most)
 
@@ -552,6 +555,7 @@ class Profiler:
         fractions = list(g["PADDED_REAL"])
         contexts = [c for c in g["PADDED_CONTEXT"] if c <= self.dims.max_model_len * min(fractions)]
         r.capture_decode_graphs(max(sizes))
+        pairs = int(g["PADDED_PAIRS"])
         secs, spread = [], []
         for b in sizes:
             plane_s, plane_t = [], []
@@ -559,17 +563,23 @@ class Profiler:
                 row_s, row_t = [], []
                 for c in contexts:
                     real = padded_rows(b, f, c)
-                    r.load_decode(self.batch(decodes=real), b)
-                    row_s.append(self.clock.median(_graph(r, b)))
-                    r.load_decode(self.batch(decodes=spread_contexts(b, c, max(real) / c, self.dims.max_model_len)), b)
-                    row_t.append(self.clock.median(_graph(r, b)))
+                    steps = (self.batch(decodes=real),
+                             self.batch(decodes=spread_contexts(b, c, max(real) / c, self.dims.max_model_len)))
+                    times = ([], [])
+                    for i in range(pairs):  # the pair's order alternating: padded first, then its twin first
+                        for which in ((0, 1) if i % 2 == 0 else (1, 0)):
+                            r.load_decode(steps[which], b)
+                            times[which].append(self.clock.median(_graph(r, b)))
+                    row_s.append(float(np.median(times[0])))
+                    row_t.append(float(np.median(times[1])))
                 plane_s.append(row_s)
                 plane_t.append(row_t)
             secs.append(plane_s)
             spread.append(plane_t)
         self._say("decode_step_padded done")
         return {"axes": ["batch", "real", "context"], "grid": {"batch": sizes, "real": fractions, "context": contexts},
-                "seconds": secs, "spread_seconds": spread, "rows": "equal real rows, one-token padding rows"}
+                "seconds": secs, "spread_seconds": spread, "pairs": pairs,
+                "rows": "equal real rows, one-token padding rows"}
 
     def overhead(self) -> dict:
         """Whole eager steps against the sum of their components timed alone."""
