@@ -6,7 +6,7 @@
 # On an H100 the kernel build takes ~30 s, the conversation slice ~42-44 s and the code slice ~21 s;
 # a profile takes 4.8 min (llama-2-7b: 285 s measured, of which attn_prefill 99 s) to 6 min
 # (llama-3-8b: 363 s, attn_prefill 181 s), each table's seconds under the profile's `measure_s`,
-# plus decode_step_padded: 25-30 s a pair of timings per cell, 3 pairs (one pair took 25-30 s
+# plus decode_step_padded, 3 pairs of timings a cell (with one pair a cell it took 25-30 s,
 # measured alone by benchmarks/profile_add_table.sh).
 # Where a call is limited to 10 minutes, give it one model:
 #   PROFILE_MODELS=llama-2-7b RUN_MODELS=llama-2-7b bash benchmarks/fidelity_h100.sh
