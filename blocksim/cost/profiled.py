@@ -106,6 +106,11 @@ class ProfiledCostModel:
                                             paired.seconds / t["decode_step_shared_own"].seconds))
             self._shared_fraction = Table(t["decode_step_shared_fraction"])
         self._longest_planes: dict = {}
+        unread = [k for k in ("decode_step_shared", "decode_step_padded") if k in t and self.decode_longest is None]
+        if unread:
+            warnings.warn(f"cost profile {profile.path}: {', '.join(unread)} read only beside decode_step_longest, "
+                          f"which the profile lacks: priced without it; profile the device again (blocksim profile)",
+                          ProfileWarning, stacklevel=3)
         #: Whether a graph-replayed decode step with padding rows is priced for them (the
         #: ``decode_step_padded`` table, over its spread twin).
         self.prices_padding = self.decode_longest is not None and "decode_step_padded" in t
@@ -410,6 +415,11 @@ class ProfiledCostModel:
         h = self.profile.header
         rec = {"name": self.name, "profile": self.profile.path, "device": h.get("device"),
                "created_utc": h.get("created_utc"), "block_size_ratio": self.block_ratio}
+        # the optional tables that price a graph-replayed decode step
+        graph = ["decode_step_longest"] if self.decode_longest is not None else (
+            ["decode_step"] if self.decode_step is not None else [])
+        graph += ["decode_step_shared"] * self.prices_shared_rows + ["decode_step_padded"] * self.prices_padding
+        rec["graph_step_tables"] = graph
         if self.allreduces_per_step:
             rec["allreduce"] = "profile" if self.allreduce_line is not None else "roofline ring formula"
         return rec

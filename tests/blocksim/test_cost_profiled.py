@@ -514,3 +514,14 @@ def test_the_padded_ratio_is_read_from_its_own_cell_and_held_at_the_grids_edges(
     rest = cm.linear(12, 12, True)
     whole, spread = (rest + m.attn_decode(16 * 1024, 12, True, 1400) for m in (cm, plain))
     assert whole == pytest.approx(spread * cm._padding_factor(12, 16, 1024.0), rel=1e-9)
+
+
+def test_a_padded_table_without_the_longest_row_table_is_named_and_left_unread(tmp_path):
+    prof = synthetic_profile(decode_step="longest", padded=0.95)
+    del prof["components"]["decode_step_longest"]
+    (tmp_path / "p.json").write_text(json.dumps(prof))
+    with pytest.warns(ProfileWarning, match="decode_step_padded read only beside decode_step_longest"):
+        cm = model(tmp_path / "p.json")
+    assert not cm.prices_padding and cm.describe()["graph_step_tables"] == ["decode_step"]
+    full = model(write_profile(tmp_path / "f.json", decode_step="longest", shared=0.9, padded=0.95))
+    assert full.describe()["graph_step_tables"] == ["decode_step_longest", "decode_step_shared", "decode_step_padded"]
