@@ -102,10 +102,11 @@ SHARED_BATCH = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 SHARED_CONTEXT = (64, 256, 1024, 2048, 4096, 8192)
 #: ``decode_step_padded``'s grid: padded batches (graph sizes whose fractions below are whole
 #: rows), the fraction of their rows that are real, and contexts (the mean over the padded rows; a
-#: real row holds the context over the fraction, within the model's length).
+#: real row holds the context over the fraction: contexts up to the model's length times the
+#: smallest fraction).
 PADDED_BATCH = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 PADDED_REAL = (0.5, 0.75)
-PADDED_CONTEXT = (16, 64, 256, 1024, 2048)
+PADDED_CONTEXT = (16, 64, 256, 1024, 2048, 4096)
 #: Pairs of a padded step and its twin per cell, the pair's order alternating (medians of each).
 PADDED_PAIRS = 3
 SEQUENCES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
