@@ -192,8 +192,8 @@ def cmd_results(a) -> int:
                            ("trace", "preset", "model", "gpu", "tensor_parallel", "cost_model"))
     Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
     if a.markdown:
-        Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced, repeats(a.repeat, exec_dir), moved, a,
-                                                 repeat_moves(a.repeat, exec_dir)))
+        moves = repeat_moves(a.repeat, exec_dir)
+        Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced, repeats(moves), moved, a, moves))
     print(f"{len(rows)} comparisons written to {a.json}")
     return 0
 
@@ -421,21 +421,21 @@ def judged(rows: list[dict], moves: dict) -> str:
     """The sentence under a cost model's table when slices were executed twice: the figures whose
     executed run moved less than their target between the two executions (the others cannot be
     judged to the target against one of them), and how many of those are within it."""
+    twice = [(r, moves[name][1]) for r in rows
+             if (name := run_name(r["trace"], r["preset"], r["model"], r.get("tensor_parallel", 1))) in moves]
     parts = []
     for key in ERRORS[1:]:
-        fit = [r for r in rows if run_name(r["trace"], r["preset"], r["model"], r.get("tensor_parallel", 1)) in moves
-               and abs(moves[run_name(r["trace"], r["preset"], r["model"], r.get("tensor_parallel", 1))][1][key])
-               <= TARGETS[key] and isinstance(r.get(key), (int, float))]
+        fit = [r for r, moved in twice if abs(moved[key]) <= TARGETS[key] and isinstance(r.get(key), (int, float))]
         parts.append(f"{key} {sum(abs(r[key]) <= TARGETS[key] for r in fit)}/{len(fit)}")
     return ("Of the runs executed twice, the figures whose executed run moved no further than the target "
             "between the two executions (\"Executed twice\"; a figure that moved further cannot be judged to "
             "its target against one execution), within target: " + ", ".join(parts) + ".\n")
 
 
-def repeats(repeat_dir, exec_dir: Path) -> str:
-    """The table of slices executed twice (`repeat_moves`); '' without."""
+def repeats(moves: dict) -> str:
+    """The table of slices executed twice (`moves`: `repeat_moves`); '' without."""
     lines = [f"| {name} | {device} | " + " | ".join(f"{100 * e[k]:+.1f}%" for k in ERRORS[1:]) + " |"
-             for name, (device, e) in repeat_moves(repeat_dir, exec_dir).items()]
+             for name, (device, e) in moves.items()]
     if not lines:
         return ""
     head = "| run | device | " + " | ".join(ERRORS[1:]) + " |"

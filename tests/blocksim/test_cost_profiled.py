@@ -398,18 +398,18 @@ def test_rows_sharing_blocks_scale_a_graph_step_by_the_measured_pairs(tmp_path):
         "an eager step is priced by attention alone, shared or not"
 
 
-@pytest.mark.parametrize("field, value, match", [("shared_fraction", 0.6, "in \\(0, 0.5\\]"),
-                                                 ("own_seconds", None, "missing own_seconds")])
-def test_a_bad_shared_table_is_refused_naming_its_field(tmp_path, field, value, match):
-    prof = synthetic_profile(decode_step="longest", shared=0.9)
-    tab = prof["components"]["decode_step_shared"]
-    if value is None:
-        del tab[field]
-    else:
-        tab[field] = [[value] * len(row) for row in tab[field]]
+@pytest.mark.parametrize("table, edit, match", [
+    ("decode_step_shared", lambda t: t.update(shared_fraction=[[0.6] * len(r) for r in t["shared_fraction"]]),
+     "in \\(0, 0.5\\]"),
+    ("decode_step_shared", lambda t: t.pop("own_seconds"), "missing own_seconds"),
+    ("decode_step_padded", lambda t: t["grid"].update(real=[0.5, 1.0]), "fractions of real rows in \\(0, 1\\)"),
+    ("decode_step_padded", lambda t: t.pop("spread_seconds"), "missing spread_seconds")])
+def test_a_bad_graph_step_table_is_refused_naming_its_field(tmp_path, table, edit, match):
+    prof = synthetic_profile(decode_step="longest", shared=0.9, padded=0.95)
+    edit(prof["components"][table])
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(prof))
-    with pytest.raises(ConfigError, match=f"decode_step_shared.*{match}"):
+    with pytest.raises(ConfigError, match=f"{table}.*{match}"):
         load_profile(path)
 
 
@@ -470,21 +470,6 @@ def test_padding_rows_scale_a_graph_step_by_the_measured_ratio_to_its_spread_twi
     span = cm.attn_decode(np.array([16 * 500, 16 * 501]), 12, True, np.array([1000, 1001]))
     assert span.tolist() == [cm.attn_decode(16 * 500, 12, True, 1000), cm.attn_decode(16 * 501, 12, True, 1001)]
     assert cm.attn_decode(16 * 500, 12, False, 1000) == plain.attn_decode(16 * 500, 12, False, 1000)
-
-
-@pytest.mark.parametrize("field, value, match", [("real", [0.5, 1.0], "fractions of real rows in \\(0, 1\\)"),
-                                                 ("spread_seconds", None, "missing spread_seconds")])
-def test_a_bad_padded_table_is_refused_naming_its_field(tmp_path, field, value, match):
-    prof = synthetic_profile(decode_step="longest", padded=0.95)
-    tab = prof["components"]["decode_step_padded"]
-    if value is None:
-        del tab[field]
-    else:
-        tab["grid"][field] = value
-    path = tmp_path / "bad.json"
-    path.write_text(json.dumps(prof))
-    with pytest.raises(ConfigError, match=f"decode_step_padded.*{match}"):
-        load_profile(path)
 
 
 def test_the_padded_ratio_is_read_from_its_own_cell_and_held_at_the_grids_edges(tmp_path):
