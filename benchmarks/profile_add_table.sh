@@ -1,14 +1,15 @@
 #!/bin/bash
-# A graph-step table (`blocksim profile --add-table`) measured into the shipped profiles of this
-# GPU, one command on the GPU machine (repository root):
+# Tables (`blocksim profile --add-table`) measured into the shipped profiles of this GPU, replacing
+# them there, one command on the GPU machine (repository root):
 #
-#   TABLE=decode_step_padded MODELS="llama-2-7b llama-3-8b" bash benchmarks/profile_add_table.sh
+#   TABLES="attn_decode decode_step" MODELS="llama-2-7b llama-3-8b" bash benchmarks/profile_add_table.sh
 #
 # The GPU is the catalog's for the device's name (H100 -> h100-80gb, H200 -> h200-141gb); each
 # profile is copied to $OUT as it is written. The machine needs simpy: see device_simpy.sh.
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
-TABLE=${TABLE:-decode_step_padded}
+TABLES=${TABLES:-decode_step_padded}
+args=(); for t in $TABLES; do args+=(--add-table "$t"); done
 MODELS=${MODELS:-"llama-2-7b llama-3-8b"}
 . "$(dirname "$0")/device_simpy.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -20,10 +21,10 @@ echo "kernels: $(( $(date +%s) - t0 )) s"
 rc=0
 for m in $MODELS; do
   f="blocksim/profiles/${m}__${GPU}__float16__tp1.json"
-  if python -m blocksim profile --model "$m" --add-table "$TABLE" --out "$f"; then
+  if python -m blocksim profile --model "$m" "${args[@]}" --out "$f"; then
     [ -n "${OUT:-}" ] && cp "$f" "$OUT/"
   else
-    echo "$m: $TABLE failed; $f left as it was" >&2; rc=1
+    echo "$m: $TABLES failed; $f left as it was" >&2; rc=1
   fi
   echo "$m: $(( $(date +%s) - t0 )) s"
 done

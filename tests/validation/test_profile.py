@@ -140,12 +140,42 @@ def test_paired_rows_read_their_first_rows_blocks_but_the_last(tmp_path):
     assert (pairs.slots[[0, 2, 4]] == plain.slots[[0, 2, 4]]).all()
 
 
-@pytest.mark.parametrize("table", ["decode_step_shared", "decode_step_padded"])
-def test_adding_a_table_needs_a_profile_and_a_gpu(written, tmp_path, capsys, table):
+def test_a_step_beyond_the_cache_reads_each_later_pass_in_a_shuffled_order(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    from blocksim.catalog import Catalog
+    p = profile.Profiler(Catalog([str(tmp_path / "tiny.yaml")]).model("tiny"), device="cpu", quick=True,
+                         progress=False, cache_bytes=1)
+    n, per_row = p.num_blocks, 256 // p.bs
+    fits = p.batch(decodes=[256] * (n // per_row)).decode_tables
+    assert (np.concatenate(fits) == np.arange(n)).all(), "a step the cache holds reads its blocks in order"
+    rows = n // per_row * 3 + 1
+    tables = p.batch(decodes=[256] * rows).decode_tables
+    flat = np.concatenate(tables)
+    assert (flat[:n] == np.arange(n)).all()
+    for k in (1, 2):
+        later = flat[k * n:(k + 1) * n]
+        assert sorted(later) == list(range(n)) and (later != np.arange(n)).any(), f"pass {k}: every block once"
+    assert not (flat[n:2 * n] == flat[2 * n:3 * n]).all(), "each pass in an order of its own"
+    wrap = n // per_row  # rows a cache's length apart: in order on every pass, they would read one block at once
+    same = sum(int((tables[i] == tables[i - wrap]).sum()) for i in range(wrap, rows))
+    assert same <= 0.1 * per_row * (rows - wrap), "rows a cache's length apart seldom meet at one position"
+    prefix = p._prefix_tables(n // per_row + 2, 256)
+    assert (np.concatenate(prefix)[:n] == np.arange(n)).all()
+    assert (np.concatenate(prefix)[n:] == p._shuffled(1)[:2 * per_row]).all()
+
+
+def test_a_whole_profile_names_the_cache_it_was_measured_on(written):
+    prof, _ = written
+    assert isinstance(prof["cache_blocks"], int) and prof["cache_blocks"] >= 64
+
+
+@pytest.mark.parametrize("tables", [["attn_decode"], ["decode_step"], ["decode_step_shared"], ["decode_step_padded"],
+                                    ["decode_step", "decode_step_padded"]])
+def test_adding_a_table_needs_a_profile_and_a_gpu(written, tmp_path, capsys, tables):
     _, path = written
     before = path.read_text()
     args = ["profile", "--model", "tiny", "--catalog", str(path.parent / "tiny.yaml"), "--device", "cpu", "--quiet",
-            "--add-table", table]
+            *[a for t in tables for a in ("--add-table", t)]]
     assert main(args) == 2 and "--out" in capsys.readouterr().err
     assert main([*args, "--out", str(path)]) == 2 and "on a GPU only" in capsys.readouterr().err
     assert path.read_text() == before, "the profile is left as it was"
@@ -180,3 +210,25 @@ def test_graph_step_tables_measure_on_a_gpu_whole_and_load(tmp_path, table):
     grid = _table("gpu", table, t, COMPONENT_AXES[table])
     twin = np.asarray(t["own_seconds" if table == "decode_step_shared" else "spread_seconds"])
     assert twin.shape == grid.seconds.shape and (twin > 0).all() and (grid.seconds > 0).all()
+
+
+@pytest.mark.gpu
+def test_added_tables_replace_the_profiles_own_and_name_their_lease(tmp_path):
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    out = tmp_path / "tiny.json"
+    base = ["profile", "--model", "tiny", "--catalog", str(tmp_path / "tiny.yaml"), "--quick", "--quiet",
+            "--gpu-name", "h100-80gb", "--out", str(out)]
+    assert main(base) == 0
+    before = json.loads(out.read_text())
+    assert main([*base, "--add-table", "attn_decode", "--add-table", "decode_step"]) == 0
+    after = json.loads(out.read_text())
+    for key in ("attn_decode", "decode_step", "decode_step_longest"):
+        m = after["components"][key]["measured"]
+        assert m["cache_blocks"] == before["cache_blocks"] and m["device"] == before["device"], key
+        assert np.shape(after["components"][key]["seconds"]) == np.shape(before["components"][key]["seconds"])
+    assert after["components"]["linear"] == before["components"]["linear"], "the other tables are left as they were"
+    from blocksim.cost.profile_file import load_profile
+    assert {"attn_decode", "decode_step_longest"} <= set(load_profile(out).tables)
