@@ -466,10 +466,46 @@ def first_copies(exec_dir: Path) -> str:
             "simulation does not price.")
 
 
-def lease_note(same_lease: bool, exec_dir: Path, repeated: bool = False) -> str:
+def added_tables(exec_dir: Path, sim_dir: Path) -> dict[str, list[str]]:
+    """The tables that the profiles pricing the runs' profiled twins hold under a ``measured`` key
+    (added or measured again by `blocksim profile --add-table`), each with the days they were measured."""
+    from validation.profile import shipped_name
+    out: dict[str, set[str]] = {}
+    for run in sorted(p.parent for p in exec_dir.glob("*/executor.json")):
+        base = sim_dir / "profiled" / run.name
+        if not (base / "summary.json").exists():
+            continue
+        _, _, model, tp = parse_name(run.name)
+        gpu = json.loads((run / "summary.json").read_text())["config"]["gpu"]["name"]
+        src = twin_profile(base, ROOT / "blocksim" / "profiles" / shipped_name(model, gpu, "float16", tp))
+        for name, table in json.loads(src.read_text())["components"].items():
+            if isinstance(table, dict) and isinstance(table.get("measured"), dict):
+                out.setdefault(name, set()).add(str(table["measured"].get("utc", "?"))[:10])
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def lease_note(same_lease: bool, exec_dir: Path, repeated: bool = False,
+               added: dict[str, list[str]] | None = None) -> str:
     """The paragraph on where the profiles and the executed runs were measured (naming the "Executed
-    twice" table only where the document has one)."""
-    if same_lease:
+    twice" table only where the document has one); `added` (`added_tables`): the runs share a lease
+    with those tables of the profiles only."""
+    again = (": the same slices executed there (\"Executed twice\", at the end) show how far, and" if repeated else
+             " (these slices were executed on this lease only, so this document has no measure of how far "
+             "the executed runs move between leases), and")
+    if added:
+        names = ", ".join(f"`{k}`" for k in added)
+        days = ", ".join(sorted({d for v in added.values() for d in v}))
+        text = ("The executed runs were measured on one lease of the device with the profiles' tables "
+                f"{names} (measured again by `blocksim profile --add-table` on {days}: each names its lease "
+                "under its `measured` key); the profiles' other tables (linear layers, prefill attention, cache "
+                "writes, sampling, the eager overhead, moves) on an earlier lease. So a graph-replayed decode "
+                "step is priced by tables of the runs' own lease, and an eager step by tables of the earlier "
+                "one. Another lease (another machine of the same kind, or the same one at another time) moves "
+                "the executed runs themselves"
+                + (": the same slices executed on the earlier lease (\"Executed twice\", at the end) show how far, "
+                   "and" if repeated else again) + " a figure that moves further between two executions "
+                "than its target cannot be judged to that target against one of them.")
+    elif same_lease:
         text = ("The profiles of the models executed here and the executed runs were measured on one lease of "
                 "the device (`benchmarks/fidelity_device.sh`: the profiles first, then the runs, on the same "
                 "machine; a table added to a profile later, by `blocksim profile --add-table`, names its own "
@@ -477,11 +513,7 @@ def lease_note(same_lease: bool, exec_dir: Path, repeated: bool = False) -> str:
                 "times exactly as a run executes it, show what remains between the profile's measurement and a run's on that machine: "
                 "their mean error in the per-run table below. Another lease (another machine of the same kind, "
                 "or the same one at another time) moves the executed runs themselves"
-                + (": the same slices executed there (\"Executed twice\", at the end) show how far, and"
-                   if repeated else
-                   " (these slices were executed on this lease only, so this document has no measure of how far "
-                   "the executed runs move between leases), and")
-                + " a figure that moves further between two executions than its target cannot be judged to "
+                + again + " a figure that moves further between two executions than its target cannot be judged to "
                 "that target against one of them.")
     else:
         text = ("The profile and the executed runs were measured on different leases of the device (machines "
@@ -501,7 +533,15 @@ def commands_block(a, devices: list[str]) -> str:
              "bash benchmarks/fidelity_h100.sh" if h100 else
              'GPU=h200-141gb PROFILE_MODELS="llama-2-7b llama-3-8b mistral-7b" RUN_MODELS="llama-2-7b llama-3-8b" \\\n'
              "    bash benchmarks/fidelity_device.sh"]
-    if a.repeat:
+    if a.added_tables_lease:
+        lines = [f"# on the GPU, the profiles and the slices executed (fetched into {a.repeat or 'another directory'})",
+                 *lines[1:],
+                 f"# on a later lease, the profiles' tables measured again, then the slices executed (into {a.exec})",
+                 'TABLES="attn_decode decode_step decode_step_shared decode_step_padded" '
+                 'MODELS="llama-2-7b llama-3-8b" bash benchmarks/profile_add_table.sh',
+                 'PROFILE_MODELS="" bash benchmarks/fidelity_h100.sh' if h100 else
+                 'GPU=h200-141gb PROFILE_MODELS="" RUN_MODELS="llama-2-7b llama-3-8b" bash benchmarks/fidelity_device.sh']
+    elif a.repeat:
         lines += [f"# on another lease, the slices executed again (fetched into {a.repeat})",
                   'PROFILE_MODELS="" bash benchmarks/fidelity_h100.sh' if h100 else
                   'GPU=h200-141gb PROFILE_MODELS="" RUN_MODELS="llama-2-7b llama-3-8b" bash benchmarks/fidelity_device.sh']
@@ -512,6 +552,7 @@ def commands_block(a, devices: list[str]) -> str:
                      f"    --out {Path(a.sim).parent / 'sensitivity'} --json {a.sensitivity}")
     opts = [f"--json {a.json}", f"--markdown {a.markdown}"]
     opts += [f"--repeat {a.repeat}"] * bool(a.repeat) + ["--same-lease"] * a.same_lease
+    opts += ["--added-tables-lease"] * a.added_tables_lease
     opts += [f"--sensitivity {a.sensitivity}"] * bool(a.sensitivity)
     lines.append(f"python benchmarks/fidelity_runs.py results --exec {a.exec} --sim {a.sim} \\\n    " + " ".join(opts))
     return "\n".join(lines)
@@ -524,7 +565,8 @@ def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str, 
     devices = sorted({json.loads(p.read_text()).get("device", "?") for p in exec_dir.glob("*/executor.json")})
     torch_v = sorted({json.loads(p.read_text()).get("torch", "?") for p in exec_dir.glob("*/executor.json")})
     out = [HEADER.format(devices=", ".join(devices), torch=", ".join(torch_v),
-                         lease=lease_note(args.same_lease, exec_dir, bool(repeated)),
+                         lease=lease_note(args.same_lease, exec_dir, bool(repeated),
+                                          added_tables(exec_dir, Path(args.sim)) if args.added_tables_lease else None),
                          commands=commands_block(args, devices))]
     done = {p.parent.name for p in exec_dir.glob("*/executor.json")}
     want = [run_name(t, p, m) for m in MODELS for t in SLICES for p in PRESETS]
@@ -644,6 +686,10 @@ def main(argv=None) -> int:
     r.add_argument("--same-lease", action="store_true",
                    help="the profiles and the executed runs come from one lease of the device (as "
                         "benchmarks/fidelity_device.sh makes them): said in --markdown")
+    r.add_argument("--added-tables-lease", action="store_true",
+                   help="the executed runs come from the lease of the profiles' tables measured again by "
+                        "`blocksim profile --add-table` (under their `measured` key), the other tables from an "
+                        "earlier one: said in --markdown")
     r.add_argument("--merge", action="store_true",
                    help="keep the --json file's rows of other runs (model, GPU, tensor-parallel degree, ...)")
     r.set_defaults(func=cmd_results)

@@ -279,6 +279,29 @@ def test_the_lease_note_names_the_executed_twice_table_only_where_there_is_one(t
     assert without.endswith(("mean.", "them."))
 
 
+def test_the_lease_note_names_the_tables_measured_on_the_runs_lease(tmp_path):
+    """fidelity_runs.py results --added-tables-lease: the runs share a lease with the profiles' tables
+    that name theirs under `measured`, each named with its day, the other tables from an earlier one."""
+    fr = _fidelity_runs()
+    exec_dir, sim = tmp_path / "exec", tmp_path / "sim"
+    run = exec_dir / "azure-conv__vllm__llama-2-7b"
+    run.mkdir(parents=True)
+    (run / "executor.json").write_text("{}")
+    (run / "summary.json").write_text(json.dumps({"config": {"gpu": {"name": "h100-80gb"}}}))
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps({"components": {
+        "linear": {"seconds": [1.0]}, "decode_step": {"seconds": [1.0], "measured": {"utc": "2026-12-06T17:05:38Z"}},
+        "attn_decode": {"seconds": [1.0], "measured": {"utc": "2026-12-05T09:00:00Z"}}}}))
+    (sim / "profiled" / run.name).mkdir(parents=True)
+    (sim / "profiled" / run.name / "summary.json").write_text(
+        json.dumps({"cost_model": {"name": "profiled", "profile": str(prof)}}))
+    added = fr.added_tables(exec_dir, sim)
+    assert added == {"attn_decode": ["2026-12-05"], "decode_step": ["2026-12-06"]}
+    note = " ".join(fr.lease_note(False, exec_dir, repeated=True, added=added).split())
+    assert "`attn_decode`, `decode_step`" in note and "2026-12-05, 2026-12-06" in note and "`linear`" not in note
+    assert "executed on the earlier lease (\"Executed twice\"" in note
+
+
 def test_graph_steps_are_split_by_how_full_their_padded_batch_is(tmp_path):
     """fidelity_runs.py's per-step tables: graph steps of one or two rows, of full padded batches and
     of batches a quarter or more padding, each with its steps' mean error."""
