@@ -574,6 +574,7 @@ class Profiler:
         (`spread_contexts`, the rows ``decode_step_longest`` is measured on)."""
         if not self.cuda:
             return None
+        from kernels.bench.stats import alternate  # pairs in alternating order, as the kernel benchmarks take them
         g, r = self.grid, self.runner
         sizes = [b for b in g["PADDED_BATCH"] if b in self.graph_sizes]
         fractions = list(g["PADDED_REAL"])
@@ -589,13 +590,9 @@ class Profiler:
                     real = padded_rows(b, f, c)
                     steps = (self.batch(decodes=real),
                              self.batch(decodes=spread_contexts(b, c, max(real) / c, self.dims.max_model_len)))
-                    times = ([], [])
-                    for i in range(pairs):  # the pair's order alternating: padded first, then its twin first
-                        for which in ((0, 1) if i % 2 == 0 else (1, 0)):
-                            r.load_decode(steps[which], b)
-                            times[which].append(self.clock.median(_graph(r, b)))
-                    row_s.append(float(np.median(times[0])))
-                    row_t.append(float(np.median(times[1])))
+                    padded, twin = alternate(*(self._graph_timing(step, b) for step in steps), pairs)
+                    row_s.append(float(np.median(padded)))
+                    row_t.append(float(np.median(twin)))
                 plane_s.append(row_s)
                 plane_t.append(row_t)
             secs.append(plane_s)
@@ -604,6 +601,13 @@ class Profiler:
         return {"axes": ["batch", "real", "context"], "grid": {"batch": sizes, "real": fractions, "context": contexts},
                 "seconds": secs, "spread_seconds": spread, "pairs": pairs,
                 "rows": "equal real rows, one-token padding rows"}
+
+    def _graph_timing(self, step, b: int):
+        """A measurement of `step` replayed as the graph of `b` rows: loads it, then times the graph."""
+        def measure() -> float:
+            self.runner.load_decode(step, b)
+            return self.clock.median(_graph(self.runner, b))
+        return measure
 
     def overhead(self) -> dict:
         """Whole eager steps against the sum of their components timed alone."""

@@ -232,3 +232,32 @@ def test_added_tables_replace_the_profiles_own_and_name_their_lease(tmp_path):
     assert after["components"]["linear"] == before["components"]["linear"], "the other tables are left as they were"
     from blocksim.cost.profile_file import load_profile
     assert {"attn_decode", "decode_step_longest"} <= set(load_profile(out).tables)
+
+
+def test_the_padded_table_times_each_cell_in_pairs_of_alternating_order(tmp_path, monkeypatch):
+    """decode_step_padded's loop (a GPU's), its runner and clock stood in for: each cell loads the
+    padded step and its twin in pairs whose order alternates and keeps each one's median."""
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    from blocksim.catalog import Catalog
+    p = profile.Profiler(Catalog([str(tmp_path / "tiny.yaml")]).model("tiny"), device="cpu", quick=True,
+                         progress=False)
+    p.cuda, p.graph_sizes = True, [1, 2, 4]
+    p.grid = {**p.grid, "PADDED_PAIRS": 3}
+    loaded = []
+
+    class Runner:
+        def capture_decode_graphs(self, b):
+            pass
+
+        def load_decode(self, step, b):
+            loaded.append(("twin" if len(step.decode_context) == b else "padded", len(loaded)))
+
+    p.runner = Runner()
+    monkeypatch.setattr(profile, "_graph", lambda runner, b, parts=None: None)
+    monkeypatch.setattr(p.clock, "median", lambda fn: float(loaded[-1][1]) + (100.0 if loaded[-1][0] == "twin" else 0))
+    t = p.decode_step_padded()
+    per_cell = len(t["grid"]["real"]) * len(t["grid"]["context"])
+    assert t["pairs"] == 3 and len(loaded) == 6 * per_cell
+    first = [kind for kind, _ in loaded[:6]]
+    assert first == ["padded", "twin", "twin", "padded", "padded", "twin"], "the pair's order alternates"
+    assert t["seconds"][0][0][0] == 3.0 and t["spread_seconds"][0][0][0] == 102.0, "each one's median"
