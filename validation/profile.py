@@ -58,8 +58,13 @@ before each segment keeps the host's launch gaps out), so the components of a st
 ``measure_s`` (top level) holds the wall seconds each table, or group of tables measured together,
 took to measure on this device, so that a run of the command can be planned.
 
-Sequences of a synthetic batch take distinct blocks, wrapping around the cache when a point needs
-more than it holds (the cache is far larger than the L2 cache, so every read still comes from HBM).
+Sequences of a synthetic batch take distinct blocks of a KV cache of at most 40 GiB (`CACHE_BYTES`;
+the profile's ``cache_blocks``), in order. A point that needs more blocks than the cache holds
+reads it again, each later pass in a shuffled order of its own (`Profiler._blocks`): in order, a
+row one cache's length after another would read the same blocks at the same time and the L2 would
+serve them. ``--add-table`` measures ``attn_decode``, ``decode_step`` (with
+``decode_step_longest``), ``decode_step_shared`` or ``decode_step_padded`` again into an existing
+profile of this device, each under a ``measured`` key naming its lease and cache.
 """
 
 from __future__ import annotations
