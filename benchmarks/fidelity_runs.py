@@ -158,6 +158,11 @@ def cmd_simulate(a) -> int:
 def cmd_results(a) -> int:
     from analysis.fidelity import compare, errors, merged_rows  # the fidelity report's library
     exec_dir, sim_dir = Path(a.exec), Path(a.sim)
+    if a.repeat_sim and not (a.repeat and (Path(a.repeat_sim) / "profiled").is_dir()):
+        why = "give --repeat too" if not a.repeat else "no profiled/ twins there; give the directory " \
+              "`fidelity_runs.py simulate --exec REPEAT --out` wrote"
+        print(f"fidelity_runs.py results: --repeat-sim {a.repeat_sim}: {why}", file=sys.stderr)
+        return 2
     if a.repeat and (not a.markdown or not Path(a.repeat).is_dir()):
         why = "no such directory" if a.markdown else "its table goes into --markdown: give one"
         print(f"fidelity_runs.py results: --repeat {a.repeat}: {why}", file=sys.stderr)
@@ -193,7 +198,13 @@ def cmd_results(a) -> int:
     Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
     if a.markdown:
         moves = repeat_moves(a.repeat, exec_dir)
-        Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced, repeats(moves), moved, a, moves))
+        again = ""
+        if a.repeat and a.repeat_sim:  # the same profiles pricing the steps of the runs executed again
+            again_priced = {run.name: compare(Path(a.repeat_sim) / "profiled" / run.name, run).predicted_s
+                            for run in sorted(p.parent for p in Path(a.repeat).glob("*/executor.json"))
+                            if (Path(a.repeat_sim) / "profiled" / run.name / "summary.json").exists()}
+            again = kind_errors(exec_dir, priced, Path(a.repeat), again_priced)
+        Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced, repeats(moves) + again, moved, a, moves))
     print(f"{len(rows)} comparisons written to {a.json}")
     return 0
 
@@ -316,11 +327,9 @@ def met(rows: list[dict], key: str) -> str:
     return f"{sum(abs(v) <= TARGETS[key] for v in vals)}/{len(vals)}"
 
 
-def step_kinds(exec_dir: Path, priced: dict) -> str:
-    """Per model and kind of step, the profiled model of the simulated twin pricing each executed
-    step (`priced`: run -> seconds per executed step) against its measured time
-    (executor_steps.parquet): where the per-step error comes from. Runs without a profiled twin,
-    or whose steps it cannot price one for one, are left out."""
+def priced_steps(exec_dir: Path, priced: dict):
+    """The executed steps of every run in `exec_dir` that `priced` (run -> seconds per executed step)
+    prices one for one, with their model, run, kind and signed error (a DataFrame; None if none)."""
     import numpy as np
     import pandas as pd
     frames = []
@@ -334,12 +343,43 @@ def step_kinds(exec_dir: Path, priced: dict) -> str:
         x["run"] = p.parent.name
         frames.append(x)
     if not frames:
-        return ""
+        return None
     x = pd.concat(frames, ignore_index=True)
     moves = (x.m_swap_s > 0) | (x.m_copy_s > 0)
     x["kind"] = np.where(x.graph, "decode, CUDA graph", np.where(moves, "eager, block moves",
                          np.where(x.num_prefills > 0, "eager, with a prompt", "eager, decode only")))
     x["err"] = (x.predicted_s - x.measured_s) / x.measured_s
+    return x
+
+
+def kind_errors(exec_dir: Path, priced: dict, again_dir: Path, again_priced: dict) -> str:
+    """The profiled model's mean per-step error by model and kind of step against the runs of
+    `exec_dir` and against the same slices executed again (`again_dir`, priced by their own twins'
+    profile): what the lease of each execution adds to every step of a kind."""
+    x, y = priced_steps(exec_dir, priced), priced_steps(again_dir, again_priced)
+    if x is None or y is None:
+        return ""
+    lines = ["", "The profiled model's mean per-step error against each execution (each run's steps priced by "
+             "its twin, `fidelity_runs.py simulate`), by kind of step:", "",
+             "| model | step kind | steps | mean error | executed again: steps | executed again: mean error |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    b = {k: g for k, g in y.groupby(["model", "kind"])}
+    for (model, kind), g in x.groupby(["model", "kind"]):
+        h = b.get((model, kind))
+        lines.append(f"| {model} | {kind} | {len(g)} | {100 * g.err.mean():+.1f}% | "
+                     + (f"{len(h)} | {100 * h.err.mean():+.1f}% |" if h is not None else "0 | n/a |"))
+    return "\n".join(lines) + "\n"
+
+
+def step_kinds(exec_dir: Path, priced: dict) -> str:
+    """Per model and kind of step, the profiled model of the simulated twin pricing each executed
+    step (`priced`: run -> seconds per executed step) against its measured time
+    (executor_steps.parquet): where the per-step error comes from. Runs without a profiled twin,
+    or whose steps it cannot price one for one, are left out."""
+    import pandas as pd
+    x = priced_steps(exec_dir, priced)
+    if x is None:
+        return ""
     lines = ["### Where the per-step error comes from (profiled model, all executed steps)\n",
              "| model | step kind | steps | share of measured time | mean error | MAPE |", "| --- | --- | ---: | ---: | ---: | ---: |"]
     for (model, kind), g in x.groupby(["model", "kind"]):
@@ -547,11 +587,14 @@ def commands_block(a, devices: list[str]) -> str:
                   'GPU=h200-141gb PROFILE_MODELS="" RUN_MODELS="llama-2-7b llama-3-8b" bash benchmarks/fidelity_device.sh']
     lines += ["# on any machine, with the executed runs and profiles fetched",
              f"python benchmarks/fidelity_runs.py simulate --exec {a.exec} --out {a.sim}"]
+    if a.repeat_sim:
+        lines.append(f"python benchmarks/fidelity_runs.py simulate --exec {a.repeat} --out {a.repeat_sim}")
     if a.sensitivity:
         lines.append(f"python benchmarks/fidelity_runs.py sensitivity --exec {a.exec} --sim {a.sim} \\\n"
                      f"    --out {Path(a.sim).parent / 'sensitivity'} --json {a.sensitivity}")
     opts = [f"--json {a.json}", f"--markdown {a.markdown}"]
-    opts += [f"--repeat {a.repeat}"] * bool(a.repeat) + ["--same-lease"] * a.same_lease
+    opts += [f"--repeat {a.repeat}"] * bool(a.repeat) + [f"--repeat-sim {a.repeat_sim}"] * bool(a.repeat_sim)
+    opts += ["--same-lease"] * a.same_lease
     opts += ["--added-tables-lease"] * a.added_tables_lease
     opts += [f"--sensitivity {a.sensitivity}"] * bool(a.sensitivity)
     lines.append(f"python benchmarks/fidelity_runs.py results --exec {a.exec} --sim {a.sim} \\\n    " + " ".join(opts))
@@ -681,6 +724,9 @@ def main(argv=None) -> int:
     r.add_argument("--markdown", default=None)
     r.add_argument("--repeat", default=None, metavar="DIR",
                    help="executed runs of the same slices made again: a table of their differences")
+    r.add_argument("--repeat-sim", default=None, metavar="DIR",
+                   help="the --repeat runs simulated (`simulate --exec REPEAT --out DIR`): the profile's per-step "
+                        "error against them too, by kind of step, in the \"Executed twice\" section")
     r.add_argument("--sensitivity", default=None, metavar="JSON",
                    help="a `sensitivity` results file: its table goes into --markdown")
     r.add_argument("--same-lease", action="store_true",

@@ -302,6 +302,32 @@ def test_the_lease_note_names_the_tables_measured_on_the_runs_lease(tmp_path):
     assert "executed on the earlier lease (\"Executed twice\"" in note
 
 
+def test_the_profiles_step_errors_against_both_executions_by_kind(tmp_path):
+    fr = _fidelity_runs()
+    frames = {}
+    for lease, measured in (("a", [1.0, 2.0, 4.0]), ("b", [1.02, 2.04, 4.0])):
+        run = tmp_path / lease / "azure-conv__vllm__llama-2-7b"
+        run.mkdir(parents=True)
+        pd.DataFrame({"step": range(3), "measured_s": measured, "m_swap_s": 0.0, "m_copy_s": 0.0,
+                      "graph": [True, True, False], "padded_batch": [2, 4, 0], "num_decodes": [2, 4, 0],
+                      "num_prefills": [0, 0, 1], "num_tokens": [2, 4, 512]}).to_parquet(run / "executor_steps.parquet")
+        frames[lease] = {run.name: np.array([1.0, 2.0, 4.2])}
+    text = fr.kind_errors(tmp_path / "a", frames["a"], tmp_path / "b", frames["b"])
+    rows = {ln.split("|")[2].strip(): [c.strip() for c in ln.strip("|").split("|")]
+            for ln in text.splitlines() if ln.startswith("| llama-2-7b")}
+    assert rows["decode, CUDA graph"][2:] == ["2", "+0.0%", "2", "-2.0%"]
+    assert rows["eager, with a prompt"][2:] == ["1", "+5.0%", "1", "+5.0%"]
+
+
+def test_results_refuse_repeat_sim_without_its_runs(tmp_path, capsys):
+    fr = _fidelity_runs()
+    rc = fr.main(["results", "--exec", str(tmp_path), "--sim", str(tmp_path), "--json", str(tmp_path / "o.json"),
+                  "--repeat-sim", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "--repeat-sim" in err and "--repeat too" in err
+    assert not (tmp_path / "o.json").exists()
+
+
 def test_graph_steps_are_split_by_how_full_their_padded_batch_is(tmp_path):
     """fidelity_runs.py's per-step tables: graph steps of one or two rows, of full padded batches and
     of batches a quarter or more padding, each with its steps' mean error."""
