@@ -158,6 +158,15 @@ def cmd_simulate(a) -> int:
 def cmd_results(a) -> int:
     from analysis.fidelity import compare, errors, merged_rows  # the fidelity report's library
     exec_dir, sim_dir = Path(a.exec), Path(a.sim)
+    if a.added_tables_lease and a.same_lease:
+        print("fidelity_runs.py results: --added-tables-lease and --same-lease say different things; give one",
+              file=sys.stderr)
+        return 2
+    if a.added_tables_lease and a.markdown and not added_tables(exec_dir, sim_dir):
+        print(f"fidelity_runs.py results: --added-tables-lease: the profiles pricing the twins in {a.sim} hold no "
+              f"table measured by `blocksim profile --add-table` (a `measured` key); leave the flag out",
+              file=sys.stderr)
+        return 2
     if a.repeat_sim and not (a.repeat and (Path(a.repeat_sim) / "profiled").is_dir()):
         why = "give --repeat too" if not a.repeat else "no profiled/ twins there; give the directory " \
               "`fidelity_runs.py simulate --exec REPEAT --out` wrote"
@@ -204,7 +213,9 @@ def cmd_results(a) -> int:
                             for run in sorted(p.parent for p in Path(a.repeat).glob("*/executor.json"))
                             if (Path(a.repeat_sim) / "profiled" / run.name / "summary.json").exists()}
             again = kind_errors(exec_dir, priced, Path(a.repeat), again_priced)
-        Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced, repeats(moves) + again, moved, a, moves))
+        twice = repeats(moves, earlier=a.added_tables_lease)
+        Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced, twice + again if twice else "", moved, a,
+                                                 moves))
     print(f"{len(rows)} comparisons written to {a.json}")
     return 0
 
@@ -361,13 +372,14 @@ def kind_errors(exec_dir: Path, priced: dict, again_dir: Path, again_priced: dic
         return ""
     lines = ["", "The profiled model's mean per-step error against each execution (each run's steps priced by "
              "its twin, `fidelity_runs.py simulate`), by kind of step:", "",
-             "| model | step kind | steps | mean error | executed again: steps | executed again: mean error |",
+             "| model | step kind | steps | mean error | other execution: steps | other execution: mean error |",
              "| --- | --- | ---: | ---: | ---: | ---: |"]
-    b = {k: g for k, g in y.groupby(["model", "kind"])}
-    for (model, kind), g in x.groupby(["model", "kind"]):
-        h = b.get((model, kind))
-        lines.append(f"| {model} | {kind} | {len(g)} | {100 * g.err.mean():+.1f}% | "
-                     + (f"{len(h)} | {100 * h.err.mean():+.1f}% |" if h is not None else "0 | n/a |"))
+    a, b = dict(iter(x.groupby(["model", "kind"]))), dict(iter(y.groupby(["model", "kind"])))
+
+    def cells(g) -> str:
+        return f"{len(g)} | {100 * g.err.mean():+.1f}%" if g is not None else "0 | n/a"
+    for key in sorted(set(a) | set(b)):
+        lines.append(f"| {key[0]} | {key[1]} | {cells(a.get(key))} | {cells(b.get(key))} |")
     return "\n".join(lines) + "\n"
 
 
@@ -472,16 +484,20 @@ def judged(rows: list[dict], moves: dict) -> str:
             "its target against one execution), within target: " + ", ".join(parts) + ".\n")
 
 
-def repeats(moves: dict) -> str:
-    """The table of slices executed twice (`moves`: `repeat_moves`); '' without."""
+def repeats(moves: dict, earlier: bool = False) -> str:
+    """The table of slices executed twice (`moves`: `repeat_moves`; `earlier`: the other execution
+    is the earlier one, as with --added-tables-lease); '' without."""
     lines = [f"| {name} | {device} | " + " | ".join(f"{100 * e[k]:+.1f}%" for k in ERRORS[1:]) + " |"
              for name, (device, e) in moves.items()]
     if not lines:
         return ""
     head = "| run | device | " + " | ".join(ERRORS[1:]) + " |"
-    return ("### Executed twice\n\nThe same slice executed again on another lease of the device (another machine "
-            "of the same kind, or the same one later), against the run in the tables: how far the executed "
-            "runs themselves move (signed fractions, second - first).\n\n"
+    other = ("The same slice executed on an earlier lease of the device (the one the profiles' other tables "
+             "come from)" if earlier else "The same slice executed again on another lease of the device (another "
+             "machine of the same kind, or the same one later)")
+    return ("### Executed twice\n\n" + other + ", against the run in the tables: how far the executed runs "
+            "themselves move (signed fractions, (that execution - the run in the tables) / the run in the "
+            "tables).\n\n"
             + "\n".join([head, "|" + " --- |" * (1 + len(ERRORS))] + lines) + "\n")
 
 
@@ -509,8 +525,23 @@ def first_copies(exec_dir: Path) -> str:
 def added_tables(exec_dir: Path, sim_dir: Path) -> dict[str, list[str]]:
     """The tables that the profiles pricing the runs' profiled twins hold under a ``measured`` key
     (added or measured again by `blocksim profile --add-table`), each with the days they were measured."""
-    from validation.profile import shipped_name
     out: dict[str, set[str]] = {}
+    for name, measured in _measured(exec_dir, sim_dir):
+        out.setdefault(name, set()).add(str(measured.get("utc", "?"))[:10])
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def added_commands(exec_dir: Path, sim_dir: Path) -> list[str]:
+    """The `blocksim profile --add-table` commands (as each table's ``measured`` key records them)
+    that measured the tables `added_tables` names."""
+    return sorted({str(m["command"]) for _, m in _measured(exec_dir, sim_dir) if m.get("command")})
+
+
+def _measured(exec_dir: Path, sim_dir: Path):
+    """(table name, its ``measured`` dict) for each table so marked in the profiles pricing the runs'
+    profiled twins."""
+    from validation.profile import shipped_name
+    seen = set()
     for run in sorted(p.parent for p in exec_dir.glob("*/executor.json")):
         base = sim_dir / "profiled" / run.name
         if not (base / "summary.json").exists():
@@ -518,10 +549,12 @@ def added_tables(exec_dir: Path, sim_dir: Path) -> dict[str, list[str]]:
         _, _, model, tp = parse_name(run.name)
         gpu = json.loads((run / "summary.json").read_text())["config"]["gpu"]["name"]
         src = twin_profile(base, ROOT / "blocksim" / "profiles" / shipped_name(model, gpu, "float16", tp))
+        if src in seen:
+            continue
+        seen.add(src)
         for name, table in json.loads(src.read_text())["components"].items():
             if isinstance(table, dict) and isinstance(table.get("measured"), dict):
-                out.setdefault(name, set()).add(str(table["measured"].get("utc", "?"))[:10])
-    return {k: sorted(v) for k, v in sorted(out.items())}
+                yield name, table["measured"]
 
 
 def lease_note(same_lease: bool, exec_dir: Path, repeated: bool = False,
@@ -540,7 +573,7 @@ def lease_note(same_lease: bool, exec_dir: Path, repeated: bool = False,
                 "under its `measured` key); the profiles' other tables (linear layers, prefill attention, cache "
                 "writes, sampling, the eager overhead, moves) on an earlier lease. So a graph-replayed decode "
                 "step is priced by tables of the runs' own lease, and an eager step by tables of the earlier "
-                "one. Another lease (another machine of the same kind, or the same one at another time) moves "
+                "one but for its decode rows' attention (`attn_decode`). Another lease (another machine of the same kind, or the same one at another time) moves "
                 "the executed runs themselves"
                 + (": the same slices executed on the earlier lease (\"Executed twice\", at the end) show how far, "
                    "and" if repeated else again) + " a figure that moves further between two executions "
@@ -576,9 +609,9 @@ def commands_block(a, devices: list[str]) -> str:
     if a.added_tables_lease:
         lines = [f"# on the GPU, the profiles and the slices executed (fetched into {a.repeat or 'another directory'})",
                  *lines[1:],
-                 f"# on a later lease, the profiles' tables measured again, then the slices executed (into {a.exec})",
-                 'TABLES="attn_decode decode_step decode_step_shared decode_step_padded" '
-                 'MODELS="llama-2-7b llama-3-8b" bash benchmarks/profile_add_table.sh',
+                 f"# on a later lease, the profiles' tables measured again (through benchmarks/profile_add_table.sh), "
+                 f"then the slices executed (into {a.exec})",
+                 *added_commands(Path(a.exec), Path(a.sim)),
                  'PROFILE_MODELS="" bash benchmarks/fidelity_h100.sh' if h100 else
                  'GPU=h200-141gb PROFILE_MODELS="" RUN_MODELS="llama-2-7b llama-3-8b" bash benchmarks/fidelity_device.sh']
     elif a.repeat:

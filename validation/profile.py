@@ -359,10 +359,10 @@ class Profiler:
         cache's blocks in order on the first pass over it, and on each later pass (a step that needs
         more blocks than the cache holds) the cache's blocks in a shuffled order of that pass's own.
         In order on every pass, a row that wraps would read the blocks of a row one cache's length
-        before it, at the same positions and so at the same time in the step: the L2 serves those
-        reads, and measured 20-40% fast the decode cells so aligned (llama-3-8b's 64 rows of 8,192
-        tokens on an H100, for one). Shuffled, two rows share a block at one position about as
-        often as one block in the cache's count."""
+        before it, at the same positions and so at the same time in the step, and the L2 would serve
+        those reads (blocksim/profiles/README.md gives the cells that timed too fast). Shuffled, a
+        row's block at a position is a given earlier row's block at that position with probability
+        one in the cache's block count."""
         logical = np.asarray(logical, np.int64)
         out = logical % self.num_blocks
         passes = logical // self.num_blocks
@@ -739,22 +739,30 @@ def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_par
 ADDABLE = ("attn_decode", "decode_step", "decode_step_shared", "decode_step_padded")
 
 
-def add_table(path: Path, tables, *, device: str = "cuda", catalog=(), command: str = "",
+def add_table(path: Path, tables, *, model: str | None = None, device: str = "cuda", catalog=(), command: str = "",
               progress: bool = True) -> dict:
     """The profile at `path` with `tables` (names of `ADDABLE`; one name alone too) measured on this
     device and put in, each with its provenance (device, torch, command, time, the cache's blocks)
-    under its ``measured`` key."""
+    under its ``measured`` key; measured with the profile's own model, dtype, block size, decode
+    attention and grid (`model`, where given, must be the profile's). Nothing is put in unless every
+    table was measured."""
     import torch
 
     from blocksim.catalog import Catalog
     tables = [tables] if isinstance(tables, str) else list(dict.fromkeys(tables))
     label = " ".join(f"--add-table {t}" for t in tables)
+    unknown = [t for t in tables if t not in ADDABLE]
+    if unknown:
+        raise ProfileError(f"{label}: {', '.join(unknown)} cannot be added; name one of {', '.join(ADDABLE)}")
     try:
         prof = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise ProfileError(f"{label}: cannot read the profile {path} ({e}); name an existing profile with --out")
     if prof.get("format") != PROFILE_FORMAT or not isinstance(prof.get("components"), dict):
         raise ProfileError(f"{label}: {path} is not a {PROFILE_FORMAT} file; name a profile with --out")
+    if model is not None and model != prof.get("model"):
+        raise ProfileError(f"{label}: {path} is a profile of {prof.get('model')!r}, --model names {model!r}; "
+                           f"name the profile of {model} with --out, or --model {prof.get('model')}")
     name = device_name(device)
     if name == "cpu":
         raise ProfileError(f"{label}: measured on a GPU only")
@@ -809,8 +817,8 @@ def add_profile_command(subparsers) -> argparse.ArgumentParser:
                    help="also measure the tier transfer tables (GPU, host memory, a disk file in DIR) "
                         "(default: not measured)")
     p.add_argument("--add-table", action="append", default=None, choices=ADDABLE,
-                   help="measure only this table into the profile --out names, replacing it there; repeatable "
-                        "(default: a whole profile)")
+                   help="measure only this table into the profile --out names, replacing it there, with that "
+                        "profile's dtype, block size, attention and grid; repeatable (default: a whole profile)")
     p.add_argument("--quiet", action="store_true", help="no progress lines (default: progress on stderr)")
     p.set_defaults(func=cmd_profile)
     return p
@@ -834,7 +842,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             print(f"--add-table {' '.join(args.add_table)}: name the profile to add it to with --out", file=sys.stderr)
             return 2
         try:
-            prof = add_table(Path(args.out), args.add_table, device=args.device, catalog=args.catalog,
+            prof = add_table(Path(args.out), args.add_table, model=args.model, device=args.device, catalog=args.catalog,
                              command=command, progress=not args.quiet)
         except ProfileError as e:
             print(str(e), file=sys.stderr)

@@ -328,6 +328,14 @@ def test_results_refuse_repeat_sim_without_its_runs(tmp_path, capsys):
     assert not (tmp_path / "o.json").exists()
 
 
+def test_results_refuse_two_lease_notes_at_once(tmp_path, capsys):
+    fr = _fidelity_runs()
+    rc = fr.main(["results", "--exec", str(tmp_path), "--sim", str(tmp_path), "--json", str(tmp_path / "o.json"),
+                  "--same-lease", "--added-tables-lease"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "give one" in err and not (tmp_path / "o.json").exists()
+
+
 def test_graph_steps_are_split_by_how_full_their_padded_batch_is(tmp_path):
     """fidelity_runs.py's per-step tables: graph steps of one or two rows, of full padded batches and
     of batches a quarter or more padding, each with its steps' mean error."""

@@ -180,6 +180,16 @@ def test_adding_a_table_needs_a_profile_and_a_gpu(written, tmp_path, capsys, tab
     assert main([*args, "--out", str(path)]) == 2 and "on a GPU only" in capsys.readouterr().err
     assert path.read_text() == before, "the profile is left as it was"
     assert main([*args, "--out", str(tmp_path / "none.json")]) == 2 and "cannot read" in capsys.readouterr().err
+    other = [*args, "--out", str(path)]
+    other[other.index("tiny")] = "llama-2-7b"
+    assert main(other) == 2 and "is a profile of 'tiny', --model names 'llama-2-7b'" in capsys.readouterr().err
+    assert path.read_text() == before
+
+
+def test_only_the_addable_tables_can_be_added(written):
+    _, path = written
+    with pytest.raises(profile.ProfileError, match="linear cannot be added"):
+        profile.add_table(path, ["decode_step", "linear"], device="cpu")
 
 
 def test_an_interrupted_write_leaves_the_profile_as_it_was(tmp_path, monkeypatch):
