@@ -30,7 +30,8 @@ Tables (seconds, whole model, one GPU):
 * ``decode_step_shared`` by (batch, context): a whole graph step of equal rows in pairs, the second
   row of each reading the first's blocks but its last (`paired`: the prompt two samples of one
   request share), with ``own_seconds`` (the same rows on their own blocks, measured alongside) and
-  ``shared_fraction`` (the share of the step's context tokens read from shared blocks); ``--add-table
+  ``shared_fraction`` (the share of the step's context tokens read from shared blocks), each the
+  median of ``pairs`` (`SHARED_PAIRS`) measurements taken in pairs whose order alternates; ``--add-table
   decode_step_shared`` measures it alone into an existing profile of this device;
 * ``decode_step_padded`` by (batch, real, context): a whole graph step whose real rows are the
   fraction ``real`` of the graph's padded batch, holding ``batch * context`` context tokens in
@@ -114,12 +115,14 @@ PADDED_REAL = (0.5, 0.75)
 PADDED_CONTEXT = (16, 64, 256, 1024, 2048, 4096)
 #: Pairs of a padded step and its twin per cell, the pair's order alternating (medians of each).
 PADDED_PAIRS = 3
+#: Pairs of a paired step and its own-blocks twin per ``decode_step_shared`` cell, as above.
+SHARED_PAIRS = 3
 SEQUENCES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BLOCKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 QUICK = {"TOKENS": (1, 16, 256), "LINEAR_TOKENS": (1, 16, 256), "GRAPH_TOKENS": (1, 8), "PREFILL_BATCH": (1, 2),
          "PREFILL_NEW": (16, 64), "PREFILL_CACHED": (0, 32), "DECODE_BATCH": (1, 4), "DECODE_CONTEXT": (16, 64), "STEP_BATCH": (1, 4),
          "LONGEST": (1.0, 2.0), "SHARED_BATCH": (2, 4), "SHARED_CONTEXT": (16, 64), "PADDED_BATCH": (4,),
-         "PADDED_REAL": (0.5, 0.75), "PADDED_CONTEXT": (16, 64), "PADDED_PAIRS": 1, "SEQUENCES": (1, 4),
+         "PADDED_REAL": (0.5, 0.75), "PADDED_CONTEXT": (16, 64), "PADDED_PAIRS": 1, "SHARED_PAIRS": 1, "SEQUENCES": (1, 4),
          "BLOCKS": (1, 4)}
 CACHE_BYTES = 40 << 30  # the KV cache the profiler allocates (at most)
 
@@ -550,8 +553,10 @@ class Profiler:
         if not self.cuda:
             return None
         g, r = self.grid, self.runner
+        from kernels.bench.stats import alternate
         sizes = [b for b in g["SHARED_BATCH"] if b in g["STEP_BATCH"]]
         contexts = [c for c in g["SHARED_CONTEXT"] if c <= self.dims.max_model_len]
+        n_pairs = int(g["SHARED_PAIRS"])
         r.capture_decode_graphs(max(sizes))
         secs, own, frac = [], [], []
         for b in sizes:
@@ -559,17 +564,16 @@ class Profiler:
             for c in contexts:
                 plain = self.batch(decodes=[c] * b)
                 pairs, shared = paired(plain, self.bs)
-                r.load_decode(plain, b)
-                row_own.append(self.clock.median(_graph(r, b)))
-                r.load_decode(pairs, b)
-                row_s.append(self.clock.median(_graph(r, b)))
+                own_t, paired_t = alternate(self._graph_timing(plain, b), self._graph_timing(pairs, b), n_pairs)
+                row_own.append(float(np.median(own_t)))
+                row_s.append(float(np.median(paired_t)))
                 row_f.append(shared / (b * c))
             secs.append(row_s)
             own.append(row_own)
             frac.append(row_f)
         self._say("decode_step_shared done")
         return {"axes": ["batch", "context"], "grid": {"batch": sizes, "context": contexts}, "seconds": secs,
-                "own_seconds": own, "shared_fraction": frac}
+                "own_seconds": own, "shared_fraction": frac, "pairs": n_pairs}
 
     def decode_step_padded(self) -> dict | None:
         """``decode_step_padded``: whole graph-replayed decode steps whose real rows fill a fraction

@@ -244,30 +244,37 @@ def test_added_tables_replace_the_profiles_own_and_name_their_lease(tmp_path):
     assert {"attn_decode", "decode_step_longest"} <= set(load_profile(out).tables)
 
 
-def test_the_padded_table_times_each_cell_in_pairs_of_alternating_order(tmp_path, monkeypatch):
-    """decode_step_padded's loop (a GPU's), its runner and clock stood in for: each cell loads the
-    padded step and its twin in pairs whose order alternates and keeps each one's median."""
+@pytest.mark.parametrize("table", ["decode_step_padded", "decode_step_shared"])
+def test_twin_tables_time_each_cell_in_pairs_of_alternating_order(tmp_path, monkeypatch, table):
+    """The padded and shared tables' loops (a GPU's), the runner and clock stood in for: each cell
+    loads its step and its twin in pairs whose order alternates and keeps each one's median."""
     (tmp_path / "tiny.yaml").write_text(TINY)
     from blocksim.catalog import Catalog
     p = profile.Profiler(Catalog([str(tmp_path / "tiny.yaml")]).model("tiny"), device="cpu", quick=True,
                          progress=False)
     p.cuda, p.graph_sizes = True, [1, 2, 4]
-    p.grid = {**p.grid, "PADDED_PAIRS": 3}
+    p.grid = {**p.grid, "PADDED_PAIRS": 3, "SHARED_PAIRS": 3, "SHARED_CONTEXT": (64,)}  # rows of 4 blocks
     loaded = []
+    first_kind = "padded" if table == "decode_step_padded" else "own"
 
     class Runner:
         def capture_decode_graphs(self, b):
             pass
 
         def load_decode(self, step, b):
-            loaded.append(("twin" if len(step.decode_context) == b else "padded", len(loaded)))
+            if table == "decode_step_padded":
+                kind = "twin" if len(step.decode_context) == b else "padded"
+            else:  # the paired step's second row reads its first row's first block
+                kind = "paired" if (step.decode_tables[1][0] == step.decode_tables[0][0]) else "own"
+            loaded.append((kind, len(loaded)))
 
     p.runner = Runner()
     monkeypatch.setattr(profile, "_graph", lambda runner, b, parts=None: None)
-    monkeypatch.setattr(p.clock, "median", lambda fn: float(loaded[-1][1]) + (100.0 if loaded[-1][0] == "twin" else 0))
-    t = p.decode_step_padded()
-    per_cell = len(t["grid"]["real"]) * len(t["grid"]["context"])
-    assert t["pairs"] == 3 and len(loaded) == 6 * per_cell
-    first = [kind for kind, _ in loaded[:6]]
-    assert first == ["padded", "twin", "twin", "padded", "padded", "twin"], "the pair's order alternates"
-    assert t["seconds"][0][0][0] == 3.0 and t["spread_seconds"][0][0][0] == 102.0, "each one's median"
+    monkeypatch.setattr(p.clock, "median", lambda fn: float(loaded[-1][1]) + (0 if loaded[-1][0] == first_kind else 100))
+    t = getattr(p, table)()
+    cells = int(np.prod([len(v) for v in t["grid"].values()]))
+    assert t["pairs"] == 3 and len(loaded) == 6 * cells
+    other = "twin" if table == "decode_step_padded" else "paired"
+    assert [k for k, _ in loaded[:6]] == [first_kind, other, other, first_kind, first_kind, other], "order alternates"
+    mine, twin = (t["seconds"], t["spread_seconds"]) if table == "decode_step_padded" else (t["own_seconds"], t["seconds"])
+    assert np.ravel(mine)[0] == 3.0 and np.ravel(twin)[0] == 102.0, "each one's median"
