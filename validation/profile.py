@@ -785,11 +785,33 @@ def add_table(path: Path, tables, *, model: str | None = None, device: str = "cu
         out = p._timed(table, getattr(p, table))
         names = ("decode_step", "decode_step_longest") if table == "decode_step" else (table,)
         for key, measured in zip(names, out if table == "decode_step" else (out,)):
+            moved = table_change(prof["components"].get(key), measured)
+            if moved:
+                p._say(f"{key}: {moved}")
             measured["measured"] = {"device": name, "torch": torch.__version__, "command": command,
                                     "utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                                     "measure_s": p.measure_s[table], "cache_blocks": p.num_blocks}
             prof["components"][key] = measured
     return prof
+
+
+def table_change(before: dict | None, after: dict) -> str | None:
+    """How a table measured again moved against the one it replaces, cell by cell (its seconds,
+    after / before): the median and the 10%-90% range of the ratios, or that the grid changed; None
+    where there was no table before."""
+    if not isinstance(before, dict):
+        return None
+    if before.get("grid") != after.get("grid"):
+        return "its grid differs from the table it replaces (no cell-by-cell comparison)"
+    try:
+        old, new = np.asarray(before["seconds"], float), np.asarray(after["seconds"], float)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if old.shape != new.shape or not (old > 0).all():
+        return None
+    r = (new / old).ravel()
+    lo, mid, hi = np.percentile(r, [10, 50, 90])
+    return f"after / before, by cell: median {mid:.3f} (10%-90%: {lo:.3f}-{hi:.3f}) over {r.size} cells"
 
 
 def shipped_name(model: str, gpu: str, dtype: str, tensor_parallel: int) -> str:

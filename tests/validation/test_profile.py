@@ -278,3 +278,13 @@ def test_twin_tables_time_each_cell_in_pairs_of_alternating_order(tmp_path, monk
     assert [k for k, _ in loaded[:6]] == [first_kind, other, other, first_kind, first_kind, other], "order alternates"
     mine, twin = (t["seconds"], t["spread_seconds"]) if table == "decode_step_padded" else (t["own_seconds"], t["seconds"])
     assert np.ravel(mine)[0] == 3.0 and np.ravel(twin)[0] == 102.0, "each one's median"
+
+
+def test_a_table_measured_again_says_how_far_it_moved():
+    grid = {"batch": [1, 2], "context": [16, 64]}
+    before = {"axes": ["batch", "context"], "grid": grid, "seconds": [[1.0, 2.0], [4.0, 8.0]]}
+    after = {**before, "seconds": [[1.1, 2.2], [4.4, 8.0]]}
+    text = profile.table_change(before, after)
+    assert "median 1.100" in text and "1.030-1.100" in text and "over 4 cells" in text
+    assert profile.table_change(None, after) is None
+    assert "grid differs" in profile.table_change({**before, "grid": {"batch": [1], "context": [16]}}, after)
