@@ -57,7 +57,10 @@ Eager tables are GPU time, timed as the executor times an eager step (`SegmentTi
 before each segment keeps the host's launch gaps out), so the components of a step add up.
 
 ``measure_s`` (top level) holds the wall seconds each table, or group of tables measured together,
-took to measure on this device, so that a run of the command can be planned.
+took to measure on this device, so that a run of the command can be planned. Written over a profile
+of the same model, GPU, dtype and degree (or with ``--add-table``), the command says on stderr how
+each table moved against the one it replaces (`table_change`: its cells' ratios), which shows how
+far this machine, or this lease of it, is from the one the old profile was measured on.
 
 Sequences of a synthetic batch take distinct blocks of a KV cache of at most 40 GiB (`CACHE_BYTES`;
 the profile's ``cache_blocks``), in order. A point that needs more blocks than the cache holds
@@ -888,9 +891,31 @@ def cmd_profile(args: argparse.Namespace) -> int:
                                            / shipped_name(prof["model"], prof["gpu"], prof["dtype"],
                                                           prof["tensor_parallel"]))
     out.parent.mkdir(parents=True, exist_ok=True)
+    if not args.quiet:
+        for line in replaced_changes(out, prof):
+            print(f"profile {prof['model']}: {line}", file=sys.stderr)
     _write_whole(out, prof)
     print(f"profile: {prof['model']} on {prof['gpu']} ({prof['device']}), written to {out}")
     return 0
+
+
+def replaced_changes(path: Path, prof: dict) -> list[str]:
+    """Where `prof` replaces a profile of the same model, GPU, dtype and tensor-parallel degree at
+    `path`: how each of its tables moved against the old one's (`table_change`)."""
+    try:
+        old = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return []
+    keys = ("model", "gpu", "dtype", "tensor_parallel")
+    if not isinstance(old, dict) or any(old.get(k) != prof.get(k) for k in keys) \
+            or not isinstance(old.get("components"), dict):
+        return []
+    out = []
+    for name, table in prof["components"].items():
+        moved = table_change(old["components"].get(name), table) if isinstance(table, dict) else None
+        if moved:
+            out.append(f"{name} against the profile it replaces: {moved}")
+    return out
 
 
 def main(argv=None) -> int:

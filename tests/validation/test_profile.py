@@ -288,3 +288,15 @@ def test_a_table_measured_again_says_how_far_it_moved():
     assert "median 1.100" in text and "1.030-1.100" in text and "over 4 cells" in text
     assert profile.table_change(None, after) is None
     assert "grid differs" in profile.table_change({**before, "grid": {"batch": [1], "context": [16]}}, after)
+
+
+def test_a_profile_written_over_another_of_its_model_says_how_each_table_moved(written, tmp_path):
+    prof, path = written
+    again = json.loads(json.dumps(prof))
+    again["components"]["linear"]["seconds"] = [2 * x for x in prof["components"]["linear"]["seconds"]]
+    lines = profile.replaced_changes(path, again)
+    assert any(ln.startswith("linear against the profile it replaces: after / before, by cell: median 2.000")
+               for ln in lines)
+    assert any(ln.startswith("attn_decode against") and "median 1.000" in ln for ln in lines)
+    assert profile.replaced_changes(path, {**again, "model": "other"}) == []
+    assert profile.replaced_changes(tmp_path / "none.json", again) == []
