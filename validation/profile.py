@@ -765,8 +765,11 @@ def add_table(path: Path, tables, *, model: str | None = None, device: str = "cu
         prof = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise ProfileError(f"{label}: cannot read the profile {path} ({e}); name an existing profile with --out")
-    if prof.get("format") != PROFILE_FORMAT or not isinstance(prof.get("components"), dict):
+    if not isinstance(prof, dict) or prof.get("format") != PROFILE_FORMAT or not isinstance(prof.get("components"), dict):
         raise ProfileError(f"{label}: {path} is not a {PROFILE_FORMAT} file; name a profile with --out")
+    missing = [k for k in ("model", "device", "dtype", "block_size", "cuda_graph_batch_sizes") if k not in prof]
+    if missing:
+        raise ProfileError(f"{label}: {path} lacks {', '.join(missing)}; measure a whole profile with blocksim profile")
     if model is not None and model != prof.get("model"):
         raise ProfileError(f"{label}: {path} is a profile of {prof.get('model')!r}, --model names {model!r}; "
                            f"name the profile of {model} with --out, or --model {prof.get('model')}")

@@ -186,6 +186,14 @@ def test_adding_a_table_needs_a_profile_and_a_gpu(written, tmp_path, capsys, tab
     assert path.read_text() == before
 
 
+def test_adding_a_table_to_an_incomplete_profile_is_refused_in_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "blocksim-profile/1", "components": {}}')
+    assert main(["profile", "--model", "llama-2-7b", "--add-table", "decode_step", "--out", str(bad), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "lacks model, device, dtype, block_size, cuda_graph_batch_sizes" in err
+
+
 def test_only_the_addable_tables_can_be_added(written):
     _, path = written
     with pytest.raises(profile.ProfileError, match="linear cannot be added"):
