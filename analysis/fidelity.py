@@ -8,7 +8,10 @@ else they are refused as runs of different traces.
 
 Errors are signed fractions, ``(sim - exec) / exec``:
 
-* latency: TTFT, TPOT and end-to-end at p50, p90 and p99 over the requests finished in both runs;
+* latency: TTFT, TPOT and end-to-end at p50, p90 and p99 over the requests finished in both runs,
+  and, request by request (matched by id), the median and 10%-90% range of each request's own error
+  (`request_errors`): a percentile over a few hundred requests can move several times further than
+  any request does, where its neighbours in the distribution are far apart;
 * throughput: output tokens per second of the serving interval (`blocksim.records.metrics`).
 
 Per-step time (MAPE, the mean of ``|predicted - measured| / measured`` over executed steps with a
@@ -75,6 +78,7 @@ class Fidelity:
     predicted_s: np.ndarray | None   # per executed step
     measured_s: np.ndarray | None
     step_source: str
+    per_request: pd.DataFrame | None = None   # metric, median, p10, p90, requests (`request_errors`)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -113,6 +117,8 @@ class Fidelity:
         row["throughput_err"] = self.throughput["err"]
         for m in METRICS:
             row[f"{m}_p90_err"] = self.err(m, 90)
+        for r in ([] if self.per_request is None else self.per_request.itertuples(index=False)):
+            row[f"{r.metric}_request_median_err"] = r.median
         row.update({"cost_profile": self.cost_model.get("profile"), "sim_run": str(self.sim.path),
                     "exec_run": str(self.exec.path), "requests_matched": self.matched,
                     "steps_compared": 0 if self.predicted_s is None else int(len(self.predicted_s)),
@@ -179,6 +185,25 @@ def latency_errors(sim: pd.DataFrame, exe: pd.DataFrame) -> tuple[pd.DataFrame, 
             ep = float(np.percentile(y[ok], p)) if ok.any() else math.nan
             rows.append({"metric": m, "percentile": p, "sim_s": sp, "exec_s": ep, "err": signed_err(sp, ep)})
     return pd.DataFrame(rows), int(len(both))
+
+
+def request_errors(sim: pd.DataFrame, exe: pd.DataFrame) -> pd.DataFrame:
+    """Each metric's signed error request by request over the requests finished in both runs (with a
+    finite, positive executed value): the median, the 10th and 90th percentiles of those errors, and
+    how many requests they cover."""
+    a = sim[sim.status == "finished"].set_index("request_id")
+    b = exe[exe.status == "finished"].set_index("request_id")
+    both = a.index.intersection(b.index)
+    rows = []
+    for m in METRICS:
+        x = a.loc[both, f"{m}_s"].to_numpy(np.float64)
+        y = b.loc[both, f"{m}_s"].to_numpy(np.float64)
+        ok = np.isfinite(x) & np.isfinite(y) & (y > 0)
+        e = (x[ok] - y[ok]) / y[ok]
+        q = np.percentile(e, [50, 10, 90]) if len(e) else [math.nan] * 3
+        rows.append({"metric": m, "median": float(q[0]), "p10": float(q[1]), "p90": float(q[2]),
+                     "requests": int(ok.sum())})
+    return pd.DataFrame(rows)
 
 
 # --- per-step time --------------------------------------------------------------------------------
@@ -285,7 +310,8 @@ def compare(sim_dir, exec_dir) -> Fidelity:
     ts = throughput(sim.requests, sim.steps)["output_tokens_per_s"]
     te = throughput(exe.requests, exe.steps)["output_tokens_per_s"]
     pred, meas, source = step_pairs(sim, exe)
-    return Fidelity(sim, exe, matched, lat, {"sim": ts, "exec": te, "err": signed_err(ts, te)}, pred, meas, source)
+    return Fidelity(sim, exe, matched, lat, {"sim": ts, "exec": te, "err": signed_err(ts, te)}, pred, meas, source,
+                    request_errors(sim.requests, exe.requests))
 
 
 # --- results file ----------------------------------------------------------------------------------

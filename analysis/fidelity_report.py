@@ -29,6 +29,9 @@ def console_table(f: Fidelity) -> str:
         scale, unit = (1e3, "ms") if r.metric == "tpot" else (1.0, "s")
         lines.append(f"  {r.metric:<8} {'p' + str(r.percentile):>4} {r.sim_s * scale:>10.3f}{unit:>2} "
                      f"{r.exec_s * scale:>10.3f}{unit:>2} {r.err:>+8.2%}")
+    for r in ([] if f.per_request is None else f.per_request.itertuples(index=False)):
+        lines.append(f"  {r.metric:<8} by request: median {r.median:+.2%} (10%-90%: {r.p10:+.2%} to {r.p90:+.2%}, "
+                     f"{r.requests} requests)")
     t = f.throughput
     lines.append(f"  {'throughput':<13} {t['sim']:>10.1f}  {t['exec']:>10.1f}   {t['err']:>+8.2%}  (output tokens/s)")
     mape = f.step_mape
@@ -86,6 +89,9 @@ def write_fidelity_report(f: Fidelity, out_dir: Path, row: dict) -> tuple[Path, 
             f"Simulated run {f.sim.path}, executed run {f.exec.path}; {f.matched} requests finished in both. "
             f"Errors are (simulated - executed) / executed.",
             Table(lat, "latency percentiles over the requests finished in both runs"),
+            *([Table(f.per_request, "each request's own error (matched by id): median and 10%-90% range over the "
+                                   "requests; a percentile above can move further than any request does")]
+              if f.per_request is not None else []),
             Table(pd.DataFrame([{"simulated (tok/s)": f.throughput["sim"], "executed (tok/s)": f.throughput["exec"],
                                  "error": f.throughput["err"]}]), "output tokens per second of the serving interval"),
         ]),

@@ -383,6 +383,27 @@ def kind_errors(exec_dir: Path, priced: dict, again_dir: Path, again_priced: dic
     return "\n".join(lines) + "\n"
 
 
+def request_table(rows: list[dict]) -> str:
+    """Each run's median over its requests of each request's own error (`analysis.fidelity.
+    request_errors`), beside its p50 error: where the two part, the percentile moved further than
+    the requests around it did. '' when the rows hold none."""
+    keys = [m for m in ("ttft", "tpot", "e2e") if any(f"{m}_request_median_err" in r for r in rows)]
+    if not keys:
+        return ""
+
+    def pct(v) -> str:
+        return "n/a" if v is None else f"{100 * v:+.1f}%"
+    lines = ["Request by request: the median over a run's requests of each request's own error, beside the "
+             "p50 error over the same requests.", "",
+             "| trace | preset | model | " + " | ".join(f"{m} p50 | {m} by request" for m in keys) + " |",
+             "|---|---|---|" + "---:|---:|" * len(keys)]
+    for r in rows:
+        lines.append(f"| {r['trace']} | {r['preset']} | {r['model']} | "
+                     + " | ".join(f"{pct(r.get(f'{m}_p50_err'))} | {pct(r.get(f'{m}_request_median_err'))}"
+                                  for m in keys) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def step_kinds(exec_dir: Path, priced: dict) -> str:
     """Per model and kind of step, the profiled model of the simulated twin pricing each executed
     step (`priced`: run -> seconds per executed step) against its measured time
@@ -658,6 +679,7 @@ def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str, 
         out.append(f"### {cost} cost model\n")
         out.append(markdown_table(sub))
         out.append("Within target (|error| <= target): " + ", ".join(f"{k} {met(sub, k)}" for k in ERRORS) + ".\n")
+        out.append(request_table(sub))
         if moves:
             out.append(judged(sub, moves))
     if moved:

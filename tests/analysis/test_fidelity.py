@@ -365,3 +365,26 @@ def test_figures_whose_executed_run_moved_beyond_the_target_are_not_judged():
     assert "ttft_p50_err 1/1" in line, "the run that moved 20% between executions is left out"
     assert "tpot_p50_err 2/2" in line
     assert "ttft_p50_err 0/1" in fr.judged([dict(row, ttft_p50_err=0.05)], moves), "judged and outside its target"
+
+
+def test_request_errors_take_each_requests_own_error_over_requests_finished_in_both():
+    from analysis.fidelity import request_errors
+    exe = pd.DataFrame({"request_id": [1, 2, 3, 4, 5], "status": ["finished"] * 4 + ["rejected"],
+                        "ttft_s": [1.0, 2.0, 4.0, 0.0, 1.0], "tpot_s": [0.01, 0.02, 0.04, 0.01, 0.01],
+                        "e2e_s": [2.0, 4.0, 8.0, 1.0, 1.0]})
+    sim = exe.copy()
+    sim["ttft_s"] = [1.1, 2.0, 3.6, 0.5, 9.0]     # +10%, 0%, -10%; request 4 (executed 0 s) and 5 (rejected) left out
+    sim["status"] = "finished"
+    r = request_errors(sim, exe).set_index("metric")
+    assert r.loc["ttft", "median"] == pytest.approx(0.0) and r.loc["ttft", "requests"] == 3
+    assert r.loc["ttft", "p10"] == pytest.approx(-0.08) and r.loc["ttft", "p90"] == pytest.approx(0.08)
+    assert r.loc["tpot", "median"] == 0.0 and r.loc["tpot", "requests"] == 4
+
+
+def test_the_request_table_sets_each_runs_p50_beside_its_median_request():
+    fr = _fidelity_runs()
+    row = {"trace": "azure-code", "preset": "vllm", "model": "llama-3-8b", "tpot_p50_err": 0.055,
+           "tpot_request_median_err": 0.010}
+    text = fr.request_table([row])
+    assert "| azure-code | vllm | llama-3-8b | +5.5% | +1.0% |" in text
+    assert fr.request_table([{k: v for k, v in row.items() if "request" not in k}]) == ""
