@@ -11,7 +11,7 @@ Errors are signed fractions, ``(sim - exec) / exec``:
 * latency: TTFT, TPOT and end-to-end at p50, p90 and p99 over the requests finished in both runs,
   and, request by request (matched by id), the median and 10%-90% range of each request's own error
   (`request_errors`): a percentile over a few hundred requests can move several times further than
-  any request does, where its neighbours in the distribution are far apart;
+  the median request does, where the values around it in the distribution lie far apart;
 * throughput: output tokens per second of the serving interval (`blocksim.records.metrics`).
 
 Per-step time (MAPE, the mean of ``|predicted - measured| / measured`` over executed steps with a

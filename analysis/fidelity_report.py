@@ -90,7 +90,7 @@ def write_fidelity_report(f: Fidelity, out_dir: Path, row: dict) -> tuple[Path, 
             f"Errors are (simulated - executed) / executed.",
             Table(lat, "latency percentiles over the requests finished in both runs"),
             *([Table(f.per_request, "each request's own error (matched by id): median and 10%-90% range over the "
-                                   "requests; a percentile above can move further than any request does")]
+                                   "requests; a percentile above can move further than the median request does")]
               if f.per_request is not None else []),
             Table(pd.DataFrame([{"simulated (tok/s)": f.throughput["sim"], "executed (tok/s)": f.throughput["exec"],
                                  "error": f.throughput["err"]}]), "output tokens per second of the serving interval"),
