@@ -10,7 +10,7 @@ Errors are signed fractions, ``(sim - exec) / exec``:
 
 * latency: TTFT, TPOT and end-to-end at p50, p90 and p99 over the requests finished in both runs,
   and, request by request (matched by id), the median and 10%-90% range of each request's own error
-  (`request_errors`): a percentile over a few hundred requests can move several times further than
+  (`request_errors`): a percentile over about a hundred requests can move several times further than
   the median request does, where the values around it in the distribution lie far apart;
 * throughput: output tokens per second of the serving interval (`blocksim.records.metrics`).
 
@@ -100,7 +100,8 @@ class Fidelity:
 
     def row(self, trace: str | None = None) -> dict:
         """The results row: `ROW_KEYS` (errors as signed fractions, step_mape a fraction) plus p90
-        errors, the cost model's profile or constants, the run directories and the counts."""
+        errors, the median request's errors (``*_request_median_err``), the cost model's profile or
+        constants, the run directories and the counts."""
         cfg = self.sim.config
         row = {
             "trace": trace or Path(str(self.sim.summary.get("trace") or self.sim.path.name)).name,
@@ -292,8 +293,8 @@ def step_pairs(sim: Run, exe: Run) -> tuple[np.ndarray | None, np.ndarray | None
 
 
 def errors(f: Fidelity) -> dict:
-    """`f`'s errors as a flat dict: step_mape and the ``*_err`` keys of `ROW_KEYS`, the p90 errors,
-    and how they were obtained (cost profile, counts, step source)."""
+    """`f`'s errors as a flat dict: step_mape and the ``*_err`` keys of `ROW_KEYS`, the p90 and the
+    median request's errors, and how they were obtained (cost profile, counts, step source)."""
     return {k: v for k, v in f.row().items() if k not in ("trace", "preset", "model", "gpu", "tensor_parallel",
                                                          "cost_model")}
 

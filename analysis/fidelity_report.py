@@ -30,8 +30,8 @@ def console_table(f: Fidelity) -> str:
         lines.append(f"  {r.metric:<8} {'p' + str(r.percentile):>4} {r.sim_s * scale:>10.3f}{unit:>2} "
                      f"{r.exec_s * scale:>10.3f}{unit:>2} {r.err:>+8.2%}")
     for r in ([] if f.per_request is None else f.per_request.itertuples(index=False)):
-        lines.append(f"  {r.metric:<8} by request: median {r.median:+.2%} (10%-90%: {r.p10:+.2%} to {r.p90:+.2%}, "
-                     f"{r.requests} requests)")
+        lines.append(f"  {r.metric:<8} by request: " + ("n/a (no request)" if not r.requests else
+                     f"median {r.median:+.2%} (10%-90%: {r.p10:+.2%} to {r.p90:+.2%}, {r.requests} requests)"))
     t = f.throughput
     lines.append(f"  {'throughput':<13} {t['sim']:>10.1f}  {t['exec']:>10.1f}   {t['err']:>+8.2%}  (output tokens/s)")
     mape = f.step_mape

@@ -679,9 +679,9 @@ def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str, 
         out.append(f"### {cost} cost model\n")
         out.append(markdown_table(sub))
         out.append("Within target (|error| <= target): " + ", ".join(f"{k} {met(sub, k)}" for k in ERRORS) + ".\n")
-        out.append(request_table(sub))
         if moves:
             out.append(judged(sub, moves))
+        out.append(request_table(sub))
     if moved:
         out.append(moved)
     if repeated:

@@ -58,9 +58,10 @@ before each segment keeps the host's launch gaps out), so the components of a st
 
 ``measure_s`` (top level) holds the wall seconds each table, or group of tables measured together,
 took to measure on this device, so that a run of the command can be planned. Written over a profile
-of the same model, GPU, dtype and degree (or with ``--add-table``), the command says on stderr how
-each table moved against the one it replaces (`table_change`: its cells' ratios), which shows how
-far this machine, or this lease of it, is from the one the old profile was measured on.
+measured with the same settings (model, GPU, dtypes, degree, block size, decode attention, grid),
+or with ``--add-table``, the command says on stderr (not with ``--quiet``) how each table moved
+against the one it replaces (`table_change`: the ratios of its cells): the machine's, or the
+lease's, offset from the old profile's, and any change in how the table is measured.
 
 Sequences of a synthetic batch take distinct blocks of a KV cache of at most 40 GiB (`CACHE_BYTES`;
 the profile's ``cache_blocks``), in order. A point that needs more blocks than the cache holds
@@ -793,7 +794,7 @@ def add_table(path: Path, tables, *, model: str | None = None, device: str = "cu
         for key, measured in zip(names, out if table == "decode_step" else (out,)):
             moved = table_change(prof["components"].get(key), measured)
             if moved:
-                p._say(f"{key}: {moved}")
+                p._say(f"{key} against the table it replaces: {moved}")
             measured["measured"] = {"device": name, "torch": torch.__version__, "command": command,
                                     "utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                                     "measure_s": p.measure_s[table], "cache_blocks": p.num_blocks}
@@ -808,14 +809,17 @@ def table_change(before: dict | None, after: dict) -> str | None:
     if not isinstance(before, dict):
         return None
     if before.get("grid") != after.get("grid"):
-        return "its grid differs from the table it replaces (no cell-by-cell comparison)"
+        return "its grid differs from the old table's (no cell-by-cell comparison)"
     try:
         old, new = np.asarray(before["seconds"], float), np.asarray(after["seconds"], float)
     except (KeyError, TypeError, ValueError):
         return None
-    if old.shape != new.shape or not (old > 0).all():
+    if old.shape != new.shape:
         return None
-    r = (new / old).ravel()
+    ok = np.isfinite(old) & np.isfinite(new) & (old > 0)
+    if not ok.any():
+        return None
+    r = new[ok] / old[ok]
     lo, mid, hi = np.percentile(r, [10, 50, 90])
     return f"after / before, by cell: median {mid:.3f} (10%-90%: {lo:.3f}-{hi:.3f}) over {r.size} cells"
 
@@ -903,13 +907,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def replaced_changes(path: Path, prof: dict) -> list[str]:
-    """Where `prof` replaces a profile of the same model, GPU, dtype and tensor-parallel degree at
-    `path`: how each of its tables moved against the old one's (`table_change`)."""
+    """Where `prof` replaces a profile of the same model, GPU, dtypes, tensor-parallel degree, block
+    size, decode attention and grid at `path`: how each of its tables moved against the old one's
+    (`table_change`)."""
     try:
         old = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return []
-    keys = ("model", "gpu", "dtype", "tensor_parallel")
+    keys = ("model", "gpu", "dtype", "kv_dtype", "tensor_parallel", "block_size", "decode_attention", "quick")
     if not isinstance(old, dict) or any(old.get(k) != prof.get(k) for k in keys) \
             or not isinstance(old.get("components"), dict):
         return []

@@ -379,6 +379,10 @@ def test_request_errors_take_each_requests_own_error_over_requests_finished_in_b
     assert r.loc["ttft", "median"] == pytest.approx(0.0) and r.loc["ttft", "requests"] == 3
     assert r.loc["ttft", "p10"] == pytest.approx(-0.08) and r.loc["ttft", "p90"] == pytest.approx(0.08)
     assert r.loc["tpot", "median"] == 0.0 and r.loc["tpot", "requests"] == 4
+    # a one-token request (no TPOT) and a request finished in the simulated run only are left out
+    exe.loc[0, "tpot_s"] = float("nan")
+    r = request_errors(sim, exe).set_index("metric")
+    assert r.loc["tpot", "requests"] == 3 and r.loc["e2e", "requests"] == 4
 
 
 def test_the_request_table_sets_each_runs_p50_beside_its_median_request():

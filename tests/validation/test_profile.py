@@ -296,6 +296,26 @@ def test_a_table_measured_again_says_how_far_it_moved():
     assert "median 1.100" in text and "1.030-1.100" in text and "over 4 cells" in text
     assert profile.table_change(None, after) is None
     assert "grid differs" in profile.table_change({**before, "grid": {"batch": [1], "context": [16]}}, after)
+    # cells without a finite, positive old time (or a finite new one) are left out, not the table
+    holes = {**before, "seconds": [[0.0, 2.0], [float("nan"), 8.0]]}
+    assert "median 1.050" in profile.table_change(holes, after) and "over 2 cells" in profile.table_change(holes, after)
+    assert profile.table_change({**before, "seconds": [[0.0, 0.0], [0.0, 0.0]]}, after) is None
+    empty = {"axes": ["tokens"], "grid": {"tokens": []}, "seconds": []}
+    assert profile.table_change(empty, empty) is None
+    assert profile.table_change({"eager_s": 0.0}, {"eager_s": 0.1}) is None, "not a table"
+
+
+def test_profile_over_an_existing_one_prints_each_tables_change_unless_quiet(tmp_path, capsys):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    out = tmp_path / "tiny.json"
+    args = ["profile", "--model", "tiny", "--catalog", str(tmp_path / "tiny.yaml"), "--device", "cpu", "--quick",
+            "--gpu-name", "h200-141gb", "--out", str(out)]
+    assert main([*args, "--quiet"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--quiet"]) == 0 and "replaces" not in capsys.readouterr().err
+    assert main(args) == 0
+    assert "profile tiny: linear against the profile it replaces: after / before, by cell: median" \
+        in capsys.readouterr().err
 
 
 def test_a_profile_written_over_another_of_its_model_says_how_each_table_moved(written, tmp_path):
@@ -307,4 +327,5 @@ def test_a_profile_written_over_another_of_its_model_says_how_each_table_moved(w
                for ln in lines)
     assert any(ln.startswith("attn_decode against") and "median 1.000" in ln for ln in lines)
     assert profile.replaced_changes(path, {**again, "model": "other"}) == []
+    assert profile.replaced_changes(path, {**again, "block_size": 32}) == [], "other settings: no comparison"
     assert profile.replaced_changes(tmp_path / "none.json", again) == []
