@@ -171,39 +171,45 @@ def load_pair(sim_dir, exec_dir) -> tuple[Run, Run]:
 
 
 # --- latency and throughput -----------------------------------------------------------------------
-def latency_errors(sim: pd.DataFrame, exe: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-    """Percentiles of each metric over the requests finished in both runs, and their signed errors."""
+def matched_values(sim: pd.DataFrame, exe: pd.DataFrame) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], int]:
+    """Per metric of `METRICS`, the simulated and executed values of the requests finished in both
+    runs where both are finite (the same requests in both arrays, in one order), and how many
+    requests finished in both."""
     a = sim[sim.status == "finished"].set_index("request_id")
     b = exe[exe.status == "finished"].set_index("request_id")
     both = a.index.intersection(b.index)
-    rows = []
+    values = {}
     for m in METRICS:
         x = a.loc[both, f"{m}_s"].to_numpy(np.float64)
         y = b.loc[both, f"{m}_s"].to_numpy(np.float64)
         ok = np.isfinite(x) & np.isfinite(y)
+        values[m] = (x[ok], y[ok])
+    return values, int(len(both))
+
+
+def latency_errors(sim: pd.DataFrame, exe: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Percentiles of each metric over the requests finished in both runs, and their signed errors."""
+    values, matched = matched_values(sim, exe)
+    rows = []
+    for m, (x, y) in values.items():
         for p in PERCENTILES:
-            sp = float(np.percentile(x[ok], p)) if ok.any() else math.nan
-            ep = float(np.percentile(y[ok], p)) if ok.any() else math.nan
+            sp = float(np.percentile(x, p)) if len(x) else math.nan
+            ep = float(np.percentile(y, p)) if len(y) else math.nan
             rows.append({"metric": m, "percentile": p, "sim_s": sp, "exec_s": ep, "err": signed_err(sp, ep)})
-    return pd.DataFrame(rows), int(len(both))
+    return pd.DataFrame(rows), matched
 
 
 def request_errors(sim: pd.DataFrame, exe: pd.DataFrame) -> pd.DataFrame:
     """Each metric's signed error request by request over the requests finished in both runs (with a
     finite, positive executed value): the median, the 10th and 90th percentiles of those errors, and
     how many requests they cover."""
-    a = sim[sim.status == "finished"].set_index("request_id")
-    b = exe[exe.status == "finished"].set_index("request_id")
-    both = a.index.intersection(b.index)
     rows = []
-    for m in METRICS:
-        x = a.loc[both, f"{m}_s"].to_numpy(np.float64)
-        y = b.loc[both, f"{m}_s"].to_numpy(np.float64)
-        ok = np.isfinite(x) & np.isfinite(y) & (y > 0)
-        e = (x[ok] - y[ok]) / y[ok]
+    for m, (x, y) in matched_values(sim, exe)[0].items():
+        pos = y > 0
+        e = (x[pos] - y[pos]) / y[pos]
         q = np.percentile(e, [50, 10, 90]) if len(e) else [math.nan] * 3
         rows.append({"metric": m, "median": float(q[0]), "p10": float(q[1]), "p90": float(q[2]),
-                     "requests": int(ok.sum())})
+                     "requests": int(pos.sum())})
     return pd.DataFrame(rows)
 
 
