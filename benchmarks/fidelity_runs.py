@@ -162,7 +162,8 @@ def cmd_results(a) -> int:
         print("fidelity_runs.py results: --added-tables-lease and --same-lease say different things; give one",
               file=sys.stderr)
         return 2
-    if a.added_tables_lease and a.markdown and not added_tables(exec_dir, sim_dir):
+    added = added_tables(exec_dir, sim_dir) if a.added_tables_lease and a.markdown else None
+    if added is not None and not added:
         print(f"fidelity_runs.py results: --added-tables-lease: the profiles pricing the twins in {a.sim} hold no "
               f"table measured by `blocksim profile --add-table` (a `measured` key); leave the flag out",
               file=sys.stderr)
@@ -215,7 +216,7 @@ def cmd_results(a) -> int:
             again = kind_errors(exec_dir, priced, Path(a.repeat), again_priced)
         twice = repeats(moves, earlier=a.added_tables_lease)
         Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced, twice + again if twice else "", moved, a,
-                                                 moves))
+                                                 moves, added))
     print(f"{len(rows)} comparisons written to {a.json}")
     return 0
 
@@ -656,14 +657,14 @@ def commands_block(a, devices: list[str]) -> str:
 
 
 def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str, moved: str, args,
-                 moves: dict | None = None) -> str:
+                 moves: dict | None = None, added: dict[str, list[str]] | None = None) -> str:
     """benchmarks/FIDELITY.md: how the figures were made (`args`: those of `results`) and the
-    generated tables (`moves`: `repeat_moves`, for which figures can be judged)."""
+    generated tables (`moves`: `repeat_moves`, for which figures can be judged; `added`:
+    `added_tables`, with --added-tables-lease)."""
     devices = sorted({json.loads(p.read_text()).get("device", "?") for p in exec_dir.glob("*/executor.json")})
     torch_v = sorted({json.loads(p.read_text()).get("torch", "?") for p in exec_dir.glob("*/executor.json")})
     out = [HEADER.format(devices=", ".join(devices), torch=", ".join(torch_v),
-                         lease=lease_note(args.same_lease, exec_dir, bool(repeated),
-                                          added_tables(exec_dir, Path(args.sim)) if args.added_tables_lease else None),
+                         lease=lease_note(args.same_lease, exec_dir, bool(repeated), added),
                          commands=commands_block(args, devices))]
     done = {p.parent.name for p in exec_dir.glob("*/executor.json")}
     want = [run_name(t, p, m) for m in MODELS for t in SLICES for p in PRESETS]
