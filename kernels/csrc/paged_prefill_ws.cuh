@@ -78,8 +78,13 @@ constexpr int kConsumerWarps = 8;
 constexpr int kBarriers = 2 * (kKStages + kVStages + kQStages);
 // each consumer warp's output rows, staged before they are stored as whole rows
 constexpr int kOutWarpBytes = 16 * kHead * 2;
+// after the mbarriers, one slot per Q buffer: the item the producer copied that buffer's rows for
+// (wg::Item, 32 bytes), which the consumers read instead of running the Schedule themselves
+constexpr int kBarBytes = 128;
+constexpr int kItemBytes = 32;
+static_assert(kBarriers * 8 <= kBarBytes && sizeof(wg::Item) == kItemBytes, "mbarriers and item slots");
 constexpr int kSmemBytes = kQStages * kQBytes + (kKStages + kVStages) * kTileBytes + kConsumerWarps * kOutWarpBytes +
-                           kBarriers * 8 + 1024;  // + alignment slack
+                           kBarBytes + kQStages * kItemBytes + 1024;  // + alignment slack
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
 // named barriers (0 is __syncthreads): the consumers' turns at the tensor cores
 constexpr int kTurnBarrier0 = 1;
@@ -89,18 +94,24 @@ constexpr int kStoreBarrier0 = 3;  // each consumer's 128 threads before its TMA
 // alternating direction (block b takes item b of round 0, grid - 1 - b of round 1, ...), so that
 // each block's items add up to about the same work where the row blocks of a band have decreasing
 // keys; items past a sequence's rows, or with no keys (a context shorter than its new tokens, which only
-// validate=False lets through), are skipped. The producer and the consumers walk it alike.
+// validate=False lets through), are skipped. Only the producer walks it: it hands each item to the
+// consumers with the item's Q rows (the Q buffer's item slot), so that item_at's divisions and reads
+// run once an item, under the copies, and not at each consumer's item start.
 struct Schedule {
   int round = -1;
+  // The next item's index and, in `it`, the item (-1 and n_tiles 0 past the block's last)
   __device__ __forceinline__ int next(const PagedPrefillParams& p, int num_items, int pairs, int m_blocks, int band,
-                                      int group) {
+                                      int group, wg::Item& it) {
     for (;;) {
       ++round;
-      if (round * static_cast<int>(gridDim.x) >= num_items) return -1;
+      if (round * static_cast<int>(gridDim.x) >= num_items) {
+        it.n_tiles = 0;
+        return -1;
+      }
       const int b = (round & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
       const int idx = round * gridDim.x + b;
       if (idx >= num_items) continue;
-      const wg::Item it = wg::item_at(p, idx, pairs, m_blocks, band, group);
+      it = wg::item_at(p, idx, pairs, m_blocks, band, group);
       if (it.m0 < it.rows && it.n_tiles > 0) return idx;  // no tiles: lengths that contradict each other
     }
   }
@@ -203,6 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
   auto v_empty = [&](int s) { return bars + 8 * (2 * kKStages + kVStages + s); };
   auto q_full = [&](int s) { return bars + 8 * (2 * (kKStages + kVStages) + s); };
   auto q_empty = [&](int s) { return bars + 8 * (2 * (kKStages + kVStages) + kQStages + s); };
+  auto item_slot = [&](int s) { return bars + kBarBytes + kItemBytes * s; };
   if (tid == 0) {
     for (int s = 0; s < kKStages; ++s) {
       mbar_init(k_full(s), 128);
@@ -213,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
       mbar_init(v_empty(s), kConsumerWarps);
     }
     for (int s = 0; s < kQStages; ++s) {
-      mbar_init(q_full(s), 128);
+      mbar_init(q_full(s), 129);  // the producer's 128 threads, and its thread 0 once more for the item slot
       mbar_init(q_empty(s), kConsumerWarps);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -238,11 +250,26 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
     RingPos<kKStages> kpos;
     RingPos<kVStages> vpos;
     RingPos<kQStages> qring;
-    // The Q rows of item idx into the next Q buffer: packed row R = m0 + row0 + 8 i is new token
-    // R / group of query head kvh * group + R % group.
-    auto copy_q = [&](int idx) {
-      const wg::Item it = wg::item_at(p, idx, pairs, m_blocks, band, group);
+    // The item `it` into the next Q buffer's item slot (thread 0, released to the consumers by an
+    // arrival of its own on the buffer's full barrier), and, unless it is the end (n_tiles 0), its Q
+    // rows into the buffer: packed row R = m0 + row0 + 8 i is new token R / group of query head
+    // kvh * group + R % group.
+    auto copy_q = [&](const wg::Item& it) {
       mbar_wait(q_empty(qring.stage), qring.phase ^ 1u);
+      if (tid == 0) {
+        asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};\n" ::"r"(item_slot(qring.stage)), "r"(it.seq),
+                     "r"(it.kvh), "r"(it.m0), "r"(it.rows)
+                     : "memory");
+        asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};\n" ::"r"(item_slot(qring.stage) + 16), "r"(it.q_start),
+                     "r"(it.cached), "r"(it.kv_end), "r"(it.n_tiles)
+                     : "memory");
+        mbar_arrive(q_full(qring.stage));
+      }
+      if (it.n_tiles <= 0) {  // the end of the block's items: no rows to copy
+        mbar_arrive(q_full(qring.stage));
+        qring.advance();
+        return;
+      }
       if (tma_rows) {
         // the item's 64-row blocks that hold rows of the sequence, each as two boxes of 64 head
         // dims by TMA (rows of a block past the sequence's end load other tokens or zeros: their
@@ -274,11 +301,11 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
       qring.advance();
     };
     Schedule sched;
-    int idx = sched.next(p, num_items, pairs, m_blocks, band, group);
-    if (idx >= 0) copy_q(idx);
+    // the item being copied; the next one's computed after its tiles are issued
+    wg::Item it{};
+    int idx = sched.next(p, num_items, pairs, m_blocks, band, group, it);
+    copy_q(it);  // or the end
     while (idx >= 0) {
-      const int next = sched.next(p, num_items, pairs, m_blocks, band, group);
-      const wg::Item it = wg::item_at(p, idx, pairs, m_blocks, band, group);
       const int* const table = p.block_tables + static_cast<int64_t>(it.seq) * p.max_blocks_per_seq;
       // the block id of tile n's e-th block (lane e holds it; -1 past the item's keys)
       auto tile_ids = [&](int n) {
@@ -344,8 +371,8 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
         copy_v(n, ids_cur);
         ids_cur = ids_next;
       }
-      if (next >= 0) copy_q(next);
-      idx = next;
+      idx = sched.next(p, num_items, pairs, m_blocks, band, group, it);
+      copy_q(it);  // or the end
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy may still target shared memory when the block exits
   } else {
@@ -368,14 +395,21 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
     auto release = [&](uint32_t bar) {
       if (lane == 0) mbar_arrive(bar);
     };
-    Schedule sched;
     for (;;) {
-      const int idx = sched.next(p, num_items, pairs, m_blocks, band, group);
-      if (idx < 0) break;
       const int q_stage = qring.stage;
       mbar_wait(q_full(q_stage), qring.phase);
       qring.advance();
-      const wg::Item it = wg::item_at(p, idx, pairs, m_blocks, band, group);
+      // the item the producer copied this buffer's rows for (n_tiles 0: the block's items are done)
+      wg::Item it;
+      asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(it.seq), "=r"(it.kvh), "=r"(it.m0), "=r"(it.rows)
+                   : "r"(item_slot(q_stage))
+                   : "memory");
+      asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(it.q_start), "=r"(it.cached), "=r"(it.kv_end), "=r"(it.n_tiles)
+                   : "r"(item_slot(q_stage) + 16)
+                   : "memory");
+      if (it.n_tiles <= 0) break;
       const int n_tiles = it.n_tiles;
       const int wg_row0 = it.m0 + cw * 64;
       const int wg_first_pos = it.cached + wg_row0 / group;
