@@ -2,6 +2,11 @@
 against a cost per tile of products, fitted on the `prefill` section's c = 0 shapes (no GPU).
 
     python kernels/bench/item_costs.py kernels/results/h200-prefill.json [--sms 132]
+    python kernels/bench/item_costs.py kernels/results/ws-variants/h100-c0-handoff-item-handoff1.json
+
+The input is the `prefill` section's JSON, or an `ab-TAG.json` of `kernels/bench/ab_c0.py` (config
+7 and the fastest SDPA backend on the c = 0 shapes of one build, as `kernels/bench/ab_builds.sh`
+writes them; the heads are the section's, `PREFILL_HEADS`).
 
 The warp-specialized kernel's work is items of 128 packed query rows of one (sequence, KV head)
 pair, each over the key tiles of 128 keys its rows see (the causal band). Per shape this counts
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -57,15 +63,40 @@ def fit(rows: list[dict], sms: int) -> list[dict]:
     return out
 
 
+#: the prefill section's model heads (kernels.bench.prefill.PREFILL_HEADS, repeated here so that this
+#: script needs no torch): model -> (query heads, KV heads)
+HEADS = {"llama-3-8b": (32, 8), "llama-2-7b": (32, 32)}
+
+
+def section_rows(res) -> tuple[list[dict], str]:
+    """The c = 0 rows of either input as the `prefill` section's (`paged`, `sdpa`, `heads`, `kv_heads`),
+    and what to call the measurement."""
+    if isinstance(res, dict):
+        return res["prefill"], res.get("device", "")
+    rows = []
+    for r in res:
+        if r.get("model") not in HEADS or "ms7" not in r:
+            raise ValueError(f"an ab_c0 row needs a model of {sorted(HEADS)} and ms7 / ms_sdpa: {r}")
+        h, kv = HEADS[r["model"]]
+        rows.append({"model": r["model"], "shape": r["shape"], "paged": r["ms7"], "sdpa": r["ms_sdpa"],
+                     "heads": h, "kv_heads": kv})
+    return rows, f"ab_c0 build {res[0].get('tag', '?')}" if res else "ab_c0"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", help="a JSON of `python -m kernels.bench --sections prefill --json`")
+    ap.add_argument("results", help="a JSON of `python -m kernels.bench --sections prefill --json`, or an "
+                    "ab-TAG.json of kernels/bench/ab_c0.py")
     ap.add_argument("--sms", type=int, default=132, help="the GPU's SMs (H100 SXM and H200: 132)")
     ap.add_argument("--json", help="write the fits here")
     a = ap.parse_args()
-    res = json.loads(Path(a.results).read_text())
-    fits = fit(res["prefill"], a.sms)
-    print(f"{res.get('device', a.results)}, {a.sms} SMs")
+    try:
+        rows, what = section_rows(json.loads(Path(a.results).read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"item_costs.py: {a.results}: not a prefill section or ab_c0 JSON ({e})", file=sys.stderr)
+        return 2
+    fits = fit(rows, a.sms)
+    print(f"{what or a.results}, {a.sms} SMs")
     for f in fits:
         worst = max(abs(m / v - 1) for m, v in zip(f["fitted_us"], f["measured_us"]))
         print(f"{f['model']:<11} {f['kernel']:<6} {f['us_per_tile_step']:.2f} us per tile step + "

@@ -1,5 +1,6 @@
 """kernels.bench's offline parts (no GPU): the sweep plot redrawn from a results file, the paired
-statistics, the alternating order of measurements, the SDPA backend names and the command line."""
+statistics, the alternating order of measurements, the SDPA backend names, the command line and the
+per-item cost fit (`kernels/bench/item_costs.py`)."""
 from __future__ import annotations
 
 import json
@@ -190,3 +191,50 @@ def test_stall_summary_reads_a_saved_source_page(tmp_path, capsys):
     assert "producer's copy code (SASS rows 1-3): 40.0% of samples, 90.0% of instructions" in out
     lines = out.strip().splitlines()
     assert "HGMMA" in lines[-2] and "LDGSTS" in lines[-1]
+
+
+def _item_costs():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "kernels" / "bench" / "item_costs.py"
+    spec = importlib.util.spec_from_file_location("item_costs", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_item_costs_count_the_causal_band():
+    ic = _item_costs()
+    # one sequence of 256 tokens, MHA: 2 row blocks of 128, the first sees 1 key tile, the second 2
+    assert ic.counts(1, 256, 8, 8) == (2 * 8, 3 * 8)
+    # GQA 4: 128 packed rows are 32 tokens; 512 tokens -> 16 row blocks, row block r sees r // 4 + 1 tiles
+    items, steps = ic.counts(1, 512, 32, 8)
+    assert items == 16 * 8 and steps == sum(r // 4 + 1 for r in range(16)) * 8
+
+
+def test_item_costs_recover_the_costs_from_either_input(tmp_path, capsys, monkeypatch):
+    ic = _item_costs()
+    shapes = [(1, 0, 2048), (1, 0, 8192), (8, 0, 1024), (32, 0, 512)]
+    a_step, b_item = 2.2e-3, 1.5e-3  # ms per tile step and per item, per SM
+    ab, section = [], []
+    for model, (h, kv) in ic.HEADS.items():
+        for s in shapes:
+            items, steps = ic.counts(s[0], s[2], h, kv)
+            ms = (a_step * steps + b_item * items) / 132
+            ab.append({"tag": "x1", "model": model, "shape": list(s), "ms7": ms, "ms_sdpa": 2 * ms})
+            section.append({"model": model, "shape": list(s), "paged": ms, "sdpa": 2 * ms, "heads": h,
+                            "kv_heads": kv})
+    rows, what = ic.section_rows(ab)
+    assert what == "ab_c0 build x1" and rows == section
+    for f in ic.fit(rows, 132):
+        k = 2 if f["kernel"] == "sdpa" else 1
+        assert f["us_per_tile_step"] == pytest.approx(k * 2.2) and f["us_per_item"] == pytest.approx(k * 1.5)
+    (tmp_path / "ab.json").write_text(json.dumps(ab))
+    monkeypatch.setattr("sys.argv", ["item_costs.py", str(tmp_path / "ab.json")])
+    assert ic.main() == 0
+    assert "2.20 us per tile step + 1.50 us per item" in capsys.readouterr().out
+    (tmp_path / "bad.json").write_text(json.dumps([{"model": "gpt-2", "shape": [1, 0, 8]}]))
+    monkeypatch.setattr("sys.argv", ["item_costs.py", str(tmp_path / "bad.json")])
+    assert ic.main() == 2
+    err = capsys.readouterr().err
+    assert "bad.json" in err and "ab_c0" in err and err.count("\n") == 1
