@@ -69,18 +69,38 @@ HEADS = {"llama-3-8b": (32, 8), "llama-2-7b": (32, 32)}
 
 
 def section_rows(res) -> tuple[list[dict], str]:
-    """The c = 0 rows of either input as the `prefill` section's (`paged`, `sdpa`, `heads`, `kv_heads`),
-    and what to call the measurement."""
+    """The rows of either input as the `prefill` section's (`model`, `shape`, `paged`, `sdpa`, `heads`,
+    `kv_heads`), and what to call the measurement; ValueError names what is wrong with the input."""
     if isinstance(res, dict):
-        return res["prefill"], res.get("device", "")
-    rows = []
-    for r in res:
-        if r.get("model") not in HEADS or "ms7" not in r:
-            raise ValueError(f"an ab_c0 row needs a model of {sorted(HEADS)} and ms7 / ms_sdpa: {r}")
-        h, kv = HEADS[r["model"]]
-        rows.append({"model": r["model"], "shape": r["shape"], "paged": r["ms7"], "sdpa": r["ms_sdpa"],
-                     "heads": h, "kv_heads": kv})
-    return rows, f"ab_c0 build {res[0].get('tag', '?')}" if res else "ab_c0"
+        rows, what, keys = res.get("prefill"), res.get("device", ""), ("paged", "sdpa")
+        if not isinstance(rows, list):
+            raise ValueError("no 'prefill' list")
+    elif isinstance(res, list):
+        rows, what, keys = res, "ab_c0", ("ms7", "ms_sdpa")
+    else:
+        raise ValueError("neither a prefill section (an object) nor an ab_c0 file (a list)")
+    out = []
+    for n, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise ValueError(f"row {n} is not an object")
+        model, shape = r.get("model"), r.get("shape")
+        if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(v, int) and v >= 0 for v in shape)):
+            raise ValueError(f"row {n}: shape must be [batch, cached, new], got {shape!r}")
+        times = [r.get(k) for k in keys]
+        if not all(isinstance(t, (int, float)) and math.isfinite(t) and t > 0 for t in times):
+            raise ValueError(f"row {n}: {' and '.join(keys)} must be positive times in ms, got {times!r}")
+        if keys[0] == "ms7":
+            if model not in HEADS:
+                raise ValueError(f"row {n}: model must be one of {sorted(HEADS)}, got {model!r}")
+            heads = HEADS[model]
+            what = f"ab_c0 build {r.get('tag', '?')}"
+        else:
+            heads = (r.get("heads"), r.get("kv_heads"))
+            if not all(isinstance(h, int) and h > 0 for h in heads) or heads[0] % heads[1]:
+                raise ValueError(f"row {n}: heads and kv_heads must be positive, heads a multiple of kv_heads")
+        out.append({"model": model, "shape": shape, "paged": times[0], "sdpa": times[1], "heads": heads[0],
+                    "kv_heads": heads[1]})
+    return out, what
 
 
 def main() -> int:
@@ -92,10 +112,12 @@ def main() -> int:
     a = ap.parse_args()
     try:
         rows, what = section_rows(json.loads(Path(a.results).read_text()))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        print(f"item_costs.py: {a.results}: not a prefill section or ab_c0 JSON ({e})", file=sys.stderr)
+        fits = fit(rows, a.sms)
+        if not fits:
+            raise ValueError("no model has two c = 0 shapes or more to fit")
+    except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+        print(f"item_costs.py: {a.results}: not a prefill section or ab_c0 JSON to fit ({e})", file=sys.stderr)
         return 2
-    fits = fit(rows, a.sms)
     print(f"{what or a.results}, {a.sms} SMs")
     for f in fits:
         worst = max(abs(m / v - 1) for m, v in zip(f["fitted_us"], f["measured_us"]))

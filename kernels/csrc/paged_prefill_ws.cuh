@@ -83,6 +83,10 @@ constexpr int kOutWarpBytes = 16 * kHead * 2;
 constexpr int kBarBytes = 128;
 constexpr int kItemBytes = 32;
 static_assert(kBarriers * 8 <= kBarBytes && sizeof(wg::Item) == kItemBytes, "mbarriers and item slots");
+// the item slots are read and written as 16-byte vectors: their offset from the 1024-aligned base
+static_assert((kQStages * kQBytes + (kKStages + kVStages) * kTileBytes + kConsumerWarps * kOutWarpBytes + kBarBytes) %
+                      16 == 0 && kItemBytes % 16 == 0,
+              "16-byte aligned item slots");
 constexpr int kSmemBytes = kQStages * kQBytes + (kKStages + kVStages) * kTileBytes + kConsumerWarps * kOutWarpBytes +
                            kBarBytes + kQStages * kItemBytes + 1024;  // + alignment slack
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");

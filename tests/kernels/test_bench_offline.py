@@ -233,8 +233,31 @@ def test_item_costs_recover_the_costs_from_either_input(tmp_path, capsys, monkey
     monkeypatch.setattr("sys.argv", ["item_costs.py", str(tmp_path / "ab.json")])
     assert ic.main() == 0
     assert "2.20 us per tile step + 1.50 us per item" in capsys.readouterr().out
-    (tmp_path / "bad.json").write_text(json.dumps([{"model": "gpt-2", "shape": [1, 0, 8]}]))
+
+
+@pytest.mark.parametrize("bad, says", [
+    ([], "two c = 0 shapes"),
+    ({"prefill": []}, "two c = 0 shapes"),
+    ({"device": "x"}, "no 'prefill' list"),
+    ({"prefill": 5}, "no 'prefill' list"),
+    ("x", "neither a prefill section"),
+    ([1, 2], "row 0 is not an object"),
+    ([{"model": "gpt-2", "shape": [1, 0, 8], "ms7": 1.0, "ms_sdpa": 1.0}], "model must be one of"),
+    ([{"model": "llama-2-7b", "shape": "x", "ms7": 1.0, "ms_sdpa": 1.0}], "shape must be"),
+    ([{"model": "llama-2-7b", "shape": [1, 0, 512], "ms7": None, "ms_sdpa": 1.0}], "positive times"),
+    ([{"model": "llama-2-7b", "shape": [1, 0, 512], "ms7": 1.0}], "positive times"),
+    ({"prefill": [{"model": "m", "shape": [1, 0, 512], "paged": 1.0, "sdpa": 1.0, "heads": 32, "kv_heads": 5}]},
+     "heads a multiple of kv_heads"),
+])
+def test_item_costs_refuse_what_they_cannot_fit_in_one_line(bad, says, tmp_path, capsys, monkeypatch):
+    ic = _item_costs()
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
     monkeypatch.setattr("sys.argv", ["item_costs.py", str(tmp_path / "bad.json")])
     assert ic.main() == 2
     err = capsys.readouterr().err
-    assert "bad.json" in err and "ab_c0" in err and err.count("\n") == 1
+    assert "bad.json" in err and says in err and err.count("\n") == 1
+
+
+def test_item_costs_heads_are_the_prefill_sections():
+    from kernels.bench.prefill import PREFILL_HEADS
+    assert _item_costs().HEADS == {m: (h, kv) for m, h, kv in PREFILL_HEADS}
