@@ -235,6 +235,33 @@ def test_long_contexts(config, cached, new):
     check(build(cached=cached, new=new, num_heads=8, num_kv_heads=2, block_size=64), config=config)
 
 
+@pytest.mark.parametrize("config", WGMMA)
+@pytest.mark.parametrize("block_size", [8, 16, 64])
+def test_block_ids_outside_the_cache_read_as_zeros_without_validate(block_size, config):
+    """validate=False trusts the block ids: the warpgroup kernels read an entry outside the cache
+    (past its last block, or negative) as a block of zeros, without reading memory. The reference
+    reads those entries from a zeroed block the sequences do not use."""
+    a = build(cached=[300, 0, 1000], new=[200, 257, 64], num_heads=32, num_kv_heads=8, block_size=block_size)
+    nb = a["key_cache"].shape[0]
+    tables = a["block_tables"].clone()
+    bad = {(0, 3): nb, (1, 0): nb + 5, (2, 1000 // block_size - 2): 2 ** 31 - 1, (2, 1): -3}
+    spare = int(a["block_tables"][0, -1])  # the NaN block of every unused entry: read by none of the keys
+    ref_tables = tables.clone()
+    for (s, j), bid in bad.items():
+        tables[s, j] = bid
+        ref_tables[s, j] = spare
+    kc, vc = a["key_cache"].clone(), a["value_cache"].clone()
+    kc[spare] = 0
+    vc[spare] = 0
+    out = torch.full_like(a["query"], float("nan"))
+    kernels.paged_prefill_attention(out, a["query"], a["key_cache"], a["value_cache"], 8, a["scale"], tables,
+                                    a["query_start_loc"], a["context_lens"], block_size, max_query_len=257,
+                                    max_context_len=1064, validate=False, config=config)
+    want = fast_reference.paged_prefill_attention(None, a["query"].float(), kc, vc, 8, a["scale"], ref_tables,
+                                                  a["query_start_loc"], a["context_lens"], None)
+    assert_attention_close(out, want, atol=ATOL[torch.float16], rel=REL[torch.float16])
+
+
 @pytest.mark.parametrize("config", [0, *WGMMA])
 def test_graph_capture_with_given_lengths(config):
     a = build(cached=[100, 0], new=[50, 300], num_heads=32, num_kv_heads=8)
