@@ -162,7 +162,8 @@ def cmd_results(a) -> int:
         print("fidelity_runs.py results: --added-tables-lease and --same-lease say different things; give one",
               file=sys.stderr)
         return 2
-    added = added_tables(exec_dir, sim_dir) if a.added_tables_lease and a.markdown else None
+    measured = measured_tables(exec_dir, sim_dir) if a.added_tables_lease and a.markdown else None
+    added = None if measured is None else added_tables(measured)
     if added is not None and not added:
         print(f"fidelity_runs.py results: --added-tables-lease: the profiles pricing the twins in {a.sim} hold no "
               f"table measured by `blocksim profile --add-table` (a `measured` key); leave the flag out",
@@ -216,7 +217,7 @@ def cmd_results(a) -> int:
             again = kind_errors(exec_dir, priced, Path(a.repeat), again_priced)
         twice = repeats(moves, earlier=a.added_tables_lease)
         Path(a.markdown).write_text(markdown_doc(rows, exec_dir, priced, twice + again if twice else "", moved, a,
-                                                 moves, added))
+                                                 moves, added, None if measured is None else added_commands(measured)))
     print(f"{len(rows)} comparisons written to {a.json}")
     return 0
 
@@ -544,26 +545,26 @@ def first_copies(exec_dir: Path) -> str:
             "simulation does not price.")
 
 
-def added_tables(exec_dir: Path, sim_dir: Path) -> dict[str, list[str]]:
-    """The tables that the profiles pricing the runs' profiled twins hold under a ``measured`` key
-    (added or measured again by `blocksim profile --add-table`), each with the days they were measured."""
+def added_tables(measured: list[tuple[str, dict]]) -> dict[str, list[str]]:
+    """The tables of `measured` (`measured_tables`: added or measured again by `blocksim profile
+    --add-table`), each with the days they were measured."""
     out: dict[str, set[str]] = {}
-    for name, measured in _measured(exec_dir, sim_dir):
-        out.setdefault(name, set()).add(str(measured.get("utc", "?"))[:10])
+    for name, m in measured:
+        out.setdefault(name, set()).add(str(m.get("utc", "?"))[:10])
     return {k: sorted(v) for k, v in sorted(out.items())}
 
 
-def added_commands(exec_dir: Path, sim_dir: Path) -> list[str]:
+def added_commands(measured: list[tuple[str, dict]]) -> list[str]:
     """The `blocksim profile --add-table` commands (as each table's ``measured`` key records them)
-    that measured the tables `added_tables` names."""
-    return sorted({str(m["command"]) for _, m in _measured(exec_dir, sim_dir) if m.get("command")})
+    that measured the tables of `measured` (`measured_tables`)."""
+    return sorted({str(m["command"]) for _, m in measured if m.get("command")})
 
 
-def _measured(exec_dir: Path, sim_dir: Path):
+def measured_tables(exec_dir: Path, sim_dir: Path) -> list[tuple[str, dict]]:
     """(table name, its ``measured`` dict) for each table so marked in the profiles pricing the runs'
-    profiled twins."""
+    profiled twins, each profile read once."""
     from validation.profile import shipped_name
-    seen = set()
+    out, seen = [], set()
     for run in sorted(p.parent for p in exec_dir.glob("*/executor.json")):
         base = sim_dir / "profiled" / run.name
         if not (base / "summary.json").exists():
@@ -576,7 +577,8 @@ def _measured(exec_dir: Path, sim_dir: Path):
         seen.add(src)
         for name, table in json.loads(src.read_text())["components"].items():
             if isinstance(table, dict) and isinstance(table.get("measured"), dict):
-                yield name, table["measured"]
+                out.append((name, table["measured"]))
+    return out
 
 
 def lease_note(same_lease: bool, exec_dir: Path, repeated: bool = False,
@@ -621,8 +623,9 @@ def lease_note(same_lease: bool, exec_dir: Path, repeated: bool = False,
     return textwrap.fill(text + first_copies(exec_dir), 100)
 
 
-def commands_block(a, devices: list[str]) -> str:
-    """The commands that make the document from these arguments of `results` (the device's first)."""
+def commands_block(a, devices: list[str], added: list[str] | None = None) -> str:
+    """The commands that make the document from these arguments of `results` (the device's first;
+    `added`: the `--add-table` commands, `added_commands`, with --added-tables-lease)."""
     h100 = devices and all("H100" in d for d in devices)
     lines = ["# on the GPU, the profiles and the executed runs on one lease",
              "bash benchmarks/fidelity_h100.sh" if h100 else
@@ -633,7 +636,7 @@ def commands_block(a, devices: list[str]) -> str:
                  *lines[1:],
                  f"# on a later lease, the profiles' tables measured again (through benchmarks/profile_add_table.sh), "
                  f"then the slices executed (into {a.exec})",
-                 *added_commands(Path(a.exec), Path(a.sim)),
+                 *(added or []),
                  'PROFILE_MODELS="" bash benchmarks/fidelity_h100.sh' if h100 else
                  'GPU=h200-141gb PROFILE_MODELS="" RUN_MODELS="llama-2-7b llama-3-8b" bash benchmarks/fidelity_device.sh']
     elif a.repeat:
@@ -657,15 +660,16 @@ def commands_block(a, devices: list[str]) -> str:
 
 
 def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str, moved: str, args,
-                 moves: dict | None = None, added: dict[str, list[str]] | None = None) -> str:
+                 moves: dict | None = None, added: dict[str, list[str]] | None = None,
+                 added_cmds: list[str] | None = None) -> str:
     """benchmarks/FIDELITY.md: how the figures were made (`args`: those of `results`) and the
     generated tables (`moves`: `repeat_moves`, for which figures can be judged; `added`:
-    `added_tables`, with --added-tables-lease)."""
+    `added_tables` and `added_cmds`: `added_commands`, with --added-tables-lease)."""
     devices = sorted({json.loads(p.read_text()).get("device", "?") for p in exec_dir.glob("*/executor.json")})
     torch_v = sorted({json.loads(p.read_text()).get("torch", "?") for p in exec_dir.glob("*/executor.json")})
     out = [HEADER.format(devices=", ".join(devices), torch=", ".join(torch_v),
                          lease=lease_note(args.same_lease, exec_dir, bool(repeated), added),
-                         commands=commands_block(args, devices))]
+                         commands=commands_block(args, devices, added_cmds))]
     done = {p.parent.name for p in exec_dir.glob("*/executor.json")}
     want = [run_name(t, p, m) for m in MODELS for t in SLICES for p in PRESETS]
     missing = [w for w in want if w not in done]

@@ -295,7 +295,7 @@ def test_the_lease_note_names_the_tables_measured_on_the_runs_lease(tmp_path):
     (sim / "profiled" / run.name).mkdir(parents=True)
     (sim / "profiled" / run.name / "summary.json").write_text(
         json.dumps({"cost_model": {"name": "profiled", "profile": str(prof)}}))
-    added = fr.added_tables(exec_dir, sim)
+    added = fr.added_tables(fr.measured_tables(exec_dir, sim))
     assert added == {"attn_decode": ["2026-12-05"], "decode_step": ["2026-12-06"]}
     note = " ".join(fr.lease_note(False, exec_dir, repeated=True, added=added).split())
     assert "`attn_decode`, `decode_step`" in note and "2026-12-05, 2026-12-06" in note and "`linear`" not in note
