@@ -18,6 +18,9 @@ vllm-chunked on a cache of `BLOCKS` GPU blocks (memory under pressure: requests 
 or are preempted), and a swapping configuration (n = 2 samples per request, `SWAP_BLOCKS` blocks,
 preemption by swap). The simulated twin of an executed run uses the executed run's configuration
 (its summary.json) and trace slice.
+
+``moves --before REV`` simulates every slice and preset with the shipped profiles as of a git
+revision and with the working tree's, and gives how far each figure moves (a table measured again).
 """
 
 from __future__ import annotations
@@ -758,6 +761,74 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+MOVE_KEYS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s", "output_tokens_per_s")
+
+
+def profiles_at(rev: str, dest: Path) -> Path | None:
+    """The shipped profiles as of git revision `rev` (a directory is taken as it is), in `dest`;
+    None, after one line on stderr, where `rev` is neither."""
+    if Path(rev).is_dir():
+        return Path(rev)
+    names = subprocess.run(["git", "ls-tree", "--name-only", rev, "blocksim/profiles/"], cwd=ROOT,
+                           capture_output=True, text=True)
+    if names.returncode != 0 or not names.stdout.strip():
+        print(f"moves: --before {rev}: neither a folder nor a git revision of this repository with "
+              f"blocksim/profiles; name a commit or a folder of profiles", file=sys.stderr)
+        return None
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in names.stdout.split():
+        if name.endswith(".json"):
+            text = subprocess.run(["git", "show", f"{rev}:{name}"], cwd=ROOT, capture_output=True, check=True).stdout
+            (dest / Path(name).name).write_bytes(text)
+    return dest
+
+
+def cmd_moves(a) -> int:
+    """Every slice and preset simulated with the profiles as of --before and with the shipped ones:
+    how far the simulated figures move when a profile's tables are measured again."""
+    from validation.profile import shipped_name
+    out = Path(a.out)
+    before = profiles_at(a.before, out / "profiles-before")
+    if before is None:
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    after = ROOT / "blocksim" / "profiles"
+    rows = []
+    with open(out / "moves.log", "a") as log:
+        for model in a.models:
+            name = shipped_name(model, a.gpu, "float16", 1)
+            if not (before / name).exists() or not (after / name).exists():
+                print(f"moves: {model} on {a.gpu}: no profile {name} in {before} or {after}; left out", file=sys.stderr)
+                continue
+            for trace in a.traces:
+                for preset in a.presets:
+                    path = slice_file(trace, PRESETS[preset][2], out / "traces")
+                    run = run_name(trace, preset, model)
+                    got = {}
+                    for tag, pdir in (("before", before), ("after", after)):
+                        dest = out / tag / run
+                        rc = blocksim(replay_args(path, preset, model, a.gpu, dest)
+                                      + ["--cost-model", "profiled", "--cost-profile", str(pdir / name)], log)
+                        if rc != 0:
+                            print(f"moves: {run} ({tag}) failed, rc {rc}: see {out / 'moves.log'}", file=sys.stderr)
+                            return 2
+                        got[tag] = json.loads((dest / "summary.json").read_text())
+                    row = {"run": run, "trace": trace, "preset": preset, "model": model, "gpu": a.gpu}
+                    for k in MOVE_KEYS:
+                        b, f = got["before"][k], got["after"][k]
+                        row[k] = {"before": b, "after": f, "move": (f / b - 1) if b else None}
+                    rows.append(row)
+                    print(f"moves {run}: " + ", ".join(f"{k[:-2]} {100 * row[k]['move']:+.2f}%" for k in MOVE_KEYS
+                                                     if row[k]["move"] is not None), flush=True)
+    Path(a.json).write_text(json.dumps({"before": a.before, "after": "the working tree's blocksim/profiles",
+                                        "gpu": a.gpu, "rows": rows}, indent=1) + "\n")
+    for k in MOVE_KEYS:
+        m = [abs(r[k]["move"]) for r in rows if r[k]["move"] is not None]
+        if m:
+            print(f"{k}: largest move {100 * max(m):.2f}%, median {100 * sorted(m)[len(m) // 2]:.2f}% over {len(m)} runs")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/fidelity_runs.py", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -806,6 +877,16 @@ def main(argv=None) -> int:
     v.add_argument("--step", type=float, default=0.01, help="the scale either side of 1 (default 0.01)")
     v.add_argument("--json", required=True)
     v.set_defaults(func=cmd_sensitivity)
+    m = sub.add_parser("moves", help="how far the simulated figures move between two sets of profiles")
+    m.add_argument("--before", required=True, metavar="REV|DIR",
+                   help="a git revision whose shipped profiles to compare with (or a folder of profiles)")
+    m.add_argument("--gpu", default="h200-141gb")
+    m.add_argument("--models", nargs="+", default=list(MODELS))
+    m.add_argument("--traces", nargs="+", default=list(SLICES), choices=list(SLICES))
+    m.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
+    m.add_argument("--out", required=True, help="a folder for the runs")
+    m.add_argument("--json", required=True)
+    m.set_defaults(func=cmd_moves)
     a = ap.parse_args(argv)
     return a.func(a)
 

@@ -125,7 +125,7 @@ SEQUENCES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BLOCKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 QUICK = {"TOKENS": (1, 16, 256), "LINEAR_TOKENS": (1, 16, 256), "GRAPH_TOKENS": (1, 8), "PREFILL_BATCH": (1, 2),
          "PREFILL_NEW": (16, 64), "PREFILL_CACHED": (0, 32), "DECODE_BATCH": (1, 4), "DECODE_CONTEXT": (16, 64), "STEP_BATCH": (1, 4),
-         "LONGEST": (1.0, 2.0), "SHARED_BATCH": (2, 4), "SHARED_CONTEXT": (16, 64), "PADDED_BATCH": (4,),
+         "LONGEST": (1.0, 2.0), "SHARED_BATCH": (2, 4), "SHARED_CONTEXT": (32, 64), "PADDED_BATCH": (4,),
          "PADDED_REAL": (0.5, 0.75), "PADDED_CONTEXT": (16, 64), "PADDED_PAIRS": 1, "SHARED_PAIRS": 1, "SEQUENCES": (1, 4),
          "BLOCKS": (1, 4)}
 CACHE_BYTES = 40 << 30  # the KV cache the profiler allocates (at most)
@@ -559,7 +559,8 @@ class Profiler:
         g, r = self.grid, self.runner
         from kernels.bench.stats import alternate
         sizes = [b for b in g["SHARED_BATCH"] if b in g["STEP_BATCH"]]
-        contexts = [c for c in g["SHARED_CONTEXT"] if c <= self.dims.max_model_len]
+        # a row of one block shares nothing (its last block is its own): such contexts are left out
+        contexts = [c for c in g["SHARED_CONTEXT"] if self.bs < c <= self.dims.max_model_len]
         n_pairs = int(g["SHARED_PAIRS"])
         r.capture_decode_graphs(max(sizes))
         secs, own, frac = [], [], []
@@ -862,7 +863,17 @@ def add_profile_command(subparsers) -> argparse.ArgumentParser:
 
 def _write_whole(path: Path, prof: dict) -> None:
     """The profile at `path`, written beside it first and moved into place: an interrupt leaves the
-    file as it was (a shipped profile included), never half-written."""
+    file as it was (a shipped profile included), never half-written. A profile the simulator's
+    loader would refuse is not put in place: it goes to ``<path>.rejected`` (its measurements kept)
+    and a ProfileError names the loader's complaint."""
+    from blocksim.config import ConfigError
+    from blocksim.cost.profile_file import parse_profile
+    try:
+        parse_profile(json.loads(json.dumps(prof)), str(path))
+    except ConfigError as e:
+        rejected = path.with_name(path.name + ".rejected")
+        rejected.write_text(json.dumps(prof, indent=1) + "\n")
+        raise ProfileError(f"{e}; {path} left as it was, the measured profile is in {rejected}") from None
     tmp = path.with_name(path.name + ".tmp")
     try:
         tmp.write_text(json.dumps(prof, indent=1) + "\n")
@@ -883,7 +894,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
         except ProfileError as e:
             print(str(e), file=sys.stderr)
             return 2
-        _write_whole(Path(args.out), prof)
+        try:
+            _write_whole(Path(args.out), prof)
+        except ProfileError as e:
+            print(str(e), file=sys.stderr)
+            return 2
         print(f"profile: {', '.join(args.add_table)} measured into {args.out}")
         return 0
     try:
@@ -901,7 +916,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if not args.quiet:
         for line in replaced_changes(out, prof):
             print(f"profile {prof['model']}: {line}", file=sys.stderr)
-    _write_whole(out, prof)
+    try:
+        _write_whole(out, prof)
+    except ProfileError as e:
+        print(str(e), file=sys.stderr)
+        return 2
     print(f"profile: {prof['model']} on {prof['gpu']} ({prof['device']}), written to {out}")
     return 0
 

@@ -392,3 +392,26 @@ def test_the_request_table_sets_each_runs_p50_beside_its_median_request():
     text = fr.request_table([row])
     assert "| azure-code | vllm | llama-3-8b | +5.5% | +1.0% |" in text
     assert fr.request_table([{k: v for k, v in row.items() if "request" not in k}]) == ""
+
+
+def test_moves_refuse_a_before_that_is_neither_a_folder_nor_a_revision(tmp_path, capsys):
+    fr = _fidelity_runs()
+    rc = fr.main(["moves", "--before", "no-such-rev", "--out", str(tmp_path / "m"), "--json", str(tmp_path / "m.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--before no-such-rev" in err[0] and not (tmp_path / "m.json").exists()
+
+
+def test_moves_between_identical_profiles_are_zero_and_name_each_run(tmp_path):
+    """fidelity_runs.py moves: the same profiles before and after move no figure."""
+    fr = _fidelity_runs()
+    root = Path(__file__).resolve().parents[2]
+    before = tmp_path / "before"
+    before.mkdir()
+    shutil.copy(root / "blocksim" / "profiles" / "llama-2-7b__h200-141gb__float16__tp1.json", before)
+    out = tmp_path / "moves.json"
+    rc = fr.main(["moves", "--before", str(before), "--models", "llama-2-7b", "--traces", "mooncake",
+                  "--presets", "vllm-prefix", "--out", str(tmp_path / "m"), "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert rc == 0 and [r["run"] for r in rows] == ["mooncake__vllm-prefix__llama-2-7b"]
+    for k in fr.MOVE_KEYS:
+        assert rows[0][k]["move"] == 0.0 and rows[0][k]["before"] > 0, k

@@ -200,7 +200,7 @@ def test_only_the_addable_tables_can_be_added(written):
         profile.add_table(path, ["decode_step", "linear"], device="cpu")
 
 
-def test_an_interrupted_write_leaves_the_profile_as_it_was(tmp_path, monkeypatch):
+def test_an_interrupted_write_leaves_the_profile_as_it_was(written, tmp_path, monkeypatch):
     out = tmp_path / "p.json"
     out.write_text('{"before": true}\n')
 
@@ -209,8 +209,19 @@ def test_an_interrupted_write_leaves_the_profile_as_it_was(tmp_path, monkeypatch
 
     monkeypatch.setattr(type(out), "replace", interrupted)  # after the new text is written beside it
     with pytest.raises(KeyboardInterrupt):
-        profile._write_whole(out, {"after": True})
+        profile._write_whole(out, written[0])
     assert out.read_text() == '{"before": true}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["p.json"]
+
+
+def test_a_profile_its_loader_would_refuse_is_kept_aside_and_named_not_put_in_place(written, tmp_path):
+    out = tmp_path / "p.json"
+    out.write_text('{"before": true}\n')
+    bad = json.loads(json.dumps(written[0]))
+    bad["components"]["attn_decode"]["seconds"][0][0] = 0.0
+    with pytest.raises(profile.ProfileError, match=r"components\.attn_decode.*> 0 seconds.*p\.json\.rejected"):
+        profile._write_whole(out, bad)
+    assert out.read_text() == '{"before": true}\n'
+    assert json.loads((tmp_path / "p.json.rejected").read_text()) == bad, "the measurements are kept"
 
 
 @pytest.mark.gpu
@@ -228,6 +239,8 @@ def test_graph_step_tables_measure_on_a_gpu_whole_and_load(tmp_path, table):
     grid = _table("gpu", table, t, COMPONENT_AXES[table])
     twin = np.asarray(t["own_seconds" if table == "decode_step_shared" else "spread_seconds"])
     assert twin.shape == grid.seconds.shape and (twin > 0).all() and (grid.seconds > 0).all()
+    if table == "decode_step_shared":  # every context spans a shared block
+        assert (np.asarray(t["shared_fraction"]) > 0).all()
 
 
 @pytest.mark.gpu
@@ -261,7 +274,7 @@ def test_twin_tables_time_each_cell_in_pairs_of_alternating_order(tmp_path, monk
     p = profile.Profiler(Catalog([str(tmp_path / "tiny.yaml")]).model("tiny"), device="cpu", quick=True,
                          progress=False)
     p.cuda, p.graph_sizes = True, [1, 2, 4]
-    p.grid = {**p.grid, "PADDED_PAIRS": 3, "SHARED_PAIRS": 3, "SHARED_CONTEXT": (64,)}  # rows of 4 blocks
+    p.grid = {**p.grid, "PADDED_PAIRS": 3, "SHARED_PAIRS": 3, "SHARED_CONTEXT": (16, 64)}  # 1 and 4 blocks
     loaded = []
     first_kind = "padded" if table == "decode_step_padded" else "own"
 
@@ -286,6 +299,8 @@ def test_twin_tables_time_each_cell_in_pairs_of_alternating_order(tmp_path, monk
     assert [k for k, _ in loaded[:6]] == [first_kind, other, other, first_kind, first_kind, other], "order alternates"
     mine, twin = (t["seconds"], t["spread_seconds"]) if table == "decode_step_padded" else (t["own_seconds"], t["seconds"])
     assert np.ravel(mine)[0] == 3.0 and np.ravel(twin)[0] == 102.0, "each one's median"
+    if table == "decode_step_shared":  # a row of one block shares nothing: that context is left out
+        assert t["grid"]["context"] == [64] and (np.asarray(t["shared_fraction"]) > 0).all()
 
 
 def test_a_table_measured_again_says_how_far_it_moved():
