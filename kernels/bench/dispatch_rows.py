@@ -1,5 +1,5 @@
 """The prefill dispatch's row thresholds measured: on shapes of 32, 64 and 96 packed rows per
-sequence (``new tokens * query heads / KV heads``, around ``WGMMA_MIN_ROWS`` and ``WS_MIN_ROWS``),
+sequence (``new tokens * query heads / KV heads``, around ``WS_MIN_ROWS``; ``ROWS``),
 the mma.sync kernel (the configuration ``choose_prefill_config`` picks without the warpgroup
 kernels), the warpgroup kernel (config 6) and the warp-specialized one (config 7), timed in turn
 ``--rounds`` times, the order rotating each round (CUDA graphs, 30 replays after 10), medians. One

@@ -41,8 +41,7 @@ WARPGROUP_CONFIGS = (WGMMA_CONFIG, WS_CONFIG)
 WGMMA_HEAD = 128
 LARGE_ROWS = 128          # packed query rows of a thread block in config 0
 PADDING_SHARE = 0.25      # config 1 where this share of config 0's rows would be padding
-WGMMA_MIN_ROWS = 64       # the warpgroup kernels from this many packed rows of a sequence
-WS_MIN_ROWS = 128         # the warp-specialized one from this many (fewer leave a consumer warpgroup idle)
+WS_MIN_ROWS = 32          # the warp-specialized kernel from this many packed rows of a sequence
 
 
 def wgmma_runs(query_dtype: torch.dtype, cache_dtype: torch.dtype, head_size: int, alibi: bool,
@@ -68,20 +67,23 @@ def choose_prefill_config(num_seqs: int, max_query_len: int, num_heads: int, num
                           num_sms: int = 132, *, wgmma: bool = False) -> int:
     """The tile configuration ``paged_prefill_attention`` runs. ``wgmma``: the warpgroup kernels can
     run the call (``wgmma_runs``); then the warp-specialized one (``WS_CONFIG``) runs wherever a
-    sequence has at least ``WS_MIN_ROWS`` packed rows, the other (``WGMMA_CONFIG``) from
-    ``WGMMA_MIN_ROWS``. Otherwise the mma.sync kernel: the small row blocks (1) where the
-    large ones (0) would make at most one wave at 2 per SM (few new tokens over long contexts: twice
-    the thread blocks fill the SMs) or where ``PADDING_SHARE`` of their rows would be padding
-    (short chunks, one new token); the large ones otherwise, which share each K/V fragment between
-    two row tiles per warp. ``max_query_len * num_heads / num_kv_heads`` is a sequence's packed
-    rows."""
+    sequence has at least ``WS_MIN_ROWS`` packed rows, and below that where the mma.sync kernel's
+    large row blocks would make at most one wave at 2 per SM (few sequences over long contexts);
+    config 6 runs only when asked for (kernels/results/h100-dispatch-rows*.json: config 7 as fast
+    as config 6 or faster on every shape from 4 packed rows, the mma.sync kernel level with it
+    only where its blocks fill the SMs). Otherwise the mma.sync kernel: the small row blocks (1)
+    where the large ones (0) would make at most one wave at 2 per SM (twice the thread blocks fill
+    the SMs) or where ``PADDING_SHARE`` of their rows would be padding (short chunks, one new
+    token); the large ones otherwise, which share each K/V fragment between two row tiles per warp.
+    ``max_query_len * num_heads / num_kv_heads`` is a sequence's packed rows."""
     rows = max(1, max_query_len * (num_heads // num_kv_heads))
-    if wgmma and head_size == WGMMA_HEAD and rows >= WGMMA_MIN_ROWS:
-        return WS_CONFIG if rows >= WS_MIN_ROWS else WGMMA_CONFIG
     if head_size > 128:
         return 0
     large = -(-rows // LARGE_ROWS)
-    if large * num_kv_heads * num_seqs <= 2 * num_sms:
+    one_wave = large * num_kv_heads * num_seqs <= 2 * num_sms
+    if wgmma and head_size == WGMMA_HEAD and (rows >= WS_MIN_ROWS or one_wave):
+        return WS_CONFIG
+    if one_wave:
         return 1
     return 1 if large * LARGE_ROWS - rows >= PADDING_SHARE * rows else 0
 

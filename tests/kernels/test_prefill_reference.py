@@ -213,8 +213,12 @@ def test_prefill_config_rule_above_head_128_has_one_shape():
 @pytest.mark.parametrize("batch,new,heads,kv_heads,want", [
     (1, 2048, 32, 8, 7),     # the warp-specialized warpgroup kernel where it runs
     (32, 32, 32, 8, 7),      # 128 rows: one item fills both consumer warpgroups
-    (64, 64, 32, 32, 6),     # 64 rows: one warpgroup's worth, the other warpgroup kernel
-    (256, 1, 32, 8, 1),      # decode-like: 4 rows stay on the mma.sync kernel's rule
+    (64, 64, 32, 32, 7),     # 64 rows: one warpgroup's worth, still the warp-specialized kernel
+    (64, 32, 32, 32, 7),     # 32 rows: WS_MIN_ROWS
+    (64, 16, 32, 32, 1),     # 16 rows over 2,048 items: the mma.sync kernel's blocks fill the SMs
+    (16, 4, 32, 8, 7),       # 16 rows over 128 items: under one wave of mma.sync blocks
+    (4, 1, 32, 32, 7),       # one new token of 4 sequences: 128 items
+    (256, 1, 32, 8, 1),      # decode-like: 4 rows of 2,048 items stay on the mma.sync kernel's rule
 ])
 def test_prefill_config_rule_with_the_warpgroup_kernel(batch, new, heads, kv_heads, want):
     assert kernels.choose_prefill_config(batch, new, heads, kv_heads, 128, 132, wgmma=True) == want
