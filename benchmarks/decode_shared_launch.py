@@ -53,6 +53,11 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("decode_shared_launch.py: needs a CUDA device", file=sys.stderr)
         return 2
+    try:
+        out = open(a.out, "w")
+    except OSError as e:
+        print(f"decode_shared_launch.py: --out {a.out}: {e.strerror}; name a writable file", file=sys.stderr)
+        return 2
     need = max(ROWS) * max(CTX) // BS
     big = need + 64
     kc = torch.randn(big, BS, KV, D, dtype=torch.float16, device="cuda")
@@ -81,7 +86,7 @@ def main(argv=None) -> int:
                     res.append(r)
                     print(f"{cache_name:5s} {rows:4d} x {ctx:5d} warp_items={wi!s:5s} (default {default!s:5s}) "
                           f"own {r['own_ms']:.4f} ms paired {r['paired_ms']:.4f} ms ratio {r['ratio']:.3f}", flush=True)
-    with open(a.out, "w") as f:
+    with out as f:
         json.dump({"device": torch.cuda.get_device_name(), "command": "python benchmarks/decode_shared_launch.py",
                    "rows": res}, f, indent=1)
     return 0

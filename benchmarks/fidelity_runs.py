@@ -769,17 +769,23 @@ def profiles_at(rev: str, dest: Path) -> Path | None:
     None, after one line on stderr, where `rev` is neither."""
     if Path(rev).is_dir():
         return Path(rev)
-    names = subprocess.run(["git", "ls-tree", "--name-only", rev, "blocksim/profiles/"], cwd=ROOT,
-                           capture_output=True, text=True)
-    if names.returncode != 0 or not names.stdout.strip():
-        print(f"moves: --before {rev}: neither a folder nor a git revision of this repository with "
-              f"blocksim/profiles; name a commit or a folder of profiles", file=sys.stderr)
+    refused = (f"moves: --before {rev}: neither a folder nor a git revision of this repository with "
+               f"blocksim/profiles; name a commit or a folder of profiles")
+    try:
+        names = subprocess.run(["git", "ls-tree", "--name-only", rev, "blocksim/profiles/"], cwd=ROOT,
+                               capture_output=True, text=True)
+        if names.returncode != 0 or not names.stdout.strip():
+            print(refused, file=sys.stderr)
+            return None
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in names.stdout.split():
+            if name.endswith(".json"):
+                text = subprocess.run(["git", "show", f"{rev}:{name}"], cwd=ROOT, capture_output=True,
+                                      check=True).stdout
+                (dest / Path(name).name).write_bytes(text)
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"{refused} ({e})", file=sys.stderr)
         return None
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in names.stdout.split():
-        if name.endswith(".json"):
-            text = subprocess.run(["git", "show", f"{rev}:{name}"], cwd=ROOT, capture_output=True, check=True).stdout
-            (dest / Path(name).name).write_bytes(text)
     return dest
 
 
@@ -791,15 +797,19 @@ def cmd_moves(a) -> int:
     before = profiles_at(a.before, out / "profiles-before")
     if before is None:
         return 2
-    out.mkdir(parents=True, exist_ok=True)
     after = ROOT / "blocksim" / "profiles"
+    for model in a.models:
+        name = shipped_name(model, a.gpu, "float16", 1)
+        lacking = [str(d) for d in (before, after) if not (d / name).is_file()]
+        if lacking:
+            print(f"moves: --models {model} --gpu {a.gpu}: no profile {name} in {' or '.join(lacking)}; name a "
+                  f"model and GPU with a profile on both sides", file=sys.stderr)
+            return 2
+    out.mkdir(parents=True, exist_ok=True)
     rows = []
     with open(out / "moves.log", "a") as log:
         for model in a.models:
             name = shipped_name(model, a.gpu, "float16", 1)
-            if not (before / name).exists() or not (after / name).exists():
-                print(f"moves: {model} on {a.gpu}: no profile {name} in {before} or {after}; left out", file=sys.stderr)
-                continue
             for trace in a.traces:
                 for preset in a.presets:
                     path = slice_file(trace, PRESETS[preset][2], out / "traces")

@@ -561,6 +561,9 @@ class Profiler:
         sizes = [b for b in g["SHARED_BATCH"] if b in g["STEP_BATCH"]]
         # a row of one block shares nothing (its last block is its own): such contexts are left out
         contexts = [c for c in g["SHARED_CONTEXT"] if self.bs < c <= self.dims.max_model_len]
+        if not contexts:
+            self._say(f"decode_step_shared left out: no context of the grid spans more than one block of {self.bs}")
+            return None
         n_pairs = int(g["SHARED_PAIRS"])
         r.capture_decode_graphs(max(sizes))
         secs, own, frac = [], [], []
@@ -685,7 +688,9 @@ class Profiler:
         if self.cuda:  # whole graph-replayed steps
             comps["decode_step"], comps["decode_step_longest"] = self._timed("decode_step, decode_step_longest",
                                                                              self.decode_step)
-            comps["decode_step_shared"] = self._timed("decode_step_shared", self.decode_step_shared)
+            shared = self._timed("decode_step_shared", self.decode_step_shared)
+            if shared is not None:  # None: no context of the grid spans two blocks
+                comps["decode_step_shared"] = shared
             comps["decode_step_padded"] = self._timed("decode_step_padded", self.decode_step_padded)
         self._say(f"measured in {time.perf_counter() - t0:.0f} s: "
                   + ", ".join(f"{k} {v:.0f} s" for k, v in self.measure_s.items()))
@@ -791,6 +796,9 @@ def add_table(path: Path, tables, *, model: str | None = None, device: str = "cu
                            f"executor captures {p.graph_sizes}; measure a whole profile with blocksim profile")
     for table in tables:
         out = p._timed(table, getattr(p, table))
+        if out is None:
+            raise ProfileError(f"{label}: {table} has no cell to measure with {path}'s grid and block size "
+                               f"{prof['block_size']}; the profile is left as it was")
         names = ("decode_step", "decode_step_longest") if table == "decode_step" else (table,)
         for key, measured in zip(names, out if table == "decode_step" else (out,)):
             moved = table_change(prof["components"].get(key), measured)
@@ -872,7 +880,11 @@ def _write_whole(path: Path, prof: dict) -> None:
         parse_profile(json.loads(json.dumps(prof)), str(path))
     except ConfigError as e:
         rejected = path.with_name(path.name + ".rejected")
-        rejected.write_text(json.dumps(prof, indent=1) + "\n")
+        try:
+            rejected.write_text(json.dumps(prof, indent=1) + "\n")
+        except OSError as w:
+            raise ProfileError(f"{e}; {path} left as it was, and the measured profile could not be kept in "
+                               f"{rejected} ({w.strerror})") from None
         raise ProfileError(f"{e}; {path} left as it was, the measured profile is in {rejected}") from None
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -913,14 +925,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
                                            / shipped_name(prof["model"], prof["gpu"], prof["dtype"],
                                                           prof["tensor_parallel"]))
     out.parent.mkdir(parents=True, exist_ok=True)
-    if not args.quiet:
-        for line in replaced_changes(out, prof):
-            print(f"profile {prof['model']}: {line}", file=sys.stderr)
+    changes = [] if args.quiet else replaced_changes(out, prof)  # against the profile it replaces
     try:
         _write_whole(out, prof)
     except ProfileError as e:
         print(str(e), file=sys.stderr)
         return 2
+    for line in changes:
+        print(f"profile {prof['model']}: {line}", file=sys.stderr)
     print(f"profile: {prof['model']} on {prof['gpu']} ({prof['device']}), written to {out}")
     return 0
 

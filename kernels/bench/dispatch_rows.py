@@ -1,11 +1,13 @@
-"""The prefill dispatch's row thresholds measured: on shapes of 32, 64 and 96 packed rows per
-sequence (``new tokens * query heads / KV heads``, around ``WS_MIN_ROWS``; ``ROWS``),
+"""The prefill dispatch's row thresholds measured: on shapes of ``--rows`` packed rows per sequence
+(``new tokens * query heads / KV heads``; 32, 64 and 96 by default, around ``WS_MIN_ROWS``),
 the mma.sync kernel (the configuration ``choose_prefill_config`` picks without the warpgroup
 kernels), the warpgroup kernel (config 6) and the warp-specialized one (config 7), timed in turn
 ``--rounds`` times, the order rotating each round (CUDA graphs, 30 replays after 10), medians. One
-line a shape on stdout and every time in ``--json``.
+line a shape on stdout and every time in ``--json``; ``picked`` is the choice of the
+``choose_prefill_config`` of the sources that ran.
 
     PYTHONPATH=. python kernels/bench/dispatch_rows.py --json kernels/results/h100-dispatch-rows.json
+    PYTHONPATH=. python kernels/bench/dispatch_rows.py --rows 4 8 16 --json kernels/results/h100-dispatch-rows-small.json
 """
 import argparse
 import json
@@ -19,7 +21,7 @@ from kernels.bench.prefill import PREFILL_HEADS, PrefillCase
 from kernels.bench.timing import graph_ms
 from kernels.fast import prefill as fp
 
-ROWS = (32, 64, 96)
+ROWS = (32, 64, 96)  # the default --rows
 #: (batch, cached tokens) of each shape; the new tokens follow from the rows and the heads' group
 BATCH_CACHED = ((64, 1024), (16, 4096), (4, 8192))
 
@@ -52,15 +54,31 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", required=True, help="where to write every time")
     ap.add_argument("--rounds", type=int, default=6, help="rounds of the three kernels in turn (default 6)")
+    ap.add_argument("--rows", type=int, nargs="+", default=list(ROWS),
+                    help="packed rows per sequence, each a multiple of 4 (default 32 64 96)")
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("dispatch_rows.py: needs a CUDA device (Hopper for configs 6 and 7)", file=sys.stderr)
+    if a.rounds < 1:
+        print(f"dispatch_rows.py: --rounds {a.rounds}: give at least 1", file=sys.stderr)
+        return 2
+    if any(r < 4 or r % 4 for r in a.rows):
+        print(f"dispatch_rows.py: --rows {' '.join(map(str, a.rows))}: give multiples of 4 (llama-3-8b's GQA group), "
+              "at least 4", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        print("dispatch_rows.py: needs a Hopper GPU (compute capability 9.0), where configs 6 and 7 run",
+              file=sys.stderr)
+        return 2
+    try:
+        out = open(a.json, "w")
+    except OSError as e:
+        print(f"dispatch_rows.py: --json {a.json}: {e.strerror}; name a writable file", file=sys.stderr)
         return 2
     rows = [time_shape(model, heads, kv, b, cached, r, a.rounds)
-            for model, heads, kv in PREFILL_HEADS for b, cached in BATCH_CACHED for r in ROWS]
-    with open(a.json, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "rounds": a.rounds,
-                   "command": "python kernels/bench/dispatch_rows.py", "rows": rows}, f, indent=1)
+            for model, heads, kv in PREFILL_HEADS for b, cached in BATCH_CACHED for r in a.rows]
+    with out:
+        json.dump({"device": torch.cuda.get_device_name(), "rounds": a.rounds, "packed_rows": a.rows,
+                   "command": "python kernels/bench/dispatch_rows.py --rows " + " ".join(map(str, a.rows)),
+                   "rows": rows}, out, indent=1)
     return 0
 
 

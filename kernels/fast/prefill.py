@@ -69,9 +69,9 @@ def choose_prefill_config(num_seqs: int, max_query_len: int, num_heads: int, num
     run the call (``wgmma_runs``); then the warp-specialized one (``WS_CONFIG``) runs wherever a
     sequence has at least ``WS_MIN_ROWS`` packed rows, and below that where the mma.sync kernel's
     large row blocks would make at most one wave at 2 per SM (few sequences over long contexts);
-    config 6 runs only when asked for (kernels/results/h100-dispatch-rows*.json: config 7 as fast
-    as config 6 or faster on every shape from 4 packed rows, the mma.sync kernel level with it
-    only where its blocks fill the SMs). Otherwise the mma.sync kernel: the small row blocks (1)
+    config 6 runs only when asked for (kernels/results/h100-dispatch-rows*.json: config 7 within
+    1% of config 6 or faster on every shape from 4 packed rows, the mma.sync kernel level with it
+    only where its blocks fill the SMs; DESIGN.md, "Dispatch"). Otherwise the mma.sync kernel: the small row blocks (1)
     where the large ones (0) would make at most one wave at 2 per SM (twice the thread blocks fill
     the SMs) or where ``PADDING_SHARE`` of their rows would be padding (short chunks, one new
     token); the large ones otherwise, which share each K/V fragment between two row tiles per warp.

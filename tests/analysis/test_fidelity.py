@@ -415,3 +415,12 @@ def test_moves_between_identical_profiles_are_zero_and_name_each_run(tmp_path):
     assert rc == 0 and [r["run"] for r in rows] == ["mooncake__vllm-prefix__llama-2-7b"]
     for k in fr.MOVE_KEYS:
         assert rows[0][k]["move"] == 0.0 and rows[0][k]["before"] > 0, k
+
+
+def test_moves_refuse_a_model_without_a_profile_on_either_side_before_simulating(tmp_path, capsys):
+    fr = _fidelity_runs()
+    rc = fr.main(["moves", "--before", "HEAD", "--gpu", "no-such-gpu", "--models", "llama-2-7b",
+                  "--out", str(tmp_path / "m"), "--json", str(tmp_path / "m.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "no-such-gpu" in err[0] and not (tmp_path / "m" / "before").exists()
+    assert not (tmp_path / "m.json").exists()

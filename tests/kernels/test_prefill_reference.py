@@ -215,6 +215,9 @@ def test_prefill_config_rule_above_head_128_has_one_shape():
     (32, 32, 32, 8, 7),      # 128 rows: one item fills both consumer warpgroups
     (64, 64, 32, 32, 7),     # 64 rows: one warpgroup's worth, still the warp-specialized kernel
     (64, 32, 32, 32, 7),     # 32 rows: WS_MIN_ROWS
+    (64, 31, 32, 32, 1),     # 31 rows over 2,048 items: below it, the mma.sync kernel's rule
+    (33, 1, 32, 8, 7),       # 264 items: one wave at two blocks per SM of 132
+    (34, 1, 32, 8, 1),       # 272 items: more than one wave
     (64, 16, 32, 32, 1),     # 16 rows over 2,048 items: the mma.sync kernel's blocks fill the SMs
     (16, 4, 32, 8, 7),       # 16 rows over 128 items: under one wave of mma.sync blocks
     (4, 1, 32, 32, 7),       # one new token of 4 sequences: 128 items
@@ -223,6 +226,13 @@ def test_prefill_config_rule_above_head_128_has_one_shape():
 def test_prefill_config_rule_with_the_warpgroup_kernel(batch, new, heads, kv_heads, want):
     assert kernels.choose_prefill_config(batch, new, heads, kv_heads, 128, 132, wgmma=True) == want
     assert kernels.choose_prefill_config(batch, new, heads, kv_heads, 256, 132, wgmma=True) == 0
+
+
+def test_the_rule_runs_config_6_only_when_asked_for():
+    from kernels.fast.prefill import WGMMA_CONFIG
+    picks = {kernels.choose_prefill_config(b, n, 32, kv, 128, 132, wgmma=True)
+             for b in (1, 4, 16, 64, 256) for n in (1, 4, 16, 31, 32, 64, 512, 4096) for kv in (1, 8, 32)}
+    assert WGMMA_CONFIG not in picks and picks == {1, 7}  # below 32 rows a large block is mostly padding
 
 
 @pytest.mark.parametrize("query_dtype,cache_dtype,head,alibi,capability,want", [

@@ -346,3 +346,24 @@ def test_a_profile_written_over_another_of_its_model_says_how_each_table_moved(w
     assert profile.replaced_changes(path, {**again, "model": "other"}) == []
     assert profile.replaced_changes(path, {**again, "block_size": 32}) == [], "other settings: no comparison"
     assert profile.replaced_changes(tmp_path / "none.json", again) == []
+
+
+def test_the_shared_table_is_left_out_where_no_context_spans_two_blocks(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    from blocksim.catalog import Catalog
+    p = profile.Profiler(Catalog([str(tmp_path / "tiny.yaml")]).model("tiny"), device="cpu", quick=True,
+                         progress=False)
+    p.cuda = True
+    p.grid = {**p.grid, "SHARED_CONTEXT": (8, 16)}  # blocks of 16: one block each
+    assert p.decode_step_shared() is None
+
+
+def test_a_measured_profile_its_loader_refuses_exits_2_in_one_line(written, tmp_path, monkeypatch, capsys):
+    bad = json.loads(json.dumps(written[0]))
+    bad["components"]["linear"]["seconds"][0] = -1.0
+    monkeypatch.setattr(profile, "profile", lambda *a, **k: bad)
+    out = tmp_path / "p.json"
+    rc = main(["profile", "--model", "tiny", "--device", "cpu", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "components.linear" in err[0] and "p.json.rejected" in err[0]
+    assert not out.exists() and (tmp_path / "p.json.rejected").exists()
