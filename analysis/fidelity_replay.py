@@ -64,6 +64,12 @@ def rebuild_cost_model(summary: dict, config=None):
         if rec.get("created_utc") and made != rec["created_utc"]:
             raise ValueError(f"cost profile {rec['profile']} was measured at {made}, not at {rec['created_utc']} "
                              f"as the run used it: simulate the run again with this profile")
+        again = dict(sorted(profile.tables_measured.items()))
+        if "tables_measured" in rec and again != rec["tables_measured"]:  # runs recorded before it lack the key
+            moved = sorted(k for k in set(again) | set(rec["tables_measured"])
+                           if again.get(k) != rec["tables_measured"].get(k))
+            raise ValueError(f"cost profile {rec['profile']}: table(s) {', '.join(moved)} measured again since the "
+                             f"run used it: simulate the run again with this profile")
         return ProfiledCostModel(config, profile)
     if rec.get("name") == "roofline":
         return RooflineCostModel(config, CostParams(**rec["params"]) if rec.get("params") else None,

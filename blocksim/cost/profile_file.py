@@ -110,6 +110,8 @@ class Profile:
     overhead_eager_s: float
     overhead_graph_s: float
     header: dict = field(default_factory=dict)  # the file's other top-level fields (device, torch, command, ...)
+    #: tables measured again into the profile (`blocksim profile --add-table`): name -> when (UTC)
+    tables_measured: dict = field(default_factory=dict)
 
     def check_matches(self, config: SimConfig) -> None:
         """Refuse a profile measured for another model, GPU, dtype or tensor-parallel degree."""
@@ -340,8 +342,10 @@ def parse_profile(data: dict, path: str) -> Profile:
                           f"would leave the cheapest eager step ({cheapest:.3g} s of linear layers) no time; "
                           f"eager_s ({ov['eager_s']:.3g} s) prices eager steps instead", ProfileWarning, stacklevel=3)
     header = {k: v for k, v in data.items() if k not in ("components",)}
+    again = {name: c["measured"]["utc"] for name, c in comps.items()
+             if isinstance(c, dict) and isinstance(c.get("measured"), dict) and isinstance(c["measured"].get("utc"), str)}
     return Profile(path=path, model=data["model"], gpu=data["gpu"], dtype=data["dtype"],
                    kv_dtype=str(data.get("kv_dtype", data["dtype"])), tensor_parallel=data["tensor_parallel"],
                    block_size=data["block_size"], cuda_graph_batch_sizes=sizes, tables=tables,
                    linear_graph=linear_graph, overhead_eager_s=ov["eager_s"], overhead_graph_s=ov["graph_s"],
-                   header=header)
+                   header=header, tables_measured=again)

@@ -414,7 +414,8 @@ class ProfiledCostModel:
     def describe(self) -> dict:
         h = self.profile.header
         rec = {"name": self.name, "profile": self.profile.path, "device": h.get("device"),
-               "created_utc": h.get("created_utc"), "block_size_ratio": self.block_ratio}
+               "created_utc": h.get("created_utc"), "block_size_ratio": self.block_ratio,
+               "tables_measured": dict(sorted(self.profile.tables_measured.items()))}
         # the optional tables that price a graph-replayed decode step
         graph = ["decode_step_longest"] if self.decode_longest is not None else (
             ["decode_step"] if self.decode_step is not None else [])

@@ -175,6 +175,29 @@ def test_a_profile_measured_again_since_the_run_is_not_used_to_price_it(tmp_path
         rebuild_cost_model(summary)
 
 
+def test_a_table_added_to_the_profile_since_the_run_is_not_used_to_price_it(tmp_path):
+    """A table measured again by `blocksim profile --add-table` keeps the profile's created_utc;
+    the run's record of the tables measured again tells it apart."""
+    import blocksim.cost as cost
+    from blocksim.experiments.runner import build_config
+    path = cost.shipped_profile(build_config(model="llama-2-7b", gpu="h200-141gb"))
+    data = json.loads(path.read_text())
+    copy = tmp_path / path.name
+    copy.write_text(json.dumps(data))
+    then = cost.load_profile(copy).tables_measured
+    assert then, "the shipped H200 profile holds tables measured again"
+    summary = {"config": json.loads(json.dumps(_summary_config())),
+               "cost_model": {"name": "profiled", "profile": str(copy), "created_utc": data["created_utc"],
+                              "tables_measured": dict(sorted(then.items()))}}
+    assert rebuild_cost_model(summary).name == "profiled"
+    data["components"]["attn_decode"]["measured"]["utc"] = "2099-01-01T00:00:00Z"
+    copy.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="attn_decode measured again since the run"):
+        rebuild_cost_model(summary)
+    del summary["cost_model"]["tables_measured"]  # a run recorded before the key: taken as it is
+    assert rebuild_cost_model(summary).name == "profiled"
+
+
 def _summary_config() -> dict:
     """The `config` of a summary.json: that of a short run on the shipped profile's model and GPU."""
     import tempfile
