@@ -56,7 +56,17 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=6, help="rounds of the three kernels in turn (default 6)")
     ap.add_argument("--rows", type=int, nargs="+", default=list(ROWS),
                     help="packed rows per sequence, each a multiple of 4 (default 32 64 96)")
+    ap.add_argument("--batch-cached", nargs="+", default=[f"{b}:{c}" for b, c in BATCH_CACHED], metavar="B:C",
+                    help="sequences and cached tokens of each shape (default 64:1024 16:4096 4:8192)")
     a = ap.parse_args(argv)
+    try:
+        shapes = [tuple(int(v) for v in x.split(":")) for x in a.batch_cached]
+        if any(len(t) != 2 or t[0] < 1 or t[1] < 0 for t in shapes):
+            raise ValueError
+    except ValueError:
+        print(f"dispatch_rows.py: --batch-cached {' '.join(a.batch_cached)}: give SEQUENCES:CACHED pairs, e.g. 4:8192",
+              file=sys.stderr)
+        return 2
     if a.rounds < 1:
         print(f"dispatch_rows.py: --rounds {a.rounds}: give at least 1", file=sys.stderr)
         return 2
@@ -74,10 +84,11 @@ def main(argv=None) -> int:
         print(f"dispatch_rows.py: --json {a.json}: {e.strerror}; name a writable file", file=sys.stderr)
         return 2
     rows = [time_shape(model, heads, kv, b, cached, r, a.rounds)
-            for model, heads, kv in PREFILL_HEADS for b, cached in BATCH_CACHED for r in a.rows]
+            for model, heads, kv in PREFILL_HEADS for b, cached in shapes for r in a.rows]
     with out:
         json.dump({"device": torch.cuda.get_device_name(), "rounds": a.rounds, "packed_rows": a.rows,
-                   "command": "python kernels/bench/dispatch_rows.py --rows " + " ".join(map(str, a.rows)),
+                   "command": "python kernels/bench/dispatch_rows.py --rows " + " ".join(map(str, a.rows))
+                   + " --batch-cached " + " ".join(a.batch_cached),
                    "rows": rows}, out, indent=1)
     return 0
 
