@@ -261,3 +261,21 @@ def test_item_costs_refuse_what_they_cannot_fit_in_one_line(bad, says, tmp_path,
 def test_item_costs_heads_are_the_prefill_sections():
     from kernels.bench.prefill import PREFILL_HEADS
     assert _item_costs().HEADS == {m: (h, kv) for m, h, kv in PREFILL_HEADS}
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--rounds", "0"], "--rounds 0: give at least 1"),
+    (["--rows", "6"], "--rows 6: give multiples of 4"),
+    (["--batch-cached", "4:x"], "--batch-cached 4:x: give SEQUENCES:CACHED pairs"),
+    ([], "needs a Hopper GPU"),  # no GPU here (or not a Hopper)
+])
+def test_dispatch_rows_refuses_in_one_line_before_measuring(args, says, tmp_path, capsys):
+    import importlib
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and not args:
+        pytest.skip("a Hopper GPU measures")
+    dispatch_rows = importlib.import_module("kernels.bench.dispatch_rows")
+    out = tmp_path / "rows.json"
+    assert dispatch_rows.main(["--json", str(out), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0] and not out.exists()
