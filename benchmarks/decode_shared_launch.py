@@ -10,7 +10,6 @@ blocks (a step that needs more reads it again, later passes shuffled, as
     PYTHONPATH=. python benchmarks/decode_shared_launch.py --out benchmarks/results/decode-shared-launch-h100.json
 """
 import argparse
-import json
 import statistics
 import sys
 
@@ -18,6 +17,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, ".")
+from kernels.bench.output import refuse_unwritable, write_json
 from kernels.bench.stats import alternate
 from kernels.bench.timing import graph_ms
 from kernels.fast.launch import choose_launch
@@ -53,10 +53,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("decode_shared_launch.py: needs a CUDA device", file=sys.stderr)
         return 2
-    try:
-        out = open(a.out, "w")
-    except OSError as e:
-        print(f"decode_shared_launch.py: --out {a.out}: {e.strerror}; name a writable file", file=sys.stderr)
+    if refuse_unwritable(a.out, "decode_shared_launch.py: --out"):
         return 2
     need = max(ROWS) * max(CTX) // BS
     big = need + 64
@@ -86,9 +83,8 @@ def main(argv=None) -> int:
                     res.append(r)
                     print(f"{cache_name:5s} {rows:4d} x {ctx:5d} warp_items={wi!s:5s} (default {default!s:5s}) "
                           f"own {r['own_ms']:.4f} ms paired {r['paired_ms']:.4f} ms ratio {r['ratio']:.3f}", flush=True)
-    with out as f:
-        json.dump({"device": torch.cuda.get_device_name(), "command": "python benchmarks/decode_shared_launch.py",
-                   "rows": res}, f, indent=1)
+    write_json(a.out, {"device": torch.cuda.get_device_name(), "command": "python benchmarks/decode_shared_launch.py",
+                       "rows": res})
     return 0
 
 

@@ -798,8 +798,8 @@ def cmd_moves(a) -> int:
     if before is None:
         return 2
     after = ROOT / "blocksim" / "profiles"
-    for model in a.models:
-        name = shipped_name(model, a.gpu, "float16", 1)
+    names = {model: shipped_name(model, a.gpu, "float16", 1) for model in a.models}
+    for model, name in names.items():
         lacking = [str(d) for d in (before, after) if not (d / name).is_file()]
         if lacking:
             print(f"moves: --models {model} --gpu {a.gpu}: no profile {name} in {' or '.join(lacking)}; name a "
@@ -808,8 +808,7 @@ def cmd_moves(a) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     with open(out / "moves.log", "a") as log:
-        for model in a.models:
-            name = shipped_name(model, a.gpu, "float16", 1)
+        for model, name in names.items():
             for trace in a.traces:
                 for preset in a.presets:
                     path = slice_file(trace, PRESETS[preset][2], out / "traces")

@@ -40,6 +40,7 @@ import sys
 import torch
 
 from .cases import DTYPE, HEAD_SIZE, STORE
+from .output import write_json
 from .plot import plot
 from .sections import SECTIONS
 from .timing import copy_bandwidth_gbs
@@ -96,9 +97,8 @@ def main(argv=None) -> int:
                                         "sweep", "prefill", "prefill_tiles")}}
     for name in args.sections.split(","):
         SECTIONS[name](args, copy_gbs, results)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
+        if args.json:  # after each section, whole: an interrupt keeps the sections before it
+            write_json(args.json, results)
     print(f"\ndevice copy bandwidth after the run: {copy_bandwidth_gbs():.0f} GB/s")
     if args.plot and results["sweep"]:
         try:

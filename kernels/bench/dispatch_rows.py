@@ -10,13 +10,13 @@ line a shape on stdout and every time in ``--json``; ``picked`` is the choice of
     PYTHONPATH=. python kernels/bench/dispatch_rows.py --rows 4 8 16 --json kernels/results/h100-dispatch-rows-small.json
 """
 import argparse
-import json
 import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, ".")
+from kernels.bench.output import refuse_unwritable, write_json
 from kernels.bench.prefill import PREFILL_HEADS, PrefillCase
 from kernels.bench.timing import graph_ms
 from kernels.fast import prefill as fp
@@ -78,18 +78,14 @@ def main(argv=None) -> int:
         print("dispatch_rows.py: needs a Hopper GPU (compute capability 9.0), where configs 6 and 7 run",
               file=sys.stderr)
         return 2
-    try:
-        out = open(a.json, "w")
-    except OSError as e:
-        print(f"dispatch_rows.py: --json {a.json}: {e.strerror}; name a writable file", file=sys.stderr)
+    if refuse_unwritable(a.json, "dispatch_rows.py: --json"):
         return 2
     rows = [time_shape(model, heads, kv, b, cached, r, a.rounds)
             for model, heads, kv in PREFILL_HEADS for b, cached in shapes for r in a.rows]
-    with out:
-        json.dump({"device": torch.cuda.get_device_name(), "rounds": a.rounds, "packed_rows": a.rows,
-                   "command": "python kernels/bench/dispatch_rows.py --rows " + " ".join(map(str, a.rows))
-                   + " --batch-cached " + " ".join(a.batch_cached),
-                   "rows": rows}, out, indent=1)
+    write_json(a.json, {"device": torch.cuda.get_device_name(), "rounds": a.rounds, "packed_rows": a.rows,
+                        "command": "python kernels/bench/dispatch_rows.py --rows " + " ".join(map(str, a.rows))
+                        + " --batch-cached " + " ".join(a.batch_cached),
+                        "rows": rows})
     return 0
 
 

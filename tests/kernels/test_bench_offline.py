@@ -279,3 +279,24 @@ def test_dispatch_rows_refuses_in_one_line_before_measuring(args, says, tmp_path
     assert dispatch_rows.main(["--json", str(out), *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0] and not out.exists()
+
+
+def test_result_files_are_checked_without_being_created_and_written_whole(tmp_path, capsys, monkeypatch):
+    from kernels.bench.output import refuse_unwritable, write_json
+    assert refuse_unwritable(str(tmp_path / "no-such-folder" / "r.json"), "x.py: --json")
+    assert refuse_unwritable(str(tmp_path), "x.py: --json")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"x.py: --json {tmp_path / 'no-such-folder' / 'r.json'}: its folder does not exist; name a "
+                   "writable file", f"x.py: --json {tmp_path}: is a folder; name a writable file"]
+    out = tmp_path / "r.json"
+    assert not refuse_unwritable(str(out), "x.py: --json") and not out.exists()
+    write_json(str(out), {"rows": [1]})
+    assert json.loads(out.read_text()) == {"rows": [1]} and sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(type(out), "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_json(str(out), {"rows": [2]})
+    assert json.loads(out.read_text()) == {"rows": [1]} and sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
