@@ -12,7 +12,7 @@
 twins and the profiles follow the executed run's degree); ``results --merge`` adds the rows to an
 existing JSON instead of replacing it.
 
-Slices: fixed windows of the bundled traces (`traces/data`), prompts clipped to 4096 tokens
+Slices: fixed windows of the bundled traces (`traces/data`; mooncake-prefix: `benchmarks/slices`), prompts clipped to 4096 tokens
 (llama-2-7b's length), never the profiler's synthetic grid. Presets: vllm, vllm-prefix,
 vllm-chunked on a cache of `BLOCKS` GPU blocks (memory under pressure: requests wait for blocks
 or are preempted), and a swapping configuration (n = 2 samples per request, `SWAP_BLOCKS` blocks,
@@ -37,12 +37,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-#: name -> (bundled file, window [start, end) s, rate scale)
+#: name -> (trace file from the repository root, window [start, end) s, rate scale). mooncake-prefix
+#: is a window of the whole Mooncake synthetic trace (benchmarks/slices/README.md) where prompts send
+#: again, within a few requests, the 512-token blocks of prompts before them, so that the prefix cache
+#: of ``BLOCKS`` blocks serves some (the bundled sample's windows send few blocks again, and those
+#: only after the cache has evicted them).
 SLICES = {
-    "azure-conv": ("azure_conv_2023_sample.csv", (140.0, 160.0), 1.0),
-    "azure-code": ("azure_code_2023_sample.csv", (200.0, 220.0), 2.0),
-    "mooncake": ("mooncake_sample.jsonl", (380.0, 395.0), 1.0),
+    "azure-conv": ("traces/data/azure_conv_2023_sample.csv", (140.0, 160.0), 1.0),
+    "azure-code": ("traces/data/azure_code_2023_sample.csv", (200.0, 220.0), 2.0),
+    "mooncake": ("traces/data/mooncake_sample.jsonl", (380.0, 395.0), 1.0),
+    # the file holds [1005 s, 1020 s) of the trace; a trace's arrivals count from its first request
+    "mooncake-prefix": ("benchmarks/slices/mooncake_synthetic_1005_1020.jsonl", (0.0, 15.0), 2.0),
 }
+#: the slices every full set of runs executes (fidelity_device.sh's default); a report counts the
+#: runs of these and of any other slice it finds executed
+STANDARD_SLICES = ("azure-conv", "azure-code", "mooncake")
 CLIP_TOKENS = 4096
 BLOCKS = 900
 SWAP_BLOCKS = 700
@@ -64,7 +73,9 @@ def slice_file(name: str, n: int, out_dir: Path) -> Path:
     if path.exists():
         return path
     file, (lo, hi), rate = SLICES[name]
-    t = traces.window(traces.read_trace(ROOT / "traces" / "data" / file), lo, hi)
+    t = traces.window(traces.read_trace(ROOT / file), lo, hi)
+    if len(t) == 0:
+        raise ValueError(f"slice {name}: no request of {file} arrives in [{lo} s, {hi} s); fix its window in SLICES")
     if rate != 1.0:
         t = traces.scale_rate(t, rate)
     t, _ = traces.clip_to_max_len(t, CLIP_TOKENS)
@@ -674,7 +685,8 @@ def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str, 
                          lease=lease_note(args.same_lease, exec_dir, bool(repeated), added),
                          commands=commands_block(args, devices, added_cmds))]
     done = {p.parent.name for p in exec_dir.glob("*/executor.json")}
-    want = [run_name(t, p, m) for m in MODELS for t in SLICES for p in PRESETS]
+    seen = {parse_name(d)[0] for d in done}
+    want = [run_name(t, p, m) for m in MODELS for t in SLICES if t in STANDARD_SLICES or t in seen for p in PRESETS]
     missing = [w for w in want if w not in done]
     out.append(f"Executed runs: {len(want) - len(missing)} of {len(want)}"
                + (f"; not executed (device time): {', '.join(missing)}." if missing else ".") + "\n")
@@ -739,7 +751,9 @@ profiled model").
 
 Slices (`benchmarks/fidelity_runs.py`, prompts clipped to 4096 tokens): azure-conv = the bundled Azure
 conversation sample, arrivals [140 s, 160 s); azure-code = the Azure code sample, [200 s, 220 s) at
-twice its rate; mooncake = the Mooncake sample (prefix hashes), [380 s, 395 s). Presets vllm,
+twice its rate; mooncake = the Mooncake sample (prefix hashes), [380 s, 395 s); mooncake-prefix = the whole
+Mooncake synthetic trace's [1005 s, 1020 s) at twice its rate (`benchmarks/slices/`, where prompts send
+again blocks of the prompts a few requests before them), where run. Presets vllm,
 vllm-prefix and vllm-chunked with 900 GPU blocks (14400 token slots: requests wait for memory or are
 preempted); swap-n2 = two samples per request, 700 blocks, preemption by swap.
 

@@ -447,3 +447,24 @@ def test_moves_refuse_a_model_without_a_profile_on_either_side_before_simulating
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "no-such-gpu" in err[0] and not (tmp_path / "m" / "before").exists()
     assert not (tmp_path / "m.json").exists()
+
+
+def test_mooncake_prefix_slice_reuses_prefixes_and_an_empty_window_is_refused(tmp_path, monkeypatch):
+    """benchmarks/fidelity_runs.py: the mooncake-prefix slice holds the window's 52 requests, and
+    the blocks its prompts send again are found in the prefix cache of `BLOCKS` blocks (the point
+    of the slice); a window no request arrives in is refused naming the slice."""
+    import traces
+    fr = _fidelity_runs()
+    path = fr.slice_file("mooncake-prefix", 1, tmp_path / "slices")
+    t = traces.read_trace(path)
+    assert len(t) == 52 and t.df["prompt_tokens"].max() <= fr.CLIP_TOKENS
+    out = tmp_path / "run"
+    policy, extra, _ = fr.PRESETS["vllm-prefix"]
+    assert main(["replay", str(path), "--model", "llama-2-7b", "--gpu", "h100-80gb", "--policy", policy, *extra,
+                 "--quiet", "--no-report", "--out", str(out)]) == 0
+    m = json.loads((out / "summary.json").read_text())
+    m = m.get("metrics", m)
+    assert m["finished"] == 52 and m["prefix_cache_hits"] > 0.1 * m["prefix_cache_queries"] > 0
+    monkeypatch.setitem(fr.SLICES, "empty", ("benchmarks/slices/mooncake_synthetic_1005_1020.jsonl", (100.0, 110.0), 1.0))
+    with pytest.raises(ValueError, match="slice empty: no request"):
+        fr.slice_file("empty", 1, tmp_path / "slices")
