@@ -14,7 +14,7 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. MAX_JOBS=${MAX_JOBS:-16} PYTHONUN
 GPU=${GPU:-h200-141gb}
 PROFILE_MODELS=${PROFILE_MODELS-"llama-2-7b llama-3-8b mistral-7b"}
 RUN_MODELS=${RUN_MODELS:-"llama-2-7b llama-3-8b"}
-TRACES=${TRACES:-"azure-conv azure-code mooncake"}
+TRACES=${TRACES:-"azure-conv azure-code mooncake mooncake-prefix"}
 PRESETS=${PRESETS:-"vllm vllm-prefix vllm-chunked swap-n2"}
 BUDGET_S=${BUDGET_S:-100000}
 EXEC=runs/fidelity/exec

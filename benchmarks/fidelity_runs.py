@@ -51,7 +51,7 @@ SLICES = {
 }
 #: the slices every full set of runs executes (fidelity_device.sh's default); a report counts the
 #: runs of these and of any other slice it finds executed
-STANDARD_SLICES = ("azure-conv", "azure-code", "mooncake")
+STANDARD_SLICES = ("azure-conv", "azure-code", "mooncake", "mooncake-prefix")
 CLIP_TOKENS = 4096
 BLOCKS = 900
 SWAP_BLOCKS = 700
