@@ -752,8 +752,8 @@ profiled model").
 Slices (`benchmarks/fidelity_runs.py`, prompts clipped to 4096 tokens): azure-conv = the bundled Azure
 conversation sample, arrivals [140 s, 160 s); azure-code = the Azure code sample, [200 s, 220 s) at
 twice its rate; mooncake = the Mooncake sample (prefix hashes), [380 s, 395 s); mooncake-prefix = the whole
-Mooncake synthetic trace's [1005 s, 1020 s) at twice its rate (`benchmarks/slices/`, where prompts send
-again blocks of the prompts a few requests before them), where run. Presets vllm,
+Mooncake synthetic trace's [1005 s, 1020 s) at twice its rate (`benchmarks/slices/`: prompts send again
+the blocks of prompts a few requests before them). Presets vllm,
 vllm-prefix and vllm-chunked with 900 GPU blocks (14400 token slots: requests wait for memory or are
 preempted); swap-n2 = two samples per request, 700 blocks, preemption by swap.
 
