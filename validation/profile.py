@@ -876,22 +876,18 @@ def _write_whole(path: Path, prof: dict) -> None:
     and a ProfileError names the loader's complaint."""
     from blocksim.config import ConfigError
     from blocksim.cost.profile_file import parse_profile
+    from kernels.bench.output import write_json
     try:
         parse_profile(json.loads(json.dumps(prof)), str(path))
     except ConfigError as e:
         rejected = path.with_name(path.name + ".rejected")
         try:
-            rejected.write_text(json.dumps(prof, indent=1) + "\n")
+            write_json(rejected, prof)
         except OSError as w:
             raise ProfileError(f"{e}; {path} left as it was, and the measured profile could not be kept in "
                                f"{rejected} ({w.strerror})") from None
         raise ProfileError(f"{e}; {path} left as it was, the measured profile is in {rejected}") from None
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(json.dumps(prof, indent=1) + "\n")
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_json(path, prof)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ def refuse_unwritable(path: str, where: str) -> bool:
     return why is not None
 
 
-def write_json(path: str, obj) -> None:
+def write_json(path: str | Path, obj) -> None:
     """`obj` as JSON at `path`, written beside it and moved into place: never half-written."""
     p = Path(path)
     tmp = p.with_name(p.name + ".tmp")
