@@ -22,6 +22,7 @@ from kernels.bench.stats import alternate
 from kernels.bench.timing import graph_ms
 from kernels.fast.launch import choose_launch
 from kernels.fast.ops import paged_attention
+from validation.profile import pass_blocks
 
 H, KV, D, BS = 32, 8, 128, 16
 CACHE = 20480
@@ -29,18 +30,9 @@ ROWS = (64, 96, 128, 192)
 CTX = (2048, 4096, 8192)
 
 
-def blocks(logical, n):
-    out = logical % n
-    passes = logical // n
-    for k in np.unique(passes[passes > 0]):
-        at = passes == k
-        out[at] = np.random.default_rng(int(k)).permutation(n)[out[at]]
-    return out
-
-
 def tables(rows, ctx, n, paired):
     span = ctx // BS
-    t = blocks(np.arange(rows * span, dtype=np.int64), n).reshape(rows, span)
+    t = pass_blocks(np.arange(rows * span, dtype=np.int64), n).reshape(rows, span)
     if paired:
         t[1::2, :-1] = t[0::2, :-1]
     return torch.tensor(t, dtype=torch.int32, device="cuda")

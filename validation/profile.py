@@ -296,6 +296,24 @@ def capped_cell(measured: list[tuple[float, float]], longest: float) -> float:
     return max(t2, t2 + (t2 - t1) * (longest - r2) / (r2 - r1))  # a longer row never makes a step faster
 
 
+def pass_blocks(logical, num_blocks: int, orders: dict | None = None) -> np.ndarray:
+    """The cache blocks of logical blocks `logical` (numbered across a synthetic step's rows) in a
+    cache of `num_blocks`: in order on the first pass over the cache, and on each later pass `k` in
+    the cache's blocks shuffled by a generator seeded with `k` (`Profiler._blocks` says why);
+    `orders` keeps each pass's order once drawn."""
+    logical = np.asarray(logical, np.int64)
+    orders = {} if orders is None else orders
+    out = logical % num_blocks
+    passes = logical // num_blocks
+    for k in np.unique(passes[passes > 0]):
+        k = int(k)
+        if k not in orders:
+            orders[k] = np.random.default_rng(k).permutation(num_blocks).astype(np.int64)
+        at = passes == k
+        out[at] = orders[k][out[at]]
+    return out
+
+
 class Profiler:
     """Measures the tables of one model on one device with a `validation.model.ModelRunner`."""
 
@@ -370,19 +388,7 @@ class Profiler:
         those reads (blocksim/profiles/README.md gives the cells that timed too fast). Shuffled, a
         row's block at a position is a given earlier row's block at that position with probability
         one in the cache's block count."""
-        logical = np.asarray(logical, np.int64)
-        out = logical % self.num_blocks
-        passes = logical // self.num_blocks
-        for k in np.unique(passes[passes > 0]):
-            at = passes == k
-            out[at] = self._shuffled(int(k))[out[at]]
-        return out
-
-    def _shuffled(self, k: int) -> np.ndarray:
-        """The cache's blocks in the order of pass `k` (seeded by `k`; each kept once drawn)."""
-        if k not in self._orders:
-            self._orders[k] = np.random.default_rng(k).permutation(self.num_blocks).astype(np.int64)
-        return self._orders[k]
+        return pass_blocks(logical, self.num_blocks, self._orders)
 
     def batch(self, prefills=(), decodes=()):
         """A StepBatch: `prefills` as (new, cached) pairs, `decodes` as context lengths."""
