@@ -37,6 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kernels.bench.output import write_json  # noqa: E402  (the repository on the path first)
+
 #: name -> (trace file from the repository root, window [start, end) s, rate scale). mooncake-prefix
 #: is a window of the whole Mooncake synthetic trace (benchmarks/slices/README.md) where prompts send
 #: again, within a few requests, the 512-token blocks of prompts before them, so that the prefix cache
@@ -220,7 +222,7 @@ def cmd_results(a) -> int:
     if a.merge and Path(a.json).is_file():  # keep the file's rows of other runs
         rows = merged_rows(json.loads(Path(a.json).read_text()), rows,
                            ("trace", "preset", "model", "gpu", "tensor_parallel", "cost_model"))
-    Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
+    write_json(a.json, rows)
     if a.markdown:
         moves = repeat_moves(a.repeat, exec_dir)
         again = ""
@@ -319,7 +321,7 @@ def cmd_sensitivity(a) -> int:
                 print(f"sensitivity {run.name}: TTFT p50 x{rows[-1]['ttft_p50_err']:.1f} per unit of step time",
                       flush=True)
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.json).write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1) + "\n")
+    write_json(a.json, {"command": " ".join(sys.argv), "rows": rows})
     print(f"{len(rows)} runs written to {a.json}")
     return 0
 
@@ -843,8 +845,8 @@ def cmd_moves(a) -> int:
                     rows.append(row)
                     print(f"moves {run}: " + ", ".join(f"{k[:-2]} {100 * row[k]['move']:+.2f}%" for k in MOVE_KEYS
                                                      if row[k]["move"] is not None), flush=True)
-    Path(a.json).write_text(json.dumps({"before": a.before, "after": "the working tree's blocksim/profiles",
-                                        "gpu": a.gpu, "rows": rows}, indent=1) + "\n")
+    write_json(a.json, {"before": a.before, "after": "the working tree's blocksim/profiles", "gpu": a.gpu,
+                        "rows": rows})
     for k in MOVE_KEYS:
         m = [abs(r[k]["move"]) for r in rows if r[k]["move"] is not None]
         if m:
