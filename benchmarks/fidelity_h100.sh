@@ -10,8 +10,8 @@
 # measured alone by benchmarks/profile_add_table.sh).
 # Where a call is limited to 10 minutes, give it one model:
 #   PROFILE_MODELS=llama-2-7b RUN_MODELS=llama-2-7b bash benchmarks/fidelity_h100.sh
-# (PROFILE_MODELS="" runs the slices alone). Profiles are copied to $OUT as they finish, the
-# executed runs packed at the end.
+# (PROFILE_MODELS="" runs the slices alone; TRACES and PRESETS name other slices and presets).
+# Profiles are copied to $OUT as they finish, the executed runs packed at the end.
 GPU=h100-80gb PROFILE_MODELS=${PROFILE_MODELS-"llama-2-7b llama-3-8b mistral-7b"} \
-  RUN_MODELS=${RUN_MODELS:-"llama-2-7b llama-3-8b"} TRACES="azure-conv azure-code" PRESETS="vllm" \
+  RUN_MODELS=${RUN_MODELS:-"llama-2-7b llama-3-8b"} TRACES=${TRACES:-"azure-conv azure-code"} PRESETS=${PRESETS:-vllm} \
   BUDGET_S=${BUDGET_S:-520} exec bash "$(dirname "$0")/fidelity_device.sh"

@@ -473,21 +473,31 @@ def step_kinds(exec_dir: Path, priced: dict) -> str:
 def prefix_hits(exec_dir: Path) -> str:
     """How much of each executed prefix-caching run's prompts its prefix cache served: a slice
     whose repeated blocks return only after the cache has evicted them exercises no cached prefill."""
-    rows = []
+    rows, hit, missed = [], [], []
     for p in sorted(exec_dir.glob("*/summary.json")):
-        if parse_name(p.parent.name)[1] != "vllm-prefix":
+        trace, preset = parse_name(p.parent.name)[:2]
+        if preset != "vllm-prefix":
             continue
         m = json.loads(p.read_text())
         m = m.get("metrics", m)
+        (hit if m.get("prefix_cache_hits", 0) else missed).append(trace)
         rows.append(f"| {p.parent.name} | {m.get('prefix_cache_queries', 0)} | {m.get('prefix_cache_hits', 0)} | "
                     f"{m.get('prefix_saved_tokens', 0)} |")
     if not rows:
         return ""
-    return "\n".join(["Prefix caching in the executed `vllm-prefix` runs. The Azure samples carry no prefix hashes, "
-                      "and a block the Mooncake slice sends again comes back after the cache has evicted it: where "
-                      "no block hits, the run prices and executes as `vllm` does. Prefill over cached keys is "
-                      "executed in the `vllm-chunked` runs' later chunks and over the prefixes the tier runs "
-                      "restore (`benchmarks/TIERS.md`).", "",
+    text = ["Prefix caching in the executed `vllm-prefix` runs."]
+    if missed:
+        why = {"azure-conv": "the Azure samples carry no prefix hashes", "azure-code": "the Azure samples carry no "
+               "prefix hashes", "mooncake": "the Mooncake sample's slice sends a block again only after the cache "
+               "has evicted it"}
+        reasons = sorted({why.get(t, f"{t} sends no block again while it is cached") for t in missed})
+        text.append(f"Where no block hits ({'; '.join(reasons)}), the run prices and executes as `vllm` does.")
+    if hit:
+        text.append(f"Where blocks hit ({', '.join(sorted(set(hit)))}), the executed step runs each hit prompt's "
+                    "prefill over its cached keys through the paged prefill kernel, and the twin prices the same "
+                    "step by the profile's prefill-attention table at those cached tokens.")
+    text.append("Prefill over cached keys is executed in the `vllm-chunked` runs' later chunks too.")
+    return "\n".join([textwrap.fill(" ".join(text), 100), "",
                       "| run | blocks looked up | blocks hit | prompt tokens saved |", "| --- | ---: | ---: | ---: |",
                       *rows]) + "\n"
 
@@ -639,26 +649,47 @@ def lease_note(same_lease: bool, exec_dir: Path, repeated: bool = False,
     return textwrap.fill(text + first_copies(exec_dir), 100)
 
 
+def device_command(exec_dir: Path, h100: bool, profiles: bool) -> str:
+    """The device script's command that executes the runs found in `exec_dir` (its models, slices
+    and presets named where they differ from the script's defaults), profiling those models first
+    where `profiles`."""
+    runs = [parse_name(p.parent.name) for p in exec_dir.glob("*/executor.json")]
+    models = [m for m in MODELS if any(r[2] == m for r in runs)] + sorted({r[2] for r in runs} - set(MODELS))
+    traces = [t for t in SLICES if any(r[0] == t for r in runs)]
+    presets = [p for p in PRESETS if any(r[1] == p for r in runs)]
+    defaults = {"PROFILE_MODELS": "llama-2-7b llama-3-8b mistral-7b", "RUN_MODELS": " ".join(MODELS),
+                "TRACES": "azure-conv azure-code" if h100 else " ".join(STANDARD_SLICES),
+                "PRESETS": "vllm" if h100 else " ".join(PRESETS)}
+    want = {"PROFILE_MODELS": " ".join(models) if profiles else "", "RUN_MODELS": " ".join(models),
+            "TRACES": " ".join(traces), "PRESETS": " ".join(presets)}
+    if profiles and set(models) == set(MODELS):
+        want["PROFILE_MODELS"] = defaults["PROFILE_MODELS"]  # the script's default profiles these and mistral-7b
+    env = [] if h100 else ["GPU=h200-141gb"]
+    env += [f'{k}="{v}"' for k, v in want.items() if runs and v != defaults[k]]
+    script = "bash benchmarks/fidelity_h100.sh" if h100 else "bash benchmarks/fidelity_device.sh"
+    return " ".join(env + [script]) if len(" ".join(env)) < 60 else " ".join(env) + " \\\n    " + script
+
+
 def commands_block(a, devices: list[str], added: list[str] | None = None) -> str:
     """The commands that make the document from these arguments of `results` (the device's first;
     `added`: the `--add-table` commands, `added_commands`, with --added-tables-lease)."""
-    h100 = devices and all("H100" in d for d in devices)
-    lines = ["# on the GPU, the profiles and the executed runs on one lease",
-             "bash benchmarks/fidelity_h100.sh" if h100 else
-             'GPU=h200-141gb PROFILE_MODELS="llama-2-7b llama-3-8b mistral-7b" RUN_MODELS="llama-2-7b llama-3-8b" \\\n'
-             "    bash benchmarks/fidelity_device.sh"]
+    h100 = bool(devices) and all("H100" in d for d in devices)
+    exec_dir = Path(a.exec)
+    if a.same_lease or a.added_tables_lease:
+        lines = ["# on the GPU, the profiles and the executed runs on one lease", device_command(exec_dir, h100, True)]
+    else:
+        lines = ["# on the GPU, the executed runs (priced by the profiles shipped, measured on another lease)",
+                 device_command(exec_dir, h100, False)]
     if a.added_tables_lease:
         lines = [f"# on the GPU, the profiles and the slices executed (fetched into {a.repeat or 'another directory'})",
                  *lines[1:],
                  f"# on a later lease, the profiles' tables measured again (through benchmarks/profile_add_table.sh), "
                  f"then the slices executed (into {a.exec})",
                  *(added or []),
-                 'PROFILE_MODELS="" bash benchmarks/fidelity_h100.sh' if h100 else
-                 'GPU=h200-141gb PROFILE_MODELS="" RUN_MODELS="llama-2-7b llama-3-8b" bash benchmarks/fidelity_device.sh']
+                 device_command(exec_dir, h100, False)]
     elif a.repeat:
         lines += [f"# on another lease, the slices executed again (fetched into {a.repeat})",
-                  'PROFILE_MODELS="" bash benchmarks/fidelity_h100.sh' if h100 else
-                  'GPU=h200-141gb PROFILE_MODELS="" RUN_MODELS="llama-2-7b llama-3-8b" bash benchmarks/fidelity_device.sh']
+                  device_command(Path(a.repeat), h100, False)]
     lines += ["# on any machine, with the executed runs and profiles fetched",
              f"python benchmarks/fidelity_runs.py simulate --exec {a.exec} --out {a.sim}"]
     if a.repeat_sim:

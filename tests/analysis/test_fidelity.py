@@ -468,3 +468,46 @@ def test_mooncake_prefix_slice_reuses_prefixes_and_an_empty_window_is_refused(tm
     monkeypatch.setitem(fr.SLICES, "empty", ("benchmarks/slices/mooncake_synthetic_1005_1020.jsonl", (100.0, 110.0), 1.0))
     with pytest.raises(ValueError, match="slice empty: no request"):
         fr.slice_file("empty", 1, tmp_path / "slices")
+
+
+def _executed(exec_dir: Path, names: list[str], hits: dict[str, int] | None = None) -> Path:
+    """An executed-runs folder holding run directories of these names (their summaries with `hits`)."""
+    for name in names:
+        run = exec_dir / name
+        run.mkdir(parents=True)
+        (run / "executor.json").write_text("{}")
+        h = (hits or {}).get(name, 0)
+        (run / "summary.json").write_text(json.dumps({"metrics": {
+            "prefix_cache_queries": 100, "prefix_cache_hits": h, "prefix_saved_tokens": 16 * h}}))
+    return exec_dir
+
+
+def test_the_device_command_names_the_slices_presets_and_models_executed(tmp_path):
+    """fidelity_runs.py results: the document's device command executes the runs its tables hold,
+    naming what differs from the script's defaults, and profiles only where the runs share its lease."""
+    fr = _fidelity_runs()
+    part = _executed(tmp_path / "part", ["mooncake-prefix__vllm__llama-3-8b", "mooncake-prefix__vllm-prefix__llama-3-8b"])
+    h100 = " ".join(fr.device_command(part, True, False).split())
+    assert h100 == ('PROFILE_MODELS="" RUN_MODELS="llama-3-8b" TRACES="mooncake-prefix" '
+                    'PRESETS="vllm vllm-prefix" \\ bash benchmarks/fidelity_h100.sh')
+    h200 = " ".join(fr.device_command(part, False, True).split())
+    assert h200.startswith('GPU=h200-141gb PROFILE_MODELS="llama-3-8b" RUN_MODELS="llama-3-8b" ')
+    assert h200.endswith("bash benchmarks/fidelity_device.sh")
+    full = _executed(tmp_path / "full", [fr.run_name(t, p, m) for t in fr.STANDARD_SLICES for p in fr.PRESETS
+                                         for m in fr.MODELS])
+    assert fr.device_command(full, False, True) == "GPU=h200-141gb bash benchmarks/fidelity_device.sh"
+    h100_default = _executed(tmp_path / "h100", [fr.run_name(t, "vllm", m) for t in ("azure-conv", "azure-code")
+                                                 for m in fr.MODELS])
+    assert fr.device_command(h100_default, True, True) == "bash benchmarks/fidelity_h100.sh"
+
+
+def test_the_prefix_paragraph_says_why_a_run_hit_nothing_and_what_a_hit_executes(tmp_path):
+    fr = _fidelity_runs()
+    hit, miss = "mooncake-prefix__vllm-prefix__llama-2-7b", "azure-conv__vllm-prefix__llama-2-7b"
+    text = " ".join(fr.prefix_hits(_executed(tmp_path / "both", [hit, miss, "azure-conv__vllm__llama-2-7b"],
+                                             {hit: 7})).split())
+    assert "carry no prefix hashes" in text and "Where blocks hit (mooncake-prefix)" in text
+    assert f"| {hit} | 100 | 7 | 112 |" in text and "azure-conv__vllm__" not in text
+    only_hit = " ".join(fr.prefix_hits(_executed(tmp_path / "hit", [hit], {hit: 7})).split())
+    assert "Where no block hits" not in only_hit
+    assert fr.prefix_hits(_executed(tmp_path / "none", ["azure-conv__vllm__llama-2-7b"])) == ""
