@@ -470,9 +470,17 @@ def step_kinds(exec_dir: Path, priced: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def prefix_hits(exec_dir: Path) -> str:
+def prefix_hits(exec_dir: Path, priced: dict | None = None) -> str:
     """How much of each executed prefix-caching run's prompts its prefix cache served: a slice
-    whose repeated blocks return only after the cache has evicted them exercises no cached prefill."""
+    whose repeated blocks return only after the cache has evicted them exercises no cached prefill.
+    With `priced` (run -> the profiled twin's seconds per executed step), the mean error of the
+    run's eager steps with a prompt beside that of the same slice and model executed under `vllm`."""
+    x = priced_steps(exec_dir, priced) if priced else None
+    eager = {} if x is None else {run: g for run, g in x[x.kind == "eager, with a prompt"].groupby("run")}
+
+    def err(run: str) -> str:
+        g = eager.get(run)
+        return f"{len(g)} | {100 * g.err.mean():+.1f}%" if g is not None and len(g) else "0 | n/a"
     rows, hit, missed = [], [], []
     for p in sorted(exec_dir.glob("*/summary.json")):
         trace, preset = parse_name(p.parent.name)[:2]
@@ -481,8 +489,9 @@ def prefix_hits(exec_dir: Path) -> str:
         m = json.loads(p.read_text())
         m = m.get("metrics", m)
         (hit if m.get("prefix_cache_hits", 0) else missed).append(trace)
+        plain = p.parent.name.replace("__vllm-prefix__", "__vllm__", 1)
         rows.append(f"| {p.parent.name} | {m.get('prefix_cache_queries', 0)} | {m.get('prefix_cache_hits', 0)} | "
-                    f"{m.get('prefix_saved_tokens', 0)} |")
+                    f"{m.get('prefix_saved_tokens', 0)} |" + (f" {err(p.parent.name)} | {err(plain)} |" if eager else ""))
     if not rows:
         return ""
     text = ["Prefix caching in the executed `vllm-prefix` runs."]
@@ -497,9 +506,13 @@ def prefix_hits(exec_dir: Path) -> str:
                     "prefill over its cached keys through the paged prefill kernel, and the twin prices the same "
                     "step by the profile's prefill-attention table at those cached tokens.")
     text.append("Prefill over cached keys is executed in the `vllm-chunked` runs' later chunks too.")
-    return "\n".join([textwrap.fill(" ".join(text), 100), "",
-                      "| run | blocks looked up | blocks hit | prompt tokens saved |", "| --- | ---: | ---: | ---: |",
-                      *rows]) + "\n"
+    head = ["| run | blocks looked up | blocks hit | prompt tokens saved |", "| --- | ---: | ---: | ---: |"]
+    if eager:
+        text.append("The eager steps with a prompt of each run, priced by its profiled twin, stand beside those "
+                    "of the same slice executed under `vllm` (no prefix cache).")
+        head = [head[0] + " eager steps | mean error | under vllm: eager steps | under vllm: mean error |",
+                head[1] + " ---: | ---: | ---: | ---: |"]
+    return "\n".join([textwrap.fill(" ".join(text), 100), "", *head, *rows]) + "\n"
 
 
 def repeat_moves(repeat_dir, exec_dir: Path) -> dict[str, tuple[str, dict]]:
@@ -724,7 +737,7 @@ def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str, 
     out.append(f"Executed runs: {len(want) - len(missing)} of {len(want)}"
                + (f"; not executed (device time): {', '.join(missing)}." if missing else ".") + "\n")
     out.append(step_kinds(exec_dir, priced))
-    out.append(prefix_hits(exec_dir))
+    out.append(prefix_hits(exec_dir, priced))
     for cost in ("profiled", "roofline"):
         sub = [r for r in rows if r["cost_model"] == cost]
         if not sub:

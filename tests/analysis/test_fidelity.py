@@ -511,3 +511,21 @@ def test_the_prefix_paragraph_says_why_a_run_hit_nothing_and_what_a_hit_executes
     only_hit = " ".join(fr.prefix_hits(_executed(tmp_path / "hit", [hit], {hit: 7})).split())
     assert "Where no block hits" not in only_hit
     assert fr.prefix_hits(_executed(tmp_path / "none", ["azure-conv__vllm__llama-2-7b"])) == ""
+
+
+def test_the_prefix_table_sets_each_runs_eager_error_beside_the_same_slice_without_the_cache(tmp_path):
+    """With the twins' prices, each vllm-prefix run's eager prompt steps' mean error stands beside
+    those of the same slice and model executed under vllm."""
+    fr = _fidelity_runs()
+    hit, plain = "mooncake-prefix__vllm-prefix__llama-2-7b", "mooncake-prefix__vllm__llama-2-7b"
+    exec_dir = _executed(tmp_path / "exec", [hit, plain], {hit: 7})
+    steps = {hit: ([0.10, 0.20, 0.01], [True, True, False]), plain: ([0.10, 0.30], [True, True])}
+    priced = {}
+    for run, (measured, prompt) in steps.items():
+        pd.DataFrame({"measured_s": measured, "m_swap_s": 0.0, "m_copy_s": 0.0, "graph": [not p for p in prompt],
+                      "num_prefills": [int(p) for p in prompt], "num_tokens": 512, "padded_batch": 1,
+                      "num_decodes": 1}).to_parquet(exec_dir / run / "executor_steps.parquet")
+        priced[run] = np.asarray(measured) * (1.02 if run == hit else 1.05)
+    text = fr.prefix_hits(exec_dir, priced)
+    assert f"| {hit} | 100 | 7 | 112 | 2 | +2.0% | 2 | +5.0% |" in text
+    assert "under vllm: mean error" in text
