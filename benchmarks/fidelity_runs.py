@@ -470,11 +470,14 @@ def step_kinds(exec_dir: Path, priced: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def prefix_hits(exec_dir: Path, priced: dict | None = None) -> str:
+def prefix_hits(exec_dir: Path, priced: dict | None = None, twins: Path | None = None) -> str:
     """How much of each executed prefix-caching run's prompts its prefix cache served: a slice
     whose repeated blocks return only after the cache has evicted them exercises no cached prefill.
     With `priced` (run -> the profiled twin's seconds per executed step), the mean error of the
-    run's eager steps with a prompt beside that of the same slice and model executed under `vllm`."""
+    run's eager steps with a prompt beside that of the same slice and model executed under `vllm`;
+    with `twins` (the folder of the profiled twins), the blocks each twin hit: which blocks are
+    still cached when a prompt comes depends on the schedule, so a twin whose steps last longer or
+    shorter can hit other blocks than its run."""
     x = priced_steps(exec_dir, priced) if priced else None
     eager = {} if x is None else {run: g for run, g in x[x.kind == "eager, with a prompt"].groupby("run")}
 
@@ -490,8 +493,15 @@ def prefix_hits(exec_dir: Path, priced: dict | None = None) -> str:
         m = m.get("metrics", m)
         (hit if m.get("prefix_cache_hits", 0) else missed).append(trace)
         plain = p.parent.name.replace("__vllm-prefix__", "__vllm__", 1)
+        twin = twins / p.parent.name / "summary.json" if twins else None
+        if twin is not None and twin.is_file():
+            t = json.loads(twin.read_text())
+            twin_hits = str(t.get("metrics", t).get("prefix_cache_hits", 0))
+        else:
+            twin_hits = "n/a"
         rows.append(f"| {p.parent.name} | {m.get('prefix_cache_queries', 0)} | {m.get('prefix_cache_hits', 0)} | "
-                    f"{m.get('prefix_saved_tokens', 0)} |" + (f" {err(p.parent.name)} | {err(plain)} |" if eager else ""))
+                    + (f"{twin_hits} | " if twins else "") + f"{m.get('prefix_saved_tokens', 0)} |"
+                    + (f" {err(p.parent.name)} | {err(plain)} |" if eager else ""))
     if not rows:
         return ""
     text = ["Prefix caching in the executed `vllm-prefix` runs."]
@@ -503,10 +513,15 @@ def prefix_hits(exec_dir: Path, priced: dict | None = None) -> str:
         text.append(f"Where no block hits ({'; '.join(reasons)}), the run prices and executes as `vllm` does.")
     if hit:
         text.append(f"Where blocks hit ({', '.join(sorted(set(hit)))}), the executed step runs each hit prompt's "
-                    "prefill over its cached keys through the paged prefill kernel, and the twin prices the same "
-                    "step by the profile's prefill-attention table at those cached tokens.")
+                    "prefill over its cached keys through the paged prefill kernel, and the profile prices such a "
+                    "step by its prefill-attention table at those cached tokens.")
     text.append("Prefill over cached keys is executed in the `vllm-chunked` runs' later chunks too.")
-    head = ["| run | blocks looked up | blocks hit | prompt tokens saved |", "| --- | ---: | ---: | ---: |"]
+    head = ["| run | blocks looked up | blocks hit |" + (" profiled twin: blocks hit |" if twins else "")
+            + " prompt tokens saved |", "| --- | ---: | ---: |" + (" ---: |" if twins else "") + " ---: |"]
+    if twins:
+        text.append("Which blocks are still cached when a prompt comes depends on the schedule: a profiled twin "
+                    "whose steps last longer or shorter than its run's can hit other blocks, and then its "
+                    "latencies can part from the run's by more than its steps do.")
     if eager:
         text.append("The eager steps with a prompt of each run, priced by its profiled twin, stand beside those "
                     "of the same slice executed under `vllm` (no prefix cache).")
@@ -737,7 +752,7 @@ def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str, 
     out.append(f"Executed runs: {len(want) - len(missing)} of {len(want)}"
                + (f"; not executed (device time): {', '.join(missing)}." if missing else ".") + "\n")
     out.append(step_kinds(exec_dir, priced))
-    out.append(prefix_hits(exec_dir, priced))
+    out.append(prefix_hits(exec_dir, priced, Path(args.sim) / "profiled"))
     for cost in ("profiled", "roofline"):
         sub = [r for r in rows if r["cost_model"] == cost]
         if not sub:

@@ -529,3 +529,7 @@ def test_the_prefix_table_sets_each_runs_eager_error_beside_the_same_slice_witho
     text = fr.prefix_hits(exec_dir, priced)
     assert f"| {hit} | 100 | 7 | 112 | 2 | +2.0% | 2 | +5.0% |" in text
     assert "under vllm: mean error" in text
+    twins = _executed(tmp_path / "sim" / "profiled", [hit], {hit: 9})  # the twin hit other blocks
+    text = fr.prefix_hits(exec_dir, priced, twins)
+    assert f"| {hit} | 100 | 7 | 9 | 112 | 2 | +2.0% | 2 | +5.0% |" in text and "profiled twin: blocks hit" in text
+    assert f"| {hit} | 100 | 7 | n/a | 112 |" in fr.prefix_hits(exec_dir, priced, tmp_path / "no-twins")
