@@ -273,12 +273,20 @@ LATENCY = ("ttft_p50_err", "ttft_p99_err", "tpot_p50_err", "tpot_p99_err", "e2e_
 def cmd_sensitivity(a) -> int:
     """Each executed run's slice simulated by its profile with every measured time scaled by
     1 - STEP and 1 + STEP: how far each latency figure moves per unit of step time (1.0: in
-    proportion; 5.0: five times as far), around the unscaled simulated run in --sim."""
+    proportion; 5.0: five times as far), around the unscaled simulated run in --sim. With --at F,
+    also the errors against the executed run of the slice simulated by the profile scaled by F: what
+    the latency errors would be with every step priced F times (a profile whose steps come out 3%
+    long, as a run on another lease may find them, at F = 0.97)."""
     from analysis.fidelity import compare, errors
     from validation.profile import shipped_name
     exec_dir, sim_dir, out = Path(a.exec), Path(a.sim), Path(a.out)
     if not 0 < a.step < 0.5:
         print(f"fidelity_runs.py sensitivity: --step {a.step}: give a scale between 0 and 0.5, e.g. 0.01",
+              file=sys.stderr)
+        return 2
+    bad = [f for f in a.at if not 0.5 <= f <= 1.5]
+    if bad:
+        print(f"fidelity_runs.py sensitivity: --at {bad[0]}: give scales between 0.5 and 1.5, e.g. 0.97",
               file=sys.stderr)
         return 2
     if not any(exec_dir.glob("*/executor.json")):
@@ -289,7 +297,7 @@ def cmd_sensitivity(a) -> int:
         print(f"fidelity_runs.py sensitivity: --sim {a.sim}: no profiled/ twins there; give the directory "
               f"`fidelity_runs.py simulate --out` wrote", file=sys.stderr)
         return 2
-    rows = []
+    rows, at = [], []
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "sensitivity.log", "a") as log:
         for run in sorted(p.parent for p in exec_dir.glob("*/executor.json")):
@@ -304,24 +312,38 @@ def cmd_sensitivity(a) -> int:
                 print(f"sensitivity {run.name}: its twin's profile {src} is not readable", flush=True)
                 continue
             path = slice_file(trace, PRESETS[preset][2], exec_dir / "traces")
-            moved = {}
-            for sign in (-1, 1):
-                f = 1.0 + sign * a.step
+
+            def scaled(f: float, against: Path):
+                """The errors of the slice simulated by the profile scaled by `f`, against `against`."""
                 prof = scaled_profile(src, f, out / "profiles" / f"{f:.3f}" / src.name)
                 dest = out / f"{f:.3f}" / run.name
                 rc = blocksim(replay_args(path, preset, model, gpu, dest, tp)
                               + ["--cost-model", "profiled", "--cost-profile", str(prof), "--overwrite"], log)
                 if rc:
                     print(f"sensitivity {run.name}: simulation at {f:.3f} failed (rc {rc}); see {out}/sensitivity.log")
+                    return None
+                e = errors(compare(dest, against))
+                m = json.loads((dest / "summary.json").read_text())
+                e["prefix_cache_hits"] = m.get("metrics", m).get("prefix_cache_hits")
+                return e
+            moved = {}
+            for sign in (-1, 1):
+                e = scaled(1.0 + sign * a.step, base)
+                if e is None:
                     break
-                moved[sign] = errors(compare(dest, base))
+                moved[sign] = e
             if len(moved) == 2:
                 rows.append({"run": run.name, "step": a.step,
                              **{k: (moved[1][k] - moved[-1][k]) / (2 * a.step) for k in LATENCY}})
                 print(f"sensitivity {run.name}: TTFT p50 x{rows[-1]['ttft_p50_err']:.1f} per unit of step time",
                       flush=True)
+            for f in a.at:  # against the executed run: what the errors would be with steps priced f times
+                e = scaled(f, run)
+                if e is not None:
+                    at.append({"run": run.name, "scale": f, **{k: e[k] for k in LATENCY},
+                               "prefix_cache_hits": e["prefix_cache_hits"]})
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    write_json(a.json, {"command": " ".join(sys.argv), "rows": rows})
+    write_json(a.json, {"command": " ".join(sys.argv), "rows": rows, **({"at": at} if a.at else {})})
     print(f"{len(rows)} runs written to {a.json}")
     return 0
 
@@ -340,6 +362,17 @@ def sensitivity_table(path) -> str:
              "| run | " + " | ".join(k[:-4] for k in LATENCY) + " |", "|---|" + "---:|" * len(LATENCY)]
     for r in data["rows"]:
         lines.append(f"| {r['run']} | " + " | ".join(f"{r[k]:+.1f}" for k in LATENCY) + " |")
+    if data.get("at"):
+        lines += ["", "The errors against the executed runs with every step of the profile scaled (`fidelity_runs.py "
+                  "sensitivity --at`): what each figure would be with the steps priced that much shorter or "
+                  "longer, as a profile of the runs' own lease might price them. A diagnosis, not a result: the "
+                  "scale is chosen after seeing the runs.", "",
+                  "| run | scale | " + " | ".join(LATENCY) + " | prefix blocks hit |",
+                  "|---|---:|" + "---:|" * (len(LATENCY) + 1)]
+        for r in data["at"]:
+            hits = r.get("prefix_cache_hits")
+            lines.append(f"| {r['run']} | {r['scale']:.2f} | " + " | ".join(f"{100 * r[k]:+.1f}%" for k in LATENCY)
+                         + f" | {'n/a' if hits is None else hits} |")
     return "\n".join(lines) + "\n"
 
 
@@ -723,8 +756,10 @@ def commands_block(a, devices: list[str], added: list[str] | None = None) -> str
     if a.repeat_sim:
         lines.append(f"python benchmarks/fidelity_runs.py simulate --exec {a.repeat} --out {a.repeat_sim}")
     if a.sensitivity:
+        scales = sorted({r["scale"] for r in json.loads(Path(a.sensitivity).read_text()).get("at", [])})
         lines.append(f"python benchmarks/fidelity_runs.py sensitivity --exec {a.exec} --sim {a.sim} \\\n"
-                     f"    --out {Path(a.sim).parent / 'sensitivity'} --json {a.sensitivity}")
+                     f"    --out {Path(a.sim).parent / 'sensitivity'} --json {a.sensitivity}"
+                     + (" --at " + " ".join(f"{f:g}" for f in scales) if scales else ""))
     opts = [f"--json {a.json}", f"--markdown {a.markdown}"]
     opts += [f"--repeat {a.repeat}"] * bool(a.repeat) + [f"--repeat-sim {a.repeat_sim}"] * bool(a.repeat_sim)
     opts += ["--same-lease"] * a.same_lease
@@ -960,6 +995,8 @@ def main(argv=None) -> int:
     v.add_argument("--out", required=True)
     v.add_argument("--step", type=float, default=0.01, help="the scale either side of 1 (default 0.01)")
     v.add_argument("--json", required=True)
+    v.add_argument("--at", type=float, nargs="+", default=[], metavar="F",
+                   help="also the errors against the executed runs with every step priced F times (e.g. 0.97)")
     v.set_defaults(func=cmd_sensitivity)
     m = sub.add_parser("moves", help="how far the simulated figures move between two sets of profiles")
     m.add_argument("--before", required=True, metavar="REV|DIR",

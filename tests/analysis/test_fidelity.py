@@ -533,3 +533,21 @@ def test_the_prefix_table_sets_each_runs_eager_error_beside_the_same_slice_witho
     text = fr.prefix_hits(exec_dir, priced, twins)
     assert f"| {hit} | 100 | 7 | 9 | 112 | 2 | +2.0% | 2 | +5.0% |" in text and "profiled twin: blocks hit" in text
     assert f"| {hit} | 100 | 7 | n/a | 112 |" in fr.prefix_hits(exec_dir, priced, tmp_path / "no-twins")
+
+
+def test_sensitivity_at_a_scale_out_of_range_is_refused_and_its_rows_are_shown(tmp_path, capsys):
+    """fidelity_runs.py sensitivity --at F: a scale outside 0.5-1.5 is refused in one line before
+    anything runs; the rows it writes are shown, as signed percentages, under the slopes."""
+    fr = _fidelity_runs()
+    args = ["sensitivity", "--exec", str(tmp_path / "exec"), "--sim", str(tmp_path / "sim"),
+            "--out", str(tmp_path / "out"), "--json", str(tmp_path / "s.json")]
+    assert fr.main(args + ["--at", "0.97", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--at 3.0" in err
+    assert not (tmp_path / "out").exists()
+    row = {k: 0.5 for k in fr.LATENCY}
+    (tmp_path / "s.json").write_text(json.dumps({"rows": [{"run": "r", "step": 0.01, **row}], "at": [
+        {"run": "r", "scale": 0.97, **{k: -0.031 for k in fr.LATENCY}, "prefix_cache_hits": 12}]}))
+    table = fr.sensitivity_table(tmp_path / "s.json")
+    assert "| r | +0.5 |" in table and "| r | 0.97 | -3.1% |" in table and "sensitivity --at" in table
+    assert table.rstrip().endswith("| -3.1% | 12 |")
