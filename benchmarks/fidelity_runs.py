@@ -313,8 +313,8 @@ def cmd_sensitivity(a) -> int:
                 continue
             path = slice_file(trace, PRESETS[preset][2], exec_dir / "traces")
 
-            def scaled(f: float, against: Path):
-                """The errors of the slice simulated by the profile scaled by `f`, against `against`."""
+            def scaled(f: float) -> Path | None:
+                """The slice simulated by the profile scaled by `f`: its run directory (None if it failed)."""
                 prof = scaled_profile(src, f, out / "profiles" / f"{f:.3f}" / src.name)
                 dest = out / f"{f:.3f}" / run.name
                 rc = blocksim(replay_args(path, preset, model, gpu, dest, tp)
@@ -322,26 +322,24 @@ def cmd_sensitivity(a) -> int:
                 if rc:
                     print(f"sensitivity {run.name}: simulation at {f:.3f} failed (rc {rc}); see {out}/sensitivity.log")
                     return None
-                e = errors(compare(dest, against))
-                m = json.loads((dest / "summary.json").read_text())
-                e["prefix_cache_hits"] = m.get("metrics", m).get("prefix_cache_hits")
-                return e
+                return dest
             moved = {}
             for sign in (-1, 1):
-                e = scaled(1.0 + sign * a.step, base)
-                if e is None:
+                dest = scaled(1.0 + sign * a.step)
+                if dest is None:
                     break
-                moved[sign] = e
+                moved[sign] = errors(compare(dest, base))
             if len(moved) == 2:
                 rows.append({"run": run.name, "step": a.step,
                              **{k: (moved[1][k] - moved[-1][k]) / (2 * a.step) for k in LATENCY}})
                 print(f"sensitivity {run.name}: TTFT p50 x{rows[-1]['ttft_p50_err']:.1f} per unit of step time",
                       flush=True)
             for f in a.at:  # against the executed run: what the errors would be with steps priced f times
-                e = scaled(f, run)
-                if e is not None:
-                    at.append({"run": run.name, "scale": f, **{k: e[k] for k in LATENCY},
-                               "prefix_cache_hits": e["prefix_cache_hits"]})
+                dest = scaled(f)
+                if dest is not None:
+                    e = errors(compare(dest, run))
+                    hits = json.loads((dest / "summary.json").read_text()).get("prefix_cache_hits")
+                    at.append({"run": run.name, "scale": f, **{k: e[k] for k in LATENCY}, "prefix_cache_hits": hits})
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     write_json(a.json, {"command": " ".join(sys.argv), "rows": rows, **({"at": at} if a.at else {})})
     print(f"{len(rows)} runs written to {a.json}")
@@ -523,15 +521,10 @@ def prefix_hits(exec_dir: Path, priced: dict | None = None, twins: Path | None =
         if preset != "vllm-prefix":
             continue
         m = json.loads(p.read_text())
-        m = m.get("metrics", m)
         (hit if m.get("prefix_cache_hits", 0) else missed).append(trace)
         plain = p.parent.name.replace("__vllm-prefix__", "__vllm__", 1)
         twin = twins / p.parent.name / "summary.json" if twins else None
-        if twin is not None and twin.is_file():
-            t = json.loads(twin.read_text())
-            twin_hits = str(t.get("metrics", t).get("prefix_cache_hits", 0))
-        else:
-            twin_hits = "n/a"
+        twin_hits = str(json.loads(twin.read_text()).get("prefix_cache_hits", 0)) if twin and twin.is_file() else "n/a"
         rows.append(f"| {p.parent.name} | {m.get('prefix_cache_queries', 0)} | {m.get('prefix_cache_hits', 0)} | "
                     + (f"{twin_hits} | " if twins else "") + f"{m.get('prefix_saved_tokens', 0)} |"
                     + (f" {err(p.parent.name)} | {err(plain)} |" if eager else ""))
@@ -539,9 +532,9 @@ def prefix_hits(exec_dir: Path, priced: dict | None = None, twins: Path | None =
         return ""
     text = ["Prefix caching in the executed `vllm-prefix` runs."]
     if missed:
-        why = {"azure-conv": "the Azure samples carry no prefix hashes", "azure-code": "the Azure samples carry no "
-               "prefix hashes", "mooncake": "the Mooncake sample's slice sends a block again only after the cache "
-               "has evicted it"}
+        azure = "the Azure samples carry no prefix hashes"
+        why = {"azure-conv": azure, "azure-code": azure, "mooncake": "the Mooncake sample's slice sends a block "
+               "again only after the cache has evicted it"}
         reasons = sorted({why.get(t, f"{t} sends no block again while it is cached") for t in missed})
         text.append(f"Where no block hits ({'; '.join(reasons)}), the run prices and executes as `vllm` does.")
     if hit:

@@ -463,7 +463,6 @@ def test_mooncake_prefix_slice_reuses_prefixes_and_an_empty_window_is_refused(tm
     assert main(["replay", str(path), "--model", "llama-2-7b", "--gpu", "h100-80gb", "--policy", policy, *extra,
                  "--quiet", "--no-report", "--out", str(out)]) == 0
     m = json.loads((out / "summary.json").read_text())
-    m = m.get("metrics", m)
     assert m["finished"] == 52 and m["prefix_cache_hits"] > 0.1 * m["prefix_cache_queries"] > 0
     monkeypatch.setitem(fr.SLICES, "empty", ("benchmarks/slices/mooncake_synthetic_1005_1020.jsonl", (100.0, 110.0), 1.0))
     with pytest.raises(ValueError, match="slice empty: no request"):
@@ -477,8 +476,8 @@ def _executed(exec_dir: Path, names: list[str], hits: dict[str, int] | None = No
         run.mkdir(parents=True)
         (run / "executor.json").write_text("{}")
         h = (hits or {}).get(name, 0)
-        (run / "summary.json").write_text(json.dumps({"metrics": {
-            "prefix_cache_queries": 100, "prefix_cache_hits": h, "prefix_saved_tokens": 16 * h}}))
+        (run / "summary.json").write_text(json.dumps({
+            "prefix_cache_queries": 100, "prefix_cache_hits": h, "prefix_saved_tokens": 16 * h}))
     return exec_dir
 
 
