@@ -102,7 +102,7 @@ def comparison_findings(rows: pd.DataFrame) -> str:
         return text.replace(": the rest", "; the rest")
     if {"running_mean", "waiting_mean"} <= set(rows.columns) and worst["running_mean"] < best["running_mean"]:
         text += (f" So {worst['policy']} runs {worst['running_mean']:.1f} requests at a time on average against "
-                 f"{best['running_mean']:.1f}, {worst['waiting_mean']:.1f} wait against {best['waiting_mean']:.1f},")
+                 f"{best['running_mean']:.1f} with {worst['waiting_mean']:.1f} waiting against {best['waiting_mean']:.1f};")
     else:
         text += f" For {worst['policy']}, against {best['policy']}:"
     text += (f" TTFT p99 is {worst['ttft_p99_s']:.1f} s against {best['ttft_p99_s']:.1f} s and throughput "

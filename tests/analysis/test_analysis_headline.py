@@ -35,6 +35,6 @@ def test_text_table_puts_units_on_a_second_line_and_aligns_numbers_right():
 def test_findings_compare_the_most_and_least_memory_efficient_policies():
     text = comparison_findings(pd.DataFrame(ROWS))
     assert text.startswith("vllm keeps 99% of the KV memory it uses for token states, orca-max 28%")
-    assert "orca-max runs 10.5 requests at a time on average against 19.2, 219.9 wait against 0.3" in text
+    assert "orca-max runs 10.5 requests at a time on average against 19.2 with 219.9 waiting against 0.3;" in text
     assert "TTFT p99 is 266.4 s against 3.4 s and throughput 1.78 against 2.34 req/s." in text
     assert comparison_findings(pd.DataFrame(ROWS[:1])) == "", "one policy: nothing to compare"
