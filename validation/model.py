@@ -39,6 +39,7 @@ torch is imported by the caller's process; this module imports it at the top (va
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,6 +64,12 @@ class SegmentTimer:
     records an event; `end` records another. The sum of the segments' event times is the GPU's
     time for the step's work: the kernels back to back, as a serving engine whose host keeps
     ahead of its GPU sees them. The host's time is measured apart (perf_counter).
+
+    A segment is *late* when its launches took the host longer than its sleep lasts: the GPU may
+    then have waited for the host inside the timed span, and the span holds that gap. Launches
+    queued within the sleep cannot leave a gap (the sleep starts no earlier than it is queued and
+    lasts at least its length at the clock assumed), so a segment that is not late times the GPU's
+    work alone. `seconds` leaves the count of late segments it summed in `late`.
     """
 
     CLOCK_HZ = 2.0e9  # sleep cycles per second (Hopper boost clock is about 1.98 GHz)
@@ -71,19 +78,27 @@ class SegmentTimer:
         self.lead_s = lead_s
         self.pairs: list[tuple] = []
         self._start = None
+        self._host0, self._lead = 0.0, math.inf
+        self._late = 0
+        self.late = 0  # late segments among those the last `seconds` summed
 
     def begin(self, lead_s: float | None = None) -> None:
-        torch.cuda._sleep(int((self.lead_s if lead_s is None else lead_s) * self.CLOCK_HZ))
+        self._lead = self.lead_s if lead_s is None else lead_s
+        self._host0 = time.perf_counter()  # before the sleep is queued: its start is no earlier
+        torch.cuda._sleep(int(self._lead * self.CLOCK_HZ))
         self._start = torch.cuda.Event(enable_timing=True)
         self._start.record()
 
     def end(self) -> None:
         e = torch.cuda.Event(enable_timing=True)
         e.record()
+        if time.perf_counter() - self._host0 > self._lead:
+            self._late += 1
         self.pairs.append((self._start, e))
 
     def seconds(self) -> float:
-        """The segments' total (synchronises); resets."""
+        """The segments' total (synchronises); resets, leaving their late segments in `late`."""
+        self.late, self._late = self._late, 0
         if not self.pairs:
             return 0.0
         self.pairs[-1][1].synchronize()
@@ -94,9 +109,10 @@ class SegmentTimer:
 
 class EventTimer(SegmentTimer):
     """GPU time of spans inside a timed segment (attention within each layer): events only, no
-    sleep, the host being ahead already thanks to the segment's sleep."""
+    sleep, the host being ahead already thanks to the segment's sleep (never late)."""
 
     def begin(self, lead_s: float | None = None) -> None:
+        self._lead = math.inf
         self._start = torch.cuda.Event(enable_timing=True)
         self._start.record()
 

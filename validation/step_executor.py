@@ -23,7 +23,11 @@ without copy-on-write), block moves stay inside their caches and no destination 
 
 Measured per step (`executor_steps.parquet` in the run directory): `measured_s` (the events'
 time), its parts `m_swap_s`, `m_copy_s` and `m_forward_s`, `host_s` (the host's time for the
-step: inputs built and uploaded, launches, waiting for the GPU), `graph` and `padded_batch`.
+step: inputs built and uploaded, launches, waiting for the GPU), `graph` and `padded_batch`;
+`late_segments`, the step's timed segments whose launches outlasted their sleep (the GPU may have
+waited for the host inside them: `SegmentTimer`), and `retimed`: an eager forward with a late
+segment runs again at once with four times the sleep (the same writes and samples), and that time
+counts (`late_after_retime`, its own late segments).
 
 Tensor parallelism (``tensor_parallel`` N > 1): the model is split over N GPUs, one process each
 (`validation.sharded`); this process is rank 0, runs the engine and times its own GPU, and the
@@ -50,6 +54,7 @@ from validation.model import (GRAPH_BATCH_SIZES, ModelDims, PrefillSeq, SegmentT
 WORKSPACE_BYTES = 6 << 30  # activations, CUDA graphs and the allocator's slack
 LEAD_S = 1.2e-3         # sleep queued before each eager segment (one layer): covers its launches
 GRAPH_LEAD_S = 50e-6    # before a graph replay (one launch)
+RETIME_LEAD_S = 4 * LEAD_S  # per segment, when an eager forward is timed again (a late segment)
 
 
 class ExecutorError(RuntimeError):
@@ -284,6 +289,7 @@ class ModelStepExecutor:
             primed = shape not in self._shapes  # a new shape's first host calls stay out of the timed segments
             self._shapes.add(shape)
         tokens = None
+        late, retimed, late_again = 0, False, 0
         if self.cuda:
             t_swap, t_copy, t_fwd = SegmentTimer(LEAD_S), SegmentTimer(LEAD_S), SegmentTimer(LEAD_S)
             r.swap(swap_in, True, t_swap)
@@ -300,6 +306,13 @@ class ModelStepExecutor:
             elif batch.num_tokens:
                 tokens = r.forward(inp, timer=t_fwd)
             fwd_s, swap_s, copy_s = t_fwd.seconds(), t_swap.seconds(), t_copy.seconds()
+            late = t_fwd.late + t_swap.late + t_copy.late
+            if t_fwd.late and padded is None and self.tp == 1:
+                # the host fell behind a segment's sleep: the forward again, with longer sleeps
+                # (it writes the same keys and values and samples the same tokens)
+                t_again = SegmentTimer(RETIME_LEAD_S)
+                tokens = r.forward(inp, timer=t_again)
+                fwd_s, retimed, late_again = t_again.seconds(), True, t_again.late
         else:
             t0 = time.perf_counter()
             r.swap(swap_in, True)
@@ -319,6 +332,7 @@ class ModelStepExecutor:
         self.rows.append({"step": step, "measured_s": measured, "m_swap_s": swap_s, "m_copy_s": copy_s,
                           "m_forward_s": fwd_s, "host_s": time.perf_counter() - t_host,
                           "graph": padded is not None, "padded_batch": int(padded or 0), "primed": primed,
+                          "late_segments": late, "retimed": retimed, "late_after_retime": late_again,
                           "num_tokens": batch.num_tokens, "num_decodes": batch.num_decodes,
                           "num_prefills": len(batch.prefills),
                           "predicted_s": float(sum(predicted.values()))})
@@ -389,7 +403,9 @@ class ModelStepExecutor:
         summary = {**self.describe, "steps": len(df),
                    "graph_steps": int(df["graph"].sum()) if len(df) else 0,
                    "measured_s": float(df["measured_s"].sum()) if len(df) else 0.0,
-                   "host_s": float(df["host_s"].sum()) if len(df) else 0.0}
+                   "host_s": float(df["host_s"].sum()) if len(df) else 0.0,
+                   "late_steps": int((df["late_segments"] > 0).sum()) if len(df) else 0,
+                   "retimed_steps": int(df["retimed"].sum()) if len(df) else 0}
         tiers = getattr(self, "tier_ex", None)
         if tiers is not None:  # every move done, every restored chunk checked
             tiers.synchronize()

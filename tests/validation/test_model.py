@@ -3,13 +3,15 @@ with the gpu marker): a token decoded after a prefill, a prompt split in chunks 
 whole give the same cache contents and the same sampled token; CUDA-graph replays match eager."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from validation.model import (GRAPH_BATCH_SIZES, ModelDims, ModelRunner, PrefillSeq, StepBatch,  # noqa: E402
-                              padded_batch_size)
+from validation.model import (GRAPH_BATCH_SIZES, EventTimer, ModelDims, ModelRunner, PrefillSeq,  # noqa: E402
+                              SegmentTimer, StepBatch, padded_batch_size)
 
 TINY = ModelDims("tiny", num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=2, head_size=64,
                  intermediate_size=256, vocab_size=512, max_model_len=256)
@@ -56,27 +58,32 @@ def test_decode_after_prefill_and_chunks_match_a_whole_prompt(impl):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_priming_a_step_changes_neither_its_tokens_nor_the_caches(device):
+def test_priming_or_repeating_a_step_changes_neither_its_tokens_nor_the_caches(device):
     """`prime` (the first layer of a new shape, untimed) rewrites what the step itself writes: the
-    step after it samples the same tokens and leaves the same caches as the step alone."""
+    step after it samples the same tokens and leaves the same caches as the step alone. So does
+    the step run a second time (the executor times a step again when a segment was late)."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no GPU")
     ids = np.random.default_rng(5).integers(0, TINY.vocab_size, 60)
     table = np.arange(2, 10)
     dtype = "float32" if device == "cpu" else "float16"
     runs = []
-    for primed in (False, True):
+    for mode in ("alone", "primed", "twice"):
         r = runner("kernel", device=device, dtype=dtype)
         prefill(r, ids, table, 0, 30, sample=False)  # an earlier chunk in the cache
         p = np.arange(30, 55)
         inp = r.prepare(StepBatch(ids[30:55], p, table[p // BS] * BS + p % BS, [PrefillSeq(30, 55, table)]))
-        if primed:
+        if mode == "primed":
             r.prime(inp)
-        runs.append((r.forward(inp).tolist(), r))
-    assert runs[0][0] == runs[1][0]
+        first = r.forward(inp).tolist()
+        if mode == "twice":
+            assert r.forward(inp).tolist() == first
+        runs.append((first, r))
+    assert runs[0][0] == runs[1][0] == runs[2][0]
     for j in range(TINY.num_layers):
-        assert torch.equal(runs[0][1].k_caches[j], runs[1][1].k_caches[j])
-        assert torch.equal(runs[0][1].v_caches[j], runs[1][1].v_caches[j])
+        for other in runs[1:]:
+            assert torch.equal(runs[0][1].k_caches[j], other[1].k_caches[j])
+            assert torch.equal(runs[0][1].v_caches[j], other[1].v_caches[j])
     alone = runner("kernel", device=device, dtype=dtype)  # priming alone writes the first layer only
     prefill(alone, ids, table, 0, 30, sample=False)
     alone.prime(inp)
@@ -162,3 +169,41 @@ def test_gpu_prefill_paths_match_the_cpu_forward(impl):
     torch.testing.assert_close(gpu.k_caches[1].float().cpu()[3:8], cpu.k_caches[1][3:8], atol=2e-2, rtol=2e-2)
     if impl == "sdpa":
         assert got.tolist() == want.tolist()
+
+
+class FakeEvent:
+    """torch.cuda.Event on the host clock (the timers' logic without a GPU)."""
+
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3
+
+
+def test_a_segment_whose_launches_outlast_its_sleep_is_counted_late(monkeypatch):
+    """A segment is late when the host took longer to queue it than its sleep lasts (the GPU may
+    have waited inside the timed span); `seconds` leaves the count of its segments in `late`."""
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    t = SegmentTimer(lead_s=0.5)
+    t.begin()
+    t.end()                    # queued well within its half second
+    t.begin(lead_s=0.005)
+    time.sleep(0.02)           # a host stall beyond this segment's 5 ms sleep
+    t.end()
+    total = t.seconds()
+    assert t.late == 1 and total >= 0.02
+    assert t.seconds() == 0.0 and t.late == 0   # counted once, for the segments it summed
+    inner = EventTimer()       # spans inside a segment: no sleep of their own, never late
+    inner.begin()
+    time.sleep(0.002)
+    inner.end()
+    inner.seconds()
+    assert inner.late == 0

@@ -132,3 +132,54 @@ def test_tier_moves_execute_in_the_loop_and_every_restored_chunk_checks(tmp_path
     assert summary["tier_checked_loads"] > 0 and summary["tier_checksum_mismatches"] == 0
     moves = pd.read_parquet(tmp_path / "run" / "executor_tier_moves.parquet")
     assert moves["chunks"].sum() == (~plan_ops["evict"]).sum(), "every copy of the plan was performed"
+
+
+def test_an_eager_forward_with_a_late_segment_is_timed_again(tmp_path, monkeypatch):
+    """The CUDA path's timing on the CPU runner, events on the host clock: with sleeps of no length
+    every segment is late, so every eager forward runs again with the longer sleeps, and that
+    second time is the step's; the run keeps its requests and the rows say what happened."""
+    import time
+
+    import torch
+
+    import validation.step_executor as se
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = time.perf_counter()
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) * 1e3
+
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(se, "LEAD_S", 0.0)           # no launch is queued within a sleep of nothing
+    monkeypatch.setattr(se, "RETIME_LEAD_S", 60.0)   # and every one within a minute
+    init = se.ModelStepExecutor.__init__
+
+    def timed_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.cuda = True  # the timed path, on the CPU runner
+
+    monkeypatch.setattr(se.ModelStepExecutor, "__init__", timed_init)
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    out = tmp_path / "run"
+    assert main(["replay", str(trace(tmp_path / "t.parquet")), "--out", str(out), "--catalog", str(tmp_path / "tiny.yaml"),
+                 "--model", "tiny", "--executor", "cpu", "--num-gpu-blocks", "12", "--quiet", "--no-report"]) == 0
+    ex = pd.read_parquet(out / "executor_steps.parquet")
+    steps = pd.read_parquet(out / "steps.parquet")
+    eager = ex[ex.num_tokens > 0]
+    assert len(eager) == len(ex) and eager.retimed.all()          # no graphs on the CPU: every step eager
+    assert (eager.late_segments >= 3).all()                        # the embedding, each layer, the sampling
+    assert (eager.late_after_retime == 0).all()
+    np.testing.assert_allclose(steps["duration_s"].to_numpy(), ex["measured_s"].to_numpy())
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["finished"] == 12
+    totals = json.loads((out / "executor.json").read_text())
+    assert totals["late_steps"] == totals["retimed_steps"] == len(ex)
