@@ -69,7 +69,9 @@ class SegmentTimer:
     then have waited for the host inside the timed span, and the span holds that gap. Launches
     queued within the sleep cannot leave a gap (the sleep starts no earlier than it is queued and
     lasts at least its length at the clock assumed), so a segment that is not late times the GPU's
-    work alone. `seconds` leaves the count of late segments it summed in `late`.
+    work alone, and a late one holds at most its overrun (the host's time beyond the sleep) of
+    waiting. `seconds` leaves the count of late segments it summed in `late` and their overruns'
+    sum in `overrun_s`.
     """
 
     CLOCK_HZ = 2.0e9  # sleep cycles per second (Hopper boost clock is about 1.98 GHz)
@@ -79,8 +81,9 @@ class SegmentTimer:
         self.pairs: list[tuple] = []
         self._start = None
         self._host0, self._lead = 0.0, math.inf
-        self._late = 0
-        self.late = 0  # late segments among those the last `seconds` summed
+        self._late, self._overrun = 0, 0.0
+        self.late = 0         # late segments among those the last `seconds` summed
+        self.overrun_s = 0.0  # their host time beyond their sleeps: a bound on the GPU's waits in them
 
     def begin(self, lead_s: float | None = None) -> None:
         self._lead = self.lead_s if lead_s is None else lead_s
@@ -92,13 +95,16 @@ class SegmentTimer:
     def end(self) -> None:
         e = torch.cuda.Event(enable_timing=True)
         e.record()
-        if time.perf_counter() - self._host0 > self._lead:
+        over = time.perf_counter() - self._host0 - self._lead
+        if over > 0:
             self._late += 1
+            self._overrun += over
         self.pairs.append((self._start, e))
 
     def seconds(self) -> float:
-        """The segments' total (synchronises); resets, leaving their late segments in `late`."""
-        self.late, self._late = self._late, 0
+        """The segments' total (synchronises); resets, leaving their late segments in `late` and
+        `overrun_s`."""
+        self.late, self.overrun_s, self._late, self._overrun = self._late, self._overrun, 0, 0.0
         if not self.pairs:
             return 0.0
         self.pairs[-1][1].synchronize()

@@ -25,8 +25,9 @@ Measured per step (`executor_steps.parquet` in the run directory): `measured_s` 
 time), its parts `m_swap_s`, `m_copy_s` and `m_forward_s`, `host_s` (the host's time for the
 step: inputs built and uploaded, launches, waiting for the GPU), `graph` and `padded_batch`;
 `late_segments`, the step's timed segments whose launches outlasted their sleep (the GPU may have
-waited for the host inside them: `SegmentTimer`), and `retimed`: an eager forward with a late
-segment runs again at once with four times the sleep (the same writes and samples), and that time
+waited for the host inside them: `SegmentTimer`), and `late_s`, their overruns' sum, a bound on
+those waits; `retimed`: an eager forward whose overruns exceed `RETIME_FRACTION` (0.5%) of its
+time runs again at once with four times the sleep (the same writes and samples), and that time
 counts (`late_after_retime`, its own late segments).
 
 Tensor parallelism (``tensor_parallel`` N > 1): the model is split over N GPUs, one process each
@@ -54,7 +55,8 @@ from validation.model import (GRAPH_BATCH_SIZES, ModelDims, PrefillSeq, SegmentT
 WORKSPACE_BYTES = 6 << 30  # activations, CUDA graphs and the allocator's slack
 LEAD_S = 1.2e-3         # sleep queued before each eager segment (one layer): covers its launches
 GRAPH_LEAD_S = 50e-6    # before a graph replay (one launch)
-RETIME_LEAD_S = 4 * LEAD_S  # per segment, when an eager forward is timed again (a late segment)
+RETIME_LEAD_S = 4 * LEAD_S  # per segment, when an eager forward is timed again
+RETIME_FRACTION = 0.005     # ... because its late segments' overruns exceed this fraction of its time
 
 
 class ExecutorError(RuntimeError):
@@ -289,7 +291,7 @@ class ModelStepExecutor:
             primed = shape not in self._shapes  # a new shape's first host calls stay out of the timed segments
             self._shapes.add(shape)
         tokens = None
-        late, retimed, late_again = 0, False, 0
+        late, late_s, retimed, late_again = 0, 0.0, False, 0
         if self.cuda:
             t_swap, t_copy, t_fwd = SegmentTimer(LEAD_S), SegmentTimer(LEAD_S), SegmentTimer(LEAD_S)
             r.swap(swap_in, True, t_swap)
@@ -307,9 +309,10 @@ class ModelStepExecutor:
                 tokens = r.forward(inp, timer=t_fwd)
             fwd_s, swap_s, copy_s = t_fwd.seconds(), t_swap.seconds(), t_copy.seconds()
             late = t_fwd.late + t_swap.late + t_copy.late
-            if t_fwd.late and padded is None and self.tp == 1:
-                # the host fell behind a segment's sleep: the forward again, with longer sleeps
-                # (it writes the same keys and values and samples the same tokens)
+            late_s = t_fwd.overrun_s + t_swap.overrun_s + t_copy.overrun_s
+            if t_fwd.overrun_s > RETIME_FRACTION * fwd_s and padded is None and self.tp == 1:
+                # the host fell behind the sleeps by enough to move the time: the forward again,
+                # with longer sleeps (it writes the same keys and values and samples the same tokens)
                 t_again = SegmentTimer(RETIME_LEAD_S)
                 tokens = r.forward(inp, timer=t_again)
                 fwd_s, retimed, late_again = t_again.seconds(), True, t_again.late
@@ -332,7 +335,7 @@ class ModelStepExecutor:
         self.rows.append({"step": step, "measured_s": measured, "m_swap_s": swap_s, "m_copy_s": copy_s,
                           "m_forward_s": fwd_s, "host_s": time.perf_counter() - t_host,
                           "graph": padded is not None, "padded_batch": int(padded or 0), "primed": primed,
-                          "late_segments": late, "retimed": retimed, "late_after_retime": late_again,
+                          "late_segments": late, "late_s": late_s, "retimed": retimed, "late_after_retime": late_again,
                           "num_tokens": batch.num_tokens, "num_decodes": batch.num_decodes,
                           "num_prefills": len(batch.prefills),
                           "predicted_s": float(sum(predicted.values()))})
