@@ -724,6 +724,20 @@ def device_command(exec_dir: Path, h100: bool, profiles: bool) -> str:
     return " ".join(env + [script]) if len(" ".join(env)) < 60 else " ".join(env) + " \\\n    " + script
 
 
+def twins_profile_dir(sim_dir: Path) -> str | None:
+    """The folder of the profiles that priced the profiled twins in `sim_dir` (`simulate
+    --profile-dir`), relative to the repository where it lies inside it; None where they are the
+    shipped ones (or the twins name none)."""
+    shipped = (ROOT / "blocksim" / "profiles").resolve()
+    dirs = {twin_profile(run, shipped / "-").parent.resolve() for run in (sim_dir / "profiled").glob("*")
+            if (run / "summary.json").is_file()}
+    dirs.discard(shipped)
+    if not dirs:
+        return None
+    d = sorted(dirs)[0]
+    return str(d.relative_to(ROOT.resolve())) if d.is_relative_to(ROOT.resolve()) else str(d)
+
+
 def commands_block(a, devices: list[str], added: list[str] | None = None) -> str:
     """The commands that make the document from these arguments of `results` (the device's first;
     `added`: the `--add-table` commands, `added_commands`, with --added-tables-lease)."""
@@ -744,8 +758,11 @@ def commands_block(a, devices: list[str], added: list[str] | None = None) -> str
     elif a.repeat:
         lines += [f"# on another lease, the slices executed again (fetched into {a.repeat})",
                   device_command(Path(a.repeat), h100, False)]
-    lines += ["# on any machine, with the executed runs and profiles fetched",
-             f"python benchmarks/fidelity_runs.py simulate --exec {a.exec} --out {a.sim}"]
+    pdir = twins_profile_dir(Path(a.sim))
+    lines += ["# on any machine, with the executed runs and profiles fetched"
+              + (f" (the profiles into {pdir}, the shipped ones left as they are)" if pdir else ""),
+              f"python benchmarks/fidelity_runs.py simulate --exec {a.exec} --out {a.sim}"
+              + (f" --profile-dir {pdir}" if pdir else "")]
     if a.repeat_sim:
         lines.append(f"python benchmarks/fidelity_runs.py simulate --exec {a.repeat} --out {a.repeat_sim}")
     if a.sensitivity:

@@ -500,6 +500,24 @@ def test_the_device_command_names_the_slices_presets_and_models_executed(tmp_pat
     assert fr.device_command(h100_default, True, True) == "bash benchmarks/fidelity_h100.sh"
 
 
+def test_twins_priced_by_profiles_outside_the_shipped_folder_name_it_in_the_simulate_command(tmp_path):
+    """A document whose twins were simulated with --profile-dir says so in its simulate command;
+    twins priced by the shipped profiles (or naming none) need no option."""
+    fr = _fidelity_runs()
+    sim = tmp_path / "sim"
+    twin = sim / "profiled" / "mooncake-prefix__vllm__llama-3-8b"
+    twin.mkdir(parents=True)
+    lease = tmp_path / "lease-profiles"
+    (twin / "summary.json").write_text(json.dumps({"cost_model": {
+        "name": "profiled", "profile": str(lease / "llama-3-8b__h100-80gb__float16__tp1.json")}}))
+    assert fr.twins_profile_dir(sim) == str(lease.resolve())
+    shipped = fr.ROOT / "blocksim" / "profiles" / "llama-3-8b__h100-80gb__float16__tp1.json"
+    (twin / "summary.json").write_text(json.dumps({"cost_model": {"name": "profiled", "profile": str(shipped)}}))
+    assert fr.twins_profile_dir(sim) is None
+    (twin / "summary.json").write_text(json.dumps({"cost_model": {"name": "roofline"}}))
+    assert fr.twins_profile_dir(sim) is None
+
+
 def test_the_prefix_paragraph_says_why_a_run_hit_nothing_and_what_a_hit_executes(tmp_path):
     fr = _fidelity_runs()
     hit, miss = "mooncake-prefix__vllm-prefix__llama-2-7b", "azure-conv__vllm-prefix__llama-2-7b"
