@@ -498,7 +498,36 @@ def step_kinds(exec_dir: Path, priced: dict) -> str:
         f = f"{100 * first.err.mean():+.1f}%" if len(first) else "n/a"
         la = f"{100 * later.err.mean():+.1f}%" if len(later) else "n/a"
         lines.append(f"| {tok} | {len(first)} | {f} | {len(later)} | {la} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + far_steps(x)) + "\n"
+
+
+#: A step measured beyond this many times its price is counted in `far_steps`.
+FAR = 1.25
+
+
+def far_steps(x) -> list[str]:
+    """Lines of the per-run table of steps measured beyond `FAR` times their price (`priced_steps`'
+    frame), and, for runs that record them, the steps with late segments (the host behind the
+    executor's sleeps) and those timed again; none where no run has either."""
+    late = "late_segments" in x.columns
+    x = x.assign(far=x.measured_s > FAR * x.predicted_s,
+                 late=x["late_segments"].fillna(0) > 0 if late else False,
+                 again=x["retimed"].fillna(False).astype(bool) if late else False)
+    if not (x.far.any() or x.late.any()):
+        return []
+    lines = ["", f"Steps measured beyond {FAR:g} times their price, by run, with the seconds they add over it "
+             "(a host that fell behind the executor's sleeps inside a step shows as such a step: "
+             "validation/VALIDATION.md; runs recording late segments give their count and the "
+             "steps timed again):", "",
+             "| run | steps | beyond: steps | beyond: seconds over the price | run's measured seconds "
+             "| late: steps | timed again |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for run, g in x.groupby("run"):
+        f = g[g.far]
+        has = late and g["late_segments"].notna().any()
+        lines.append(f"| {run} | {len(g)} | {len(f)} | {(f.measured_s - f.predicted_s).sum():.3f} | "
+                     f"{g.measured_s.sum():.2f} | {int(g.late.sum()) if has else 'n/a'} | "
+                     f"{int(g.again.sum()) if has else 'n/a'} |")
+    return lines
 
 
 def prefix_hits(exec_dir: Path, priced: dict | None = None, twins: Path | None = None) -> str:

@@ -568,3 +568,17 @@ def test_sensitivity_at_a_scale_out_of_range_is_refused_and_its_rows_are_shown(t
     table = fr.sensitivity_table(tmp_path / "s.json")
     assert "| r | +0.5 |" in table and "| r | 0.97 | -3.1% |" in table and "sensitivity --at" in table
     assert table.rstrip().endswith("| -3.1% | 12 |")
+
+
+def test_steps_measured_far_beyond_their_price_are_counted_per_run():
+    """The per-step section counts, per run, the steps measured beyond 1.25 times their price and
+    the seconds they add; runs recording late segments give those and the steps timed again."""
+    import pandas as pd
+    fr = _fidelity_runs()
+    x = pd.DataFrame({"run": ["a", "a", "a", "b"], "measured_s": [0.030, 0.010, 0.013, 0.010],
+                      "predicted_s": [0.010, 0.010, 0.010, 0.010]})
+    lines = fr.far_steps(x)
+    assert "| a | 3 | 2 | 0.023 | 0.05 | n/a | n/a |" in lines and "| b | 1 | 0 | 0.000 | 0.01 | n/a | n/a |" in lines
+    assert fr.far_steps(x.assign(measured_s=0.011)) == []
+    rec = x.assign(late_segments=[2, 0, 1, 0], retimed=[True, False, False, False])
+    assert "| a | 3 | 2 | 0.023 | 0.05 | 2 | 1 |" in fr.far_steps(rec)
