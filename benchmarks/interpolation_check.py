@@ -4,9 +4,11 @@ For each (table, axis) below, every inner grid point along the axis is dropped, 
 the other axes, and interpolated from its two neighbours by a straight line in seconds and by a
 power law (straight in log-seconds against log-x); the figure is the median relative error
 against the measured value. `blocksim.cost.interpolate` uses straight lines everywhere but along
-prefill attention's new tokens, where the power law is the rule.
+prefill attention's new tokens, where the power law is the rule. Along those new tokens a third
+rule is checked too (`work`): a straight line in the attention's work ``p (c + p / 2)`` for ``p``
+new tokens after ``c`` cached ones, at each grid column's ``c``.
 
-    python benchmarks/interpolation_check.py blocksim/profiles/llama-2-7b__h200-141gb__float16__tp1.json \
+    python benchmarks/interpolation_check.py blocksim/profiles/*__float16__tp1.json \
         --json benchmarks/results/interpolation_check.json
 """
 
@@ -43,6 +45,21 @@ def leave_one_out(grid: np.ndarray, seconds: np.ndarray, axis: int) -> dict[str,
     return out
 
 
+def work_leave_one_out(new: np.ndarray, cached: np.ndarray, seconds: np.ndarray) -> float:
+    """Median relative error, at every inner new-tokens point of a (batch, new, cached) table, of
+    the straight line in the attention's work between its two neighbours."""
+    errs = []
+    for i in range(1, len(new) - 1):
+        p0, p, p1 = new[i - 1], new[i], new[i + 1]
+        for k, c in enumerate(cached):
+            def work(q):
+                return q * (c + q / 2)
+            w = (work(p) - work(p0)) / (work(p1) - work(p0))
+            y0, y, y1 = seconds[:, i - 1, k], seconds[:, i, k], seconds[:, i + 1, k]
+            errs.append(np.abs(y0 + w * (y1 - y0) - y) / y)
+    return float(np.median(np.concatenate(errs)))
+
+
 def check(path: Path) -> dict:
     prof = json.loads(path.read_text())
     if not isinstance(prof, dict) or not isinstance(prof.get("components"), dict):
@@ -53,8 +70,10 @@ def check(path: Path) -> dict:
         if t is None or axis not in t["axes"] or len(t["grid"][axis]) < 3:
             continue
         grid = np.asarray(t["grid"][axis], dtype=np.float64)
-        rows.append({"table": table, "axis": axis, **leave_one_out(grid, np.asarray(t["seconds"], np.float64),
-                                                                   t["axes"].index(axis))})
+        seconds = np.asarray(t["seconds"], np.float64)
+        rows.append({"table": table, "axis": axis, **leave_one_out(grid, seconds, t["axes"].index(axis))})
+        if (table, axis) == ("attn_prefill", "new_tokens") and t["axes"] == ["batch", "new_tokens", "cached_tokens"]:
+            rows[-1]["work"] = work_leave_one_out(grid, np.asarray(t["grid"]["cached_tokens"], np.float64), seconds)
     return {"profile": str(path), "created_utc": prof.get("created_utc"), "device": prof.get("device"), "rows": rows}
 
 
@@ -75,8 +94,9 @@ def main(argv=None) -> int:
         print(r["profile"])
         for row in r["rows"]:
             pw = f"{100 * row['power_law']:.1f}%" if "power_law" in row else "n/a"
+            work = f", straight in the work {100 * row['work']:.1f}%" if "work" in row else ""
             print(f"  {row['table']}.{row['axis']}: straight line {100 * row['straight_line']:.1f}%, "
-                  f"power law {pw} ({row['points']} points)")
+                  f"power law {pw}{work} ({row['points']} points)")
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1) + "\n")
     return 0

@@ -6,13 +6,14 @@ Rule: piecewise-linear in seconds along each axis (multilinear across axes), exc
 slope (a launch floor plus bytes or FLOPs): linear interpolation is exact for those, while a power
 law between far-apart grid points overshoots by several per cent where the floor and the slope are
 of one size. The one power axis is prefill attention's ``new_tokens``, whose cost grows with the
-square of the new tokens. Leave-one-out on the shipped H200 profiles
+square of the new tokens. Leave-one-out on the three shipped H200 profiles
 (`benchmarks/interpolation_check.py`: each inner grid point dropped and interpolated from its
-neighbours) gives median errors along decode_step.context of 0.2-0.3% with straight lines against
-4.2-6.3% with power laws, attn_decode.context 1.7-2.0% against 6.6-8.3%,
-attn_prefill.cached_tokens 0.7-1.5% against 14.7%, linear.tokens 1.3-1.7% against 1.4-1.5%;
-along attn_prefill.new_tokens the two are within a point (30.5-33.3% power law, 29.7-32.4%
-straight), and the power law keeps the quadratic growth beyond the grid.
+neighbours) gives median errors along decode_step.context of 0.2% with straight lines against
+4.5-6.3% with power laws, attn_decode.context 1.4-1.7% against 7.1-8.2%,
+attn_prefill.cached_tokens 0.9-1.2% against 14.5-14.6%, linear.tokens 0.9-1.6% against 1.2-1.8%;
+along attn_prefill.new_tokens the two are within 1.4 points (29.2-32.2% power law, 29.4-33.0%
+straight), and the power law keeps the quadratic growth beyond the grid (a straight line in the
+attention's work comes closer there, 9.2-10.2%, and is not the rule yet: docs/cost_models.md).
 
 On grid points the table's values come back exactly (tables without a power axis) or up to one
 rounding of ``exp(log(t))``. Outside the grid an axis is extrapolated from its two nearest grid

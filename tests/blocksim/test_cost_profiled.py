@@ -330,9 +330,12 @@ def test_the_leave_one_out_check_is_exact_for_the_shapes_each_rule_follows(tmp_p
     assert line["straight_line"] == pytest.approx(0.0, abs=1e-12) and line["power_law"] > 0.01
     square = mod.leave_one_out(x, 1e-9 * x ** 2, 0)
     assert square["power_law"] == pytest.approx(0.0, abs=1e-12) and square["straight_line"] > 0.1
+    cached = np.array([0.0, 512.0, 2048.0])   # seconds linear in the work p (c + p / 2): the work rule is exact
+    work = 2e-4 + 1e-11 * x[None, :, None] * (cached[None, None, :] + x[None, :, None] / 2)
+    assert mod.work_leave_one_out(x, cached, np.repeat(work, 2, axis=0)) == pytest.approx(0.0, abs=1e-12)
     path = write_profile(tmp_path / "p.json", decode_step=True)
-    got = {(r["table"], r["axis"]) for r in mod.check(path)["rows"]}
-    assert ("decode_step", "context") in got and ("attn_prefill", "new_tokens") in got
+    rows = {(r["table"], r["axis"]): r for r in mod.check(path)["rows"]}
+    assert ("decode_step", "context") in rows and "work" in rows[("attn_prefill", "new_tokens")]
 
 
 @settings(max_examples=40, deadline=None)
