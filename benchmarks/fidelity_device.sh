@@ -37,6 +37,9 @@ left=$(( BUDGET_S - ($(date +%s) - t0) ))
 python benchmarks/fidelity_runs.py execute --out $EXEC --gpu "$GPU" --models $RUN_MODELS --traces $TRACES \
     --presets $PRESETS --budget-s $left
 grep -E "^(Traceback|blocksim:)|Error" $EXEC/execute.log | sort | uniq -c | head -20
+for f in $EXEC/*/executor.json; do  # steps whose host fell behind the sleeps (validation/VALIDATION.md)
+  python -c "import json, sys; e = json.load(open(sys.argv[1])); print(sys.argv[1].split('/')[-2], 'steps', e['steps'], 'late', e.get('late_steps'), 'timed again', e.get('retimed_steps'))" "$f"
+done
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/fidelity-$GPU.tgz" $EXEC blocksim/profiles/*__${GPU}__*.json 2>/dev/null
   cp $EXEC/execute.log "$OUT/execute-$GPU.log"
