@@ -45,6 +45,11 @@ def leave_one_out(grid: np.ndarray, seconds: np.ndarray, axis: int) -> dict[str,
     return out
 
 
+def attention_work(new: float, cached: float) -> float:
+    """Prefill attention's work in query-key pairs: `new` causal queries after `cached` keys."""
+    return new * (cached + new / 2)
+
+
 def work_leave_one_out(new: np.ndarray, cached: np.ndarray, seconds: np.ndarray) -> float:
     """Median relative error, at every inner new-tokens point of a (batch, new, cached) table, of
     the straight line in the attention's work between its two neighbours."""
@@ -52,9 +57,8 @@ def work_leave_one_out(new: np.ndarray, cached: np.ndarray, seconds: np.ndarray)
     for i in range(1, len(new) - 1):
         p0, p, p1 = new[i - 1], new[i], new[i + 1]
         for k, c in enumerate(cached):
-            def work(q):
-                return q * (c + q / 2)
-            w = (work(p) - work(p0)) / (work(p1) - work(p0))
+            w0 = attention_work(p0, c)
+            w = (attention_work(p, c) - w0) / (attention_work(p1, c) - w0)
             y0, y, y1 = seconds[:, i - 1, k], seconds[:, i, k], seconds[:, i + 1, k]
             errs.append(np.abs(y0 + w * (y1 - y0) - y) / y)
     return float(np.median(np.concatenate(errs)))

@@ -171,27 +171,9 @@ def test_gpu_prefill_paths_match_the_cpu_forward(impl):
         assert got.tolist() == want.tolist()
 
 
-class FakeEvent:
-    """torch.cuda.Event on the host clock (the timers' logic without a GPU)."""
-
-    def __init__(self, enable_timing=False):
-        self.t = None
-
-    def record(self):
-        self.t = time.perf_counter()
-
-    def synchronize(self):
-        pass
-
-    def elapsed_time(self, other):
-        return (other.t - self.t) * 1e3
-
-
-def test_a_segment_whose_launches_outlast_its_sleep_is_counted_late(monkeypatch):
+def test_a_segment_whose_launches_outlast_its_sleep_is_counted_late(host_clock_cuda):
     """A segment is late when the host took longer to queue it than its sleep lasts (the GPU may
     have waited inside the timed span); `seconds` leaves the count of its segments in `late`."""
-    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     t = SegmentTimer(lead_s=0.5)
     t.begin()
     t.end()                    # queued well within its half second

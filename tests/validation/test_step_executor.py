@@ -135,32 +135,13 @@ def test_tier_moves_execute_in_the_loop_and_every_restored_chunk_checks(tmp_path
 
 
 @pytest.mark.parametrize("fraction", [0.005, 1e9])
-def test_an_eager_forward_with_late_segments_is_timed_again(tmp_path, monkeypatch, fraction):
+def test_an_eager_forward_with_late_segments_is_timed_again(tmp_path, monkeypatch, host_clock_cuda, fraction):
     """The CUDA path's timing on the CPU runner, events on the host clock: with sleeps of no length
     every segment is late by all of its host time, so every eager forward runs again with the
     longer sleeps, and that second time is the step's; the run keeps its requests and the rows say
     what happened. Overruns below `RETIME_FRACTION` of the time are recorded and left."""
-    import time
-
-    import torch
-
     import validation.step_executor as se
 
-    class Event:
-        def __init__(self, enable_timing=False):
-            self.t = None
-
-        def record(self):
-            self.t = time.perf_counter()
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, other):
-            return (other.t - self.t) * 1e3
-
-    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
-    monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(se, "LEAD_S", 0.0)           # no launch is queued within a sleep of nothing
     monkeypatch.setattr(se, "RETIME_LEAD_S", 60.0)   # and every one within a minute
     monkeypatch.setattr(se, "RETIME_FRACTION", fraction)
