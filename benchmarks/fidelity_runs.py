@@ -498,7 +498,23 @@ def step_kinds(exec_dir: Path, priced: dict) -> str:
         f = f"{100 * first.err.mean():+.1f}%" if len(first) else "n/a"
         la = f"{100 * later.err.mean():+.1f}%" if len(later) else "n/a"
         lines.append(f"| {tok} | {len(first)} | {f} | {len(later)} | {la} |")
-    return "\n".join(lines + far_steps(x)) + "\n"
+    return "\n".join(lines + prompt_counts(e) + far_steps(x)) + "\n"
+
+
+def prompt_counts(e) -> list[str]:
+    """The eager steps with a prompt (`step_kinds`'s frame, its `tokens` bands) by how many prompts
+    or chunks they hold: a step of several prompts is priced by the linear layers at their summed
+    tokens and its prefill attention by the batch rule (docs/cost_models.md), neither of which a
+    step of one prompt exercises."""
+    if not len(e):
+        return []
+    e = e.assign(prompts=e.num_prefills.clip(upper=3).map({1: "1", 2: "2", 3: "3 or more"}))
+    lines = ["", "Eager steps with a prompt, by the prompts (or chunks) they hold and their tokens:", "",
+             "| prompts | tokens | steps | runs | mean error | MAPE |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for (prompts, tok), g in e.groupby(["prompts", "tokens"], observed=True):
+        lines.append(f"| {prompts} | {tok} | {len(g)} | {g.run.nunique()} | {100 * g.err.mean():+.1f}% | "
+                     f"{100 * g.err.abs().mean():.1f}% |")
+    return lines
 
 
 #: A step measured beyond this many times its price is counted in `far_steps`.
