@@ -8,7 +8,8 @@
 # Writes the profiles to blocksim/profiles/ (the shipped location), the executed runs to
 # runs/fidelity/exec/, and packs both into $OUT/fidelity-$GPU.tgz when $OUT is set. BUDGET_S
 # (seconds from the start, kernel build included) stops starting new runs. The machine needs
-# simpy: a wheel under .whl/ or runs/fidelity/whl/ is installed when it lacks it.
+# simpy: a wheel under .whl/ or runs/fidelity/whl/ is installed when it lacks it. PROFILE_ARGS: more
+# options of `blocksim profile` (e.g. "--leave-out decode_step_padded").
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
 GPU=${GPU:-h200-141gb}
@@ -29,7 +30,7 @@ fi
 echo "kernels: $(( $(date +%s) - t0 )) s"
 for m in $PROFILE_MODELS; do
   f="blocksim/profiles/${m}__${GPU}__float16__tp1.json"
-  python -m validation.profile --model "$m" --gpu-name "$GPU" --out "$f" || echo "profile $m failed"
+  python -m validation.profile --model "$m" --gpu-name "$GPU" --out "$f" ${PROFILE_ARGS:-} || echo "profile $m failed"
   [ -n "${OUT:-}" ] && [ -f "$f" ] && cp "$f" "$OUT/"   # each profile comes back even if a later step runs out of time
 done
 echo "profiles: $(( $(date +%s) - t0 )) s"

@@ -804,6 +804,11 @@ def commands_block(a, devices: list[str], added: list[str] | None = None) -> str
         lines += [f"# on another lease, the slices executed again (fetched into {a.repeat})",
                   device_command(Path(a.repeat), h100, False)]
     pdir = twins_profile_dir(Path(a.sim))
+    if pdir:  # each profile's own command, as it records it (where a device script's options differed)
+        for f in sorted((ROOT / pdir).glob("*.json")):
+            cmd = json.loads(f.read_text()).get("command")
+            if cmd:
+                lines.append(f"# {f.name} measured by: {cmd}")
     lines += ["# on any machine, with the executed runs and profiles fetched"
               + (f" (the profiles into {pdir}, the shipped ones left as they are)" if pdir else ""),
               f"python benchmarks/fidelity_runs.py simulate --exec {a.exec} --out {a.sim}"

@@ -1,0 +1,154 @@
+"""Eager prompt steps of more than 4096 tokens, timed whole and by component (on a GPU): whether the
+profile's `linear` table, timed alone on one prompt, prices the linear layers of such a step as the
+step runs them.
+
+    PYTHONPATH=. python benchmarks/wide_steps.py --model llama-3-8b --out OUT.json
+    python benchmarks/wide_steps.py --report OUT.json
+
+Each case is one eager step of prompts without cached tokens (and decodes), timed as the profile
+times a step (`validation.profile._Clock`: a warm-up, then the median of back-to-back repetitions,
+each with the executor's `SegmentTimer`): whole; its linear layers, cache writes and sampling each
+alone; its attention timed inside the whole step. `linear_in_step` is the whole step less the
+attention in it, the writes and the sampling. The cases run twice, in order and then in reverse
+(a drift between the passes shows the device's clock or power moving). Then the linear layers of
+the widest case alone, once after the GPU idled `--idle-s` seconds and as ten back-to-back
+repetitions. SM clock (MHz), power (W) and temperature from NVML around each.
+
+`--report` prints, per case, the whole step and `linear_in_step` against the one-prompt case of
+half its tokens doubled, and the profile's way of pricing it (linear alone + attention in step +
+writes + sampling) against the whole step.
+
+Measured on an H100 with llama-3-8b (benchmarks/results/fidelity-h100-grid/wide-steps.json, on the
+lease of that folder's runs, after them): up to 4,096 tokens the linear layers take the same time
+inside a whole step as alone (within 0.6%) and the parts sum to the whole within 0.5%; at 8,191 and
+8,192 tokens they take 1.1-2.2% less inside a whole step of one, two or four prompts, and the parts
+sum to 0.9-1.7% more than the whole. The SM clock fell from 1,950 to 1,740-1,850 MHz over those
+wide steps; the linear layers of 8,192 tokens alone, ten back to back, drew 693 W at 1,665 MHz by
+the end (the H100's 700 W limit), 206.8 ms after 3 s idle, 207.6-212.9 ms after. One token fewer
+(8,191) takes 1.1% less than 8,192 in the linear layers, alone or in a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+#: name -> (prompts as (new, cached) pairs, decode contexts)
+CASES = {
+    "1x2048": ([(2048, 0)], []),
+    "1x4096": ([(4096, 0)], []),
+    "2x2048": ([(2048, 0)] * 2, []),
+    "1x8192": ([(8192, 0)], []),
+    "2x4096": ([(4096, 0)] * 2, []),
+    "2x4095+1": ([(4095, 0)] * 2, [4096]),
+    "4x2048": ([(2048, 0)] * 4, []),
+}
+
+
+def nvml(torch) -> dict:
+    out = {}
+    for name, fn in (("sm_clock_mhz", "clock_rate"), ("power_w", "power_draw"), ("temp_c", "temperature")):
+        try:
+            v = getattr(torch.cuda, fn)()
+            out[name] = v / 1000 if name == "power_w" else v
+        except Exception as e:  # noqa: BLE001 (not all builds expose NVML)
+            out[name] = repr(e)[:60]
+    return out
+
+
+def measure(model: str, idle_s: float) -> dict:
+    import torch
+
+    from blocksim.catalog import MODELS
+    from validation.model import PARTS, SegmentTimer
+    from validation.profile import Profiler
+    from validation.step_executor import LEAD_S
+
+    prof = Profiler(MODELS[model], progress=False)
+    r, max_len = prof.runner, prof.dims.max_model_len
+    cases = {k: v for k, v in CASES.items() if all(p <= max_len for p, _ in v[0]) and all(c <= max_len for c in v[1])}
+    res = {"model": model, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "max_model_len": max_len, "passes": []}
+
+    def one_case(pf, dec) -> dict:
+        b = prof.batch(prefills=pf, decodes=dec)
+        inp = r.prepare(b)
+        r.prime(inp)
+        c = {"tokens": int(sum(p for p, _ in pf) + len(dec)), "state_before": nvml(torch)}
+        c["whole"] = prof.clock.median(lambda t: r.forward(inp, PARTS, t))
+        for p in ("linear", "write", "sample"):
+            c[p] = prof.clock.median(lambda t, p=p: r.forward(inp, (p,), t))
+        c["attn_in_step"] = prof._attention_in_step(b)
+        c["linear_in_step"] = c["whole"] - c["attn_in_step"] - c["write"] - c["sample"]
+        c["state_after"] = nvml(torch)
+        return c
+
+    for order in (list(cases), list(reversed(cases))):
+        one = {}
+        for name in order:
+            one[name] = one_case(*cases[name])
+            print(name, {k: (round(v, 5) if isinstance(v, float) else v) for k, v in one[name].items()}, flush=True)
+        res["passes"].append(one)
+    widest = max(cases, key=lambda k: sum(p for p, _ in cases[k][0]) + len(cases[k][1]))
+    inp = r.prepare(prof.batch(prefills=cases[widest][0], decodes=cases[widest][1]))
+
+    def timed() -> float:
+        t = SegmentTimer(LEAD_S)
+        r.forward(inp, ("linear",), t)
+        return t.seconds()
+    torch.cuda.synchronize()
+    time.sleep(idle_s)
+    state = nvml(torch)
+    after_idle = timed()
+    series = [timed() for _ in range(10)]
+    res["linear_widest"] = {"case": widest, "idle_s": idle_s, "state_after_idle": state, "after_idle": after_idle,
+                            "series": series, "state_after_series": nvml(torch)}
+    print("linear", widest, "after idle", round(after_idle, 5), "series", [round(x, 5) for x in series], flush=True)
+    return res
+
+
+def report(res: dict) -> None:
+    print(f"{res['model']} on {res['device']}")
+    print("pass  case        tokens   whole ms  profile's sum  lin alone  lin in step  whole / 2x half  MHz before/after")
+    for i, one in enumerate(res["passes"]):
+        for name, c in one.items():
+            n_prompts, per = name.split("+")[0].split("x")
+            half = f"1x{int(per) * int(n_prompts) // 2}" if int(n_prompts) > 1 else None
+            ref = one.get(half) if half else None
+            ratio = f"{c['whole'] / (2 * ref['whole']):.4f}" if ref and "+" not in name else "-"
+            summed = c["linear"] + c["attn_in_step"] + c["write"] + c["sample"]
+            print(f"{i}     {name:10s} {c['tokens']:6d} {c['whole'] * 1e3:10.2f} {summed / c['whole'] - 1:+13.2%} "
+                  f"{c['linear'] * 1e3:10.2f} {c['linear_in_step'] * 1e3:12.2f} {ratio:>16s}  "
+                  f"{c['state_before'].get('sm_clock_mhz')}/{c['state_after'].get('sm_clock_mhz')}")
+    w = res["linear_widest"]
+    print(f"linear of {w['case']} alone: after {w['idle_s']} s idle {w['after_idle'] * 1e3:.2f} ms, then "
+          f"{', '.join('%.2f' % (x * 1e3) for x in w['series'])} ms "
+          f"(MHz {w['state_after_idle'].get('sm_clock_mhz')} -> {w['state_after_series'].get('sm_clock_mhz')}, "
+          f"W {w['state_after_idle'].get('power_w')} -> {w['state_after_series'].get('power_w')})")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="llama-3-8b")
+    ap.add_argument("--out", help="write the measurements here (JSON)")
+    ap.add_argument("--idle-s", type=float, default=3.0)
+    ap.add_argument("--report", metavar="JSON", help="print a measured file's table instead of measuring")
+    a = ap.parse_args()
+    if a.report:
+        report(json.loads(Path(a.report).read_text()))
+        return 0
+    if not a.out:
+        ap.error("--out is required when measuring")
+    res = measure(a.model, a.idle_s)
+    Path(a.out).write_text(json.dumps(res, indent=1, default=float))
+    report(res)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
