@@ -10,7 +10,8 @@ drained (as the executor starts each step), and the median of its repetitions is
 Tables (seconds, whole model, one GPU):
 
 * ``linear`` by tokens (every 64 up to 4096: `LINEAR_TOKENS`): everything but attention, cache
-  writes and sampling (embedding, norms, QKV, rotary, output projection, gated MLP), eager;
+  writes and sampling (embedding, norms, QKV, rotary, output projection, gated MLP), eager; on
+  CUDA, the points above ``in_step_above_tokens`` (`LINEAR_IN_STEP_ABOVE`) inside whole steps;
   ``graph_seconds`` the same captured as a CUDA graph on ``grid.graph_tokens`` (batch sizes the
   executor captures);
 * ``attn_prefill`` by (batch, new tokens, cached tokens): the paged prefill attention of all
@@ -96,6 +97,14 @@ TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 #: 512 to 4096 come out 2.3-2.9% short on average and up to 16% short (H100, llama-2-7b and
 #: llama-3-8b, `benchmarks/linear_grid.py`).
 LINEAR_TOKENS = (1, 2, 4, 8, 16, 32, *range(64, 4097, 64), *range(4608, 8193, 512), 16384)
+#: Above this many tokens the linear layers of an eager step run long enough for the GPU's power
+#: limit to lower its clock, and they run faster inside a whole step (its attention between them)
+#: than alone: on an H100, llama-3-8b's linear layers at 8,191-8,192 tokens took 1.1-2.2% less
+#: inside whole steps of one, two or four prompts than alone, and within 0.6% of alone at 2,048 and
+#: 4,096 (`benchmarks/wide_steps.py`, benchmarks/results/fidelity-h100-grid/wide-steps.json). So
+#: the linear table's points above it are timed inside whole steps (on CUDA): the step less its
+#: attention timed inside it, its cache writes and its sampling (`Profiler._linear_in_step`).
+LINEAR_IN_STEP_ABOVE = 4096
 GRAPH_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PREFILL_BATCH = (1, 2, 4, 8)
 #: new tokens of a prefill, up to the model's length (`Profiler`): 8192 covers a v0 engine's whole
@@ -321,7 +330,7 @@ class Profiler:
 
     def __init__(self, spec, *, dtype: str = "float16", block_size: int = 16, device: str = "cuda",
                  attention: str = "fast", prefill: str = "auto", quick: bool = False, cache_bytes: int = CACHE_BYTES,
-                 progress: bool = True, tensor_parallel: int = 1) -> None:
+                 progress: bool = True, tensor_parallel: int = 1, leave_out=()) -> None:
         import torch
 
         from validation.model import GRAPH_BATCH_SIZES, ModelDims
@@ -369,6 +378,7 @@ class Profiler:
         self._next_block = 0
         self._orders: dict[int, np.ndarray] = {}
         self.measure_s: dict[str, float] = {}  # wall seconds each table took to measure (`_timed`)
+        self.leave_out = frozenset(leave_out)  # of OPTIONAL: not measured
 
     def _say(self, msg: str) -> None:
         if self.progress:
@@ -427,12 +437,11 @@ class Profiler:
     # --- tables ---------------------------------------------------------------------------------------
     def linear(self) -> dict:
         g = self.grid
-        secs = []
-        for n in g["LINEAR_TOKENS"]:
-            secs.append(self.clock.median(self._forward(self._tokens_batch(n), ("linear",))))
+        secs = [self._linear_point(n) for n in g["LINEAR_TOKENS"]]
         self._say(f"linear {['%.3g' % s for s in secs[::8]]} (every 8th of {len(secs)})")
         out = {"axes": ["tokens"], "grid": {"tokens": list(g["LINEAR_TOKENS"])}, "seconds": secs}
         if self.cuda:
+            out["in_step_above_tokens"] = LINEAR_IN_STEP_ABOVE
             sizes = list(g["GRAPH_TOKENS"])
             self.runner.capture_decode_graphs(max(sizes), sizes=sizes, parts=("linear",))
             gsecs = []
@@ -442,6 +451,22 @@ class Profiler:
             out["grid"]["graph_tokens"] = sizes
             out["graph_seconds"] = gsecs
         return out
+
+    def _linear_point(self, n: int) -> float:
+        """The linear layers of one prompt of `n` tokens: alone, or inside a whole step above
+        `LINEAR_IN_STEP_ABOVE` tokens on CUDA."""
+        b = self._tokens_batch(n)
+        if self.cuda and n > LINEAR_IN_STEP_ABOVE:
+            return self._linear_in_step(b)
+        return self.clock.median(self._forward(b, ("linear",)))
+
+    def _linear_in_step(self, batch) -> float:
+        """The linear layers of a whole step of `batch`: the step less its attention timed inside
+        it (`_attention_in_step`), its cache writes and its sampling, each a median."""
+        from validation.model import PARTS
+        whole = self.clock.median(self._forward(batch, PARTS))
+        rest = sum(self.clock.median(self._forward(batch, (p,))) for p in ("write", "sample"))
+        return whole - self._attention_in_step(batch) - rest
 
     def _prefix_tables(self, b: int, tokens: int) -> list[np.ndarray]:
         """Block tables of `b` sequences of up to `tokens` tokens, each its own run of blocks
@@ -696,10 +721,12 @@ class Profiler:
         if self.cuda:  # whole graph-replayed steps
             comps["decode_step"], comps["decode_step_longest"] = self._timed("decode_step, decode_step_longest",
                                                                              self.decode_step)
-            shared = self._timed("decode_step_shared", self.decode_step_shared)
-            if shared is not None:  # None: no context of the grid spans two blocks
-                comps["decode_step_shared"] = shared
-            comps["decode_step_padded"] = self._timed("decode_step_padded", self.decode_step_padded)
+            if "decode_step_shared" not in self.leave_out:
+                shared = self._timed("decode_step_shared", self.decode_step_shared)
+                if shared is not None:  # None: no context of the grid spans two blocks
+                    comps["decode_step_shared"] = shared
+            if "decode_step_padded" not in self.leave_out:
+                comps["decode_step_padded"] = self._timed("decode_step_padded", self.decode_step_padded)
         self._say(f"measured in {time.perf_counter() - t0:.0f} s: "
                   + ", ".join(f"{k} {v:.0f} s" for k, v in self.measure_s.items()))
         return comps
@@ -707,7 +734,7 @@ class Profiler:
 
 def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_parallel: int = 1, block_size: int = 16,
             device: str = "cuda", attention: str = "fast", prefill: str = "auto", quick: bool = False,
-            catalog=(), command: str = "", progress: bool = True, tier_dir: str | None = None) -> dict:
+            catalog=(), command: str = "", progress: bool = True, tier_dir: str | None = None, leave_out=()) -> dict:
     """Measure and return a profile dict (format "blocksim-profile/1"); with ``tier_dir``, the tier
     transfer tables too (`validation.tiers.bench`, the disk tier's file in that directory)."""
     import torch
@@ -730,7 +757,7 @@ def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_par
                                f"({', '.join(DEVICE_GPUS)}); name one with --gpu-name")
     cat.gpu(gpu)
     p = Profiler(spec, dtype=dtype, block_size=block_size, device=device, attention=attention, prefill=prefill,
-                 quick=quick, progress=progress, tensor_parallel=tensor_parallel)
+                 quick=quick, progress=progress, tensor_parallel=tensor_parallel, leave_out=leave_out)
     comps = p.run()
     tiers, prefill_impl = {}, p.runner.prefill_impl
     if tier_dir is not None:
@@ -759,6 +786,9 @@ def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_par
 #: ``decode_step_longest``) and the eager decode attention, none of which the profile's other
 #: tables are measured against (the shared and padded tables each beside a twin of their own).
 ADDABLE = ("attn_decode", "decode_step", "decode_step_shared", "decode_step_padded")
+#: Tables `--leave-out` skips: the cost model prices without them (docs/cost_models.md), and a later
+#: `--add-table` can add them (on the lease it names).
+OPTIONAL = ("decode_step_shared", "decode_step_padded")
 
 
 def add_table(path: Path, tables, *, model: str | None = None, device: str = "cuda", catalog=(), command: str = "",
@@ -872,6 +902,9 @@ def add_profile_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--add-table", action="append", default=None, choices=ADDABLE,
                    help="measure only this table into the profile --out names, replacing it there, with that "
                         "profile's dtype, block size, attention and grid; repeatable (default: a whole profile)")
+    p.add_argument("--leave-out", action="append", default=[], choices=OPTIONAL, metavar="TABLE",
+                   help=f"do not measure this table ({', '.join(OPTIONAL)}: the cost model prices without it; "
+                        f"--add-table adds it later); repeatable (default: every table)")
     p.add_argument("--quiet", action="store_true", help="no progress lines (default: progress on stderr)")
     p.set_defaults(func=cmd_profile)
     return p
@@ -921,7 +954,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         prof = profile(args.model, gpu=args.gpu_name, dtype=args.dtype, tensor_parallel=args.tensor_parallel,
                        block_size=args.block_size, device=args.device, attention=args.attention, prefill=args.prefill,
                        quick=args.quick, catalog=args.catalog, command=command, progress=not args.quiet,
-                       tier_dir=args.tier_dir)
+                       tier_dir=args.tier_dir, leave_out=args.leave_out)
     except ProfileError as e:
         print(str(e), file=sys.stderr)
         return 2

@@ -367,3 +367,50 @@ def test_a_measured_profile_its_loader_refuses_exits_2_in_one_line(written, tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "components.linear" in err[0] and "p.json.rejected" in err[0]
     assert not out.exists() and (tmp_path / "p.json.rejected").exists()
+
+
+def test_linear_points_above_the_in_step_bound_are_whole_steps_less_their_other_parts(tmp_path, monkeypatch):
+    """On CUDA (stood in for: the clock and the step's parts), a linear point above
+    LINEAR_IN_STEP_ABOVE tokens is its whole step less the attention timed inside it, the cache
+    writes and the sampling; a point at or below it is the linear layers timed alone."""
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    from blocksim.catalog import Catalog
+    p = profile.Profiler(Catalog([str(tmp_path / "tiny.yaml")]).model("tiny"), device="cpu", quick=True,
+                         progress=False)
+    monkeypatch.setattr(profile, "LINEAR_IN_STEP_ABOVE", 16)
+    seconds = {("linear",): 5.0, ("write",): 0.25, ("sample",): 0.5}
+    monkeypatch.setattr(p, "_forward", lambda batch, parts: (batch.num_tokens, tuple(parts)))
+    monkeypatch.setattr(p.clock, "median", lambda fn: seconds.get(fn[1], 10.0) * fn[0])  # whole step: 10 s a token
+    monkeypatch.setattr(p, "_attention_in_step", lambda batch: 2.0 * batch.num_tokens)
+    assert p._linear_point(16) == 5.0 * 16, "on the CPU (and at the bound) the linear layers alone"
+    assert p._linear_point(256) == 5.0 * 256
+    p.cuda = True
+    assert p._linear_point(16) == 5.0 * 16
+    assert p._linear_point(256) == pytest.approx((10.0 - 2.0 - 0.25 - 0.5) * 256)
+
+
+@pytest.mark.parametrize("leave_out", [(), ("decode_step_shared",), ("decode_step_shared", "decode_step_padded")])
+def test_left_out_tables_are_not_measured(tmp_path, monkeypatch, leave_out):
+    """`--leave-out` (the tables stood in for, on a GPU's path): the tables named are neither
+    measured nor written, the others are."""
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    from blocksim.catalog import Catalog
+    p = profile.Profiler(Catalog([str(tmp_path / "tiny.yaml")]).model("tiny"), device="cpu", quick=True,
+                         progress=False, leave_out=leave_out)
+    p.cuda = True
+    measured = []
+    for name in ("linear", "attn_prefill", "attn_decode", "cache_write", "sample", "overhead",
+                 "decode_step_shared", "decode_step_padded"):
+        monkeypatch.setattr(p, name, lambda name=name: measured.append(name) or {"table": name})
+    monkeypatch.setattr(p, "moves", lambda: {"swap_out": {}, "swap_in": {}, "copy": {}})
+    monkeypatch.setattr(p, "decode_step", lambda: ({"table": "decode_step"}, {"table": "decode_step_longest"}))
+    comps = p.run()
+    for name in profile.OPTIONAL:
+        assert (name in comps) == (name not in leave_out) == (name in measured)
+    assert {"linear", "attn_prefill", "decode_step", "decode_step_longest"} <= set(comps)
+
+
+def test_leave_out_names_only_optional_tables(capsys):
+    with pytest.raises(SystemExit) as e:
+        profile.main(["profile", "--model", "llama-2-7b", "--leave-out", "linear"])
+    assert e.value.code == 2 and "--leave-out" in capsys.readouterr().err
