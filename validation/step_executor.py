@@ -26,9 +26,10 @@ time), its parts `m_swap_s`, `m_copy_s` and `m_forward_s`, `host_s` (the host's 
 step: inputs built and uploaded, launches, waiting for the GPU), `graph` and `padded_batch`;
 `late_segments`, the step's timed segments whose launches outlasted their sleep (the GPU may have
 waited for the host inside them: `SegmentTimer`), and `late_s`, their overruns' sum, a bound on
-those waits; `retimed`: an eager forward whose overruns exceed `RETIME_FRACTION` (0.5%) of its
-time runs again at once with four times the sleep (the same writes and samples), and that time
-counts (`late_after_retime`, its own late segments).
+those waits; `retimed`: a forward (eager, or a graph's replay) whose overruns exceed
+`RETIME_FRACTION` (0.5%) of its time runs again at once with the longer sleep `RETIME_LEAD_S`
+(the same writes and samples), and that time counts (`late_after_retime`, its own late segments);
+at one GPU only (at TP > 1 every rank would have to run it again).
 
 Tensor parallelism (``tensor_parallel`` N > 1): the model is split over N GPUs, one process each
 (`validation.sharded`); this process is rank 0, runs the engine and times its own GPU, and the
@@ -55,7 +56,7 @@ from validation.model import (GRAPH_BATCH_SIZES, ModelDims, PrefillSeq, SegmentT
 WORKSPACE_BYTES = 6 << 30  # activations, CUDA graphs and the allocator's slack
 LEAD_S = 1.2e-3         # sleep queued before each eager segment (one layer): covers its launches
 GRAPH_LEAD_S = 50e-6    # before a graph replay (one launch)
-RETIME_LEAD_S = 4 * LEAD_S  # per segment, when an eager forward is timed again
+RETIME_LEAD_S = 4 * LEAD_S  # per segment (or before a graph replay), when a forward is timed again
 RETIME_FRACTION = 0.005     # ... because its late segments' overruns exceed this fraction of its time
 
 
@@ -310,11 +311,17 @@ class ModelStepExecutor:
             fwd_s, swap_s, copy_s = t_fwd.seconds(), t_swap.seconds(), t_copy.seconds()
             late = t_fwd.late + t_swap.late + t_copy.late
             late_s = t_fwd.overrun_s + t_swap.overrun_s + t_copy.overrun_s
-            if t_fwd.overrun_s > RETIME_FRACTION * fwd_s and padded is None and self.tp == 1:
-                # the host fell behind the sleeps by enough to move the time: the forward again,
-                # with longer sleeps (it writes the same keys and values and samples the same tokens)
+            if t_fwd.overrun_s > RETIME_FRACTION * fwd_s and self.tp == 1:
+                # the host fell behind the sleep(s) by enough to move the time: the forward (or the
+                # graph's replay, its inputs still loaded) again, with a longer sleep; it writes the
+                # same keys and values and samples the same tokens
                 t_again = SegmentTimer(RETIME_LEAD_S)
-                tokens = r.forward(inp, timer=t_again)
+                if padded is not None:
+                    t_again.begin(RETIME_LEAD_S)
+                    tokens = r.replay_decode(padded)[: batch.num_decodes]
+                    t_again.end()
+                else:
+                    tokens = r.forward(inp, timer=t_again)
                 fwd_s, retimed, late_again = t_again.seconds(), True, t_again.late
         else:
             t0 = time.perf_counter()

@@ -168,3 +168,42 @@ def test_an_eager_forward_with_late_segments_is_timed_again(tmp_path, monkeypatc
     assert summary["finished"] == 12
     totals = json.loads((out / "executor.json").read_text())
     assert totals["late_steps"] == len(ex) and totals["retimed_steps"] == (len(ex) if retimed else 0)
+
+
+def test_a_late_graph_replay_is_replayed_again(tmp_path, monkeypatch, host_clock_cuda):
+    """The graph path on the CPU runner (a stand-in graph: loading keeps the step's inputs, a replay
+    runs them eagerly, untimed inside), events on the host clock: with a sleep of nothing before
+    each replay, every replay is late, and it is replayed again with the longer sleep, that time
+    counting; the run keeps its requests."""
+    import validation.step_executor as se
+
+    monkeypatch.setattr(se, "GRAPH_LEAD_S", 0.0)
+    monkeypatch.setattr(se, "RETIME_LEAD_S", 60.0)
+    init = se.ModelStepExecutor.__init__
+    replays = []
+
+    def timed_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.cuda = True
+        self.graph_sizes, self.max_graph_batch = [1, 2, 4], 4
+        r = self.runner
+        loaded = {}
+
+        def load_decode(batch, padded):
+            loaded["inp"] = r.prepare(batch)
+
+        def replay_decode(padded, parts=None):
+            replays.append(padded)
+            return r.forward(loaded["inp"])
+        r.load_decode, r.replay_decode = load_decode, replay_decode
+
+    monkeypatch.setattr(se.ModelStepExecutor, "__init__", timed_init)
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    out = tmp_path / "run"
+    assert main(["replay", str(trace(tmp_path / "t.parquet")), "--out", str(out), "--catalog", str(tmp_path / "tiny.yaml"),
+                 "--model", "tiny", "--executor", "cpu", "--num-gpu-blocks", "12", "--quiet", "--no-report"]) == 0
+    ex = pd.read_parquet(out / "executor_steps.parquet")
+    graph = ex[ex.graph]
+    assert len(graph) > 0 and graph.retimed.all() and (graph.late_segments == 1).all()
+    assert (graph.late_after_retime == 0).all() and len(replays) == 2 * len(graph)
+    assert json.loads((out / "summary.json").read_text())["finished"] == 12
