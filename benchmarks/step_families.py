@@ -80,7 +80,10 @@ def prefill_mix_rows(prof, model: str) -> list[dict]:
     mixes = [("short chunk over a long prefix + a prompt", [(16, top - 17), (big, 0)]),
              ("two chunks, one over a prefix", [(big // 2, big), (big, 0)]),
              ("prompt + short chunk over a half prefix", [(big, 0), (64, top // 2)]),
-             ("four unequal prompts", [(big, 0), (big // 4, 0), (64, 0), (16, 0)])]
+             ("four unequal prompts", [(big, 0), (big // 4, 0), (64, 0), (16, 0)]),
+             # chunked prefill's usual pair: a prompt's last chunk and the next prompt's first, 512 tokens
+             ("last chunk over a prefix + a first chunk", [(128, min(3968, top - 129)), (384, 0)]),
+             ("last chunk over a prefix + a short first chunk", [(256, min(3840, top - 257)), (256, 0)])]
     out = []
     for name, pf in mixes:
         together = prof._attention_in_step(prof.batch(prefills=pf))
