@@ -100,8 +100,9 @@ class Fidelity:
 
     def row(self, trace: str | None = None) -> dict:
         """The results row: `ROW_KEYS` (errors as signed fractions, step_mape a fraction) plus p90
-        errors, the median request's errors (``*_request_median_err``), the cost model's profile or
-        constants, the run directories and the counts."""
+        errors, the median request's errors (``*_request_median_err``) and the requests each metric
+        covers (``*_requests``: TPOT only those with more than one output token), the cost model's
+        profile or constants, the run directories and the counts."""
         cfg = self.sim.config
         row = {
             "trace": trace or Path(str(self.sim.summary.get("trace") or self.sim.path.name)).name,
@@ -120,6 +121,7 @@ class Fidelity:
             row[f"{m}_p90_err"] = self.err(m, 90)
         for r in ([] if self.per_request is None else self.per_request.itertuples(index=False)):
             row[f"{r.metric}_request_median_err"] = r.median
+            row[f"{r.metric}_requests"] = r.requests  # how many requests the metric's figures cover
         row.update({"cost_profile": self.cost_model.get("profile"), "sim_run": str(self.sim.path),
                     "exec_run": str(self.exec.path), "requests_matched": self.matched,
                     "steps_compared": 0 if self.predicted_s is None else int(len(self.predicted_s)),

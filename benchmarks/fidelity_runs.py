@@ -442,14 +442,19 @@ def request_table(rows: list[dict]) -> str:
 
     def pct(v) -> str:
         return "n/a" if v is None else f"{100 * v:+.1f}%"
+    counted = all("tpot_requests" in r for r in rows)  # rows of older results lack the counts
     lines = ["Request by request: the median over a run's requests of each request's own error, beside the "
-             "p50 error over the same requests.", "",
-             "| trace | preset | model | " + " | ".join(f"{m} p50 | {m} by request" for m in keys) + " |",
-             "|---|---|---|" + "---:|---:|" * len(keys)]
+             "p50 error over the same requests" + (", and how many requests have a TPOT (more than one output "
+                                                   "token): its percentiles are over those alone" if counted else "")
+             + ".", "",
+             "| trace | preset | model | " + " | ".join(f"{m} p50 | {m} by request" for m in keys)
+             + (" | requests | with a TPOT" if counted else "") + " |",
+             "|---|---|---|" + "---:|---:|" * len(keys) + "---:|---:|" * counted]
     for r in rows:
         lines.append(f"| {r['trace']} | {r['preset']} | {r['model']} | "
                      + " | ".join(f"{pct(r.get(f'{m}_p50_err'))} | {pct(r.get(f'{m}_request_median_err'))}"
-                                  for m in keys) + " |")
+                                  for m in keys)
+                     + (f" | {r.get('ttft_requests')} | {r['tpot_requests']}" if counted else "") + " |")
     return "\n".join(lines) + "\n"
 
 
