@@ -582,3 +582,16 @@ def test_steps_measured_far_beyond_their_price_are_counted_per_run():
     assert fr.far_steps(x.assign(measured_s=0.011)) == []
     rec = x.assign(late_segments=[2, 0, 1, 0], retimed=[True, False, False, False])
     assert "| a | 3 | 2 | 0.023 | 0.05 | 2 | 1 |" in fr.far_steps(rec)
+
+
+def test_prompt_steps_are_grouped_by_the_prompts_they_hold():
+    """fidelity_runs results: eager prompt steps by how many prompts (or chunks) they hold (3 and more
+    together) and their token band, with their count, runs, mean error and MAPE."""
+    fr = _fidelity_runs()
+    e = pd.DataFrame({"num_prefills": [1, 1, 2, 2, 4], "tokens": ["a", "a", "b", "b", "b"],
+                      "run": ["r1", "r2", "r1", "r1", "r2"], "err": [0.01, -0.03, 0.02, 0.04, -0.1]})
+    e["tokens"] = e["tokens"].astype("category")
+    rows = [line for line in fr.prompt_counts(e)[4:] if line.startswith("| ")]  # after the title and header
+    assert rows == ["| 1 | a | 2 | 2 | -1.0% | 2.0% |", "| 2 | b | 2 | 1 | +3.0% | 3.0% |",
+                    "| 3 or more | b | 1 | 1 | -10.0% | 10.0% |"]
+    assert fr.prompt_counts(e.iloc[:0]) == []
