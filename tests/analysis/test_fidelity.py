@@ -591,7 +591,7 @@ def test_prompt_steps_are_grouped_by_the_prompts_they_hold():
     e = pd.DataFrame({"num_prefills": [1, 1, 2, 2, 4], "tokens": ["a", "a", "b", "b", "b"],
                       "run": ["r1", "r2", "r1", "r1", "r2"], "err": [0.01, -0.03, 0.02, 0.04, -0.1]})
     e["tokens"] = e["tokens"].astype("category")
-    rows = [line for line in fr.prompt_counts(e)[4:] if line.startswith("| ")]  # after the title and header
+    rows = [line for line in fr.prompt_counts(e)[5:]]  # after the title, the header and its rule
     assert rows == ["| 1 | a | 2 | 2 | -1.0% | 2.0% |", "| 2 | b | 2 | 1 | +3.0% | 3.0% |",
                     "| 3 or more | b | 1 | 1 | -10.0% | 10.0% |"]
     assert fr.prompt_counts(e.iloc[:0]) == []
