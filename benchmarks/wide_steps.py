@@ -50,21 +50,11 @@ CASES = {
 }
 
 
-def nvml(torch) -> dict:
-    out = {}
-    for name, fn in (("sm_clock_mhz", "clock_rate"), ("power_w", "power_draw"), ("temp_c", "temperature")):
-        try:
-            v = getattr(torch.cuda, fn)()
-            out[name] = v / 1000 if name == "power_w" else v
-        except Exception as e:  # noqa: BLE001 (not all builds expose NVML)
-            out[name] = repr(e)[:60]
-    return out
-
-
 def measure(model: str, idle_s: float) -> dict:
     import torch
 
     from blocksim.catalog import MODELS
+    from eager_gap import nvml  # SM clock, power and temperature from NVML (benchmarks/eager_gap.py)
     from validation.model import PARTS, SegmentTimer
     from validation.profile import Profiler
     from validation.step_executor import LEAD_S
@@ -79,13 +69,13 @@ def measure(model: str, idle_s: float) -> dict:
         b = prof.batch(prefills=pf, decodes=dec)
         inp = r.prepare(b)
         r.prime(inp)
-        c = {"tokens": int(sum(p for p, _ in pf) + len(dec)), "state_before": nvml(torch)}
+        c = {"tokens": int(sum(p for p, _ in pf) + len(dec)), "state_before": nvml()}
         c["whole"] = prof.clock.median(lambda t: r.forward(inp, PARTS, t))
         for p in ("linear", "write", "sample"):
             c[p] = prof.clock.median(lambda t, p=p: r.forward(inp, (p,), t))
         c["attn_in_step"] = prof._attention_in_step(b)
         c["linear_in_step"] = c["whole"] - c["attn_in_step"] - c["write"] - c["sample"]
-        c["state_after"] = nvml(torch)
+        c["state_after"] = nvml()
         return c
 
     for order in (list(cases), list(reversed(cases))):
@@ -103,11 +93,11 @@ def measure(model: str, idle_s: float) -> dict:
         return t.seconds()
     torch.cuda.synchronize()
     time.sleep(idle_s)
-    state = nvml(torch)
+    state = nvml()
     after_idle = timed()
     series = [timed() for _ in range(10)]
     res["linear_widest"] = {"case": widest, "idle_s": idle_s, "state_after_idle": state, "after_idle": after_idle,
-                            "series": series, "state_after_series": nvml(torch)}
+                            "series": series, "state_after_series": nvml()}
     print("linear", widest, "after idle", round(after_idle, 5), "series", [round(x, 5) for x in series], flush=True)
     return res
 

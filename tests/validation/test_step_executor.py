@@ -134,6 +134,15 @@ def test_tier_moves_execute_in_the_loop_and_every_restored_chunk_checks(tmp_path
     assert moves["chunks"].sum() == (~plan_ops["evict"]).sum(), "every copy of the plan was performed"
 
 
+def _replay_tiny_on_cpu(tmp_path):
+    """`blocksim replay` of the tiny model's trace with the CPU executor (12 GPU blocks); its run directory."""
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    out = tmp_path / "run"
+    assert main(["replay", str(trace(tmp_path / "t.parquet")), "--out", str(out), "--catalog", str(tmp_path / "tiny.yaml"),
+                 "--model", "tiny", "--executor", "cpu", "--num-gpu-blocks", "12", "--quiet", "--no-report"]) == 0
+    return out
+
+
 @pytest.mark.parametrize("fraction", [0.005, 1e9])
 def test_an_eager_forward_with_late_segments_is_timed_again(tmp_path, monkeypatch, host_clock_cuda, fraction):
     """The CUDA path's timing on the CPU runner, events on the host clock: with sleeps of no length
@@ -152,10 +161,7 @@ def test_an_eager_forward_with_late_segments_is_timed_again(tmp_path, monkeypatc
         self.cuda = True  # the timed path, on the CPU runner
 
     monkeypatch.setattr(se.ModelStepExecutor, "__init__", timed_init)
-    (tmp_path / "tiny.yaml").write_text(TINY)
-    out = tmp_path / "run"
-    assert main(["replay", str(trace(tmp_path / "t.parquet")), "--out", str(out), "--catalog", str(tmp_path / "tiny.yaml"),
-                 "--model", "tiny", "--executor", "cpu", "--num-gpu-blocks", "12", "--quiet", "--no-report"]) == 0
+    out = _replay_tiny_on_cpu(tmp_path)
     ex = pd.read_parquet(out / "executor_steps.parquet")
     steps = pd.read_parquet(out / "steps.parquet")
     eager = ex[ex.num_tokens > 0]
@@ -198,10 +204,7 @@ def test_a_late_graph_replay_is_replayed_again(tmp_path, monkeypatch, host_clock
         r.load_decode, r.replay_decode = load_decode, replay_decode
 
     monkeypatch.setattr(se.ModelStepExecutor, "__init__", timed_init)
-    (tmp_path / "tiny.yaml").write_text(TINY)
-    out = tmp_path / "run"
-    assert main(["replay", str(trace(tmp_path / "t.parquet")), "--out", str(out), "--catalog", str(tmp_path / "tiny.yaml"),
-                 "--model", "tiny", "--executor", "cpu", "--num-gpu-blocks", "12", "--quiet", "--no-report"]) == 0
+    out = _replay_tiny_on_cpu(tmp_path)
     ex = pd.read_parquet(out / "executor_steps.parquet")
     graph = ex[ex.graph]
     assert len(graph) > 0 and graph.retimed.all() and (graph.late_segments == 1).all()
