@@ -12,7 +12,10 @@ alone; its attention timed inside the whole step. `linear_in_step` is the whole 
 attention in it, the writes and the sampling. The cases run twice, in order and then in reverse
 (a drift between the passes shows the device's clock or power moving). Then the linear layers of
 the widest case alone, once after the GPU idled `--idle-s` seconds and as ten back-to-back
-repetitions. SM clock (MHz), power (W) and temperature from NVML around each.
+repetitions. SM clock (MHz), power (W) and temperature from NVML around each. With `--sweep`, the
+linear layers alone at 2,048, 4,096 and 8,192 tokens after idle, within a sweep over the linear
+table's token counts in rising order (as `blocksim profile` times that table), and after idle again:
+whether the sweep's own heat or power state moves its larger points.
 
 `--report` prints, per case, the whole step and `linear_in_step` against the one-prompt case of
 half its tokens doubled, and the profile's way of pricing it (linear alone + attention in step +
@@ -50,7 +53,7 @@ CASES = {
 }
 
 
-def measure(model: str, idle_s: float) -> dict:
+def measure(model: str, idle_s: float, sweep: bool = False) -> dict:
     import torch
 
     from blocksim.catalog import MODELS
@@ -99,7 +102,37 @@ def measure(model: str, idle_s: float) -> dict:
     res["linear_widest"] = {"case": widest, "idle_s": idle_s, "state_after_idle": state, "after_idle": after_idle,
                             "series": series, "state_after_series": nvml()}
     print("linear", widest, "after idle", round(after_idle, 5), "series", [round(x, 5) for x in series], flush=True)
+    if sweep:
+        res["sweep"] = linear_sweep(prof, idle_s, nvml)
     return res
+
+
+def linear_sweep(prof, idle_s: float, nvml) -> dict:
+    """The linear layers alone at 2,048, 4,096 and 8,192 tokens (those within the model's length),
+    each after `idle_s` of idle, then within a sweep over the profile's linear token counts up to
+    8,192 in rising order, back to back, as `blocksim profile` times its linear table (alone: its
+    points above 4,096 tokens here too), then after idle again."""
+    import torch
+
+    from validation.profile import LINEAR_TOKENS
+    top = prof.dims.max_model_len
+    points = [n for n in (2048, 4096, 8192) if n <= top]
+
+    def alone(n: int) -> float:
+        torch.cuda.synchronize()
+        time.sleep(idle_s)
+        return prof.clock.median(prof._forward(prof._tokens_batch(n), ("linear",)))
+    before = {n: alone(n) for n in points}
+    swept, states, t0 = {}, {}, time.perf_counter()
+    for n in (n for n in LINEAR_TOKENS if n <= max(points)):
+        v = prof.clock.median(prof._forward(prof._tokens_batch(n), ("linear",)))
+        if n in points:
+            swept[n], states[n] = v, {**nvml(), "since_start_s": round(time.perf_counter() - t0, 1)}
+    after = {n: alone(n) for n in points}
+    out = {"idle_s": idle_s, "points": points, "before": before, "swept": swept, "after": after, "states": states}
+    print("sweep", {n: (round(before[n] * 1e3, 2), round(swept[n] * 1e3, 2), round(after[n] * 1e3, 2)) for n in points},
+          flush=True)
+    return out
 
 
 def report(res: dict) -> None:
@@ -115,6 +148,15 @@ def report(res: dict) -> None:
             print(f"{i}     {name:10s} {c['tokens']:6d} {c['whole'] * 1e3:10.2f} {summed / c['whole'] - 1:+13.2%} "
                   f"{c['linear'] * 1e3:10.2f} {c['linear_in_step'] * 1e3:12.2f} {ratio:>16s}  "
                   f"{c['state_before'].get('sm_clock_mhz')}/{c['state_after'].get('sm_clock_mhz')}")
+    sw = res.get("sweep")
+    if sw:
+        print("linear alone, ms: after idle before the sweep / within the sweep / after idle after it")
+        for n in sw["points"]:
+            b, w_, a = (sw[k][str(n)] if str(n) in sw[k] else sw[k][n] for k in ("before", "swept", "after"))
+            st = sw["states"].get(str(n), sw["states"].get(n, {}))
+            print(f"  {n:5d} tokens  {b * 1e3:8.2f} / {w_ * 1e3:8.2f} / {a * 1e3:8.2f}  (sweep {w_ / b - 1:+.2%}; "
+                  f"{st.get('since_start_s')} s into it, {st.get('sm_clock_mhz')} MHz, {st.get('power_w')} W, "
+                  f"{st.get('temp_c')} C)")
     w = res["linear_widest"]
     print(f"linear of {w['case']} alone: after {w['idle_s']} s idle {w['after_idle'] * 1e3:.2f} ms, then "
           f"{', '.join('%.2f' % (x * 1e3) for x in w['series'])} ms "
@@ -127,6 +169,9 @@ def main() -> int:
     ap.add_argument("--model", default="llama-3-8b")
     ap.add_argument("--out", help="write the measurements here (JSON)")
     ap.add_argument("--idle-s", type=float, default=3.0)
+    ap.add_argument("--sweep", action="store_true",
+                    help="also the linear layers within a sweep like the profile's linear table against the same "
+                         "points after idle (about a minute more)")
     ap.add_argument("--report", metavar="JSON", help="print a measured file's table instead of measuring")
     a = ap.parse_args()
     if a.report:
@@ -134,7 +179,7 @@ def main() -> int:
         return 0
     if not a.out:
         ap.error("--out is required when measuring")
-    res = measure(a.model, a.idle_s)
+    res = measure(a.model, a.idle_s, a.sweep)
     Path(a.out).write_text(json.dumps(res, indent=1, default=float))
     report(res)
     return 0
