@@ -302,26 +302,26 @@ class ModelStepExecutor:
                 r.prime(inp)
                 if self.tp > 1:
                     r.comm_log.reset()  # the untimed first layer's all-reduces are not the step's
-            if padded is not None:
-                t_fwd.begin(GRAPH_LEAD_S)
-                tokens = r.replay_decode(padded)[: batch.num_decodes]
-                t_fwd.end()
-            elif batch.num_tokens:
-                tokens = r.forward(inp, timer=t_fwd)
+
+            def forward(timer: SegmentTimer, graph_lead_s: float):
+                """The step's forward timed by `timer`: the graph replayed whole (its inputs loaded)
+                after a sleep of `graph_lead_s`, or the eager forward segment by segment."""
+                if padded is None:
+                    return r.forward(inp, timer=timer)
+                timer.begin(graph_lead_s)
+                out = r.replay_decode(padded)[: batch.num_decodes]
+                timer.end()
+                return out
+            if padded is not None or batch.num_tokens:
+                tokens = forward(t_fwd, GRAPH_LEAD_S)
             fwd_s, swap_s, copy_s = t_fwd.seconds(), t_swap.seconds(), t_copy.seconds()
             late = t_fwd.late + t_swap.late + t_copy.late
             late_s = t_fwd.overrun_s + t_swap.overrun_s + t_copy.overrun_s
             if t_fwd.overrun_s > RETIME_FRACTION * fwd_s and self.tp == 1:
-                # the host fell behind the sleep(s) by enough to move the time: the forward (or the
-                # graph's replay, its inputs still loaded) again, with a longer sleep; it writes the
-                # same keys and values and samples the same tokens
+                # the host fell behind the sleep(s) by enough to move the time: the forward again,
+                # with the longer sleep; it writes the same keys and values and samples the same tokens
                 t_again = SegmentTimer(RETIME_LEAD_S)
-                if padded is not None:
-                    t_again.begin(RETIME_LEAD_S)
-                    tokens = r.replay_decode(padded)[: batch.num_decodes]
-                    t_again.end()
-                else:
-                    tokens = r.forward(inp, timer=t_again)
+                tokens = forward(t_again, RETIME_LEAD_S)
                 fwd_s, retimed, late_again = t_again.seconds(), True, t_again.late
         else:
             t0 = time.perf_counter()
