@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -51,9 +52,40 @@ CASES = {
     "2x4095+1": ([(4095, 0)] * 2, [4096]),
     "4x2048": ([(2048, 0)] * 4, []),
 }
+#: `--cases chunked`: steps of `vllm-chunked` (512-token budget) as the mooncake-prefix slice executes
+#: them: one chunk over cached keys, and a prompt's last chunk beside the next prompt's first. The
+#: warp-specialized prefill kernel deals 128-row items (a KV head's GQA group packed) to one block
+#: per SM: llama-3-8b's 2,048 packed rows make 16 items per KV head when the chunk boundary falls on
+#: an item's (128 in all), 17 otherwise (136, more than an H100's 132 SMs).
+CHUNKED_CASES = {
+    "512@1": ([(512, 1)], []),
+    "512@2048": ([(512, 2048)], []),
+    "512@3584": ([(512, 3584)], []),
+    "128@3968+384": ([(128, 3968), (384, 0)], []),
+    "127@3969+385": ([(127, 3969), (385, 0)], []),
+    "183@3912+329": ([(183, 3912), (329, 0)], []),
+    "183@3912": ([(183, 3912)], []),
+    "275@3820+237": ([(275, 3820), (237, 0)], []),
+    "511@3584+1": ([(511, 3584), (1, 0)], []),
+}
 
 
-def measure(model: str, idle_s: float, sweep: bool = False) -> dict:
+def write_cached(prof, b) -> None:
+    """The cached keys and values of `b`'s prompts written by the model itself, untimed, as an
+    earlier chunk leaves them (the profile's prefill-attention table is measured so)."""
+    import numpy as np
+
+    from validation.model import PrefillSeq, StepBatch
+    top = prof.dims.max_model_len
+    for i, s in enumerate(x for x in b.prefills if x.start > 0):
+        pos = np.arange(s.start)
+        ids = np.random.default_rng(i).integers(0, prof.dims.vocab_size, len(pos)).astype(np.int64)
+        slots = s.block_table[pos // prof.bs] * prof.bs + pos % prof.bs
+        prof.runner.forward(prof.runner.prepare(StepBatch(ids, np.minimum(pos, top - 1), slots,
+                                                          [PrefillSeq(0, s.start, s.block_table)])))
+
+
+def measure(model: str, idle_s: float, sweep: bool = False, which: str = "wide", off: bool = False) -> dict:
     import torch
 
     from blocksim.catalog import MODELS
@@ -64,12 +96,14 @@ def measure(model: str, idle_s: float, sweep: bool = False) -> dict:
 
     prof = Profiler(MODELS[model], progress=False)
     r, max_len = prof.runner, prof.dims.max_model_len
-    cases = {k: v for k, v in CASES.items() if all(p <= max_len for p, _ in v[0]) and all(c <= max_len for c in v[1])}
+    table = CHUNKED_CASES if which == "chunked" else CASES
+    cases = {k: v for k, v in table.items() if all(p + c <= max_len for p, c in v[0]) and all(p <= max_len for p, _ in v[0]) and all(c <= max_len for c in v[1])}
     res = {"model": model, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "max_model_len": max_len, "passes": []}
+           "max_model_len": max_len, "cases": which, "prefills": {k: v[0] for k, v in cases.items()}, "passes": []}
 
     def one_case(pf, dec) -> dict:
         b = prof.batch(prefills=pf, decodes=dec)
+        write_cached(prof, b)
         inp = r.prepare(b)
         r.prime(inp)
         c = {"tokens": int(sum(p for p, _ in pf) + len(dec)), "state_before": nvml()}
@@ -104,6 +138,8 @@ def measure(model: str, idle_s: float, sweep: bool = False) -> dict:
     print("linear", widest, "after idle", round(after_idle, 5), "series", [round(x, 5) for x in series], flush=True)
     if sweep:
         res["sweep"] = linear_sweep(prof, idle_s, nvml)
+    if off:
+        res["offgrid"] = offgrid(prof, max_len)
     return res
 
 
@@ -135,19 +171,68 @@ def linear_sweep(prof, idle_s: float, nvml) -> dict:
     return out
 
 
-def report(res: dict) -> None:
+def prices(res: dict, profile: str) -> dict:
+    """Each case priced by the profiled cost model with `profile`, as the engine prices a step
+    (`blocksim/engine/engine.py`): the linear part with its writes and sampling (every prompt
+    samples here), prefill and decode attention, the eager overhead."""
+    import numpy as np
+
+    from blocksim.cost import ProfiledCostModel, load_profile
+    from blocksim.experiments.runner import build_config
+    prof = load_profile(profile)
+    cm = ProfiledCostModel(build_config("vllm", model=res["model"], gpu=prof.gpu), prof)
+    out = {}
+    for name, c in res["passes"][0].items():
+        pf, dec = (CHUNKED_CASES.get(name) or CASES.get(name) or (res.get("prefills", {}).get(name), []))
+        new = np.asarray([n for n, _ in pf], np.int64)
+        cached = np.asarray([k for _, k in pf], np.int64)
+        out[name] = (cm.linear(int(new.sum()) + len(dec), len(pf) + len(dec)) + cm.attn_prefill(new, cached)
+                     + cm.attn_decode(int(sum(dec)), len(dec)) + cm.overhead(True))
+    return out
+
+
+#: `--offgrid`: the linear table's grid points (multiples of 64 up to 4,096, of 512 above) against
+#: token counts just off them, as most steps have
+OFFGRID = ((512, (511, 500, 480)), (2048, (2047, 2040, 2000)), (4096, (4095, 4090, 4000)),
+           (6144, (6143, 6100)), (8192, (8191, 8190, 8100)))
+
+
+def offgrid(prof, top: int, rounds: int = 3) -> list[dict]:
+    """The linear layers alone at each grid point and at the counts just below it, timed in turns
+    (`rounds` alternations, the order reversed each round) so that heat and power touch both alike."""
+    out = []
+    for grid, near in OFFGRID:
+        if grid > top:
+            continue
+        counts = [grid, *near]
+        times = {n: [] for n in counts}
+        for i in range(rounds):
+            for n in (counts if i % 2 == 0 else counts[::-1]):
+                times[n].append(prof.clock.median(prof._forward(prof._tokens_batch(n), ("linear",))))
+        row = {"grid": grid, "seconds": {n: float(sorted(v)[len(v) // 2]) for n, v in times.items()}}
+        out.append(row)
+        print("offgrid", grid, {n: f"{v / row['seconds'][grid] - 1:+.2%}" for n, v in row["seconds"].items()},
+              flush=True)
+    return out
+
+
+def report(res: dict, profile: str | None = None) -> None:
     print(f"{res['model']} on {res['device']}")
+    priced = prices(res, profile) if profile else {}
     print("pass  case        tokens   whole ms  profile's sum  lin alone  lin in step  whole / 2x half  MHz before/after")
     for i, one in enumerate(res["passes"]):
         for name, c in one.items():
-            n_prompts, per = name.split("+")[0].split("x")
-            half = f"1x{int(per) * int(n_prompts) // 2}" if int(n_prompts) > 1 else None
+            m = re.fullmatch(r"(\d+)x(\d+)(\+\d+)?", name)
+            n_prompts, per = (int(m.group(1)), int(m.group(2))) if m else (1, 0)
+            half = f"1x{per * n_prompts // 2}" if n_prompts > 1 else None
             ref = one.get(half) if half else None
             ratio = f"{c['whole'] / (2 * ref['whole']):.4f}" if ref and "+" not in name else "-"
             summed = c["linear"] + c["attn_in_step"] + c["write"] + c["sample"]
-            print(f"{i}     {name:10s} {c['tokens']:6d} {c['whole'] * 1e3:10.2f} {summed / c['whole'] - 1:+13.2%} "
+            price = f"  price {priced[name] / c['whole'] - 1:+.2%}" if name in priced else ""
+            print(f"{i}     {name:12s} {c['tokens']:6d} {c['whole'] * 1e3:10.2f} {summed / c['whole'] - 1:+13.2%} "
                   f"{c['linear'] * 1e3:10.2f} {c['linear_in_step'] * 1e3:12.2f} {ratio:>16s}  "
-                  f"{c['state_before'].get('sm_clock_mhz')}/{c['state_after'].get('sm_clock_mhz')}")
+                  f"{c['state_before'].get('sm_clock_mhz')}/{c['state_after'].get('sm_clock_mhz')}{price}  "
+                  f"attn in step {c['attn_in_step'] * 1e3:.3f} ms")
     sw = res.get("sweep")
     if sw:
         print("linear alone, ms: after idle before the sweep / within the sweep / after idle after it")
@@ -157,6 +242,11 @@ def report(res: dict) -> None:
             print(f"  {n:5d} tokens  {b * 1e3:8.2f} / {w_ * 1e3:8.2f} / {a * 1e3:8.2f}  (sweep {w_ / b - 1:+.2%}; "
                   f"{st.get('since_start_s')} s into it, {st.get('sm_clock_mhz')} MHz, {st.get('power_w')} W, "
                   f"{st.get('temp_c')} C)")
+    for row in res.get("offgrid", []):
+        sec = {int(k): v for k, v in row["seconds"].items()}
+        g = sec[row["grid"]]
+        print(f"linear alone off the grid point {row['grid']}: " + ", ".join(
+            f"{n} {(v / g - 1) * 100:+.2f}%" for n, v in sec.items() if n != row["grid"]) + f" (grid {g * 1e3:.2f} ms)")
     w = res["linear_widest"]
     print(f"linear of {w['case']} alone: after {w['idle_s']} s idle {w['after_idle'] * 1e3:.2f} ms, then "
           f"{', '.join('%.2f' % (x * 1e3) for x in w['series'])} ms "
@@ -172,14 +262,22 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true",
                     help="also the linear layers within a sweep like the profile's linear table against the same "
                          "points after idle (about a minute more)")
+    ap.add_argument("--offgrid", action="store_true",
+                    help="also the linear layers at the linear table's grid points against counts just below them, "
+                         "in turns (about half a minute more)")
+    ap.add_argument("--cases", choices=("wide", "chunked"), default="wide",
+                    help="wide: prompt steps of 2,048-8,192 tokens (default); chunked: vllm-chunked's steps of one "
+                         "chunk over cached keys and of two chunks")
     ap.add_argument("--report", metavar="JSON", help="print a measured file's table instead of measuring")
+    ap.add_argument("--profile", metavar="FILE", help="with --report: each case's price by this cost profile "
+                                                      "against the whole step measured")
     a = ap.parse_args()
     if a.report:
-        report(json.loads(Path(a.report).read_text()))
+        report(json.loads(Path(a.report).read_text()), a.profile)
         return 0
     if not a.out:
         ap.error("--out is required when measuring")
-    res = measure(a.model, a.idle_s, a.sweep)
+    res = measure(a.model, a.idle_s, a.sweep, a.cases, a.offgrid)
     Path(a.out).write_text(json.dumps(res, indent=1, default=float))
     report(res)
     return 0
