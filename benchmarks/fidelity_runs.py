@@ -26,6 +26,7 @@ revision and with the working tree's, and gives how far each figure moves (a tab
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import subprocess
@@ -113,15 +114,16 @@ def replay_args(trace_path: Path, preset: str, model: str, gpu: str, out: Path, 
             "--quiet", "--no-report", "--out", str(out)]
 
 
-def blocksim(args: list[str], log) -> int:
+def blocksim(args: list[str], log, root: Path = ROOT) -> int:
+    """`blocksim ARGS` in a fresh process, from the tree at `root` (this repository's by default)."""
     cmd = [sys.executable, "-c", "from blocksim.cli import main; import sys; sys.exit(main())", *args]
     t0 = time.perf_counter()
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(x for x in (str(ROOT), env.get("PYTHONPATH")) if x)
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (str(root), env.get("PYTHONPATH")) if x)
     if "--tensor-parallel" in args:  # NVLink multicast off in every process of a tensor-parallel run
         from validation.sharded import NO_MULTICAST_ENV
         env.update(NO_MULTICAST_ENV)
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    p = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     log.write(f"$ blocksim {' '.join(args)}\n{p.stdout}{p.stderr}(rc {p.returncode}, {time.perf_counter() - t0:.1f} s)\n")
     log.flush()
     return p.returncode
@@ -964,15 +966,39 @@ def profiles_at(rev: str, dest: Path) -> Path | None:
     return dest
 
 
+def code_at(rev: str, dest: Path) -> Path | None:
+    """The repository's files as of git revision `rev`, unpacked in `dest` (replaced); None, after
+    one line on stderr, where `rev` is not a revision of this repository."""
+    import shutil
+    import tarfile
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    p = subprocess.run(["git", "archive", "--format=tar", rev], cwd=ROOT, capture_output=True)
+    if p.returncode != 0:
+        print(f"moves: --before {rev} --code: not a git revision of this repository; name a commit",
+              file=sys.stderr)
+        return None
+    with tarfile.open(fileobj=io.BytesIO(p.stdout)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest
+
+
 def cmd_moves(a) -> int:
     """Every slice and preset simulated with the profiles as of --before and with the shipped ones:
     how far the simulated figures move when a profile's tables are measured again."""
     from validation.profile import shipped_name
     out = Path(a.out)
-    before = profiles_at(a.before, out / "profiles-before")
+    after = ROOT / "blocksim" / "profiles"
+    roots = {"before": ROOT, "after": ROOT}
+    if a.code:  # the simulator's code as of --before, the working tree's profiles on both sides
+        roots["before"] = code_at(a.before, out / "code-before")
+        if roots["before"] is None:
+            return 2
+        before = after
+    else:
+        before = profiles_at(a.before, out / "profiles-before")
     if before is None:
         return 2
-    after = ROOT / "blocksim" / "profiles"
     names = {model: shipped_name(model, a.gpu, "float16", 1) for model in a.models}
     for model, name in names.items():
         lacking = [str(d) for d in (before, after) if not (d / name).is_file()]
@@ -991,8 +1017,9 @@ def cmd_moves(a) -> int:
                     got = {}
                     for tag, pdir in (("before", before), ("after", after)):
                         dest = out / tag / run
-                        rc = blocksim(replay_args(path, preset, model, a.gpu, dest)
-                                      + ["--cost-model", "profiled", "--cost-profile", str(pdir / name)], log)
+                        rc = blocksim(replay_args(path.resolve(), preset, model, a.gpu, dest.resolve())
+                                      + ["--cost-model", "profiled", "--cost-profile", str((pdir / name).resolve())],
+                                      log, roots[tag])
                         if rc != 0:
                             print(f"moves: {run} ({tag}) failed, rc {rc}: see {out / 'moves.log'}", file=sys.stderr)
                             return 2
@@ -1004,7 +1031,9 @@ def cmd_moves(a) -> int:
                     rows.append(row)
                     print(f"moves {run}: " + ", ".join(f"{k[:-2]} {100 * row[k]['move']:+.2f}%" for k in MOVE_KEYS
                                                      if row[k]["move"] is not None), flush=True)
-    write_json(a.json, {"before": a.before, "after": "the working tree's blocksim/profiles", "gpu": a.gpu,
+    what = ("the simulator's code as of " + a.before + ", the working tree's blocksim/profiles" if a.code
+            else a.before)
+    write_json(a.json, {"before": what, "after": "the working tree's code and blocksim/profiles", "gpu": a.gpu,
                         "rows": rows})
     for k in MOVE_KEYS:
         m = [abs(r[k]["move"]) for r in rows if r[k]["move"] is not None]
@@ -1063,9 +1092,13 @@ def main(argv=None) -> int:
     v.add_argument("--at", type=float, nargs="+", default=[], metavar="F",
                    help="also the errors against the executed runs with every step priced F times (e.g. 0.97)")
     v.set_defaults(func=cmd_sensitivity)
-    m = sub.add_parser("moves", help="how far the simulated figures move between two sets of profiles")
+    m = sub.add_parser("moves", help="how far the simulated figures move between two sets of profiles (or two "
+                                     "revisions of the simulator)")
     m.add_argument("--before", required=True, metavar="REV|DIR",
                    help="a git revision whose shipped profiles to compare with (or a folder of profiles)")
+    m.add_argument("--code", action="store_true",
+                   help="--before names a revision whose simulator to compare with, both sides priced by the "
+                        "working tree's shipped profiles")
     m.add_argument("--gpu", default="h200-141gb")
     m.add_argument("--models", nargs="+", default=list(MODELS))
     m.add_argument("--traces", nargs="+", default=list(SLICES), choices=list(SLICES))

@@ -595,3 +595,25 @@ def test_prompt_steps_are_grouped_by_the_prompts_they_hold():
     assert rows == ["| 1 | a | 2 | 2 | -1.0% | 2.0% |", "| 2 | b | 2 | 1 | +3.0% | 3.0% |",
                     "| 3 or more | b | 1 | 1 | -10.0% | 10.0% |"]
     assert fr.prompt_counts(e.iloc[:0]) == []
+
+
+def test_moves_between_a_revision_of_the_simulator_and_itself_are_zero(tmp_path):
+    """fidelity_runs.py moves --code: the simulator as of HEAD against the working tree, both priced by
+    the working tree's profiles (a slice whose steps the working tree's edits, if any, leave alone)."""
+    fr = _fidelity_runs()
+    out = tmp_path / "moves.json"
+    rc = fr.main(["moves", "--code", "--before", "HEAD", "--models", "llama-2-7b", "--traces", "mooncake",
+                  "--presets", "vllm", "--out", str(tmp_path / "m"), "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert rc == 0 and "code as of HEAD" in doc["before"]
+    assert (tmp_path / "m" / "code-before" / "blocksim" / "cli.py").is_file()
+    for k in fr.MOVE_KEYS:
+        assert doc["rows"][0][k]["move"] == 0.0, k
+
+
+def test_moves_code_refuses_a_revision_that_is_not_one(tmp_path, capsys):
+    fr = _fidelity_runs()
+    rc = fr.main(["moves", "--code", "--before", "no-such-rev", "--out", str(tmp_path / "m"),
+                  "--json", str(tmp_path / "m.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--before no-such-rev" in err[0] and not (tmp_path / "m.json").exists()
