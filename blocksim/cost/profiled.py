@@ -210,6 +210,7 @@ class ProfiledCostModel:
             alone = np.maximum(tab.eval(1.0, p, c), 1e-12)
             batch = np.minimum(alone.sum() / alone, max(float(n), float(tab.grids[0][-1])))
             base = float(np.sum(tab.eval(batch, p, c) / batch))
+            base = max(base, float(alone.max()))  # no launch ends before its longest prompt alone would
             hit = (base, tuple(a for a, vals in zip(tab.axes, (np.asarray([1.0, n]), p, c))
                                if tab.outside(tab.axes.index(a), vals).any()))
         for axis in hit[1]:

@@ -156,6 +156,21 @@ def test_prefill_attention_prices_each_prompt_at_the_batch_that_lasts_as_long_as
     assert near == pytest.approx(cm.prefill.eval(2.0, 1000.5, 0.0)[0], rel=1e-3), "near-equal prompts: near the grid"
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(1, 4096), st.integers(0, 8192)), min_size=2, max_size=6))
+def test_prefill_attention_of_a_batch_is_never_below_its_longest_prompt_alone(profile_path, prompts):
+    """A chunk over a long prefix beside a short first chunk (chunked prefill's usual pair) must not
+    be priced below the long chunk alone: the others' thread blocks cannot shorten its own."""
+    cm = model(profile_path)
+    p = np.array([n for n, _ in prompts], np.int64)
+    c = np.array([k for _, k in prompts], np.int64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        alone = max(cm.attn_prefill(p[i:i + 1], c[i:i + 1]) for i in range(len(p)))
+        got = cm.attn_prefill(p, c)
+    assert got >= alone * (1 - 1e-12)
+
+
 def test_swap_and_copy_blocks_are_converted_to_the_profiles_block_size(profile_path):
     cm16, cm32 = model(profile_path, block_size=16), model(profile_path, block_size=32)
     assert cm32.swap(4, 0) == pytest.approx(cm16.swap(8, 0), rel=1e-12)
