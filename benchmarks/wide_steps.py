@@ -54,9 +54,10 @@ CASES = {
 }
 #: `--cases chunked`: steps of `vllm-chunked` (512-token budget) as the mooncake-prefix slice executes
 #: them: one chunk over cached keys, and a prompt's last chunk beside the next prompt's first. The
-#: warp-specialized prefill kernel deals 128-row items (a KV head's GQA group packed) to one block
-#: per SM: llama-3-8b's 2,048 packed rows make 16 items per KV head when the chunk boundary falls on
-#: an item's (128 in all), 17 otherwise (136, more than an H100's 132 SMs).
+#: executor's prefill kernel (its mma.sync configurations, `kernels.choose_prefill_config`) launches
+#: a grid of (row blocks of the longest sequence, KV heads, sequences), a KV head's GQA group packed
+#: into rows (llama-3-8b: 4 query heads, so a 512-token pair is 2,048 packed rows); the pairs differ
+#: in where the chunk boundary falls and over how many cached keys the last chunk runs.
 CHUNKED_CASES = {
     "512@1": ([(512, 1)], []),
     "512@2048": ([(512, 2048)], []),
@@ -100,7 +101,8 @@ def measure(model: str, idle_s: float, sweep: bool = False, which: str = "wide",
     prof = Profiler(MODELS[model], progress=False)
     r, max_len = prof.runner, prof.dims.max_model_len
     table = CHUNKED_CASES if which == "chunked" else CASES
-    cases = {k: v for k, v in table.items() if all(p + c <= max_len for p, c in v[0]) and all(p <= max_len for p, _ in v[0]) and all(c <= max_len for c in v[1])}
+    cases = {k: v for k, v in table.items()
+             if all(p + c <= max_len for p, c in v[0]) and all(c <= max_len for c in v[1])}
     res = {"model": model, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "max_model_len": max_len, "cases": which, "prefills": {k: v[0] for k, v in cases.items()}, "passes": []}
 
