@@ -15,9 +15,13 @@ the widest case alone, once after the GPU idled `--idle-s` seconds and as ten ba
 repetitions. SM clock (MHz), power (W) and temperature from NVML around each. With `--sweep`, the
 linear layers alone at 2,048, 4,096 and 8,192 tokens after idle, within a sweep over the linear
 table's token counts in rising order (as `blocksim profile` times that table), and after idle again:
-whether the sweep's own heat or power state moves its larger points.
+whether the sweep's own heat or power state moves its larger points. With `--offgrid`, the linear
+layers at some of the linear table's grid points against token counts just below them, in turns.
+With `--cases chunked`, `vllm-chunked`'s steps instead (`CHUNKED_CASES`: one 512-token chunk over
+cached keys; a prompt's last chunk over about 4,000 cached keys beside the next prompt's first),
+their cached keys written by the model first, as the profile's prefill table is measured.
 
-`--report` prints, per case, the whole step and `linear_in_step` against the one-prompt case of
+`--report` (with `--profile FILE`, each case's price by that cost profile too) prints, per case, the whole step and `linear_in_step` against the one-prompt case of
 half its tokens doubled, and the profile's way of pricing it (linear alone + attention in step +
 writes + sampling) against the whole step.
 
