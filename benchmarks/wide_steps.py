@@ -14,8 +14,9 @@ attention in it, the writes and the sampling. The cases run twice, in order and 
 the widest case alone, once after the GPU idled `--idle-s` seconds and as ten back-to-back
 repetitions. SM clock (MHz), power (W) and temperature from NVML around each. With `--sweep`, the
 linear layers alone at 2,048, 4,096 and 8,192 tokens after idle, within a sweep over the linear
-table's token counts in rising order (as `blocksim profile` times that table), and after idle again:
-whether the sweep's own heat or power state moves its larger points. With `--offgrid`, the linear
+table's token counts in rising order (as `blocksim profile` times that table), after idle again,
+and within the same counts interleaved (smallest and largest in turn): whether the sweep's own heat
+or power state moves its larger points, and whether another order of the table's points avoids it. With `--offgrid`, the linear
 layers at some of the linear table's grid points against token counts just below them, in turns.
 With `--cases chunked`, `vllm-chunked`'s steps instead (`CHUNKED_CASES`: one 512-token chunk over
 cached keys; a prompt's last chunk over about 4,000 cached keys beside the next prompt's first),
@@ -156,7 +157,8 @@ def linear_sweep(prof, idle_s: float, nvml) -> dict:
     """The linear layers alone at 2,048, 4,096 and 8,192 tokens (those within the model's length),
     each after `idle_s` of idle, then within a sweep over the profile's linear token counts up to
     8,192 in rising order, back to back, as `blocksim profile` times its linear table (alone: its
-    points above 4,096 tokens here too), then after idle again."""
+    points above 4,096 tokens here too), then after idle again, then within the same counts interleaved
+    (smallest and largest in turn)."""
     import torch
 
     from validation.profile import LINEAR_TOKENS
@@ -174,9 +176,19 @@ def linear_sweep(prof, idle_s: float, nvml) -> dict:
         if n in points:
             swept[n], states[n] = v, {**nvml(), "since_start_s": round(time.perf_counter() - t0, 1)}
     after = {n: alone(n) for n in points}
-    out = {"idle_s": idle_s, "points": points, "before": before, "swept": swept, "after": after, "states": states}
-    print("sweep", {n: (round(before[n] * 1e3, 2), round(swept[n] * 1e3, 2), round(after[n] * 1e3, 2)) for n in points},
-          flush=True)
+    # the same counts interleaved, smallest and largest in turn (the mean power of the rising sweep,
+    # spread over it): whether an order of the table's points keeps its large ones off the sweep's heat
+    counts = [n for n in LINEAR_TOKENS if n <= max(points)]
+    order = [x for pair in zip(counts, reversed(counts)) for x in pair][:len(counts)]
+    inter, inter_states, t0 = {}, {}, time.perf_counter()
+    for n in order:
+        v = prof.clock.median(prof._forward(prof._tokens_batch(n), ("linear",)))
+        if n in points:
+            inter[n], inter_states[n] = v, {**nvml(), "since_start_s": round(time.perf_counter() - t0, 1)}
+    out = {"idle_s": idle_s, "points": points, "before": before, "swept": swept, "after": after, "states": states,
+           "interleaved": inter, "interleaved_states": inter_states}
+    print("sweep", {n: (round(before[n] * 1e3, 2), round(swept[n] * 1e3, 2), round(after[n] * 1e3, 2),
+                        round(inter[n] * 1e3, 2)) for n in points}, flush=True)
     return out
 
 
@@ -248,9 +260,12 @@ def report(res: dict, profile: str | None = None) -> None:
         for n in sw["points"]:
             b, w_, a = (sw[k][str(n)] if str(n) in sw[k] else sw[k][n] for k in ("before", "swept", "after"))
             st = sw["states"].get(str(n), sw["states"].get(n, {}))
+            inter = sw.get("interleaved", {})
+            iv = inter.get(str(n), inter.get(n))
+            tail = f"; interleaved {iv / b - 1:+.2%}" if iv else ""
             print(f"  {n:5d} tokens  {b * 1e3:8.2f} / {w_ * 1e3:8.2f} / {a * 1e3:8.2f}  (sweep {w_ / b - 1:+.2%}; "
                   f"{st.get('since_start_s')} s into it, {st.get('sm_clock_mhz')} MHz, {st.get('power_w')} W, "
-                  f"{st.get('temp_c')} C)")
+                  f"{st.get('temp_c')} C{tail})")
     for row in res.get("offgrid", []):
         sec = {int(k): v for k, v in row["seconds"].items()}
         g = sec[row["grid"]]
