@@ -13,7 +13,7 @@ attention in it, the writes and the sampling. The cases run twice, in order and 
 (a drift between the passes shows the device's clock or power moving). Then the linear layers of
 the widest case alone, once after the GPU idled `--idle-s` seconds and as ten back-to-back
 repetitions. SM clock (MHz), power (W) and temperature from NVML around each. With `--sweep`, the
-linear layers alone at 2,048, 4,096 and 8,192 tokens after idle, within a sweep over the linear
+linear layers alone at 512, 2,048, 4,096 and 8,192 tokens after idle, within a sweep over the linear
 table's token counts in rising order (as `blocksim profile` times that table), after idle again,
 and within the same counts interleaved (smallest and largest in turn): whether the sweep's own heat
 or power state moves its larger points, and whether another order of the table's points avoids it. With `--offgrid`, the linear
@@ -154,7 +154,7 @@ def measure(model: str, idle_s: float, sweep: bool = False, which: str = "wide",
 
 
 def linear_sweep(prof, idle_s: float, nvml) -> dict:
-    """The linear layers alone at 2,048, 4,096 and 8,192 tokens (those within the model's length),
+    """The linear layers alone at 512, 2,048, 4,096 and 8,192 tokens (those within the model's length),
     each after `idle_s` of idle, then within a sweep over the profile's linear token counts up to
     8,192 in rising order, back to back, as `blocksim profile` times its linear table (alone: its
     points above 4,096 tokens here too), then after idle again, then within the same counts interleaved
@@ -163,7 +163,7 @@ def linear_sweep(prof, idle_s: float, nvml) -> dict:
 
     from validation.profile import LINEAR_TOKENS
     top = prof.dims.max_model_len
-    points = [n for n in (2048, 4096, 8192) if n <= top]
+    points = [n for n in (512, 2048, 4096, 8192) if n <= top]
 
     def alone(n: int) -> float:
         torch.cuda.synchronize()
