@@ -148,7 +148,7 @@ def cmd_execute(a) -> int:
                     path = slice_file(trace, PRESETS[preset][2], tdir)
                     t0 = time.perf_counter()
                     rc = blocksim(replay_args(path, preset, model, a.gpu, out / name, a.tensor_parallel)
-                                  + ["--executor", "cuda"], log)
+                                  + ["--executor", "cuda", "--record-plan"], log)
                     print(f"execute {name}: rc {rc}, {time.perf_counter() - t0:.1f} s", flush=True)
     return 0
 
@@ -389,6 +389,25 @@ def met(rows: list[dict], key: str) -> str:
     return f"{sum(abs(v) <= TARGETS[key] for v in vals)}/{len(vals)}"
 
 
+def cached_prompts(run_dir: Path, steps: int):
+    """Per executed step, how many of its prompts (chunks) run over cached keys (an earlier chunk or a
+    prefix hit), from the run's recorded plan (`--record-plan`); None where the run has no plan or
+    its plan does not hold those steps."""
+    import numpy as np
+
+    from blocksim.records.plan import PlanError, read_plan
+    try:
+        _, plan_steps, seqs, _ = read_plan(run_dir)
+    except (FileNotFoundError, PlanError):
+        return None
+    if len(plan_steps) != steps:
+        return None
+    p = seqs[seqs.is_prefill]
+    out = np.zeros(steps, np.int64)
+    np.add.at(out, p.step.to_numpy()[p.new_start.to_numpy() > 0], 1)
+    return out
+
+
 def priced_steps(exec_dir: Path, priced: dict):
     """The executed steps of every run in `exec_dir` that `priced` (run -> seconds per executed step)
     prices one for one, with their model, run, kind and signed error (a DataFrame; None if none)."""
@@ -401,6 +420,7 @@ def priced_steps(exec_dir: Path, priced: dict):
         if pred is None or len(pred) != len(x):
             continue
         x["predicted_s"] = pred
+        x["over_cached"] = cached_prompts(p.parent, len(x))
         x["model"] = p.parent.name.split("__")[2] + "".join(f" {t}" for t in p.parent.name.split("__")[3:])
         x["run"] = p.parent.name
         frames.append(x)
@@ -520,6 +540,19 @@ def prompt_counts(e) -> list[str]:
              "| prompts | tokens | steps | runs | mean error | MAPE |", "| --- | --- | ---: | ---: | ---: | ---: |"]
     for (prompts, tok), g in e.groupby(["prompts", "tokens"], observed=True):
         lines.append(f"| {prompts} | {tok} | {len(g)} | {g.run.nunique()} | {100 * g.err.mean():+.1f}% | "
+                     f"{100 * g.err.abs().mean():.1f}% |")
+    planned = e.over_cached.notna() if "over_cached" in e.columns else None
+    if planned is None or not planned.any():
+        return lines
+    # runs with a recorded plan: also how many of the step's prompts run over cached keys
+    e = e[planned]
+    e = e.assign(cached=e.over_cached.astype(int).clip(upper=2).map({0: "none", 1: "one", 2: "two or more"}))
+    lines += ["", "The same steps by how many of their prompts (or chunks) run over cached "
+              "keys (an earlier chunk or a prefix hit), from the runs' recorded plans (runs without one left out):", "",
+              "| prompts | over cached keys | tokens | steps | runs | mean error | MAPE |",
+              "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    for (prompts, cached, tok), g in e.groupby(["prompts", "cached", "tokens"], observed=True):
+        lines.append(f"| {prompts} | {cached} | {tok} | {len(g)} | {g.run.nunique()} | {100 * g.err.mean():+.1f}% | "
                      f"{100 * g.err.abs().mean():.1f}% |")
     return lines
 

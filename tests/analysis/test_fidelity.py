@@ -617,3 +617,28 @@ def test_moves_code_refuses_a_revision_that_is_not_one(tmp_path, capsys):
                   "--json", str(tmp_path / "m.json")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "--before no-such-rev" in err[0] and not (tmp_path / "m.json").exists()
+
+
+def test_cached_prompts_count_the_chunks_over_cached_keys_from_a_recorded_plan(tmp_path):
+    """fidelity_runs.cached_prompts: per step, the prompts (chunks) of a recorded plan that run over
+    cached keys: every chunk after a prompt's first under chunked prefill, none without chunks or
+    prefix caching; None for a run without a plan or whose plan holds other steps."""
+    import pandas as pd
+
+    from blocksim.experiments.runner import replay
+    fr = _fidelity_runs()
+    trace = fr.slice_file("mooncake", 1, tmp_path / "traces")
+    got = {}
+    for policy in ("vllm-chunked", "vllm"):
+        out = tmp_path / policy
+        replay(str(trace), out, policy=policy, overrides={"model": "llama-2-7b", "gpu": "h100-80gb",
+                                                           "num_gpu_blocks": 900}, record_plan=True)
+        steps = pd.read_parquet(out / "steps.parquet")
+        got[policy] = (fr.cached_prompts(out, len(steps)), steps)
+        assert fr.cached_prompts(out, len(steps) + 1) is None, "a plan of other steps is not read"
+    cached, steps = got["vllm-chunked"]
+    assert cached.max() >= 1 and (cached <= steps.num_prefill_seqs.to_numpy()).all()
+    assert (cached[steps.num_prefill_seqs.to_numpy() == 0] == 0).all()
+    cached, steps = got["vllm"]
+    assert (cached == 0).all() and steps.num_prefill_seqs.sum() > 0
+    assert fr.cached_prompts(tmp_path / "traces", 1) is None, "no plan there"
