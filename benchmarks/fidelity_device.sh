@@ -9,7 +9,8 @@
 # runs/fidelity/exec/, and packs both into $OUT/fidelity-$GPU.tgz when $OUT is set. BUDGET_S
 # (seconds from the start, kernel build included) stops starting new runs. The machine needs
 # simpy: a wheel under .whl/ or runs/fidelity/whl/ is installed when it lacks it. PROFILE_ARGS: more
-# options of `blocksim profile` (e.g. "--leave-out decode_step_padded").
+# options of `blocksim profile` (e.g. "--leave-out decode_step_padded"). WIDE_STEPS: a model whose
+# steps benchmarks/wide_steps.py times after the runs (below).
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
 GPU=${GPU:-h200-141gb}
@@ -45,4 +46,12 @@ if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/fidelity-$GPU.tgz" $EXEC blocksim/profiles/*__${GPU}__*.json 2>/dev/null
   cp $EXEC/execute.log "$OUT/execute-$GPU.log"
 fi
+# WIDE_STEPS="MODEL": then, within BUDGET_S, benchmarks/wide_steps.py on that model: the chunked
+# steps with the off-grid linear points, then the linear sweeps (each about two minutes)
+for args in ${WIDE_STEPS:+"--cases chunked --offgrid:chunked" "--sweep:sweep"}; do
+  left=$(( BUDGET_S - ($(date +%s) - t0) ))
+  if [ $left -lt 60 ]; then echo "wide_steps ${args%%:*}: skipped (BUDGET_S)"; continue; fi
+  timeout $left python benchmarks/wide_steps.py --model "$WIDE_STEPS" ${args%%:*} \
+      --out "${OUT:-runs/fidelity}/wide-steps-${args##*:}-$GPU.json" 2>&1 | tail -20
+done
 echo "done in $(( $(date +%s) - t0 )) s"
