@@ -79,21 +79,6 @@ CHUNKED_CASES = {
 }
 
 
-def write_cached(prof, b) -> None:
-    """The cached keys and values of `b`'s prompts written by the model itself, untimed, as an
-    earlier chunk leaves them (the profile's prefill-attention table is measured so)."""
-    import numpy as np
-
-    from validation.model import PrefillSeq, StepBatch
-    top = prof.dims.max_model_len
-    for i, s in enumerate(x for x in b.prefills if x.start > 0):
-        pos = np.arange(s.start)
-        ids = np.random.default_rng(i).integers(0, prof.dims.vocab_size, len(pos)).astype(np.int64)
-        slots = s.block_table[pos // prof.bs] * prof.bs + pos % prof.bs
-        prof.runner.forward(prof.runner.prepare(StepBatch(ids, np.minimum(pos, top - 1), slots,
-                                                          [PrefillSeq(0, s.start, s.block_table)])))
-
-
 def measure(model: str, idle_s: float, sweep: bool = False, which: str = "wide", off: bool = False) -> dict:
     import torch
 
@@ -113,7 +98,7 @@ def measure(model: str, idle_s: float, sweep: bool = False, which: str = "wide",
 
     def one_case(pf, dec) -> dict:
         b = prof.batch(prefills=pf, decodes=dec)
-        write_cached(prof, b)
+        prof.write_cached(b)
         inp = r.prepare(b)
         r.prime(inp)
         c = {"tokens": int(sum(p for p, _ in pf) + len(dec)), "state_before": nvml()}

@@ -485,6 +485,20 @@ class Profiler:
                          np.concatenate([t[pos // self.bs] * self.bs + pos % self.bs for t in tables]),
                          [PrefillSeq(start, stop, t) for t in tables], [], np.zeros(0, np.int64))
 
+    def write_cached(self, batch) -> None:
+        """The cached keys and values of `batch`'s prompts (positions [0, start) of each) written by
+        the model itself, untimed, as an earlier chunk or a prefix hit leaves them: the attention's
+        online softmax rescales only where a row's running max moves, so its time may depend on the
+        keys (`attn_prefill` measures its table so)."""
+        from validation.model import PrefillSeq, StepBatch
+        top = self.dims.max_model_len
+        for i, s in enumerate(x for x in batch.prefills if x.start > 0):
+            pos = np.arange(s.start)
+            ids = np.random.default_rng(i).integers(0, self.dims.vocab_size, len(pos)).astype(np.int64)
+            slots = s.block_table[pos // self.bs] * self.bs + pos % self.bs
+            self.runner.forward(self.runner.prepare(StepBatch(ids, np.minimum(pos, top - 1), slots,
+                                                              [PrefillSeq(0, s.start, s.block_table)])))
+
     def _attention_in_step(self, batch) -> float:
         """The attention of a whole step of `batch`, timed inside it (see `attn_prefill`)."""
         r = self.runner

@@ -414,3 +414,27 @@ def test_leave_out_names_only_optional_tables(capsys):
     with pytest.raises(SystemExit) as e:
         profile.main(["profile", "--model", "llama-2-7b", "--leave-out", "linear"])
     assert e.value.code == 2 and "--leave-out" in capsys.readouterr().err
+
+
+def test_write_cached_fills_the_cached_positions_of_each_prompt_and_nothing_else(tmp_path):
+    """Profiler.write_cached: the keys and values of each prompt's cached positions, written by the
+    model through the prompt's own block table; its new positions and other blocks left alone."""
+    from blocksim.catalog import Catalog
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    spec = Catalog([str(tmp_path / "tiny.yaml")]).model("tiny")
+    prof = profile.Profiler(spec, device="cpu", dtype="float32", quick=True, progress=False)
+    b = prof.batch(prefills=[(8, 40), (8, 0), (4, 20)])
+    for k, v in zip(prof.runner.k_caches, prof.runner.v_caches):
+        k.zero_()
+        v.zero_()
+    prof.write_cached(b)
+    bs = prof.bs
+    written = set()
+    for s in b.prefills:
+        pos = np.arange(s.start)
+        written.update(zip(s.block_table[pos // bs].tolist(), (pos % bs).tolist()))
+    for cache in (*prof.runner.k_caches, *prof.runner.v_caches):
+        filled = cache.abs().flatten(2).sum(-1) > 0  # [blocks, block_size]
+        got = {tuple(x) for x in filled.nonzero().tolist()}
+        assert got == written
+    assert len(written) == 40 + 20
