@@ -402,7 +402,7 @@ def cached_prompts(run_dir: Path, steps: int):
         return None
     if len(plan_steps) != steps:
         return None
-    p = seqs[seqs.is_prefill]
+    p = seqs[seqs.is_prefill].drop_duplicates(["step", "request_id"])  # a prompt of n samples: one row each
     out = np.zeros(steps, np.int64)
     np.add.at(out, p.step.to_numpy()[p.new_start.to_numpy() > 0], 1)
     return out

@@ -642,3 +642,11 @@ def test_cached_prompts_count_the_chunks_over_cached_keys_from_a_recorded_plan(t
     cached, steps = got["vllm"]
     assert (cached == 0).all() and steps.num_prefill_seqs.sum() > 0
     assert fr.cached_prompts(tmp_path / "traces", 1) is None, "no plan there"
+    # two samples a request: a prompt counts once, not once a sample
+    trace2 = fr.slice_file("mooncake", 2, tmp_path / "traces")
+    out = tmp_path / "n2-chunked"
+    replay(str(trace2), out, policy="vllm-chunked", overrides={"model": "llama-2-7b", "gpu": "h100-80gb",
+                                                               "num_gpu_blocks": 900}, record_plan=True)
+    steps = pd.read_parquet(out / "steps.parquet")
+    cached = fr.cached_prompts(out, len(steps))
+    assert cached.max() >= 1 and (cached <= steps.num_prefill_seqs.to_numpy()).all()
