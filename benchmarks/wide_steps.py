@@ -138,6 +138,12 @@ def measure(model: str, idle_s: float, sweep: bool = False, which: str = "wide",
     return res
 
 
+def linear_alone(prof, n: int) -> float:
+    """The linear layers of one prompt of `n` tokens timed alone, as `blocksim profile` times its
+    linear points up to `LINEAR_IN_STEP_ABOVE` tokens."""
+    return prof.clock.median(prof._forward(prof._tokens_batch(n), ("linear",)))
+
+
 def linear_sweep(prof, idle_s: float, nvml) -> dict:
     """The linear layers alone at 512, 2,048, 4,096 and 8,192 tokens (those within the model's length),
     each after `idle_s` of idle, then within a sweep over the profile's linear token counts up to
@@ -153,23 +159,23 @@ def linear_sweep(prof, idle_s: float, nvml) -> dict:
     def alone(n: int) -> float:
         torch.cuda.synchronize()
         time.sleep(idle_s)
-        return prof.clock.median(prof._forward(prof._tokens_batch(n), ("linear",)))
+        return linear_alone(prof, n)
+
+    def swept_in(order) -> tuple[dict, dict]:
+        """Every count of `order` timed back to back; the times and NVML states at `points`."""
+        got, states, t0 = {}, {}, time.perf_counter()
+        for n in order:
+            v = linear_alone(prof, n)
+            if n in points:
+                got[n], states[n] = v, {**nvml(), "since_start_s": round(time.perf_counter() - t0, 1)}
+        return got, states
+    counts = [n for n in LINEAR_TOKENS if n <= max(points)]
     before = {n: alone(n) for n in points}
-    swept, states, t0 = {}, {}, time.perf_counter()
-    for n in (n for n in LINEAR_TOKENS if n <= max(points)):
-        v = prof.clock.median(prof._forward(prof._tokens_batch(n), ("linear",)))
-        if n in points:
-            swept[n], states[n] = v, {**nvml(), "since_start_s": round(time.perf_counter() - t0, 1)}
+    swept, states = swept_in(counts)
     after = {n: alone(n) for n in points}
     # the same counts interleaved, smallest and largest in turn (the mean power of the rising sweep,
     # spread over it): whether an order of the table's points keeps its large ones off the sweep's heat
-    counts = [n for n in LINEAR_TOKENS if n <= max(points)]
-    order = [x for pair in zip(counts, reversed(counts)) for x in pair][:len(counts)]
-    inter, inter_states, t0 = {}, {}, time.perf_counter()
-    for n in order:
-        v = prof.clock.median(prof._forward(prof._tokens_batch(n), ("linear",)))
-        if n in points:
-            inter[n], inter_states[n] = v, {**nvml(), "since_start_s": round(time.perf_counter() - t0, 1)}
+    inter, inter_states = swept_in([x for pair in zip(counts, reversed(counts)) for x in pair][:len(counts)])
     out = {"idle_s": idle_s, "points": points, "before": before, "swept": swept, "after": after, "states": states,
            "interleaved": inter, "interleaved_states": inter_states}
     print("sweep", {n: (round(before[n] * 1e3, 2), round(swept[n] * 1e3, 2), round(after[n] * 1e3, 2),
@@ -214,7 +220,7 @@ def offgrid(prof, top: int, rounds: int = 3) -> list[dict]:
         times = {n: [] for n in counts}
         for i in range(rounds):
             for n in (counts if i % 2 == 0 else counts[::-1]):
-                times[n].append(prof.clock.median(prof._forward(prof._tokens_batch(n), ("linear",))))
+                times[n].append(linear_alone(prof, n))
         row = {"grid": grid, "seconds": {n: float(sorted(v)[len(v) // 2]) for n, v in times.items()}}
         out.append(row)
         print("offgrid", grid, {n: f"{v / row['seconds'][grid] - 1:+.2%}" for n, v in row["seconds"].items()},
