@@ -51,6 +51,9 @@ SLICES = {
     "mooncake": ("traces/data/mooncake_sample.jsonl", (380.0, 395.0), 1.0),
     # the file holds [1005 s, 1020 s) of the trace; a trace's arrivals count from its first request
     "mooncake-prefix": ("benchmarks/slices/mooncake_synthetic_1005_1020.jsonl", (0.0, 15.0), 2.0),
+    # a minute of the same trace, [960 s, 1020 s), at 1.5 times its rate (at twice it, the queue
+    # grows for the whole minute): 240 requests, for percentiles steadier than the 15 s windows'
+    "mooncake-prefix-60": ("benchmarks/slices/mooncake_synthetic_960_1020.jsonl", (0.0, 60.0), 1.5),
 }
 #: the slices every full set of runs executes (fidelity_device.sh's default); a report counts the
 #: runs of these and of any other slice it finds executed
@@ -949,7 +952,8 @@ Slices (`benchmarks/fidelity_runs.py`, prompts clipped to 4096 tokens): azure-co
 conversation sample, arrivals [140 s, 160 s); azure-code = the Azure code sample, [200 s, 220 s) at
 twice its rate; mooncake = the Mooncake sample (prefix hashes), [380 s, 395 s); mooncake-prefix = the whole
 Mooncake synthetic trace's [1005 s, 1020 s) at twice its rate (`benchmarks/slices/`: prompts send again
-the blocks of prompts a few requests before them). Presets vllm,
+the blocks of prompts a few requests before them); mooncake-prefix-60 = the same trace's [960 s, 1020 s)
+at 1.5 times its rate (240 requests). Presets vllm,
 vllm-prefix and vllm-chunked with 900 GPU blocks (14400 token slots: requests wait for memory or are
 preempted); swap-n2 = two samples per request, 700 blocks, preemption by swap.
 
