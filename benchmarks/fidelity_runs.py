@@ -857,7 +857,9 @@ def commands_block(a, devices: list[str], added: list[str] | None = None) -> str
               f"python benchmarks/fidelity_runs.py simulate --exec {a.exec} --out {a.sim}"
               + (f" --profile-dir {pdir}" if pdir else "")]
     if a.repeat_sim:
-        lines.append(f"python benchmarks/fidelity_runs.py simulate --exec {a.repeat} --out {a.repeat_sim}")
+        rdir = twins_profile_dir(Path(a.repeat_sim))
+        lines.append(f"python benchmarks/fidelity_runs.py simulate --exec {a.repeat} --out {a.repeat_sim}"
+                     + (f" --profile-dir {rdir}" if rdir else ""))
     if a.sensitivity:
         scales = sorted({r["scale"] for r in json.loads(Path(a.sensitivity).read_text()).get("at", [])})
         lines.append(f"python benchmarks/fidelity_runs.py sensitivity --exec {a.exec} --sim {a.sim} \\\n"
