@@ -14,7 +14,8 @@ attention in it, the writes and the sampling. The cases run twice, in order and 
 the widest case alone, once after the GPU idled `--idle-s` seconds and as ten back-to-back
 repetitions. SM clock (MHz), power (W) and temperature from NVML around each. With `--sweep`, the
 linear layers alone at 512, 2,048, 4,096 and 8,192 tokens after idle, within a sweep over the linear
-table's token counts in rising order (as `blocksim profile` times that table), after idle again,
+table's token counts in rising order (as `blocksim profile` timed that table before its profiles
+of lease 5), after idle again,
 and within the same counts interleaved (smallest and largest in turn): whether the sweep's own heat
 or power state moves its larger points, and whether another order of the table's points avoids it. With `--offgrid`, the linear
 layers at some of the linear table's grid points against token counts just below them, in turns.
@@ -147,12 +148,12 @@ def linear_alone(prof, n: int) -> float:
 def linear_sweep(prof, idle_s: float, nvml) -> dict:
     """The linear layers alone at 512, 2,048, 4,096 and 8,192 tokens (those within the model's length),
     each after `idle_s` of idle, then within a sweep over the profile's linear token counts up to
-    8,192 in rising order, back to back, as `blocksim profile` times its linear table (alone: its
+    8,192 in rising order, back to back, as `blocksim profile` timed its linear table up to lease 5 (alone: its
     points above 4,096 tokens here too), then after idle again, then within the same counts interleaved
-    (smallest and largest in turn)."""
+    (smallest and largest in turn, as `blocksim profile` now times it)."""
     import torch
 
-    from validation.profile import LINEAR_TOKENS
+    from validation.profile import LINEAR_TOKENS, interleaved
     top = prof.dims.max_model_len
     points = [n for n in (512, 2048, 4096, 8192) if n <= top]
 
@@ -175,7 +176,7 @@ def linear_sweep(prof, idle_s: float, nvml) -> dict:
     after = {n: alone(n) for n in points}
     # the same counts interleaved, smallest and largest in turn (the mean power of the rising sweep,
     # spread over it): whether an order of the table's points keeps its large ones off the sweep's heat
-    inter, inter_states = swept_in([x for pair in zip(counts, reversed(counts)) for x in pair][:len(counts)])
+    inter, inter_states = swept_in(interleaved(counts))
     out = {"idle_s": idle_s, "points": points, "before": before, "swept": swept, "after": after, "states": states,
            "interleaved": inter, "interleaved_states": inter_states}
     print("sweep", {n: (round(before[n] * 1e3, 2), round(swept[n] * 1e3, 2), round(after[n] * 1e3, 2),

@@ -10,8 +10,8 @@ drained (as the executor starts each step), and the median of its repetitions is
 Tables (seconds, whole model, one GPU):
 
 * ``linear`` by tokens (every 64 up to 4096: `LINEAR_TOKENS`): everything but attention, cache
-  writes and sampling (embedding, norms, QKV, rotary, output projection, gated MLP), eager; on
-  CUDA, the points above ``in_step_above_tokens`` (`LINEAR_IN_STEP_ABOVE`) inside whole steps;
+  writes and sampling (embedding, norms, QKV, rotary, output projection, gated MLP), eager, its
+  points timed smallest and largest in turn (`interleaved`); on CUDA, the points above ``in_step_above_tokens`` (`LINEAR_IN_STEP_ABOVE`) inside whole steps;
   ``graph_seconds`` the same captured as a CUDA graph on ``grid.graph_tokens`` (batch sizes the
   executor captures);
 * ``attn_prefill`` by (batch, new tokens, cached tokens): the paged prefill attention of all
@@ -105,6 +105,17 @@ LINEAR_TOKENS = (1, 2, 4, 8, 16, 32, *range(64, 4097, 64), *range(4608, 8193, 51
 #: the linear table's points above it are timed inside whole steps (on CUDA): the step less its
 #: attention timed inside it, its cache writes and its sampling (`Profiler._linear_in_step`).
 LINEAR_IN_STEP_ABOVE = 4096
+
+
+def interleaved(values) -> list:
+    """`values` (in rising order) smallest and largest in turn: the order `linear` times its
+    points in. Timed in rising order, the last (largest) points carry the sweep's heat: on an H100,
+    llama-3-8b's linear layers alone within a rising sweep took +0.33% (4,096 tokens) and +0.92%
+    (8,192) against the same points after 3 s idle, and within this order +0.22% and +0.30%; the
+    small points +0.14% and +0.22% at 512 (`benchmarks/wide_steps.py --sweep`,
+    benchmarks/results/fidelity-h100-lease5/wide-steps-sweep-h100-80gb.json)."""
+    values = list(values)
+    return [x for pair in zip(values, reversed(values)) for x in pair][:len(values)]
 GRAPH_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PREFILL_BATCH = (1, 2, 4, 8)
 #: new tokens of a prefill, up to the model's length (`Profiler`): 8192 covers a v0 engine's whole
@@ -437,7 +448,8 @@ class Profiler:
     # --- tables ---------------------------------------------------------------------------------------
     def linear(self) -> dict:
         g = self.grid
-        secs = [self._linear_point(n) for n in g["LINEAR_TOKENS"]]
+        timed = {n: self._linear_point(n) for n in interleaved(g["LINEAR_TOKENS"])}
+        secs = [timed[n] for n in g["LINEAR_TOKENS"]]
         self._say(f"linear {['%.3g' % s for s in secs[::8]]} (every 8th of {len(secs)})")
         out = {"axes": ["tokens"], "grid": {"tokens": list(g["LINEAR_TOKENS"])}, "seconds": secs}
         if self.cuda:

@@ -438,3 +438,26 @@ def test_write_cached_fills_the_cached_positions_of_each_prompt_and_nothing_else
         got = {tuple(x) for x in filled.nonzero().tolist()}
         assert got == written
     assert len(written) == 40 + 20
+
+
+def test_the_linear_table_is_timed_smallest_and_largest_in_turn_and_kept_in_grid_order(tmp_path, monkeypatch):
+    """The profiler times the linear points interleaved (the rising sweep's heat would land on its
+    largest points) and writes each time against its own token count."""
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    from blocksim.catalog import Catalog
+    p = profile.Profiler(Catalog([str(tmp_path / "tiny.yaml")]).model("tiny"), device="cpu", quick=True,
+                         progress=False)
+    order = []
+    monkeypatch.setattr(p, "_linear_point", lambda n: order.append(n) or 1e-3 * n)
+    table = p.linear()
+    grid = table["grid"]["tokens"]
+    assert order == profile.interleaved(grid) and sorted(order) == sorted(grid)
+    assert len(grid) >= 3 and order[:3] == [grid[0], grid[-1], grid[1]]
+    assert table["seconds"] == [1e-3 * n for n in grid]
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 5, 8])
+def test_interleaved_takes_each_value_once(n):
+    v = list(range(10, 10 + n))
+    got = profile.interleaved(v)
+    assert sorted(got) == v and (n < 2 or got[:2] == [v[0], v[-1]])
