@@ -650,3 +650,30 @@ def test_cached_prompts_count_the_chunks_over_cached_keys_from_a_recorded_plan(t
     steps = pd.read_parquet(out / "steps.parquet")
     cached = fr.cached_prompts(out, len(steps))
     assert cached.max() >= 1 and (cached <= steps.num_prefill_seqs.to_numpy()).all()
+
+
+def test_an_executed_runs_expected_seconds_add_the_sleeps_of_its_eager_steps_to_their_price():
+    """`expected_exec_s`: the priced time, the start, and per eager step (a prompt or block moves)
+    the sleeps before its layers + 2 segments; a pure-decode step a graph replay's one sleep."""
+    import pandas as pd
+    from validation.step_executor import GRAPH_LEAD_S, LEAD_S
+    fr = _fidelity_runs()
+    steps = pd.DataFrame({"num_prefill_seqs": [1, 0, 0, 0], "num_decode_seqs": [0, 3, 2, 0],
+                          "blocks_swapped_in": [0, 0, 4, 0], "blocks_swapped_out": [0] * 4,
+                          "blocks_copied": [0] * 4, "duration_s": [0.1, 0.02, 0.03, 0.0]})
+    want = fr.EXEC_START_S + 0.15 + 2 * 34 * LEAD_S * fr.EXEC_EAGER_EXTRA + GRAPH_LEAD_S
+    assert fr.expected_exec_s(steps, 32) == pytest.approx(want)
+
+
+def test_execute_starts_no_run_it_expects_past_the_budget(tmp_path, capsys):
+    """`execute --budget-s`: a run whose simulated twin says it would end past the budget is not
+    started (no run directory, no GPU needed), and the line says how long it was expected to take."""
+    import argparse
+    fr = _fidelity_runs()
+    args = argparse.Namespace(
+        out=str(tmp_path / "exec"), models=["llama-2-7b"], traces=["mooncake-prefix"], presets=["vllm"],
+        gpu="h100-80gb", budget_s=5.0, tensor_parallel=1)
+    assert fr.cmd_execute(args) == 0
+    out = capsys.readouterr().out
+    assert "mooncake-prefix__vllm__llama-2-7b: skipped (" in out and "s expected" in out
+    assert not (tmp_path / "exec" / "mooncake-prefix__vllm__llama-2-7b").exists()
