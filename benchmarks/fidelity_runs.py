@@ -19,6 +19,10 @@ or are preempted), and a swapping configuration (n = 2 samples per request, `SWA
 preemption by swap). The simulated twin of an executed run uses the executed run's configuration
 (its summary.json) and trace slice.
 
+``estimate`` gives the device seconds each executed run is expected to take (its simulated twin's
+steps, the executor's sleeps, a start: ``expected_exec_s``), to plan a lease; ``execute
+--budget-s`` starts no run expected to end past its budget.
+
 ``moves --before REV`` simulates every slice and preset with the shipped profiles as of a git
 revision and with the working tree's, and gives how far each figure moves (a table measured again).
 """
@@ -169,6 +173,32 @@ def _expected(path: Path, preset: str, model: str, gpu: str, tp: int, log) -> fl
         if blocksim(replay_args(path, preset, model, gpu, dest, tp), log) != 0:
             return None
         return expected_exec_s(pd.read_parquet(dest / "steps.parquet"), CATALOG[model].num_layers)
+
+
+def cmd_estimate(a) -> int:
+    """The device seconds each run of `execute` with these arguments is expected to take
+    (`expected_exec_s`, from its simulated twin), and their sum: to plan a lease."""
+    import tempfile
+    total, rows = 0.0, []
+    with tempfile.TemporaryDirectory(prefix="blocksim-estimate-") as work, io.StringIO() as log:
+        for model in a.models:
+            for trace in a.traces:
+                for preset in a.presets:
+                    path = slice_file(trace, PRESETS[preset][2], Path(work) / "traces")
+                    need = _expected(path, preset, model, a.gpu, a.tensor_parallel, log)
+                    if need is None:
+                        said = [x for x in log.getvalue().splitlines() if x.startswith("blocksim:")]
+                        print(f"fidelity_runs.py estimate: {run_name(trace, preset, model, a.tensor_parallel)}: "
+                              f"its simulation failed: " + (said[-1] if said else "see `blocksim replay`'s output"),
+                              file=sys.stderr)
+                        return 2
+                    total += need
+                    rows.append((run_name(trace, preset, model, a.tensor_parallel), need))
+    width = max(len(n) for n, _ in rows)
+    for name, need in rows:
+        print(f"{name:<{width}}  {need:6.0f} s")
+    print(f"{'total (' + a.gpu + ')':<{width}}  {total:6.0f} s")
+    return 0
 
 
 def cmd_execute(a) -> int:
@@ -1141,6 +1171,13 @@ def main(argv=None) -> int:
                         "seconds expected from its simulated twin: expected_exec_s)")
     e.add_argument("--tensor-parallel", type=int, default=1, help="GPUs each model is split over (default 1)")
     e.set_defaults(func=cmd_execute)
+    t = sub.add_parser("estimate", help="the device seconds each executed run is expected to take")
+    t.add_argument("--models", nargs="+", default=list(MODELS))
+    t.add_argument("--traces", nargs="+", default=list(SLICES), choices=list(SLICES))
+    t.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
+    t.add_argument("--gpu", default="h200-141gb")
+    t.add_argument("--tensor-parallel", type=int, default=1)
+    t.set_defaults(func=cmd_estimate)
     s = sub.add_parser("simulate")
     s.add_argument("--exec", required=True)
     s.add_argument("--out", required=True)

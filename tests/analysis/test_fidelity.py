@@ -677,3 +677,26 @@ def test_execute_starts_no_run_it_expects_past_the_budget(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "mooncake-prefix__vllm__llama-2-7b: skipped (" in out and "s expected" in out
     assert not (tmp_path / "exec" / "mooncake-prefix__vllm__llama-2-7b").exists()
+
+
+def test_estimate_lists_each_runs_expected_seconds_and_their_sum(capsys):
+    import argparse
+    fr = _fidelity_runs()
+    args = argparse.Namespace(models=["llama-2-7b"], traces=["mooncake-prefix"], presets=["vllm", "swap-n2"],
+                              gpu="h100-80gb", tensor_parallel=1)
+    assert fr.cmd_estimate(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    secs = [float(line.split()[-2]) for line in lines]
+    assert [line.split()[0] for line in lines[:2]] == ["mooncake-prefix__vllm__llama-2-7b",
+                                                      "mooncake-prefix__swap-n2__llama-2-7b"]
+    assert all(s > fr.EXEC_START_S for s in secs[:2]) and secs[2] == pytest.approx(sum(secs[:2]), abs=1.0)
+
+
+def test_estimate_for_a_gpu_the_simulator_refuses_exits_2_naming_the_run(capsys):
+    import argparse
+    fr = _fidelity_runs()
+    args = argparse.Namespace(models=["llama-2-7b"], traces=["mooncake-prefix"], presets=["vllm"],
+                              gpu="no-such-gpu", tensor_parallel=1)
+    assert fr.cmd_estimate(args) == 2
+    err = capsys.readouterr().err
+    assert "mooncake-prefix__vllm__llama-2-7b" in err and "no-such-gpu" in err
