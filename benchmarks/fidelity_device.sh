@@ -8,7 +8,7 @@
 # Writes the profiles to blocksim/profiles/ (the shipped location), the executed runs to
 # runs/fidelity/exec/, and packs both into $OUT/fidelity-$GPU.tgz when $OUT is set. BUDGET_S
 # (seconds from the start, kernel build included): no run starts that its simulated twin says
-# would end past it (`fidelity_runs.py execute --budget-s`). The machine needs
+# would end past it, with a margin (`fidelity_runs.py execute --budget-s`). The machine needs
 # simpy: a wheel under .whl/ or runs/fidelity/whl/ is installed when it lacks it. PROFILE_ARGS: more
 # options of `blocksim profile` (e.g. "--leave-out decode_step_padded"). WIDE_STEPS: a model whose
 # steps benchmarks/wide_steps.py times after the runs (below).

@@ -12,7 +12,8 @@
 twins and the profiles follow the executed run's degree); ``results --merge`` adds the rows to an
 existing JSON instead of replacing it.
 
-Slices: fixed windows of the bundled traces (`traces/data`; mooncake-prefix: `benchmarks/slices`), prompts clipped to 4096 tokens
+Slices: fixed windows of the bundled traces (`traces/data`; mooncake-prefix and mooncake-prefix-60:
+`benchmarks/slices`), prompts clipped to 4096 tokens
 (llama-2-7b's length), never the profiler's synthetic grid. Presets: vllm, vllm-prefix,
 vllm-chunked on a cache of `BLOCKS` GPU blocks (memory under pressure: requests wait for blocks
 or are preempted), and a swapping configuration (n = 2 samples per request, `SWAP_BLOCKS` blocks,
@@ -136,23 +137,28 @@ def blocksim(args: list[str], log, root: Path = ROOT) -> int:
     return p.returncode
 
 
-#: an executed run's wall seconds beyond its steps' GPU time (the lease-5 H100 runs,
-#: benchmarks/results/fidelity-h100-lease5/exec: 9-12 s of start, and per eager step the sleeps
-#: queued before its segments, 42-44 ms at the median for llama-3-8b's 34 segments). The sleeps
-#: count 1.3 times for the eager steps timed again (4 times the sleeps; 109 of the vllm-chunked
-#: run's 1,861). So estimated from the lease-4 profile, those four runs take 147 s (vllm-chunked;
-#: executed: 149 s, and 170 s on another lease) and 58-62 s (vllm, swap-n2, vllm-prefix; executed:
-#: 55-60 s).
+#: An executed run's wall seconds beyond its steps' GPU time, from the lease-5 H100 runs of
+#: llama-3-8b (benchmarks/results/fidelity-h100-lease5/exec, one GPU): a start of 8.6-11.9 s (13.2 s
+#: in the repeat), and per eager step 42-44 ms of host time beyond its GPU time at the median,
+#: most of it the 34 x 1.2 ms of sleeps queued before its segments (`validation.sleeps`). The
+#: sleeps count 1.3 times: the eager steps timed again take 4 times the sleeps (109 of the
+#: vllm-chunked run's 1,861 eager steps, 212 in its repeat; none or 2 in the other runs), and the
+#: host adds its own time. Priced by the shipped H100 profile, those four runs are expected to take
+#: 147 s (vllm-chunked; executed in 149 s, and in 170 s on another lease) and 58-62 s (vllm, swap-n2,
+#: vllm-prefix; executed in 55-60 s). Not calibrated on tensor-parallel runs, whose start is longer.
 EXEC_START_S = 12.0
 EXEC_EAGER_EXTRA = 1.3
+#: `execute --budget-s` starts a run only if this many times its expected seconds fit in what is
+#: left: the same run took 13% longer than expected on one lease
+EXEC_MARGIN = 1.2
 
 
 def expected_exec_s(sim_steps, num_layers: int) -> float:
     """Seconds an executed run of a simulated run's steps (its steps.parquet) is expected to take:
-    its steps' priced time, the sleeps `validation.step_executor` queues before each segment of an
-    eager step (embedding, each layer, sampling), and a start. A pure-decode step replays a CUDA
-    graph after a short sleep; a step with a prompt or with block moves runs eagerly."""
-    from validation.step_executor import GRAPH_LEAD_S, LEAD_S
+    its steps' priced time, the sleeps the step executor queues before each segment of an eager
+    step (embedding, each layer, sampling), and a start. A pure-decode step replays a CUDA graph
+    after a short sleep; a step with a prompt or with block moves runs eagerly."""
+    from validation.sleeps import GRAPH_LEAD_S, LEAD_S
     moves = sim_steps[["blocks_swapped_in", "blocks_swapped_out", "blocks_copied"]].sum(axis=1)
     eager = (sim_steps["num_prefill_seqs"] > 0) | (moves > 0)
     graph = ~eager & (sim_steps["num_decode_seqs"] > 0)
@@ -160,19 +166,23 @@ def expected_exec_s(sim_steps, num_layers: int) -> float:
     return EXEC_START_S + float(sim_steps["duration_s"].sum()) + sleeps
 
 
-def _expected(path: Path, preset: str, model: str, gpu: str, tp: int, log) -> float | None:
-    """`expected_exec_s` of the run from its simulated twin (the shipped profile, or the roofline
-    where none is shipped), simulated into a temporary directory; None when the simulation fails."""
+def _expected(path: Path, preset: str, model: str, gpu: str, tp: int) -> tuple[float | None, str]:
+    """(`expected_exec_s` of the run from its simulated twin, priced by the shipped profile or by
+    the roofline where none is shipped; what `blocksim` said of a failed simulation). The twin goes
+    to a temporary directory and its output to no log: (None, the failure's last line) when it
+    fails."""
     import tempfile
 
     import pandas as pd
 
     from blocksim.catalog import MODELS as CATALOG
-    with tempfile.TemporaryDirectory(prefix="blocksim-expected-") as work:
+    with tempfile.TemporaryDirectory(prefix="blocksim-expected-") as work, io.StringIO() as log:
         dest = Path(work) / "run"
         if blocksim(replay_args(path, preset, model, gpu, dest, tp), log) != 0:
-            return None
-        return expected_exec_s(pd.read_parquet(dest / "steps.parquet"), CATALOG[model].num_layers)
+            lines = [x for x in log.getvalue().splitlines() if x.strip() and not x.startswith(("$ ", "(rc "))]
+            said = [x for x in lines if "error" in x.lower()] or lines
+            return None, said[-1] if said else "`blocksim replay` failed"
+        return expected_exec_s(pd.read_parquet(dest / "steps.parquet"), CATALOG[model].num_layers), ""
 
 
 def cmd_estimate(a) -> int:
@@ -180,17 +190,15 @@ def cmd_estimate(a) -> int:
     (`expected_exec_s`, from its simulated twin), and their sum: to plan a lease."""
     import tempfile
     total, rows = 0.0, []
-    with tempfile.TemporaryDirectory(prefix="blocksim-estimate-") as work, io.StringIO() as log:
+    with tempfile.TemporaryDirectory(prefix="blocksim-estimate-") as work:
         for model in a.models:
             for trace in a.traces:
                 for preset in a.presets:
                     path = slice_file(trace, PRESETS[preset][2], Path(work) / "traces")
-                    need = _expected(path, preset, model, a.gpu, a.tensor_parallel, log)
+                    need, said = _expected(path, preset, model, a.gpu, a.tensor_parallel)
                     if need is None:
-                        said = [x for x in log.getvalue().splitlines() if x.startswith("blocksim:")]
                         print(f"fidelity_runs.py estimate: {run_name(trace, preset, model, a.tensor_parallel)}: "
-                              f"its simulation failed: " + (said[-1] if said else "see `blocksim replay`'s output"),
-                              file=sys.stderr)
+                              f"its simulation failed: {said}", file=sys.stderr)
                         return 2
                     total += need
                     rows.append((run_name(trace, preset, model, a.tensor_parallel), need))
@@ -215,15 +223,19 @@ def cmd_execute(a) -> int:
                         print(f"execute {name}: kept (already in {out})", flush=True)
                         continue
                     path = slice_file(trace, PRESETS[preset][2], tdir)
-                    if a.budget_s:
-                        left = a.budget_s - (time.perf_counter() - start)
-                        need = _expected(path, preset, model, a.gpu, a.tensor_parallel, log)
-                        if left <= 0 or (need is not None and need > left):
-                            why = f"{need:.0f} s expected" if need is not None else "past it"
-                            print(f"execute {name}: skipped ({why}, {max(left, 0):.0f} s of --budget-s "
-                                  f"{a.budget_s:.0f} left)", flush=True)
+                    if a.budget_s is not None:
+                        if time.perf_counter() - start >= a.budget_s:
+                            print(f"execute {name}: skipped (past --budget-s {a.budget_s:.0f})", flush=True)
                             continue
-                        if need is not None:
+                        need, said = _expected(path, preset, model, a.gpu, a.tensor_parallel)
+                        left = a.budget_s - (time.perf_counter() - start)
+                        if need is None:
+                            print(f"execute {name}: its time unknown (its simulation failed: {said})", flush=True)
+                        elif EXEC_MARGIN * need > left:
+                            print(f"execute {name}: skipped ({need:.0f} s expected, {EXEC_MARGIN:g} times that "
+                                  f"past the {max(left, 0):.0f} s left of --budget-s {a.budget_s:.0f})", flush=True)
+                            continue
+                        else:
                             print(f"execute {name}: {need:.0f} s expected", flush=True)
                     t0 = time.perf_counter()
                     rc = blocksim(replay_args(path, preset, model, a.gpu, out / name, a.tensor_parallel)
@@ -1163,7 +1175,7 @@ def main(argv=None) -> int:
     e = sub.add_parser("execute")
     e.add_argument("--out", required=True)
     e.add_argument("--models", nargs="+", default=list(MODELS))
-    e.add_argument("--traces", nargs="+", default=list(SLICES), choices=list(SLICES))
+    e.add_argument("--traces", nargs="+", default=list(STANDARD_SLICES), choices=list(SLICES))
     e.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
     e.add_argument("--gpu", default="h200-141gb")
     e.add_argument("--budget-s", type=float, default=None,
@@ -1173,7 +1185,7 @@ def main(argv=None) -> int:
     e.set_defaults(func=cmd_execute)
     t = sub.add_parser("estimate", help="the device seconds each executed run is expected to take")
     t.add_argument("--models", nargs="+", default=list(MODELS))
-    t.add_argument("--traces", nargs="+", default=list(SLICES), choices=list(SLICES))
+    t.add_argument("--traces", nargs="+", default=list(STANDARD_SLICES), choices=list(SLICES))
     t.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
     t.add_argument("--gpu", default="h200-141gb")
     t.add_argument("--tensor-parallel", type=int, default=1)
@@ -1225,7 +1237,7 @@ def main(argv=None) -> int:
                         "working tree's shipped profiles")
     m.add_argument("--gpu", default="h200-141gb")
     m.add_argument("--models", nargs="+", default=list(MODELS))
-    m.add_argument("--traces", nargs="+", default=list(SLICES), choices=list(SLICES))
+    m.add_argument("--traces", nargs="+", default=list(STANDARD_SLICES), choices=list(SLICES))
     m.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
     m.add_argument("--out", required=True, help="a folder for the runs")
     m.add_argument("--json", required=True)

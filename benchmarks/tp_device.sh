@@ -11,8 +11,9 @@
 # Writes the profiles to blocksim/profiles/<model>__$GPU__float16__tp<N>.json (the shipped
 # location), the executed runs to runs/fidelity/tp/exec/, the twins to runs/fidelity/tp/sim/, and
 # packs them into $OUT/tp-$GPU.tgz when $OUT is set. BUDGET_S (seconds from the start): no executed
-# run starts that its simulated twin says would end past it (`fidelity_runs.py execute --budget-s`). One process per GPU (validation.sharded); NVLink multicast stays off
-# in every process (the three variables below, also set by validation.sharded for its workers).
+# run starts that its simulated twin says would end past it (`fidelity_runs.py execute --budget-s`).
+# One process per GPU (validation.sharded); NVLink multicast stays off in every process (the three
+# variables below, also set by validation.sharded for its workers).
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -14,8 +14,7 @@ attention in it, the writes and the sampling. The cases run twice, in order and 
 the widest case alone, once after the GPU idled `--idle-s` seconds and as ten back-to-back
 repetitions. SM clock (MHz), power (W) and temperature from NVML around each. With `--sweep`, the
 linear layers alone at 512, 2,048, 4,096 and 8,192 tokens after idle, within a sweep over the linear
-table's token counts in rising order (as `blocksim profile` timed that table before its profiles
-of lease 5), after idle again,
+table's token counts in rising order (as every committed profile's table is timed), after idle again,
 and within the same counts interleaved (smallest and largest in turn): whether the sweep's own heat
 or power state moves its larger points, and whether another order of the table's points avoids it. With `--offgrid`, the linear
 layers at some of the linear table's grid points against token counts just below them, in turns.
@@ -148,9 +147,9 @@ def linear_alone(prof, n: int) -> float:
 def linear_sweep(prof, idle_s: float, nvml) -> dict:
     """The linear layers alone at 512, 2,048, 4,096 and 8,192 tokens (those within the model's length),
     each after `idle_s` of idle, then within a sweep over the profile's linear token counts up to
-    8,192 in rising order, back to back, as `blocksim profile` timed its linear table up to lease 5 (alone: its
+    8,192 in rising order, back to back, as every committed profile's linear table is timed (alone: its
     points above 4,096 tokens here too), then after idle again, then within the same counts interleaved
-    (smallest and largest in turn, as `blocksim profile` now times it)."""
+    (smallest and largest in turn, as `blocksim profile` times it)."""
     import torch
 
     from validation.profile import LINEAR_TOKENS, interleaved

@@ -11,7 +11,8 @@ Tables (seconds, whole model, one GPU):
 
 * ``linear`` by tokens (every 64 up to 4096: `LINEAR_TOKENS`): everything but attention, cache
   writes and sampling (embedding, norms, QKV, rotary, output projection, gated MLP), eager, its
-  points timed smallest and largest in turn (`interleaved`); on CUDA, the points above ``in_step_above_tokens`` (`LINEAR_IN_STEP_ABOVE`) inside whole steps;
+  points timed smallest and largest in turn (`interleaved`); on CUDA, the points above
+  ``in_step_above_tokens`` (`LINEAR_IN_STEP_ABOVE`) inside whole steps;
   ``graph_seconds`` the same captured as a CUDA graph on ``grid.graph_tokens`` (batch sizes the
   executor captures);
 * ``attn_prefill`` by (batch, new tokens, cached tokens): the paged prefill attention of all
@@ -105,17 +106,6 @@ LINEAR_TOKENS = (1, 2, 4, 8, 16, 32, *range(64, 4097, 64), *range(4608, 8193, 51
 #: the linear table's points above it are timed inside whole steps (on CUDA): the step less its
 #: attention timed inside it, its cache writes and its sampling (`Profiler._linear_in_step`).
 LINEAR_IN_STEP_ABOVE = 4096
-
-
-def interleaved(values) -> list:
-    """`values` (in rising order) smallest and largest in turn: the order `linear` times its
-    points in. Timed in rising order, the last (largest) points carry the sweep's heat: on an H100,
-    llama-3-8b's linear layers alone within a rising sweep took +0.33% (4,096 tokens) and +0.92%
-    (8,192) against the same points after 3 s idle, and within this order +0.22% and +0.30%; the
-    small points +0.14% and +0.22% at 512 (`benchmarks/wide_steps.py --sweep`,
-    benchmarks/results/fidelity-h100-lease5/wide-steps-sweep-h100-80gb.json)."""
-    values = list(values)
-    return [x for pair in zip(values, reversed(values)) for x in pair][:len(values)]
 GRAPH_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PREFILL_BATCH = (1, 2, 4, 8)
 #: new tokens of a prefill, up to the model's length (`Profiler`): 8192 covers a v0 engine's whole
@@ -151,6 +141,19 @@ QUICK = {"TOKENS": (1, 16, 256), "LINEAR_TOKENS": (1, 16, 256), "GRAPH_TOKENS": 
          "PADDED_REAL": (0.5, 0.75), "PADDED_CONTEXT": (16, 64), "PADDED_PAIRS": 1, "SHARED_PAIRS": 1, "SEQUENCES": (1, 4),
          "BLOCKS": (1, 4)}
 CACHE_BYTES = 40 << 30  # the KV cache the profiler allocates (at most)
+
+
+def interleaved(values) -> list:
+    """`values` (in rising order) smallest and largest in turn: the order `Profiler.linear` times
+    its points in, so that the heat of a sweep spreads over the table instead of landing on its
+    largest points. On an H100, llama-3-8b's linear layers alone, timed within a rising sweep of the
+    table's counts up to 8,192, take +0.33% (4,096 tokens) and +0.92% (8,192) against the same
+    points after 3 s idle, and within this order +0.22% and +0.30%; the small points +0.14% and
+    +0.22% at 512, +0.03% and +0.09% at 2,048 (`benchmarks/wide_steps.py --sweep`, one sweep,
+    benchmarks/results/fidelity-h100-lease5/wide-steps-sweep-h100-80gb.json). The profiler times its
+    points above 4,096 tokens inside whole steps, not alone as that sweep does."""
+    values = list(values)
+    return [x for pair in zip(values, reversed(values)) for x in pair][:len(values)]
 
 
 class ProfileError(RuntimeError):

@@ -52,11 +52,9 @@ from blocksim.sequence import SeqStatus
 from validation.kv import content_seeds
 from validation.model import (GRAPH_BATCH_SIZES, ModelDims, PrefillSeq, SegmentTimer, StepBatch,
                               padded_batch_size)
+from validation.sleeps import GRAPH_LEAD_S, LEAD_S, RETIME_LEAD_S  # noqa: F401  (the executor's sleeps)
 
 WORKSPACE_BYTES = 6 << 30  # activations, CUDA graphs and the allocator's slack
-LEAD_S = 1.2e-3         # sleep queued before each eager segment (one layer): covers its launches
-GRAPH_LEAD_S = 50e-6    # before a graph replay (one launch)
-RETIME_LEAD_S = 4 * LEAD_S  # per segment (or before a graph replay), when a forward is timed again
 RETIME_FRACTION = 0.005     # ... because its late segments' overruns exceed this fraction of its time
 
 

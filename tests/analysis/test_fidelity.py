@@ -656,7 +656,7 @@ def test_an_executed_runs_expected_seconds_add_the_sleeps_of_its_eager_steps_to_
     """`expected_exec_s`: the priced time, the start, and per eager step (a prompt or block moves)
     the sleeps before its layers + 2 segments; a pure-decode step a graph replay's one sleep."""
     import pandas as pd
-    from validation.step_executor import GRAPH_LEAD_S, LEAD_S
+    from validation.sleeps import GRAPH_LEAD_S, LEAD_S
     fr = _fidelity_runs()
     steps = pd.DataFrame({"num_prefill_seqs": [1, 0, 0, 0], "num_decode_seqs": [0, 3, 2, 0],
                           "blocks_swapped_in": [0, 0, 4, 0], "blocks_swapped_out": [0] * 4,
@@ -667,7 +667,7 @@ def test_an_executed_runs_expected_seconds_add_the_sleeps_of_its_eager_steps_to_
 
 def test_execute_starts_no_run_it_expects_past_the_budget(tmp_path, capsys):
     """`execute --budget-s`: a run whose simulated twin says it would end past the budget is not
-    started (no run directory, no GPU needed), and the line says how long it was expected to take."""
+    started (no GPU needed to see it), and the line says how long it was expected to take."""
     import argparse
     fr = _fidelity_runs()
     args = argparse.Namespace(
@@ -677,6 +677,28 @@ def test_execute_starts_no_run_it_expects_past_the_budget(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "mooncake-prefix__vllm__llama-2-7b: skipped (" in out and "s expected" in out
     assert not (tmp_path / "exec" / "mooncake-prefix__vllm__llama-2-7b").exists()
+
+
+def test_execute_starts_the_runs_that_fit_the_budget_with_its_margin_and_those_of_unknown_time(
+        tmp_path, capsys, monkeypatch):
+    """A run fits when `EXEC_MARGIN` times its expected seconds fit in what is left; a later,
+    shorter run still starts after a longer one is skipped; a run whose twin fails to simulate
+    starts, and the line says its time is unknown and why."""
+    import argparse
+    fr = _fidelity_runs()
+    expected = {"vllm": (100.0, ""), "vllm-prefix": (30.0, ""), "vllm-chunked": (None, "blocksim: error: x")}
+    monkeypatch.setattr(fr, "_expected", lambda path, preset, *rest: expected[preset])
+    started = []
+    monkeypatch.setattr(fr, "blocksim", lambda argv, log, *rest: started.append(argv[argv.index("--policy") + 1]) or 0)
+    args = argparse.Namespace(
+        out=str(tmp_path / "exec"), models=["llama-2-7b"], traces=["mooncake-prefix"],
+        presets=["vllm", "vllm-prefix", "vllm-chunked"], gpu="h100-80gb", budget_s=100.0, tensor_parallel=1)
+    assert fr.cmd_execute(args) == 0
+    out = capsys.readouterr().out
+    assert started == ["vllm-prefix", "vllm-chunked"], "100 s expected does not fit 100 s with the margin"
+    assert "vllm__llama-2-7b: skipped (100 s expected" in out
+    assert "vllm-prefix__llama-2-7b: 30 s expected" in out
+    assert "vllm-chunked__llama-2-7b: its time unknown (its simulation failed: blocksim: error: x)" in out
 
 
 def test_estimate_lists_each_runs_expected_seconds_and_their_sum(capsys):
@@ -700,3 +722,4 @@ def test_estimate_for_a_gpu_the_simulator_refuses_exits_2_naming_the_run(capsys)
     assert fr.cmd_estimate(args) == 2
     err = capsys.readouterr().err
     assert "mooncake-prefix__vllm__llama-2-7b" in err and "no-such-gpu" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
