@@ -10,7 +10,9 @@
 # (seconds from the start, kernel build included): no run starts that its simulated twin says
 # would end past it, with a margin (`fidelity_runs.py execute --budget-s`). The machine needs
 # simpy: a wheel under .whl/ or runs/fidelity/whl/ is installed when it lacks it. PROFILE_ARGS: more
-# options of `blocksim profile` (e.g. "--leave-out decode_step_padded"). WIDE_STEPS: a model whose
+# options of `blocksim profile` (e.g. "--leave-out decode_step_padded"). EXECUTOR_PREFILL: the executed
+# runs' `--executor-prefill` (e.g. wgmma, with PROFILE_ARGS="--prefill wgmma" for profiles that price
+# them alike). WIDE_STEPS: a model whose
 # steps benchmarks/wide_steps.py times after the runs (below).
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
@@ -38,7 +40,7 @@ done
 echo "profiles: $(( $(date +%s) - t0 )) s"
 left=$(( BUDGET_S - ($(date +%s) - t0) ))
 python benchmarks/fidelity_runs.py execute --out $EXEC --gpu "$GPU" --models $RUN_MODELS --traces $TRACES \
-    --presets $PRESETS --budget-s $left
+    --presets $PRESETS --budget-s $left ${EXECUTOR_PREFILL:+--executor-prefill $EXECUTOR_PREFILL}
 grep -E "^(Traceback|blocksim:)|Error" $EXEC/execute.log | sort | uniq -c | head -20
 for f in $EXEC/*/executor.json; do  # steps whose host fell behind the sleeps (validation/VALIDATION.md)
   python -c "import json, sys; e = json.load(open(sys.argv[1])); print(sys.argv[1].split('/')[-2], 'steps', e['steps'], 'late', e.get('late_steps'), 'timed again', e.get('retimed_steps'))" "$f"

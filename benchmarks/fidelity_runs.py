@@ -239,7 +239,8 @@ def cmd_execute(a) -> int:
                             print(f"execute {name}: {need:.0f} s expected", flush=True)
                     t0 = time.perf_counter()
                     rc = blocksim(replay_args(path, preset, model, a.gpu, out / name, a.tensor_parallel)
-                                  + ["--executor", "cuda", "--record-plan"], log)
+                                  + ["--executor", "cuda", "--record-plan"]
+                                  + (["--executor-prefill", a.executor_prefill] if a.executor_prefill else []), log)
                     print(f"execute {name}: rc {rc}, {time.perf_counter() - t0:.1f} s", flush=True)
     return 0
 
@@ -1182,6 +1183,8 @@ def main(argv=None) -> int:
                    help="start no run that would not end within this many seconds of the start (each run's "
                         "seconds expected from its simulated twin: expected_exec_s)")
     e.add_argument("--tensor-parallel", type=int, default=1, help="GPUs each model is split over (default 1)")
+    e.add_argument("--executor-prefill", choices=("auto", "kernel", "wgmma", "sdpa"), default=None,
+                   help="`blocksim replay --executor-prefill` of the executed runs (default: replay's own)")
     e.set_defaults(func=cmd_execute)
     t = sub.add_parser("estimate", help="the device seconds each executed run is expected to take")
     t.add_argument("--models", nargs="+", default=list(MODELS))

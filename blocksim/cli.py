@@ -132,9 +132,11 @@ def add_executor_options(p: argparse.ArgumentParser) -> None:
                    help="the executed model's dtype (default float16)")
     g.add_argument("--executor-attention", choices=("fast", "vllm"), default="fast",
                    help="decode attention: the fast kernel (default) or the vLLM-layout v1/v2 kernels")
-    g.add_argument("--executor-prefill", choices=("auto", "kernel", "sdpa"), default="auto",
-                   help="prefill attention: the paged prefill kernel, or gather + torch SDPA "
-                        "(default auto: the kernel when the kernels package has it)")
+    g.add_argument("--executor-prefill", choices=("auto", "kernel", "wgmma", "sdpa"), default="auto",
+                   help="prefill attention: the paged prefill kernel's mma.sync configurations (kernel, as the "
+                        "committed cost profiles measured it), its own choice with the warpgroup kernels on "
+                        "Hopper (wgmma), or gather + torch SDPA (default auto: kernel when the kernels package "
+                        "has it)")
     g.add_argument("--executor-eager", action="store_true", help="no CUDA graphs: every step runs eagerly")
 
 

@@ -7,8 +7,9 @@ tokens of each prefill sequence, sequence after sequence, then one token per dec
 
     h = rms_norm(x); q, k, v = split(h @ Wqkv); q, k = rotary(q, k, positions)
     cache[slot] = k, v                                   (the fast layout, one write per layer)
-    a[prefill tokens] = paged prefill attention          (kernels.paged_prefill_attention, or the
-                                                          gather + SDPA path while it is missing)
+    a[prefill tokens] = paged prefill attention          (kernels.paged_prefill_attention: its mma.sync
+                                                          configurations, or with prefill="wgmma" its
+                                                          warpgroup kernels; or gather + SDPA)
     a[decode tokens]  = paged decode attention           (the fast kernel; the vLLM-layout v1/v2
                                                           kernels with attention="vllm")
     x = x + a @ Wo; x = x + down(silu(h2 @ Wgate) * (h2 @ Wup)),  h2 = rms_norm(x)
@@ -49,6 +50,11 @@ import torch.nn.functional as F
 import kernels
 
 PARTS = ("linear", "write", "attn", "sample")
+#: prefill attention: "kernel" the paged prefill kernel's mma.sync tile configurations (those the
+#: committed cost profiles measured), "wgmma" the kernel's own choice (its warpgroup kernels where
+#: they run: Hopper, head 128, float16 or bfloat16; kernels/DESIGN.md "Dispatch"), "sdpa" gather +
+#: torch SDPA; "auto" the kernel's mma.sync configurations where the kernels package has them
+PREFILL_IMPLS = ("auto", "kernel", "wgmma", "sdpa")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 #: vLLM's CUDA-graph batch sizes (`_BATCH_SIZES_TO_CAPTURE`): 1, 2, 4, then every multiple of 8 to 256.
 GRAPH_BATCH_SIZES = (1, 2, 4, *range(8, 257, 8))
@@ -222,8 +228,8 @@ class ModelRunner:
                  seed: int = 0) -> None:
         if attention not in ("fast", "vllm"):
             raise ValueError(f"attention must be 'fast' or 'vllm', got {attention!r}")
-        if prefill not in ("auto", "kernel", "sdpa"):
-            raise ValueError(f"prefill must be 'auto', 'kernel' or 'sdpa', got {prefill!r}")
+        if prefill not in PREFILL_IMPLS:
+            raise ValueError(f"prefill must be one of {', '.join(repr(x) for x in PREFILL_IMPLS)}, got {prefill!r}")
         self.dims, self.block_size, self.num_blocks = dims, block_size, num_blocks
         self.num_cpu_blocks = num_cpu_blocks
         self.device = torch.device(device)
@@ -252,8 +258,8 @@ class ModelRunner:
                 has_kernel = hasattr(extension(), "paged_prefill")
         except (AttributeError, ImportError):
             has_kernel = False
-        if prefill == "kernel" and not has_kernel:
-            raise ValueError("prefill='kernel': kernels.paged_prefill_attention is not available in this tree")
+        if prefill in ("kernel", "wgmma") and not has_kernel:
+            raise ValueError(f"prefill={prefill!r}: kernels.paged_prefill_attention is not available in this tree")
         if prefill == "auto":
             return "kernel" if has_kernel and self.attention == "fast" else "sdpa"
         return prefill
@@ -337,7 +343,7 @@ class ModelRunner:
 
     def _prefill_attention(self, j: int, out, q, k_new, v_new, meta) -> None:
         d = self.dims
-        if self.prefill_impl == "kernel":
+        if self.prefill_impl in ("kernel", "wgmma"):
             tables, qsl, ctx = meta["tables"], meta["qsl"], meta["ctx"]
             kernels.paged_prefill_attention(out, q, self.k_caches[j], self.v_caches[j], d.num_kv_heads, self.scale,
                                             tables, qsl, ctx, self.block_size, max_query_len=meta["max_new"],
@@ -400,6 +406,8 @@ class ModelRunner:
                 d = self.dims                      # profiles measured (the kernels' own choice may differ)
                 meta["config"] = kernels.choose_prefill_config(len(batch.prefills), meta["max_new"], d.num_heads,
                                                                d.num_kv_heads, d.head_size, self.num_sms)
+            elif self.prefill_impl == "wgmma":  # the kernels' own choice: the warpgroup kernels where they run
+                meta["config"] = None
             if self.prefill_impl == "sdpa":
                 meta["seqs"] = [(int(qsl[i]), int(qsl[i + 1]), int(p.start),
                                  self._as(p.block_table[:-(-p.start // self.block_size)]) if p.start else None)

@@ -917,8 +917,10 @@ def add_profile_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=16, help="KV cache block size in tokens (default 16)")
     p.add_argument("--attention", choices=("fast", "vllm"), default="fast",
                    help="decode attention kernels: the fast kernel (default fast) or the vLLM-layout v1/v2")
-    p.add_argument("--prefill", choices=("auto", "kernel", "sdpa"), default="auto",
-                   help="prefill attention: the paged prefill kernel or gather + SDPA (default auto: the kernel)")
+    p.add_argument("--prefill", choices=("auto", "kernel", "wgmma", "sdpa"), default="auto",
+                   help="prefill attention: the paged prefill kernel's mma.sync configurations (kernel), its own "
+                        "choice with the warpgroup kernels on Hopper (wgmma), or gather + SDPA (default auto: "
+                        "kernel); an executed run prices well only by a profile of its own --executor-prefill")
     p.add_argument("--catalog", action="append", default=[], metavar="FILE",
                    help="extra models/GPUs (YAML/TOML/JSON); repeatable (default: the built-in catalog only)")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (the same code, for tiny models)")

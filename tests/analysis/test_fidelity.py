@@ -672,7 +672,7 @@ def test_execute_starts_no_run_it_expects_past_the_budget(tmp_path, capsys):
     fr = _fidelity_runs()
     args = argparse.Namespace(
         out=str(tmp_path / "exec"), models=["llama-2-7b"], traces=["mooncake-prefix"], presets=["vllm"],
-        gpu="h100-80gb", budget_s=5.0, tensor_parallel=1)
+        gpu="h100-80gb", budget_s=5.0, tensor_parallel=1, executor_prefill=None)
     assert fr.cmd_execute(args) == 0
     out = capsys.readouterr().out
     assert "mooncake-prefix__vllm__llama-2-7b: skipped (" in out and "s expected" in out
@@ -688,14 +688,17 @@ def test_execute_starts_the_runs_that_fit_the_budget_with_its_margin_and_those_o
     fr = _fidelity_runs()
     expected = {"vllm": (100.0, ""), "vllm-prefix": (30.0, ""), "vllm-chunked": (None, "blocksim: error: x")}
     monkeypatch.setattr(fr, "_expected", lambda path, preset, *rest: expected[preset])
-    started = []
-    monkeypatch.setattr(fr, "blocksim", lambda argv, log, *rest: started.append(argv[argv.index("--policy") + 1]) or 0)
+    started, argvs = [], []
+    monkeypatch.setattr(fr, "blocksim", lambda argv, log, *rest: argvs.append(argv)
+                        or started.append(argv[argv.index("--policy") + 1]) or 0)
     args = argparse.Namespace(
         out=str(tmp_path / "exec"), models=["llama-2-7b"], traces=["mooncake-prefix"],
-        presets=["vllm", "vllm-prefix", "vllm-chunked"], gpu="h100-80gb", budget_s=100.0, tensor_parallel=1)
+        presets=["vllm", "vllm-prefix", "vllm-chunked"], gpu="h100-80gb", budget_s=100.0, tensor_parallel=1,
+        executor_prefill="wgmma")
     assert fr.cmd_execute(args) == 0
     out = capsys.readouterr().out
     assert started == ["vllm-prefix", "vllm-chunked"], "100 s expected does not fit 100 s with the margin"
+    assert all(a[a.index("--executor-prefill") + 1] == "wgmma" and "cuda" in a for a in argvs)
     assert "vllm__llama-2-7b: skipped (100 s expected" in out
     assert "vllm-prefix__llama-2-7b: 30 s expected" in out
     assert "vllm-chunked__llama-2-7b: its time unknown (its simulation failed: blocksim: error: x)" in out

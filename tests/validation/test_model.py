@@ -37,7 +37,7 @@ def decode(r, ids, tables, positions):
     return b
 
 
-@pytest.mark.parametrize("impl", ["sdpa", "kernel"])
+@pytest.mark.parametrize("impl", ["sdpa", "kernel", "wgmma"])
 def test_decode_after_prefill_and_chunks_match_a_whole_prompt(impl):
     ids = np.random.default_rng(0).integers(0, TINY.vocab_size, 40)
     table = np.arange(3, 11)
@@ -148,7 +148,7 @@ def test_graph_replay_matches_eager_decode(dtype, attention):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("impl", ["sdpa", "kernel"])
+@pytest.mark.parametrize("impl", ["sdpa", "kernel", "wgmma"])
 def test_gpu_prefill_paths_match_the_cpu_forward(impl):
     ids = np.random.default_rng(2).integers(0, TINY.vocab_size, 80)
     table = np.arange(3, 11)
@@ -189,3 +189,31 @@ def test_a_segment_whose_launches_outlast_its_sleep_is_counted_late(host_clock_c
     inner.end()
     inner.seconds()
     assert inner.late == 0
+
+
+def test_an_unknown_prefill_choice_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match="'kernel', 'wgmma'"):
+        runner("flash")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_warpgroup_prefill_kernels_give_the_mma_sync_configurations_results():
+    """prefill="wgmma" (the kernel's own choice: its warpgroup kernels on Hopper at head 128) and
+    prefill="kernel" (the mma.sync configurations) give the same caches and close outputs over a
+    chunked prompt, with the same weights."""
+    dims = ModelDims("tiny128", num_layers=2, hidden_size=512, num_heads=8, num_kv_heads=2, head_size=128,
+                     intermediate_size=512, vocab_size=512, max_model_len=512)
+    ids = np.random.default_rng(3).integers(0, dims.vocab_size, 300)
+    table = np.arange(2, 22)
+    out = {}
+    for impl in ("kernel", "wgmma"):
+        try:
+            r = ModelRunner(dims, num_blocks=32, num_cpu_blocks=8, block_size=BS, dtype="float16", device="cuda",
+                            prefill=impl, seed=5)
+        except ValueError as e:
+            pytest.skip(str(e))
+        prefill(r, ids, table, 0, 160, sample=False)
+        out[impl] = (prefill(r, ids, table, 160, 299), r.k_caches[1].float().cpu(), r.v_caches[1].float().cpu())
+    torch.testing.assert_close(out["wgmma"][1], out["kernel"][1], atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out["wgmma"][2], out["kernel"][2], atol=2e-2, rtol=2e-2)
