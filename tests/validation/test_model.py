@@ -202,7 +202,7 @@ def test_the_warpgroup_prefill_kernels_give_the_mma_sync_configurations_results(
     """prefill="wgmma" (the kernel's own choice: its warpgroup kernels on Hopper at head 128) and
     prefill="kernel" (the mma.sync configurations) give the same caches and close outputs over a
     chunked prompt, with the same weights."""
-    dims = ModelDims("tiny128", num_layers=2, hidden_size=512, num_heads=8, num_kv_heads=2, head_size=128,
+    dims = ModelDims("tiny128", num_layers=2, hidden_size=1024, num_heads=8, num_kv_heads=2, head_size=128,
                      intermediate_size=512, vocab_size=512, max_model_len=512)
     ids = np.random.default_rng(3).integers(0, dims.vocab_size, 300)
     table = np.arange(2, 22)
