@@ -27,7 +27,7 @@ import torch
 from blocksim.catalog import MODELS
 from validation.model import SegmentTimer
 from validation.profile import Profiler
-from validation.step_executor import LEAD_S
+from validation.sleeps import LEAD_S
 
 PARTS = ("linear", "write", "attn", "sample")
 

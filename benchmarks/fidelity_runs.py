@@ -194,14 +194,14 @@ def cmd_estimate(a) -> int:
         for model in a.models:
             for trace in a.traces:
                 for preset in a.presets:
+                    name = run_name(trace, preset, model, a.tensor_parallel)
                     path = slice_file(trace, PRESETS[preset][2], Path(work) / "traces")
                     need, said = _expected(path, preset, model, a.gpu, a.tensor_parallel)
                     if need is None:
-                        print(f"fidelity_runs.py estimate: {run_name(trace, preset, model, a.tensor_parallel)}: "
-                              f"its simulation failed: {said}", file=sys.stderr)
+                        print(f"fidelity_runs.py estimate: {name}: its simulation failed: {said}", file=sys.stderr)
                         return 2
                     total += need
-                    rows.append((run_name(trace, preset, model, a.tensor_parallel), need))
+                    rows.append((name, need))
     width = max(len(n) for n, _ in rows)
     for name, need in rows:
         print(f"{name:<{width}}  {need:6.0f} s")
@@ -1173,25 +1173,25 @@ def cmd_moves(a) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/fidelity_runs.py", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
+    def runs_of(p, tensor_parallel: bool = True) -> None:
+        """The options naming a set of runs: models, slices, presets, GPU (and tensor-parallel degree)."""
+        p.add_argument("--models", nargs="+", default=list(MODELS))
+        p.add_argument("--traces", nargs="+", default=list(STANDARD_SLICES), choices=list(SLICES))
+        p.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
+        p.add_argument("--gpu", default="h200-141gb")
+        if tensor_parallel:
+            p.add_argument("--tensor-parallel", type=int, default=1, help="GPUs each model is split over (default 1)")
     e = sub.add_parser("execute")
     e.add_argument("--out", required=True)
-    e.add_argument("--models", nargs="+", default=list(MODELS))
-    e.add_argument("--traces", nargs="+", default=list(STANDARD_SLICES), choices=list(SLICES))
-    e.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
-    e.add_argument("--gpu", default="h200-141gb")
+    runs_of(e)
     e.add_argument("--budget-s", type=float, default=None,
                    help="start no run that would not end within this many seconds of the start (each run's "
                         "seconds expected from its simulated twin: expected_exec_s)")
-    e.add_argument("--tensor-parallel", type=int, default=1, help="GPUs each model is split over (default 1)")
     e.add_argument("--executor-prefill", choices=("auto", "kernel", "wgmma", "sdpa"), default=None,
                    help="`blocksim replay --executor-prefill` of the executed runs (default: replay's own)")
     e.set_defaults(func=cmd_execute)
     t = sub.add_parser("estimate", help="the device seconds each executed run is expected to take")
-    t.add_argument("--models", nargs="+", default=list(MODELS))
-    t.add_argument("--traces", nargs="+", default=list(STANDARD_SLICES), choices=list(SLICES))
-    t.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
-    t.add_argument("--gpu", default="h200-141gb")
-    t.add_argument("--tensor-parallel", type=int, default=1)
+    runs_of(t)
     t.set_defaults(func=cmd_estimate)
     s = sub.add_parser("simulate")
     s.add_argument("--exec", required=True)
@@ -1238,10 +1238,7 @@ def main(argv=None) -> int:
     m.add_argument("--code", action="store_true",
                    help="--before names a revision whose simulator to compare with, both sides priced by the "
                         "working tree's shipped profiles")
-    m.add_argument("--gpu", default="h200-141gb")
-    m.add_argument("--models", nargs="+", default=list(MODELS))
-    m.add_argument("--traces", nargs="+", default=list(STANDARD_SLICES), choices=list(SLICES))
-    m.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
+    runs_of(m, tensor_parallel=False)
     m.add_argument("--out", required=True, help="a folder for the runs")
     m.add_argument("--json", required=True)
     m.set_defaults(func=cmd_moves)

@@ -86,7 +86,7 @@ def measure(model: str, idle_s: float, sweep: bool = False, which: str = "wide",
     from eager_gap import nvml  # SM clock, power and temperature from NVML (benchmarks/eager_gap.py)
     from validation.model import PARTS, SegmentTimer
     from validation.profile import Profiler
-    from validation.step_executor import LEAD_S
+    from validation.sleeps import LEAD_S
 
     prof = Profiler(MODELS[model], progress=False)
     r, max_len = prof.runner, prof.dims.max_model_len
@@ -138,12 +138,6 @@ def measure(model: str, idle_s: float, sweep: bool = False, which: str = "wide",
     return res
 
 
-def linear_alone(prof, n: int) -> float:
-    """The linear layers of one prompt of `n` tokens timed alone, as `blocksim profile` times its
-    linear points up to `LINEAR_IN_STEP_ABOVE` tokens."""
-    return prof.clock.median(prof._forward(prof._tokens_batch(n), ("linear",)))
-
-
 def linear_sweep(prof, idle_s: float, nvml) -> dict:
     """The linear layers alone at 512, 2,048, 4,096 and 8,192 tokens (those within the model's length),
     each after `idle_s` of idle, then within a sweep over the profile's linear token counts up to
@@ -159,13 +153,13 @@ def linear_sweep(prof, idle_s: float, nvml) -> dict:
     def alone(n: int) -> float:
         torch.cuda.synchronize()
         time.sleep(idle_s)
-        return linear_alone(prof, n)
+        return prof.linear_alone(n)
 
     def swept_in(order) -> tuple[dict, dict]:
         """Every count of `order` timed back to back; the times and NVML states at `points`."""
         got, states, t0 = {}, {}, time.perf_counter()
         for n in order:
-            v = linear_alone(prof, n)
+            v = prof.linear_alone(n)
             if n in points:
                 got[n], states[n] = v, {**nvml(), "since_start_s": round(time.perf_counter() - t0, 1)}
         return got, states
@@ -220,7 +214,7 @@ def offgrid(prof, top: int, rounds: int = 3) -> list[dict]:
         times = {n: [] for n in counts}
         for i in range(rounds):
             for n in (counts if i % 2 == 0 else counts[::-1]):
-                times[n].append(linear_alone(prof, n))
+                times[n].append(prof.linear_alone(n))
         row = {"grid": grid, "seconds": {n: float(sorted(v)[len(v) // 2]) for n, v in times.items()}}
         out.append(row)
         print("offgrid", grid, {n: f"{v / row['seconds'][grid] - 1:+.2%}" for n, v in row["seconds"].items()},

@@ -174,7 +174,7 @@ class _Clock:
 
     def once(self, fn) -> float:
         from validation.model import NO_TIMER, SegmentTimer
-        from validation.step_executor import LEAD_S
+        from validation.sleeps import LEAD_S
         if self.cuda:
             self.torch.cuda.synchronize()
             timer = SegmentTimer(LEAD_S)
@@ -192,7 +192,7 @@ class _Clock:
     def median_attention(self, fn) -> float:
         """Median GPU time of the attention inside a whole step `fn(timer, attn_timer)` (CUDA)."""
         from validation.model import EventTimer, SegmentTimer
-        from validation.step_executor import LEAD_S
+        from validation.sleeps import LEAD_S
 
         def once() -> tuple[float, float]:
             self.torch.cuda.synchronize()
@@ -207,7 +207,7 @@ class _Clock:
 def _graph(runner, b: int, parts=None):
     """`fn(timer)` replaying the captured graph of batch `b`, timed whole."""
     from validation.model import PARTS
-    from validation.step_executor import GRAPH_LEAD_S
+    from validation.sleeps import GRAPH_LEAD_S
 
     def fn(timer):
         timer.begin(GRAPH_LEAD_S)
@@ -470,10 +470,13 @@ class Profiler:
     def _linear_point(self, n: int) -> float:
         """The linear layers of one prompt of `n` tokens: alone, or inside a whole step above
         `LINEAR_IN_STEP_ABOVE` tokens on CUDA."""
-        b = self._tokens_batch(n)
         if self.cuda and n > LINEAR_IN_STEP_ABOVE:
-            return self._linear_in_step(b)
-        return self.clock.median(self._forward(b, ("linear",)))
+            return self._linear_in_step(self._tokens_batch(n))
+        return self.linear_alone(n)
+
+    def linear_alone(self, n: int) -> float:
+        """The linear layers of one prompt of `n` tokens timed alone (a median)."""
+        return self.clock.median(self._forward(self._tokens_batch(n), ("linear",)))
 
     def _linear_in_step(self, batch) -> float:
         """The linear layers of a whole step of `batch`: the step less its attention timed inside
@@ -704,7 +707,7 @@ class Profiler:
         self._say(f"overhead whole - parts {['%.3g' % x for x in diffs]}")
         if self.cuda:  # a longer sleep before each segment must not change an eager time (no host gap leaks in)
             from validation.model import SegmentTimer
-            from validation.step_executor import LEAD_S
+            from validation.sleeps import LEAD_S
             fn = self._forward(self.batch(prefills=[(16, 0)], decodes=[256] * 4), ("linear", "write", "attn", "sample"))
             lead = {}
             for s in (LEAD_S, 3e-3):

@@ -52,7 +52,7 @@ from blocksim.sequence import SeqStatus
 from validation.kv import content_seeds
 from validation.model import (GRAPH_BATCH_SIZES, ModelDims, PrefillSeq, SegmentTimer, StepBatch,
                               padded_batch_size)
-from validation.sleeps import GRAPH_LEAD_S, LEAD_S, RETIME_LEAD_S  # noqa: F401  (the executor's sleeps)
+from validation.sleeps import GRAPH_LEAD_S, LEAD_S, RETIME_LEAD_S
 
 WORKSPACE_BYTES = 6 << 30  # activations, CUDA graphs and the allocator's slack
 RETIME_FRACTION = 0.005     # ... because its late segments' overruns exceed this fraction of its time
