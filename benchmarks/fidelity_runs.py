@@ -714,10 +714,11 @@ def prefix_hits(exec_dir: Path, priced: dict | None = None, twins: Path | None =
         return ""
     text = ["Prefix caching in the executed `vllm-prefix` runs."]
     if missed:
-        azure = "the Azure samples carry no prefix hashes"
-        why = {"azure-conv": azure, "azure-code": azure, "mooncake": "the Mooncake sample's slice sends a block "
-               "again only after the cache has evicted it"}
-        reasons = sorted({why.get(t, f"{t} sends no block again while it is cached") for t in missed})
+        why = {"traces/data/azure_conv_2023_sample.csv": "the Azure samples carry no prefix hashes",
+               "traces/data/azure_code_2023_sample.csv": "the Azure samples carry no prefix hashes",
+               "traces/data/mooncake_sample.jsonl": "the Mooncake sample's windows send a block again only "
+               "after the cache has evicted it"}
+        reasons = sorted({why.get(SLICES[t][0], f"{t} sends no block again while it is cached") for t in missed})
         text.append(f"Where no block hits ({'; '.join(reasons)}), the run prices and executes as `vllm` does.")
     if hit:
         text.append(f"Where blocks hit ({', '.join(sorted(set(hit)))}), the executed step runs each hit prompt's "
@@ -943,9 +944,13 @@ def commands_block(a, devices: list[str], added: list[str] | None = None) -> str
     pdir = twins_profile_dir(Path(a.sim))
     if pdir:  # each profile's own command, as it records it (where a device script's options differed)
         for f in sorted((ROOT / pdir).glob("*.json")):
-            cmd = json.loads(f.read_text()).get("command")
-            if cmd:
-                lines.append(f"# {f.name} measured by: {cmd}")
+            prof = json.loads(f.read_text())
+            if prof.get("command"):
+                lines.append(f"# {f.name} measured by: {prof['command']}")
+            later = [c["measured"]["command"] for c in prof.get("components", {}).values()
+                     if isinstance(c, dict) and isinstance(c.get("measured"), dict) and c["measured"].get("command")]
+            for cmd in dict.fromkeys(later):  # tables added later (`--add-table`), each naming its lease
+                lines.append(f"#   then, its {', '.join(k for k, c in prof['components'].items() if isinstance(c, dict) and (c.get('measured') or {}).get('command') == cmd)} by: {cmd}")
     lines += ["# on any machine, with the executed runs and profiles fetched"
               + (f" (the profiles into {pdir}, the shipped ones left as they are)" if pdir else ""),
               f"python benchmarks/fidelity_runs.py simulate --exec {a.exec} --out {a.sim}"
@@ -968,6 +973,30 @@ def commands_block(a, devices: list[str], added: list[str] | None = None) -> str
     return "\n".join(lines)
 
 
+#: what each trace file of `SLICES` is, for the results document
+SOURCES = {
+    "traces/data/azure_conv_2023_sample.csv": "the bundled Azure conversation sample",
+    "traces/data/azure_code_2023_sample.csv": "the bundled Azure code sample",
+    "traces/data/mooncake_sample.jsonl": "the bundled Mooncake sample (prefix hashes)",
+    "benchmarks/slices/mooncake_synthetic_1005_1020.jsonl":
+        "the requests of the Mooncake synthetic trace that arrive in [1005 s, 1020 s) (`benchmarks/slices/`: "
+        "prompts send again the blocks of prompts a few requests before them), timed from the first",
+    "benchmarks/slices/mooncake_synthetic_960_1020.jsonl":
+        "the requests of the Mooncake synthetic trace that arrive in [960 s, 1020 s), timed from the first",
+}
+
+
+def slices_text(names) -> str:
+    """One sentence naming each slice of `names`: its trace, window and rate, from `SLICES`."""
+    parts = []
+    for t in names:
+        file, (lo, hi), rate = SLICES[t]
+        times = {1.0: "", 2.0: " at twice its rate"}.get(rate, f" at {rate:g} times its rate")
+        parts.append(f"{t} = {SOURCES.get(file, file)}, arrivals [{lo:g} s, {hi:g} s){times}")
+    return (f"Slices (`benchmarks/fidelity_runs.py`, prompts clipped to {CLIP_TOKENS} tokens): "
+            + "; ".join(parts) + ".")
+
+
 def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str, moved: str, args,
                  moves: dict | None = None, added: dict[str, list[str]] | None = None,
                  added_cmds: list[str] | None = None) -> str:
@@ -976,11 +1005,12 @@ def markdown_doc(rows: list[dict], exec_dir: Path, priced: dict, repeated: str, 
     `added_tables` and `added_cmds`: `added_commands`, with --added-tables-lease)."""
     devices = sorted({json.loads(p.read_text()).get("device", "?") for p in exec_dir.glob("*/executor.json")})
     torch_v = sorted({json.loads(p.read_text()).get("torch", "?") for p in exec_dir.glob("*/executor.json")})
-    out = [HEADER.format(devices=", ".join(devices), torch=", ".join(torch_v),
-                         lease=lease_note(args.same_lease, exec_dir, bool(repeated), added),
-                         commands=commands_block(args, devices, added_cmds))]
     done = {p.parent.name for p in exec_dir.glob("*/executor.json")}
     seen = {parse_name(d)[0] for d in done}
+    out = [HEADER.format(devices=", ".join(devices), torch=", ".join(torch_v),
+                         lease=lease_note(args.same_lease, exec_dir, bool(repeated), added),
+                         slices=slices_text([t for t in SLICES if t in STANDARD_SLICES or t in seen]),
+                         commands=commands_block(args, devices, added_cmds))]
     want = [run_name(t, p, m) for m in MODELS for t in SLICES if t in STANDARD_SLICES or t in seen for p in PRESETS]
     missing = [w for w in want if w not in done]
     out.append(f"Executed runs: {len(want) - len(missing)} of {len(want)}"
@@ -1044,12 +1074,7 @@ profiled model").
 
 {lease}
 
-Slices (`benchmarks/fidelity_runs.py`, prompts clipped to 4096 tokens): azure-conv = the bundled Azure
-conversation sample, arrivals [140 s, 160 s); azure-code = the Azure code sample, [200 s, 220 s) at
-twice its rate; mooncake = the Mooncake sample (prefix hashes), [380 s, 395 s); mooncake-prefix = the whole
-Mooncake synthetic trace's [1005 s, 1020 s) at twice its rate (`benchmarks/slices/`: prompts send again
-the blocks of prompts a few requests before them); mooncake-prefix-60 = the same trace's [960 s, 1020 s)
-at 1.5 times its rate (240 requests). Presets vllm,
+{slices} Presets vllm,
 vllm-prefix and vllm-chunked with 900 GPU blocks (14400 token slots: requests wait for memory or are
 preempted); swap-n2 = two samples per request, 700 blocks, preemption by swap.
 

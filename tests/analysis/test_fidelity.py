@@ -469,6 +469,22 @@ def test_mooncake_prefix_slice_reuses_prefixes_and_an_empty_window_is_refused(tm
         fr.slice_file("empty", 1, tmp_path / "slices")
 
 
+def test_every_slice_is_described_and_holds_requests(tmp_path):
+    """fidelity_runs.py: each slice's document text names its trace, window and rate, every trace
+    file of SLICES has a description, and each one-minute window holds requests; an Azure slice of
+    another name still says why it hits no prefix."""
+    fr = _fidelity_runs()
+    assert set(fr.SOURCES) == {f for f, _, _ in fr.SLICES.values()}
+    text = fr.slices_text(["azure-code", "mooncake-60"])
+    assert ("azure-code = the bundled Azure code sample, arrivals [200 s, 220 s) at twice its rate" in text
+            and "mooncake-60 = the bundled Mooncake sample (prefix hashes), arrivals [360 s, 420 s) at 1.5 "
+            "times its rate" in text and "azure-conv" not in text)
+    for name in ("azure-conv-60", "azure-code-60", "mooncake-60"):
+        assert len(pd.read_parquet(fr.slice_file(name, 1, tmp_path / "slices"))) > 100
+    miss = "azure-code-60__vllm-prefix__llama-3-8b"
+    assert "the Azure samples carry no prefix hashes" in " ".join(fr.prefix_hits(_executed(tmp_path / "az", [miss])).split())
+
+
 def _executed(exec_dir: Path, names: list[str], hits: dict[str, int] | None = None) -> Path:
     """An executed-runs folder holding run directories of these names (their summaries with `hits`)."""
     for name in names:
