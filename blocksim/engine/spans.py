@@ -7,7 +7,8 @@ request arrives or free blocks run low: waiting and swapped groups stay blocked 
 shrink and the batch is constant) and no copy-on-write can occur. With KV tiers a waiting request
 plans the loads of its prefix beyond its GPU hit and reserves blocks for them, so a new block that
 evicts a block of that hit can lower what it needs: there the span also ends before the first
-take that evicts prefix-cached content (`clean_takes` of the memory manager). `find_span` finds
+take that evicts prefix-cached content, or a block of that hit where the memory manager knows it
+(`clean_takes` of the memory manager). `find_span` finds
 how many steps such a span has, `run_span` advances the clock over them, applies their appends and
 records their steps. Step records, block tables and times are exactly those of stepping one by
 one (`Engine(spans=False)` steps one by one, for checking that claim).
@@ -198,7 +199,8 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     (fewer than two steps before a finish, an arrival or a shortage of free blocks). `comm` as
     in `decode_times`. `clean`, given under KV tiers while a request waits: the memory manager's
     `clean_takes` (a new block that evicts a block of that request's GPU hit can lower what its
-    onload plan needs, so the span ends before the first take that evicts prefix-cached content)."""
+    onload plan needs, so the span ends before the first take that evicts prefix-cached content,
+    or one of that hit's blocks where the manager knows them)."""
     if not out.is_plain_decode or not sched.allows_span():
         return None
     batch = decode_batch(sched, out)

@@ -78,6 +78,9 @@ class KVCacheManager:
         self.preempted_queries = self.preempted_hits = self.preempted_requests = 0
         self.hit_blocks = self.query_blocks = self.saved_tokens = 0
         self.tiers = None                            # a `blocksim.memory.tiers.TierStore` (attach_tiers)
+        #: the GPU hit of the waiting request the scheduler refused blocks at the last step, where its
+        #: tier plan depends on that hit alone (`clean_takes`); None otherwise
+        self.refused_hit: list[int] | None = None
         self._tier_chunks: dict[int, tuple] = {}     # chunk key -> its blocks' hashes (write-back tiers)
 
     # --- hashes ------------------------------------------------------------------------------
@@ -407,8 +410,18 @@ class KVCacheManager:
         return self.pool.free_queue.num_free
 
     def clean_takes(self, limit: int) -> int:
-        """How many of the next `limit` new blocks evict no prefix-cached content (spans with tiers)."""
-        return self.pool.clean_head(limit)
+        """How many of the next `limit` new blocks leave the plan of the waiting request as it is
+        (spans with tiers): they evict no prefix-cached content, or, where the scheduler named the
+        hit that plan depends on alone (`refused_hit`), none of that hit's blocks."""
+        if self.refused_hit is None:
+            return self.pool.clean_head(limit)
+        hit = set(self.refused_hit)
+        n = 0
+        for b in self.pool.free_queue.peek(limit):
+            if b in hit:
+                break
+            n += 1
+        return n
 
     def memory_breakdown(self, next_group: SequenceGroup | None,
                          pending_prefill_slots: int) -> MemoryBreakdown:

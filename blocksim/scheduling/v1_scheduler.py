@@ -128,6 +128,7 @@ class V1Scheduler(Scheduler):
         out = SchedulerOutputs()
         self._order = []
         budget = self.config.max_num_batched_tokens
+        self.kv.refused_hit = None
         if self._landings:
             self._land_onloads()
         budget = self._schedule_running(budget, out)
@@ -247,6 +248,7 @@ class V1Scheduler(Scheduler):
                 continue
             blocks, hit = kv.get_computed_blocks(group)
             if tiers is not None:
+                gpu_hit = blocks
                 blocks, keys, found = kv.tier_match(group, blocks)
                 hit = len(blocks) * kv.block_size
                 n_load = tiers.plan_onload(keys, found, hit) if found else 0
@@ -256,6 +258,7 @@ class V1Scheduler(Scheduler):
                     ext = n_load * tiers.chunk_tokens
                     first = self._num_new(seq.num_tokens, hit + ext, budget)
                     if not kv.allocate_slots(seq, hit, ext + first, blocks, cache=False):
+                        self._refused(gpu_hit, tiers.onload == "wait")
                         self._unblock_landed(budget, out)
                         break
                     kv.filled_slots -= first  # reserved: no K/V in them before the request runs
@@ -265,6 +268,7 @@ class V1Scheduler(Scheduler):
             n = self._num_new(seq.num_tokens, hit, budget)
             if not kv.allocate_slots(seq, hit, n, blocks):
                 if tiers is not None:
+                    self._refused(gpu_hit, not found)
                     self._unblock_landed(budget, out)
                 break
             self._pop_waiting()
@@ -274,6 +278,15 @@ class V1Scheduler(Scheduler):
                 self._tier_lookup(group, blocks, hit, keys, found, 0)
             self._admit(group, hit, n, out)
             budget -= n
+
+    def _refused(self, gpu_hit: list[int], fixed_plan: bool) -> None:
+        """The head of the waiting queue, its GPU hit `gpu_hit`, could not get blocks. Where its plan
+        depends on that hit alone (`fixed_plan`: no load, or every found chunk loaded, the tiers
+        unchanged until a step computes or loads), only a new block that evicts one of the hit's
+        blocks can change what it needs; the KV cache manager's `clean_takes` counts the new blocks
+        before that (a span of decode steps runs until then, `blocksim.engine.spans`)."""
+        if fixed_plan:
+            self.kv.refused_hit = gpu_hit
 
     def _admit_landed(self, group: SequenceGroup, budget: int, out: SchedulerOutputs) -> int:
         """Admit a request (out of the waiting queue) whose tier chunks have landed: they count as

@@ -297,3 +297,21 @@ def test_block_keys_follow_their_hash_blocks(hashes, prompt_tokens, sizes, as_ar
         want = [hashes[((j + 1) * bs) // h - 1] for j in range(full) if ((j + 1) * bs) // h - 1 < len(hashes)]
     given_hashes = np.array(hashes, dtype=np.int64) if as_array else hashes
     assert block_keys(given_hashes, prompt_tokens, bs, h) == want
+
+
+def test_clean_takes_spares_only_the_refused_requests_hit_where_the_scheduler_names_it():
+    """Under KV tiers a span ends before a new block that could change a waiting request's plan:
+    any block of prefix-cached content, or, where the scheduler names the GPU hit that plan rests
+    on alone (`refused_hit`), a block of that hit."""
+    m = manager(num_blocks=9)
+    r0, r1 = request(0, [0, 1, 2]), request(1, [5, 6])
+    admit(m, r0)
+    admit(m, r1)
+    assert (r0.seqs[0].block_table, r1.seqs[0].block_table) == ([1, 2, 3], [4, 5])
+    free(m, r0)  # back in the queue tail first, still cached
+    free(m, r1)
+    assert m.pool.free_queue.blocks() == [6, 7, 8, 3, 2, 1, 5, 4]
+    assert m.clean_takes(8) == m.pool.clean_head(8) == 3, "new blocks up to the first cached one"
+    m.refused_hit = [1, 2]  # a waiting request hits r0's first two blocks: only those matter to it
+    assert m.clean_takes(8) == 4, "new blocks up to block 2"
+    assert m.clean_takes(2) == 2
