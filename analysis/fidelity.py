@@ -229,7 +229,9 @@ def reprice_plan(run_dir, cost) -> tuple[np.ndarray, np.ndarray]:
     reaches the prompt's end (the plan does not hold the tokens a recomputed sequence had generated,
     so a chunk ending inside them counts as sampling)."""
     from blocksim.records.plan import read_plan
-    _, steps, seqs, _ = read_plan(run_dir)
+    meta, steps, seqs, _ = read_plan(run_dir)
+    bs = int(meta.get("block_size", 16))
+    shares = getattr(cost, "prices_shared_rows", False)
     by_step = {s: g for s, g in seqs.groupby("step", sort=False)} if len(seqs) else {}
     out = np.zeros(len(steps))
     empty = seqs.iloc[:0] if len(seqs) else None
@@ -247,8 +249,14 @@ def reprice_plan(run_dir, cost) -> tuple[np.ndarray, np.ndarray]:
         sampled = n + (int((pre.new_end >= pre.prompt_tokens).sum()) if P else 0)  # prompts that end
         t = cost.linear(int(new.sum()) + n, sampled, decode_only)
         t += cost.attn_prefill(new, cached) if P else 0.0
-        if n and decode_only and getattr(cost, "prices_longest_row", False):
-            t += float(cost.attn_decode(ctx, n, True, int(dec.context_len.max())))
+        if n and getattr(cost, "prices_longest_row", False):  # a graph step, or an eager one's uneven rows
+            # context tokens rows read from blocks another row reads too: a request's samples share
+            # its prompt's full blocks (`blocksim.engine.spans.shared_tokens`)
+            shared = 0
+            if shares and dec.request_id.duplicated().any():
+                rows = dec.groupby("request_id", sort=False).prompt_tokens.agg(["size", "first"])
+                shared = int(((rows["size"] - 1) * (rows["first"] // bs * bs)).sum())
+            t += float(cost.attn_decode(ctx, n, decode_only, int(dec.context_len.max()), shared))
         else:
             t += float(cost.attn_decode(ctx, n, decode_only))
         t += cost.swap(len(row.swap_in_src), len(row.swap_out_src)) + cost.copy(len(row.copy_src))

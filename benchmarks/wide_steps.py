@@ -193,7 +193,7 @@ def prices(res: dict, profile: str) -> dict:
         new = np.asarray([n for n, _ in pf], np.int64)
         cached = np.asarray([k for _, k in pf], np.int64)
         out[name] = (cm.linear(int(new.sum()) + len(dec), len(pf) + len(dec)) + cm.attn_prefill(new, cached)
-                     + cm.attn_decode(int(sum(dec)), len(dec)) + cm.overhead(True))
+                     + cm.attn_decode(int(sum(dec)), len(dec), False, max(dec) if dec else None) + cm.overhead(True))
     return out
 
 

@@ -17,15 +17,19 @@ engine's columns `t_<component>_s` hold:
   each prompt at the batch ``B_i`` of its own shape lasting as long as all the prompts alone in turn
   (``sum_j attn_prefill(1, j) / attn_prefill(1, i)``, at most the grid's largest batch or ``P``):
   exact for a uniform batch, and a short chunk beside a long prompt costs what it adds to a full GPU.
-* ``t_attn_decode_s``: ``attn_decode(batch, mean context)``. For a graph-replayed decode-only step
+* ``t_attn_decode_s``: ``attn_decode(batch, mean context)``; with the optional
+  ``decode_step_longest`` table, an eager step adds the seconds that table gives a batch of that
+  many rows whose longest row holds the step's longest context beyond the same tokens spread
+  evenly (the fast decode kernel's rows run side by side, so an uneven batch lasts longer than its
+  mean context says; held at the table's edges). For a graph-replayed decode-only step
   of a profile with the optional ``decode_step`` table (a whole decode step replayed as a graph),
   the step's GPU time is ``decode_step(padded batch, mean context)`` and this column holds it less
   ``t_linear_s`` (at least zero), so the two sum to the measured whole step. With the optional
   ``decode_step_shared`` table, a graph step whose rows read blocks an earlier row reads too (the
   prompt a request's samples share) saves ``(1 - paired / own) * min(1, f / f_table)`` of the step
   of equal rows at its padded batch and mean context, ``f`` the share of its context tokens in
-  shared blocks: the bytes the shared blocks save, which a longer longest row does not change.
-  With the optional ``decode_step_padded`` table, a graph step of ``b`` real rows in a graph of
+  shared blocks: the bytes the shared blocks save, which a longer longest row does not change
+  (an eager step is priced without it). With the optional ``decode_step_padded`` table, a graph step of ``b`` real rows in a graph of
   ``pad > b`` rows lasts that price times the table's ratio of a padded step to its spread twin
   at ``(pad, b / pad, mean context)``: the same tokens on the real rows, the padding rows holding
   one token each, against the same tokens spread over all the rows, as the ``decode_step_longest``
@@ -255,9 +259,10 @@ class ProfiledCostModel:
         """Decode attention of `batch` sequences holding `ctx_tokens` context tokens in all (an int,
         or an int array for a span of steps: then an array of seconds). `longest`: the longest
         sequence's context (an int, or an array like `ctx_tokens`), read by a profile with the
-        ``decode_step_longest`` table for a graph-replayed step. `shared`: of those tokens, the ones
-        a row reads from blocks an earlier row of the step also reads (an int, constant over a
-        span), read by a profile with the ``decode_step_shared`` table for a graph-replayed step."""
+        ``decode_step_longest`` table: a graph-replayed step is priced from it, an eager one adds
+        the table's seconds for an uneven batch to its attention (`_uneven_extra`). `shared`: of
+        those tokens, the ones a row reads from blocks an earlier row of the step also reads (an
+        int, constant over a span), read by a profile with the ``decode_step_shared`` table for a graph-replayed step."""
         if batch <= 0:
             return np.zeros(len(ctx_tokens)) if isinstance(ctx_tokens, np.ndarray) else 0.0
         scalar = not isinstance(ctx_tokens, np.ndarray)
@@ -281,9 +286,29 @@ class ProfiledCostModel:
         else:
             line, whole = self._decode_line(batch, decode_only)
             t = line.eval(ctx / batch)
+            if longest is not None and not whole and self.decode_longest is not None:
+                t = t + self._uneven_extra(batch, ctx / batch, np.asarray(longest, np.float64))
         if whole:
             t = np.maximum(t - self._step_rest(batch), 0.0)
         return float(t[0]) if scalar else t
+
+    def _uneven_extra(self, batch: int, mean: np.ndarray, longest: np.ndarray) -> np.ndarray:
+        """Seconds an eager decode batch of `batch` rows, `mean` context tokens a row and its longest
+        row holding `longest`, takes beyond the same tokens spread evenly: ``decode_step_longest``'s
+        difference between the two at that many rows (the attention's share of the step: the linear
+        part does not depend on how the context is spread). Batch and mean context are held at the
+        table's edges and the longest row over the mean at its largest ratio (the steps beyond it
+        counted), never extrapolated."""
+        tab = self.decode_longest
+        (b0, b1), (c0, c1), top = (tab.grids[0][0], tab.grids[0][-1]), (tab.grids[1][0], tab.grids[1][-1]), tab.grids[2][-1]
+        plane = self._longest_plane(int(min(max(batch, b0), b1)))
+        ratio = longest / np.maximum(mean, 1e-9)
+        beyond = int(np.count_nonzero(ratio > top))
+        if beyond:
+            self.step_outside["decode_step_longest.longest"] += beyond
+        m = np.clip(mean, c0, c1)
+        x = np.clip(ratio, 1.0, top)
+        return np.maximum(plane.eval(m, x) - plane.eval(m, np.ones_like(m)), 0.0)
 
     def _shared_factor(self, pad: int, mean: np.ndarray, fraction: np.ndarray) -> np.ndarray:
         """A graph step's time over its time with no row sharing blocks, where `fraction` of its

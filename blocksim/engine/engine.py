@@ -318,6 +318,10 @@ class Engine:
             shared = shared_tokens(out.decode_groups, self.bm.block_size) if self._shared else 0
             attn_decode = float(graph_attention(cm, out.decode_ctx_tokens, n, longest, shared))
             cm.count_longest(out.decode_ctx_tokens, n, longest)
+        elif self._longest and n:  # an eager step: priced by its longest row too
+            longest = max((s.num_tokens for g in out.decode_groups for s in g.seqs
+                          if s.status is SeqStatus.RUNNING), default=0)
+            attn_decode = float(cm.attn_decode(out.decode_ctx_tokens, n, decode_only, longest))
         else:
             attn_decode = float(cm.attn_decode(out.decode_ctx_tokens, n, decode_only))
         return {

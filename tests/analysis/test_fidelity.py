@@ -68,6 +68,30 @@ def test_an_executed_plan_is_repriced_by_the_simulated_cost_model(sim, tmp_path)
     assert f.step_mape == pytest.approx(1 - 1 / 1.1, rel=1e-9)
 
 
+@pytest.mark.parametrize("policy, n", [("vllm-chunked", 1), ("vllm", 2)])
+def test_a_plan_of_uneven_eager_steps_is_repriced_as_the_engine_priced_it(tmp_path, policy, n):
+    """A profile with the longest-row table prices an eager step's decodes by their longest row too
+    (with samples sharing their prompt's blocks, which graph steps are priced by): the engine and the
+    plan's re-pricing give the same seconds, and some eager steps pay for uneven rows."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "blocksim"))
+    from cost_profiles import write_profile  # the synthetic profile of tests/blocksim
+    prof = write_profile(tmp_path / "p.json", decode_step="longest", shared=0.9)
+    trace = TRACE.assign(prompt_tokens=TRACE.prompt_tokens * 6, n=n)
+    run = tmp_path / "run"
+    replay(trace, run, policy=policy, overrides={"cost_model": "profiled", "cost_profile": str(prof),
+                                                 "num_gpu_blocks": 300}, record_plan=True)
+    summary = json.loads((run / "summary.json").read_text())
+    cost = rebuild_cost_model(summary)
+    steps, pred = reprice_plan(run, cost)
+    got = pd.read_parquet(run / "steps.parquet").set_index("step")
+    np.testing.assert_allclose(pred, got.loc[steps, "duration_s"].to_numpy(), rtol=1e-12)
+    eager = got[(got.num_prefill_seqs > 0) & (got.num_decode_seqs > 0)]
+    assert len(eager)
+    at_mean = np.array([cost.attn_decode(int(c), int(d)) for c, d in zip(eager.decode_ctx_tokens, eager.num_decode_seqs)])
+    assert (eager.t_attn_decode_s.to_numpy() > at_mean * (1 + 1e-9)).any(), "an uneven batch costs more"
+
+
 def test_no_step_comparison_without_matching_steps_plan_or_model(sim, tmp_path):
     exe = scaled_copy(sim, tmp_path / "exec", 1.0, 1.0)
     shutil.rmtree(exe / "plan")

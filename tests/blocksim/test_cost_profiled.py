@@ -116,10 +116,32 @@ def test_the_longest_row_prices_an_uneven_graph_step(tmp_path):
         cm.decode_longest.eval(32.0, 30 * 1000 / 32, 32 / 30)[0], rel=1e-12)
     spans = cm.attn_decode(np.array([30 * 1000, 30 * 1001]), 30, True, np.array([1000, 1001]))
     assert spans.tolist() == [cm.attn_decode(30 * 1000, 30, True, 1000), cm.attn_decode(30 * 1001, 30, True, 1001)]
-    assert cm.attn_decode(30 * 1000, 30, False, 3000) == pytest.approx(
-        cm.decode.eval(np.array([30.0]), np.array([1000.0]))[0], rel=1e-12), "with a prompt: attention alone"
     cm.count_longest(np.array([32 * 100, 32 * 100, 32 * 1000]), 32, np.array([100, 900, 32 * 1000]))
     assert cm.step_outside == {"decode_step_longest.longest": 2}, "longest over the mean beyond the grid's 8"
+
+
+def test_an_uneven_eager_batch_adds_the_longest_tables_extra_seconds_to_its_attention(tmp_path):
+    """An eager step (a prompt beside the decodes) prices its decode attention at the mean context
+    plus what decode_step_longest gives the same rows with that longest row beyond the same tokens
+    spread evenly; an even batch is the attention alone, and the ratio beyond the grid is held at
+    its edge and counted."""
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(synthetic_profile(decode_step="longest")))
+    cm = model(path)
+    alone = cm.decode.eval(np.array([30.0]), np.array([1000.0]))[0]
+    assert cm.attn_decode(30 * 1000, 30, False, 1000) == pytest.approx(alone, rel=1e-12), "even rows: attention alone"
+    assert cm.attn_decode(30 * 1000, 30, False) == pytest.approx(alone, rel=1e-12), "no longest row given"
+    extra = cm.decode_longest.eval(30.0, 1000.0, 3.0)[0] - cm.decode_longest.eval(30.0, 1000.0, 1.0)[0]
+    assert extra > 0
+    assert cm.attn_decode(30 * 1000, 30, False, 3000) == pytest.approx(alone + extra, rel=1e-9)
+    top = cm.decode_longest.grids[2][-1]
+    held = cm.attn_decode(30 * 1000, 30, False, int(1000 * top))
+    assert cm.step_outside == {}
+    assert cm.attn_decode(30 * 1000, 30, False, int(1000 * top * 2)) == pytest.approx(held, rel=1e-12)
+    assert cm.step_outside == {"decode_step_longest.longest": 1}, "held at the grid's largest ratio, and counted"
+    rough = write_profile(tmp_path / "p.json", decode_step=True)
+    assert model(rough).attn_decode(30 * 1000, 30, False, 3000) == pytest.approx(
+        model(rough).attn_decode(30 * 1000, 30, False), rel=1e-12), "a profile without the table: the mean alone"
 
 
 def test_an_eager_step_costs_the_median_of_the_profiles_measured_differences(tmp_path):
@@ -413,7 +435,7 @@ def test_rows_sharing_blocks_scale_a_graph_step_by_the_measured_pairs(tmp_path):
     assert span.tolist() == [cm.attn_decode(32 * 1000, 32, True, 1000, shared=7000),
                              cm.attn_decode(32 * 1001, 32, True, 1001, shared=7000)]
     assert cm.attn_decode(32 * 1000, 32, False, 1000, shared=7000) == cm.attn_decode(32 * 1000, 32, False, 1000), \
-        "an eager step is priced by attention alone, shared or not"
+        "an eager step is priced without the shared blocks"
 
 
 @pytest.mark.parametrize("table, edit, match", [
