@@ -225,13 +225,16 @@ def same_steps(sim: pd.DataFrame, exe: pd.DataFrame) -> bool:
 
 def reprice_plan(run_dir, cost) -> tuple[np.ndarray, np.ndarray]:
     """(step numbers, predicted seconds) of every step of a recorded plan, priced by `cost` as the
-    engine prices a step (`blocksim.engine.Engine._step_times`). A prompt chunk samples when it
+    engine prices a step (`blocksim.cost.step.step_times`). A prompt chunk samples when it
     reaches the prompt's end (the plan does not hold the tokens a recomputed sequence had generated,
     so a chunk ending inside them counts as sampling)."""
+    from blocksim.cost.step import step_times
     from blocksim.records.plan import read_plan
     meta, steps, seqs, _ = read_plan(run_dir)
     bs = int(meta.get("block_size", 16))
     shares = getattr(cost, "prices_shared_rows", False)
+    prices_longest = getattr(cost, "prices_longest_row", False)
+    comm = getattr(cost, "comm", None) if getattr(cost, "allreduces_per_step", 0) else None  # TP all-reduces
     by_step = {s: g for s, g in seqs.groupby("step", sort=False)} if len(seqs) else {}
     out = np.zeros(len(steps))
     empty = seqs.iloc[:0] if len(seqs) else None
@@ -247,22 +250,17 @@ def reprice_plan(run_dir, cost) -> tuple[np.ndarray, np.ndarray]:
         moves = len(row.swap_in_src) + len(row.swap_out_src) + len(row.copy_src)
         decode_only = P == 0 and moves == 0
         sampled = n + (int((pre.new_end >= pre.prompt_tokens).sum()) if P else 0)  # prompts that end
-        t = cost.linear(int(new.sum()) + n, sampled, decode_only)
-        t += cost.attn_prefill(new, cached) if P else 0.0
-        if n and getattr(cost, "prices_longest_row", False):  # a graph step, or an eager one's uneven rows
+        longest, shared = None, 0
+        if n and prices_longest:  # a graph step, or an eager one's uneven rows
+            longest = int(dec.context_len.max())
             # context tokens rows read from blocks another row reads too: a request's samples share
-            # its prompt's full blocks (`blocksim.engine.spans.shared_tokens`)
-            shared = 0
-            if shares and dec.request_id.duplicated().any():
+            # its prompt's full blocks (`blocksim.engine.spans.shared_tokens`), in graph steps
+            if decode_only and shares and dec.request_id.duplicated().any():
                 rows = dec.groupby("request_id", sort=False).prompt_tokens.agg(["size", "first"])
                 shared = int(((rows["size"] - 1) * (rows["first"] // bs * bs)).sum())
-            t += float(cost.attn_decode(ctx, n, decode_only, int(dec.context_len.max()), shared))
-        else:
-            t += float(cost.attn_decode(ctx, n, decode_only))
-        t += cost.swap(len(row.swap_in_src), len(row.swap_out_src)) + cost.copy(len(row.copy_src))
-        comm = getattr(cost, "comm", None)  # tensor-parallel all-reduces (0 on one GPU)
-        t += comm(int(new.sum()) + n) if comm is not None else 0.0
-        t += cost.overhead(P + n > 0, n if decode_only else 0)
+        t = sum(step_times(cost, new if P else None, cached, n, ctx, decode_only=decode_only, sampled=sampled,
+                           active=P + n > 0, longest=longest, shared=shared, swapped_in=len(row.swap_in_src),
+                           swapped_out=len(row.swap_out_src), copied=len(row.copy_src), comm=comm).values())
         out[i] = t
     return steps.step.to_numpy(np.int64), out
 

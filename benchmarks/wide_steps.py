@@ -184,6 +184,7 @@ def prices(res: dict, profile: str) -> dict:
     import numpy as np
 
     from blocksim.cost import ProfiledCostModel, load_profile
+    from blocksim.cost.step import step_times
     from blocksim.experiments.runner import build_config
     prof = load_profile(profile)
     cm = ProfiledCostModel(build_config("vllm", model=res["model"], gpu=prof.gpu), prof)
@@ -192,8 +193,9 @@ def prices(res: dict, profile: str) -> dict:
         pf, dec = (CHUNKED_CASES.get(name) or CASES.get(name) or (res.get("prefills", {}).get(name), []))
         new = np.asarray([n for n, _ in pf], np.int64)
         cached = np.asarray([k for _, k in pf], np.int64)
-        out[name] = (cm.linear(int(new.sum()) + len(dec), len(pf) + len(dec)) + cm.attn_prefill(new, cached)
-                     + cm.attn_decode(int(sum(dec)), len(dec), False, max(dec) if dec else None) + cm.overhead(True))
+        longest = max(dec) if dec and cm.prices_longest_row else None
+        out[name] = sum(step_times(cm, new, cached, len(dec), int(sum(dec)), decode_only=False,
+                                   sampled=len(pf) + len(dec), active=True, longest=longest).values())
     return out
 
 

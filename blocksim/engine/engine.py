@@ -38,9 +38,10 @@ import simpy
 
 from blocksim.config import ConfigError, SimConfig
 from blocksim.cost import cost_record
+from blocksim.cost.step import step_times
 from blocksim.cost.tier_transfer import tier_chunk_seconds
 from blocksim.engine.executor import StepExecutor
-from blocksim.engine.spans import exact_delay, find_span, graph_attention, run_span, shared_tokens
+from blocksim.engine.spans import exact_delay, find_span, run_span, shared_tokens
 from blocksim.interfaces import MemoryManager
 from blocksim.policies import make_cost_model, make_memory_manager, make_scheduler
 from blocksim.records.schema import FREE_EXTENT_COLUMNS, FREE_EXTENT_DTYPES
@@ -300,39 +301,28 @@ class Engine:
     # --- steps ---------------------------------------------------------------------------------
     def _step_times(self, out: SchedulerOutputs) -> dict[str, float]:
         cm = self.cost
-        tokens = out.prefill_tokens + out.num_decode_seqs
         if out.prefills:
-            attn_prefill = cm.attn_prefill(np.array([stop - start for _, start, stop in out.prefills], np.int64),
-                                           np.array([start for _, start, _ in out.prefills], np.int64))
+            new = np.array([stop - start for _, start, stop in out.prefills], np.int64)
+            cached = np.array([start for _, start, _ in out.prefills], np.int64)
         else:
-            attn_prefill = 0.0
+            new = cached = None
         # decode-only: no prompt and no block move, the steps a CUDA graph replays
         decode_only = not (out.prefills or out.blocks_to_swap_in or out.blocks_to_swap_out or out.blocks_to_copy)
         n = out.num_decode_seqs
         # sequences that sample a token: every decode, and each prompt (chunk) that reaches its end
         sampled = n + sum(1 for g, _, stop in out.prefills if stop >= g.seqs[0].num_tokens)
-        if self._longest and decode_only and n:
+        longest, shared = None, 0
+        if self._longest and n:  # a graph step by its longest row (and shared blocks); an eager one's uneven rows
             longest = max((s.num_tokens for g in out.decode_groups for s in g.seqs
                           if s.status is SeqStatus.RUNNING), default=0)
-            longest = max(longest, out.padding_longest)
-            shared = shared_tokens(out.decode_groups, self.bm.block_size) if self._shared else 0
-            attn_decode = float(graph_attention(cm, out.decode_ctx_tokens, n, longest, shared))
-            cm.count_longest(out.decode_ctx_tokens, n, longest)
-        elif self._longest and n:  # an eager step: priced by its longest row too
-            longest = max((s.num_tokens for g in out.decode_groups for s in g.seqs
-                          if s.status is SeqStatus.RUNNING), default=0)
-            attn_decode = float(cm.attn_decode(out.decode_ctx_tokens, n, decode_only, longest))
-        else:
-            attn_decode = float(cm.attn_decode(out.decode_ctx_tokens, n, decode_only))
-        return {
-            "t_linear_s": cm.linear(tokens, sampled, decode_only),
-            "t_attn_prefill_s": attn_prefill,
-            "t_attn_decode_s": attn_decode,
-            "t_swap_s": cm.swap(len(out.blocks_to_swap_in), len(out.blocks_to_swap_out)),
-            "t_copy_s": cm.copy(len(out.blocks_to_copy)),
-            "t_comm_s": self._comm(tokens) if self._comm is not None else 0.0,
-            "t_overhead_s": cm.overhead(out.has_work, n if decode_only else 0),
-        }
+            if decode_only:
+                longest = max(longest, out.padding_longest)
+                shared = shared_tokens(out.decode_groups, self.bm.block_size) if self._shared else 0
+                cm.count_longest(out.decode_ctx_tokens, n, longest)
+        return step_times(cm, new, cached, n, out.decode_ctx_tokens, decode_only=decode_only, sampled=sampled,
+                          active=out.has_work, longest=longest, shared=shared,
+                          swapped_in=len(out.blocks_to_swap_in), swapped_out=len(out.blocks_to_swap_out),
+                          copied=len(out.blocks_to_copy), comm=self._comm)
 
     def _tier_wait(self, out: SchedulerOutputs, duration: float):
         """Wait before a step of `duration` for the write-back copies of blocks it overwrites and
