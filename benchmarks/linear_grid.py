@@ -1,21 +1,23 @@
 """The linear layers of an eager step timed at token counts between the profile's grid points (on a
 GPU), to see what interpolating between those points misses.
 
-    PYTHONPATH=. python benchmarks/linear_grid.py --model llama-2-7b --out OUT.json
+    PYTHONPATH=. python benchmarks/linear_grid.py --model llama-3-8b --step 8 --out OUT.json
 
 Times `blocksim profile`'s `linear` component (everything of a step but attention, cache writes and
 sampling: one prompt of n tokens) with the profile's clock, at every multiple of `--step` tokens
-from `--low` to `--high` (the profile's power-of-two points among them), in that order. Writes the
-token counts and their median seconds; `python benchmarks/linear_grid.py --report OUT.json` prints
-how far the piecewise-linear interpolation between the power-of-two points (the cost model's rule
-for this table) is from each measured count.
+from `--low` to `--high`, in that order. Writes the token counts and their median seconds; `python
+benchmarks/linear_grid.py --report OUT.json` prints how far the piecewise-linear interpolation (the
+cost model's rule for this table) between the file's coarse points is from each measured count.
+The coarse points (`--coarse`) are its powers of two, or its multiples of a step: `--coarse 64`
+is the grid `blocksim profile` measures up to 4,096 tokens, whose steps between its points (every
+token count a run's steps have but one in 64) a file of `--step 8` shows.
 
 `--reprice OUT.json --exec EXEC --sim SIM --profile PROFILE` prices the eager steps with a prompt
 of an executed run (`blocksim replay --executor cuda`) as its profiled twin SIM does
 (`analysis.fidelity.compare`: SIM's cost model, PROFILE, pricing EXEC's steps), then again with
-their linear layers scaled by the measured file's counts against its power-of-two interpolation
-(for the steps whose tokens lie in the measured range): what a profile measured on the finer grid
-would change, written as JSON (`--json`).
+their linear layers scaled by the measured file's counts against its coarse interpolation (for the
+steps whose tokens lie in the measured range): what a profile measured on the finer grid would
+change, written as JSON (`--json`).
 """
 
 from __future__ import annotations
@@ -48,16 +50,32 @@ def measure(a) -> int:
     return 0
 
 
-def report(path: str) -> int:
+def coarse_points(tokens, coarse: str):
+    """Which of a measured file's token counts form the coarse grid: the powers of two (`pow2`), or
+    the multiples of a step (`coarse` an integer, e.g. 64 for the profile's grid up to 4,096)."""
+    import numpy as np
+    t = np.asarray(tokens, np.int64)
+    if coarse == "pow2":
+        keep = (t & (t - 1)) == 0
+    else:
+        keep = t % int(coarse) == 0
+    if keep.sum() < 2:
+        print(f"linear_grid.py: --coarse {coarse}: fewer than two of the file's token counts "
+              f"({int(t[0])}-{int(t[-1])}) lie on it; give a step the file's counts include", file=sys.stderr)
+        raise SystemExit(2)
+    return keep
+
+
+def report(path: str, coarse: str = "pow2") -> int:
     import numpy as np
 
     from blocksim.cost.interpolate import Line
     res = json.loads(Path(path).read_text())
     t, s = np.asarray(res["tokens"]), np.asarray(res["seconds"])
-    pow2 = [i for i, n in enumerate(t) if n & (n - 1) == 0]
-    coarse = Line("linear", "tokens", t[pow2].astype(np.float64), s[pow2])
+    pow2 = np.flatnonzero(coarse_points(t, coarse))
+    coarse_line = Line("linear", "tokens", t[pow2].astype(np.float64), s[pow2])
     print(f"{res['model']} on {res['device']}: interpolation between {[int(t[i]) for i in pow2]} tokens")
-    for n, sec, est in zip(t, s, coarse.eval(t.astype(np.float64))):
+    for n, sec, est in zip(t, s, coarse_line.eval(t.astype(np.float64))):
         print(f"{n:6d} tokens  measured {sec * 1e3:8.3f} ms  interpolated {est * 1e3:8.3f} ms  {est / sec - 1:+.1%}")
     return 0
 
@@ -73,8 +91,8 @@ def reprice(a) -> int:
     fine = json.loads(Path(a.reprice).read_text())
     t, s = np.asarray(fine["tokens"], np.float64), np.asarray(fine["seconds"])
     dense = Line("linear", "tokens", t, s)
-    pow2 = np.asarray([n & (n - 1) == 0 for n in fine["tokens"]])
-    coarse = Line("linear", "tokens", t[pow2], s[pow2])
+    on = coarse_points(fine["tokens"], a.coarse)
+    coarse = Line("linear", "tokens", t[on], s[on])
     p = json.loads(Path(a.profile).read_text())["components"]["linear"]
     profiled = Line("linear", "tokens", np.asarray(p["grid"]["tokens"], np.float64), np.asarray(p["seconds"]))
     out = {"fine": a.reprice, "profile": a.profile, "runs": []}
@@ -118,9 +136,12 @@ def main() -> int:
     ap.add_argument("--sim", nargs="+", default=[], help="--reprice: their profiled twins, in the same order")
     ap.add_argument("--profile", help="--reprice: the profile the twins were priced by")
     ap.add_argument("--json", help="--reprice: write the result here")
+    ap.add_argument("--coarse", default="pow2",
+                    help="--report and --reprice: the coarse grid among the file's counts, pow2 (powers of two) "
+                         "or a step (e.g. 64, the profile's grid up to 4,096 tokens)")
     a = ap.parse_args()
     if a.report:
-        return report(a.report)
+        return report(a.report, a.coarse)
     if a.reprice:
         if not a.exec or len(a.exec) != len(a.sim) or not a.profile:
             ap.error("--reprice needs --exec and --sim of the same length and --profile")

@@ -766,3 +766,29 @@ def test_estimate_for_a_gpu_the_simulator_refuses_exits_2_naming_the_run(capsys)
     err = capsys.readouterr().err
     assert "mooncake-prefix__vllm__llama-2-7b" in err and "no-such-gpu" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_linear_grid_reports_against_the_coarse_grid_it_is_given(tmp_path, capsys):
+    """benchmarks/linear_grid.py: a file measured every 8 tokens, read against its multiples of 64
+    (the profile's grid) or its powers of two; a coarse grid the file's counts miss is refused in one
+    line."""
+    import importlib.util
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("linear_grid", root / "benchmarks" / "linear_grid.py")
+    lg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lg)
+    tokens = list(range(768, 897, 8))
+    assert lg.coarse_points(tokens, "64").tolist() == [n % 64 == 0 for n in tokens]
+    wide = list(range(512, 1025, 8))
+    assert [n for n, k in zip(wide, lg.coarse_points(wide, "pow2")) if k] == [512, 1024]
+    # a step in the time between 768 and 832: the 64-token grid's interpolation misses it
+    secs = [0.020 if n < 824 else 0.026 for n in tokens]
+    f = tmp_path / "fine.json"
+    f.write_text(json.dumps({"model": "m", "device": "d", "tokens": tokens, "seconds": secs}))
+    assert lg.report(str(f), "64") == 0
+    out = capsys.readouterr().out
+    assert "interpolation between [768, 832, 896] tokens" in out
+    assert "   800 tokens  measured   20.000 ms  interpolated   23.000 ms  +15.0%" in out
+    with pytest.raises(SystemExit) as e:
+        lg.report(str(f), "pow2")
+    assert e.value.code == 2 and "--coarse pow2: fewer than two" in capsys.readouterr().err
