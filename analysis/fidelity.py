@@ -227,7 +227,9 @@ def reprice_plan(run_dir, cost) -> tuple[np.ndarray, np.ndarray]:
     """(step numbers, predicted seconds) of every step of a recorded plan, priced by `cost` as the
     engine prices a step (`blocksim.cost.step.step_times`). A prompt chunk samples when it
     reaches the prompt's end (the plan does not hold the tokens a recomputed sequence had generated,
-    so a chunk ending inside them counts as sampling)."""
+    so a chunk ending inside them counts as sampling). The plan holds no padding rows: a step of
+    static batching (`static` preset), which the engine prices with its padding rows' contexts, is
+    priced here without them."""
     from blocksim.cost.step import step_times
     from blocksim.records.plan import read_plan
     meta, steps, seqs, _ = read_plan(run_dir)

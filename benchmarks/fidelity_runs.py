@@ -718,7 +718,8 @@ def prefix_hits(exec_dir: Path, priced: dict | None = None, twins: Path | None =
                "traces/data/azure_code_2023_sample.csv": "the Azure samples carry no prefix hashes",
                "traces/data/mooncake_sample.jsonl": "the Mooncake sample's windows send a block again only "
                "after the cache has evicted it"}
-        reasons = sorted({why.get(SLICES[t][0], f"{t} sends no block again while it is cached") for t in missed})
+        reasons = sorted({why.get(SLICES.get(t, (t,))[0], f"{t} sends no block again while it is cached")
+                          for t in missed})
         text.append(f"Where no block hits ({'; '.join(reasons)}), the run prices and executes as `vllm` does.")
     if hit:
         text.append(f"Where blocks hit ({', '.join(sorted(set(hit)))}), the executed step runs each hit prompt's "
@@ -947,10 +948,13 @@ def commands_block(a, devices: list[str], added: list[str] | None = None) -> str
             prof = json.loads(f.read_text())
             if prof.get("command"):
                 lines.append(f"# {f.name} measured by: {prof['command']}")
-            later = [c["measured"]["command"] for c in prof.get("components", {}).values()
-                     if isinstance(c, dict) and isinstance(c.get("measured"), dict) and c["measured"].get("command")]
-            for cmd in dict.fromkeys(later):  # tables added later (`--add-table`), each naming its lease
-                lines.append(f"#   then, its {', '.join(k for k, c in prof['components'].items() if isinstance(c, dict) and (c.get('measured') or {}).get('command') == cmd)} by: {cmd}")
+            later: dict[str, list[str]] = {}  # tables added later (`--add-table`), by the command that added them
+            for name, c in prof.get("components", {}).items():
+                cmd = (c.get("measured") or {}).get("command") if isinstance(c, dict) else None
+                if cmd:
+                    later.setdefault(cmd, []).append(name)
+            for cmd, names in later.items():
+                lines.append(f"#   then, its {', '.join(names)} by: {cmd}")
     lines += ["# on any machine, with the executed runs and profiles fetched"
               + (f" (the profiles into {pdir}, the shipped ones left as they are)" if pdir else ""),
               f"python benchmarks/fidelity_runs.py simulate --exec {a.exec} --out {a.sim}"

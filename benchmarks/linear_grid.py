@@ -8,9 +8,9 @@ sampling: one prompt of n tokens) with the profile's clock, at every multiple of
 from `--low` to `--high`, in that order. Writes the token counts and their median seconds; `python
 benchmarks/linear_grid.py --report OUT.json` prints how far the piecewise-linear interpolation (the
 cost model's rule for this table) between the file's coarse points is from each measured count.
-The coarse points (`--coarse`) are its powers of two, or its multiples of a step: `--coarse 64`
-is the grid `blocksim profile` measures up to 4,096 tokens, whose steps between its points (every
-token count a run's steps have but one in 64) a file of `--step 8` shows.
+The coarse points (`--coarse`) are its powers of two, or its multiples of a step: `--coarse 64` is
+the grid `blocksim profile` measures up to 4,096 tokens, and a `--step 8` file read with it shows
+the time between the profile's points, where all but one in 64 of a run's token counts fall.
 
 `--reprice OUT.json --exec EXEC --sim SIM --profile PROFILE` prices the eager steps with a prompt
 of an executed run (`blocksim replay --executor cuda`) as its profiled twin SIM does
@@ -72,9 +72,9 @@ def report(path: str, coarse: str = "pow2") -> int:
     from blocksim.cost.interpolate import Line
     res = json.loads(Path(path).read_text())
     t, s = np.asarray(res["tokens"]), np.asarray(res["seconds"])
-    pow2 = np.flatnonzero(coarse_points(t, coarse))
-    coarse_line = Line("linear", "tokens", t[pow2].astype(np.float64), s[pow2])
-    print(f"{res['model']} on {res['device']}: interpolation between {[int(t[i]) for i in pow2]} tokens")
+    on = np.flatnonzero(coarse_points(t, coarse))
+    coarse_line = Line("linear", "tokens", t[on].astype(np.float64), s[on])
+    print(f"{res['model']} on {res['device']}: interpolation between {[int(t[i]) for i in on]} tokens")
     for n, sec, est in zip(t, s, coarse_line.eval(t.astype(np.float64))):
         print(f"{n:6d} tokens  measured {sec * 1e3:8.3f} ms  interpolated {est * 1e3:8.3f} ms  {est / sec - 1:+.1%}")
     return 0

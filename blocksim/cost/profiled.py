@@ -29,9 +29,10 @@ engine's columns `t_<component>_s` hold:
   prompt a request's samples share) saves ``(1 - paired / own) * min(1, f / f_table)`` of the step
   of equal rows at its padded batch and mean context, ``f`` the share of its context tokens in
   shared blocks: the bytes the shared blocks save, which a longer longest row does not change
-  (an eager step is priced without it). With the optional ``decode_step_padded`` table, a graph step of ``b`` real rows in a graph of
-  ``pad > b`` rows lasts that price times the table's ratio of a padded step to its spread twin
-  at ``(pad, b / pad, mean context)``: the same tokens on the real rows, the padding rows holding
+  (an eager step is priced without it). With the optional ``decode_step_padded`` table, a graph
+  step of ``b`` real rows in a graph of ``pad > b`` rows lasts that price times the table's ratio
+  of a padded step to its spread twin at ``(pad, b / pad, mean context)``: the same tokens on the
+  real rows, the padding rows holding
   one token each, against the same tokens spread over all the rows, as the ``decode_step_longest``
   table is measured. Between the table's largest fraction of real rows and a full batch the ratio
   goes to 1; beyond the grid's batches, fractions and contexts it is held at the edge (and the
@@ -262,7 +263,8 @@ class ProfiledCostModel:
         ``decode_step_longest`` table: a graph-replayed step is priced from it, an eager one adds
         the table's seconds for an uneven batch to its attention (`_uneven_extra`). `shared`: of
         those tokens, the ones a row reads from blocks an earlier row of the step also reads (an
-        int, constant over a span), read by a profile with the ``decode_step_shared`` table for a graph-replayed step."""
+        int, constant over a span), read by a profile with the ``decode_step_shared`` table for a
+        graph-replayed step."""
         if batch <= 0:
             return np.zeros(len(ctx_tokens)) if isinstance(ctx_tokens, np.ndarray) else 0.0
         scalar = not isinstance(ctx_tokens, np.ndarray)
@@ -286,8 +288,9 @@ class ProfiledCostModel:
         else:
             line, whole = self._decode_line(batch, decode_only)
             t = line.eval(ctx / batch)
-            if longest is not None and not whole and self.decode_longest is not None:
-                t = t + self._uneven_extra(batch, ctx / batch, np.asarray(longest, np.float64))
+            if longest is not None and not whole and self.decode_longest is not None:  # an eager step's rows
+                t = t + (self._uneven_extra(batch, ctx_tokens / batch, float(longest)) if scalar else
+                         self._uneven_extra(batch, ctx / batch, np.asarray(longest, np.float64)))
         if whole:
             t = np.maximum(t - self._step_rest(batch), 0.0)
         return float(t[0]) if scalar else t
@@ -297,17 +300,18 @@ class ProfiledCostModel:
         row holding `longest`, takes beyond the same tokens spread evenly: ``decode_step_longest``'s
         difference between the two at that many rows (the attention's share of the step: the linear
         part does not depend on how the context is spread). Batch and mean context are held at the
-        table's edges and the longest row over the mean at its largest ratio (the steps beyond it
-        counted), never extrapolated."""
+        table's edges and the longest row over the mean at its largest ratio (`count_longest` counts
+        the steps beyond it), never extrapolated. One step (floats) in plain Python, the same
+        operations as for a span's arrays."""
         tab = self.decode_longest
-        (b0, b1), (c0, c1), top = (tab.grids[0][0], tab.grids[0][-1]), (tab.grids[1][0], tab.grids[1][-1]), tab.grids[2][-1]
-        plane = self._longest_plane(int(min(max(batch, b0), b1)))
-        ratio = longest / np.maximum(mean, 1e-9)
-        beyond = int(np.count_nonzero(ratio > top))
-        if beyond:
-            self.step_outside["decode_step_longest.longest"] += beyond
-        m = np.clip(mean, c0, c1)
-        x = np.clip(ratio, 1.0, top)
+        g_b, g_c, top = tab.grids[0], tab.grids[1], tab.grids[2][-1]
+        plane = self._longest_plane(int(min(max(batch, g_b[0]), g_b[-1])))
+        if not isinstance(mean, np.ndarray):
+            m = min(max(mean, g_c[0]), g_c[-1])
+            x = min(max(longest / max(mean, 1e-9), 1.0), top)
+            return max(plane.point(m, x) - plane.point(m, 1.0), 0.0)
+        m = np.clip(mean, g_c[0], g_c[-1])
+        x = np.clip(longest / np.maximum(mean, 1e-9), 1.0, top)
         return np.maximum(plane.eval(m, x) - plane.eval(m, np.ones_like(m)), 0.0)
 
     def _shared_factor(self, pad: int, mean: np.ndarray, fraction: np.ndarray) -> np.ndarray:
@@ -327,14 +331,16 @@ class ProfiledCostModel:
             rest += self.comm(batch)
         return rest
 
-    def count_longest(self, ctx_tokens, batch: int, longest) -> None:
-        """Count the graph steps (`ctx_tokens`, `longest` per step, int arrays or ints, of a `batch`
-        of sequences) whose longest row over the mean lies beyond ``decode_step_longest``'s grid:
-        the step records hold neither, so the engine counts them as it records the steps."""
-        pad = self.padded(batch)
-        if pad is None or self.decode_longest is None:
+    def count_longest(self, ctx_tokens, batch: int, longest, graph: bool = True) -> None:
+        """Count the steps (`ctx_tokens`, `longest` per step, int arrays or ints, of a `batch` of
+        decoding sequences) whose longest row over the mean lies beyond ``decode_step_longest``'s
+        grid: the step records hold neither, so the engine counts them as it records the steps. The
+        mean is over the padded rows of a graph-replayed step (`graph`, where a graph holds the
+        batch), else over the batch (an eager step's uneven rows, `attn_decode`)."""
+        if self.decode_longest is None or batch <= 0:
             return
-        ratio = np.asarray(longest, np.float64) * pad / np.maximum(np.asarray(ctx_tokens, np.float64), 1.0)
+        rows = (self.padded(batch) if graph else None) or batch
+        ratio = np.asarray(longest, np.float64) * rows / np.maximum(np.asarray(ctx_tokens, np.float64), 1.0)
         n = int(np.count_nonzero(ratio > self.decode_longest.grids[2][-1]))
         if n:
             self.step_outside["decode_step_longest.longest"] += n

@@ -22,7 +22,8 @@ def step_times(cost, new: np.ndarray | None, cached: np.ndarray | None, n: int, 
     step); `active`: the step runs anything. `longest` (the longest decoding row's context) and
     `shared` (context tokens rows read from blocks another row reads too): given only to a model
     that prices them (`prices_longest_row`, `prices_shared_rows`). `comm(tokens)`: the
-    tensor-parallel all-reduces (None on one GPU). Block moves are counted in the step's blocks."""
+    tensor-parallel all-reduces (None on one GPU). `swapped_in`, `swapped_out`, `copied`: the blocks
+    the step moves."""
     prompts = new is not None and len(new) > 0
     tokens = (int(new.sum()) if prompts else 0) + n
     attn_prefill = cost.attn_prefill(new, cached) if prompts else 0.0

@@ -313,12 +313,11 @@ class Engine:
         sampled = n + sum(1 for g, _, stop in out.prefills if stop >= g.seqs[0].num_tokens)
         longest, shared = None, 0
         if self._longest and n:  # a graph step by its longest row (and shared blocks); an eager one's uneven rows
-            longest = max((s.num_tokens for g in out.decode_groups for s in g.seqs
-                          if s.status is SeqStatus.RUNNING), default=0)
+            longest = max(max((s.num_tokens for g in out.decode_groups for s in g.seqs
+                               if s.status is SeqStatus.RUNNING), default=0), out.padding_longest)
             if decode_only:
-                longest = max(longest, out.padding_longest)
                 shared = shared_tokens(out.decode_groups, self.bm.block_size) if self._shared else 0
-                cm.count_longest(out.decode_ctx_tokens, n, longest)
+            cm.count_longest(out.decode_ctx_tokens, n, longest, decode_only)
         return step_times(cm, new, cached, n, out.decode_ctx_tokens, decode_only=decode_only, sampled=sampled,
                           active=out.has_work, longest=longest, shared=shared,
                           swapped_in=len(out.blocks_to_swap_in), swapped_out=len(out.blocks_to_swap_out),

@@ -88,7 +88,8 @@ def test_a_plan_of_uneven_eager_steps_is_repriced_as_the_engine_priced_it(tmp_pa
     np.testing.assert_array_equal(pred, got.loc[steps, "duration_s"].to_numpy())
     eager = got[(got.num_prefill_seqs > 0) & (got.num_decode_seqs > 0)]
     assert len(eager)
-    at_mean = np.array([cost.attn_decode(int(c), int(d)) for c, d in zip(eager.decode_ctx_tokens, eager.num_decode_seqs)])
+    at_mean = np.array([cost.attn_decode(int(c), int(d))
+                        for c, d in zip(eager.decode_ctx_tokens, eager.num_decode_seqs)])
     assert (eager.t_attn_decode_s.to_numpy() > at_mean * (1 + 1e-9)).any(), "an uneven batch costs more"
 
 

@@ -136,9 +136,13 @@ def test_an_uneven_eager_batch_adds_the_longest_tables_extra_seconds_to_its_atte
     assert cm.attn_decode(30 * 1000, 30, False, 3000) == pytest.approx(alone + extra, rel=1e-9)
     top = cm.decode_longest.grids[2][-1]
     held = cm.attn_decode(30 * 1000, 30, False, int(1000 * top))
-    assert cm.step_outside == {}
     assert cm.attn_decode(30 * 1000, 30, False, int(1000 * top * 2)) == pytest.approx(held, rel=1e-12)
+    cm.count_longest(30 * 1000, 30, int(1000 * top), False)
+    assert cm.step_outside == {}, "the mean over the step's own rows, not a graph's padded ones"
+    cm.count_longest(30 * 1000, 30, int(1000 * top * 2), False)
     assert cm.step_outside == {"decode_step_longest.longest": 1}, "held at the grid's largest ratio, and counted"
+    spans = cm.attn_decode(np.array([30 * 1000, 30 * 1001]), 30, False, np.array([3000, 3001]))
+    assert spans.tolist() == [cm.attn_decode(30 * 1000, 30, False, 3000), cm.attn_decode(30 * 1001, 30, False, 3001)]
     rough = write_profile(tmp_path / "p.json", decode_step=True)
     assert model(rough).attn_decode(30 * 1000, 30, False, 3000) == pytest.approx(
         model(rough).attn_decode(30 * 1000, 30, False), rel=1e-12), "a profile without the table: the mean alone"
@@ -322,16 +326,22 @@ requests = st.integers(1, 20).flatmap(lambda k: st.tuples(
        preset=st.sampled_from(["vllm", "vllm-prefix", "vllm-chunked", "orca-pow2"]),
        decode_step=st.sampled_from([False, True, "longest"]), max_seqs=st.sampled_from([4, 20]),
        mode=st.sampled_from(["auto", "recompute", "swap"]), tp=st.sampled_from([1, 2]), allreduce=st.booleans(),
-       shared=st.sampled_from([None, 0.9]), padded=st.sampled_from([None, 0.95]))
+       shared=st.sampled_from([None, 0.9]), padded=st.sampled_from([None, 0.95]), small_graphs=st.booleans())
 def test_spans_price_steps_exactly_as_stepping_one_by_one(tmp_path_factory, lists, blocks, block_size, preset,
-                                                         decode_step, max_seqs, mode, tp, allreduce, shared, padded):
+                                                         decode_step, max_seqs, mode, tp, allreduce, shared, padded,
+                                                         small_graphs):
+    """`small_graphs`: graphs of at most 4 rows, so that decode-only steps of more rows run eagerly
+    (priced by their longest row too, in spans as one by one)."""
     arrivals, prompts, outputs, ns = lists
     trace = pd.DataFrame({"arrival_s": np.cumsum(arrivals), "prompt_tokens": prompts, "output_tokens": outputs,
                           "n": ns})
     path = tmp_path_factory.mktemp("prof") / "p.json"
-    path.write_text(json.dumps(synthetic_profile(decode_step=decode_step, tensor_parallel=tp, allreduce=allreduce,
-                                                 shared=shared if decode_step == "longest" else None,
-                                                 padded=padded if decode_step == "longest" else None)))
+    prof = synthetic_profile(decode_step=decode_step, tensor_parallel=tp, allreduce=allreduce,
+                             shared=shared if decode_step == "longest" else None,
+                             padded=padded if decode_step == "longest" else None)
+    if small_graphs:
+        prof["cuda_graph_batch_sizes"] = [1, 2, 4]
+    path.write_text(json.dumps(prof))
     knobs = {} if preset == "orca-pow2" else {"watermark": 0.0, "preemption": mode}
     cfg = build_config(preset, num_gpu_blocks=blocks, block_size=block_size, max_num_seqs=max_seqs,
                        cost_model="profiled", tensor_parallel=tp, **knobs)
