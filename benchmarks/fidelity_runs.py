@@ -59,8 +59,9 @@ SLICES = {
     # a minute of the same trace, [960 s, 1020 s), at 1.5 times its rate (at twice it, the queue
     # grows for the whole minute): 240 requests, for percentiles steadier than the 15 s windows'
     "mooncake-prefix-60": ("benchmarks/slices/mooncake_synthetic_960_1020.jsonl", (0.0, 60.0), 1.5),
-    # one-minute windows of the bundled samples, at rates whose queues stay bounded over the minute
-    # (at the 15 s slices' rates, the azure queues grow for the whole minute)
+    # one-minute windows of the bundled samples, at rates where few requests wait but in bursts (the
+    # code window ends with one); at the 15 s slices' rates, the Azure windows' queues grow to tens
+    # of requests by their last arrival
     "azure-conv-60": ("traces/data/azure_conv_2023_sample.csv", (120.0, 180.0), 0.6),
     "azure-code-60": ("traces/data/azure_code_2023_sample.csv", (180.0, 240.0), 0.75),
     "mooncake-60": ("traces/data/mooncake_sample.jsonl", (360.0, 420.0), 1.5),

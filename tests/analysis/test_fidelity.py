@@ -510,6 +510,27 @@ def test_every_slice_is_described_and_holds_requests(tmp_path):
     assert "the Azure samples carry no prefix hashes" in " ".join(fr.prefix_hits(_executed(tmp_path / "az", [miss])).split())
 
 
+def test_the_one_minute_azure_windows_keep_a_short_queue_where_the_15_s_rates_grow_one(tmp_path, monkeypatch):
+    """SLICES: at the one-minute Azure windows' rates (vllm, llama-3-8b, the shipped H100 profile)
+    at most a few requests wait through the first three quarters of the arrivals; the same windows
+    at the 15 s slices' rates end their arrivals with a queue of tens of requests."""
+    fr = _fidelity_runs()
+    for name, fast in (("azure-conv-60", "azure-conv"), ("azure-code-60", "azure-code")):
+        monkeypatch.setitem(fr.SLICES, f"{name}-fast", (fr.SLICES[name][0], fr.SLICES[name][1], fr.SLICES[fast][2]))
+
+    def queue(name):
+        out, path = tmp_path / name, fr.slice_file(name, 1, tmp_path / "slices")
+        policy, extra, _ = fr.PRESETS["vllm"]
+        assert main(["replay", str(path), "--model", "llama-3-8b", "--gpu", "h100-80gb", "--policy", policy, *extra,
+                     "--quiet", "--no-report", "--out", str(out)]) == 0
+        st, last = pd.read_parquet(out / "steps.parquet"), pd.read_parquet(path).arrival_s.max()
+        return int(st[st.start_s <= 0.75 * last].waiting.max()), int(st[st.start_s <= last].waiting.iloc[-1])
+
+    for name in ("azure-conv-60", "azure-code-60"):
+        assert queue(name)[0] <= 15, name
+        assert queue(f"{name}-fast")[1] >= 30, name
+
+
 def _executed(exec_dir: Path, names: list[str], hits: dict[str, int] | None = None) -> Path:
     """An executed-runs folder holding run directories of these names (their summaries with `hits`)."""
     for name in names:
