@@ -191,11 +191,39 @@ def _expected(path: Path, preset: str, model: str, gpu: str, tp: int) -> tuple[f
         return expected_exec_s(pd.read_parquet(dest / "steps.parquet"), CATALOG[model].num_layers), ""
 
 
+def profile_seconds(model: str, gpu: str, tensor_parallel: int = 1) -> tuple[float | None, str]:
+    """(seconds, what they cover) that measuring the shipped profile of `model` on `gpu` took, as the
+    profile records them (`measure_s`, and each table added later under its `measured` key); None
+    where there is no such profile or it records no seconds."""
+    f = ROOT / "blocksim" / "profiles" / f"{model}__{gpu}__float16__tp{tensor_parallel}.json"
+    if not f.is_file():
+        return None, f"no shipped profile {f.name}"
+    prof = json.loads(f.read_text())
+    if not isinstance(prof.get("measure_s"), dict):
+        return None, f"{f.name} records no measure_s"
+    secs, added = float(sum(prof["measure_s"].values())), []
+    for name, c in prof.get("components", {}).items():
+        m = c.get("measured") if isinstance(c, dict) else None
+        if isinstance(m, dict) and isinstance(m.get("measure_s"), (int, float)):
+            secs += float(m["measure_s"])
+            added.append(name)
+    return secs, "as measured" + (f", {', '.join(added)} added later" if added else "")
+
+
 def cmd_estimate(a) -> int:
     """The device seconds each run of `execute` with these arguments is expected to take
-    (`expected_exec_s`, from its simulated twin), and their sum: to plan a lease."""
+    (`expected_exec_s`, from its simulated twin), and their sum: to plan a lease. With `--profiles`,
+    each model's profile too, at the seconds its shipped profile took (`profile_seconds`)."""
     import tempfile
     total, rows = 0.0, []
+    for model in (a.models if getattr(a, "profiles", False) else []):
+        secs, said = profile_seconds(model, a.gpu, a.tensor_parallel)
+        if secs is None:
+            print(f"fidelity_runs.py estimate: profile {model}: its time unknown ({said}); leave out --profiles "
+                  f"or measure it once", file=sys.stderr)
+            return 2
+        total += secs
+        rows.append((f"profile {model} ({said})", secs))
     with tempfile.TemporaryDirectory(prefix="blocksim-estimate-") as work:
         for model in a.models:
             for trace in a.traces:
@@ -1227,6 +1255,8 @@ def main(argv=None) -> int:
     e.set_defaults(func=cmd_execute)
     t = sub.add_parser("estimate", help="the device seconds each executed run is expected to take")
     runs_of(t)
+    t.add_argument("--profiles", action="store_true",
+                   help="each model's profile too, at the seconds its shipped profile took to measure")
     t.set_defaults(func=cmd_estimate)
     s = sub.add_parser("simulate")
     s.add_argument("--exec", required=True)

@@ -779,6 +779,25 @@ def test_estimate_lists_each_runs_expected_seconds_and_their_sum(capsys):
     assert all(s > fr.EXEC_START_S for s in secs[:2]) and secs[2] == pytest.approx(sum(secs[:2]), abs=1.0)
 
 
+def test_estimate_adds_each_models_profile_at_the_seconds_its_shipped_profile_took(capsys):
+    import argparse
+    fr = _fidelity_runs()
+    prof = json.loads((fr.ROOT / "blocksim" / "profiles" / "llama-3-8b__h100-80gb__float16__tp1.json").read_text())
+    want = sum(prof["measure_s"].values()) + sum(c["measured"]["measure_s"] for c in prof["components"].values()
+                                                 if isinstance(c, dict) and "measured" in c)
+    args = argparse.Namespace(models=["llama-3-8b"], traces=["mooncake-prefix"], presets=["vllm"], gpu="h100-80gb",
+                              tensor_parallel=1, profiles=True)
+    assert fr.cmd_estimate(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("profile llama-3-8b (as measured, decode_step_shared, decode_step_padded added later)")
+    assert float(lines[0].split()[-2]) == pytest.approx(want, abs=0.5)
+    assert float(lines[-1].split()[-2]) == pytest.approx(want + float(lines[1].split()[-2]), abs=1.0)
+    args.gpu = "h200-141gb"  # its shipped profile records no measure_s
+    assert fr.cmd_estimate(args) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "profile llama-3-8b: its time unknown" in err
+
+
 def test_estimate_for_a_gpu_the_simulator_refuses_exits_2_naming_the_run(capsys):
     import argparse
     fr = _fidelity_runs()
