@@ -69,12 +69,11 @@ def test_an_executed_plan_is_repriced_by_the_simulated_cost_model(sim, tmp_path)
 
 
 @pytest.mark.parametrize("policy, n", [("vllm-chunked", 1), ("vllm", 2)])
-def test_a_plan_of_uneven_eager_steps_is_repriced_as_the_engine_priced_it(tmp_path, policy, n):
+def test_a_plan_of_uneven_eager_steps_is_repriced_as_the_engine_priced_it(tmp_path, monkeypatch, policy, n):
     """A profile with the longest-row table prices an eager step's decodes by their longest row too
     (with samples sharing their prompt's blocks, which graph steps are priced by): the engine and the
     plan's re-pricing give the same seconds, and some eager steps pay for uneven rows."""
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "blocksim"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "blocksim"))
     from cost_profiles import write_profile  # the synthetic profile of tests/blocksim
     prof = write_profile(tmp_path / "p.json", decode_step="longest", shared=0.9)
     trace = TRACE.assign(prompt_tokens=TRACE.prompt_tokens * 6, n=n)
