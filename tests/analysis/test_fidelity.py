@@ -832,3 +832,29 @@ def test_linear_grid_reports_against_the_coarse_grid_it_is_given(tmp_path, capsy
     with pytest.raises(SystemExit) as e:
         lg.report(str(f), "pow2")
     assert e.value.code == 2 and "--coarse pow2: fewer than two" in capsys.readouterr().err
+
+
+def test_prefill_placement_puts_two_long_blocks_on_one_sm_where_the_boundary_adds_a_row_block(tmp_path, capsys,
+                                                                                               monkeypatch):
+    """benchmarks/prefill_placement.py: llama-3-8b's last chunk of 128 tokens over 3,968 cached
+    beside 384 new leaves each of its long row blocks an SM of its own; 127 over 3,969 beside 385
+    (one row block more in the grid) puts two on one SM; a file that is not a wide_steps.py result is
+    refused in one line (exit 2)."""
+    import importlib.util
+    import sys
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("prefill_placement", root / "benchmarks" / "prefill_placement.py")
+    pp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pp)
+    fits = pp.placement([128, 384], [3968, 0], 32, 8, 128, 132)
+    shares = pp.placement([127, 385], [3969, 0], 32, 8, 128, 132)
+    assert fits["grid"] == [24, 8, 2] and shares["grid"] == [25, 8, 2]
+    assert fits["longest_block_keys"] == shares["longest_block_keys"] == 4096
+    assert fits["share"] < 1.2 < 1.9 < shares["share"]
+    assert pp.placement([183], [3912], 32, 8, 128, 132)["share"] == 1.0
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    monkeypatch.setattr(sys, "argv", ["prefill_placement.py", "--wide-steps", str(bad)])
+    assert pp.main() == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "not a wide_steps.py result" in err
