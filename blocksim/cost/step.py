@@ -10,6 +10,17 @@ from typing import Callable
 import numpy as np
 
 
+def decode_attention(cost, ctx, n: int, decode_only: bool, longest=None, shared: int = 0):
+    """`cost.attn_decode` of `n` decoding rows holding `ctx` context tokens (ints, or arrays over a
+    span's steps): with the longest row where the model prices it (`longest` not None), and the
+    shared tokens where it prices those too (`shared`, passed only when there are some)."""
+    if not n or longest is None:
+        return cost.attn_decode(ctx, n, decode_only)
+    if shared:
+        return cost.attn_decode(ctx, n, decode_only, longest, shared)
+    return cost.attn_decode(ctx, n, decode_only, longest)
+
+
 def step_times(cost, new: np.ndarray | None, cached: np.ndarray | None, n: int, ctx: int, *, decode_only: bool,
                sampled: int, active: bool, longest: int | None = None, shared: int = 0, swapped_in: int = 0,
                swapped_out: int = 0, copied: int = 0,
@@ -27,11 +38,7 @@ def step_times(cost, new: np.ndarray | None, cached: np.ndarray | None, n: int, 
     prompts = new is not None and len(new) > 0
     tokens = (int(new.sum()) if prompts else 0) + n
     attn_prefill = cost.attn_prefill(new, cached) if prompts else 0.0
-    if n and longest is not None:
-        attn = cost.attn_decode(ctx, n, decode_only, longest, shared) if shared else \
-            cost.attn_decode(ctx, n, decode_only, longest)
-    else:
-        attn = cost.attn_decode(ctx, n, decode_only)
+    attn = decode_attention(cost, ctx, n, decode_only, longest, shared)
     return {
         "t_linear_s": cost.linear(tokens, sampled, decode_only),
         "t_attn_prefill_s": attn_prefill,

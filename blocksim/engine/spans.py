@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from blocksim.cost.step import decode_attention
 from blocksim.interfaces import MemoryManager
 from blocksim.records.steps import DeferredColumns
 from blocksim.scheduling.outputs import SchedulerOutputs
@@ -108,17 +109,6 @@ def shared_tokens(groups, block_size: int) -> int:
     return tokens
 
 
-def graph_attention(cost, ctx, n: int, longest=None, shared: int = 0):
-    """`cost.attn_decode` of `n` graph-replayed decode rows holding `ctx` context tokens: with the
-    longest row where the model prices it (`longest` not None), and the shared tokens where it
-    prices those too (`shared`, passed only when there are some)."""
-    if longest is None:
-        return cost.attn_decode(ctx, n, True)
-    if shared:
-        return cost.attn_decode(ctx, n, True, longest, shared=shared)
-    return cost.attn_decode(ctx, n, True, longest)
-
-
 def decode_times(cost, out: SchedulerOutputs, k: int, comm=None, longest: int | None = None, shared: int = 0):
     """Durations of `k` decode steps of the batch, each context one token longer, their components,
     the steps' context tokens and longest contexts (None without `longest`, the first step's).
@@ -129,7 +119,7 @@ def decode_times(cost, out: SchedulerOutputs, k: int, comm=None, longest: int | 
     c0 = out.decode_ctx_tokens
     ctx = np.arange(c0, c0 + n * k, n, dtype=np.int64) if n else np.full(k, c0, np.int64)
     top = None if longest is None else np.arange(longest, longest + k, dtype=np.int64)
-    attn = graph_attention(cost, ctx, n, top, shared)
+    attn = decode_attention(cost, ctx, n, True, top, shared)
     times = {"t_linear_s": cost.linear(n, n, True), "t_attn_decode_s": attn,
              "t_comm_s": comm(n) if comm is not None else 0.0, "t_overhead_s": cost.overhead(True, n)}
     if comm is None:
@@ -213,7 +203,7 @@ def find_span(sched: Scheduler, bm: MemoryManager, cost, out: SchedulerOutputs, 
     n = out.num_decode_seqs  # priced as `decode_times` prices each step
     longest = max(lens) if getattr(cost, "prices_longest_row", False) else None
     shared = shared_tokens(out.decode_groups, bm.block_size) if getattr(cost, "prices_shared_rows", False) else 0
-    attn = graph_attention(cost, out.decode_ctx_tokens, n, longest, shared)
+    attn = decode_attention(cost, out.decode_ctx_tokens, n, True, longest, shared)
     first_s = cost.linear(n, n, True) + attn + cost.overhead(True, n)
     if comm is not None:
         first_s += comm(n)

@@ -180,12 +180,17 @@ class BlockPool:
     def get_cached_block(self, block_hash: int) -> int | None:
         return self.cached.get(block_hash)
 
-    def clean_head(self, limit: int) -> int:
+    def clean_head(self, limit: int, spare: list[int] | None = None) -> int:
         """How many of the next `limit` new blocks evict no content a lookup can find: the free
-        queue's leading blocks without a hash (or with a hash no lookup reaches, `UNIQUE`)."""
+        queue's leading blocks without a hash (or with a hash no lookup reaches, `UNIQUE`). With
+        `spare` (blocks), how many come before the first of those blocks instead."""
+        head = self.free_queue.peek(limit)
+        if spare is not None:
+            spare = set(spare)
+            return next((i for i, b in enumerate(head) if b in spare), len(head))
         hashes = self.block_hash
         n = 0
-        for b in self.free_queue.peek(limit):
+        for b in head:
             h = hashes[b]
             if h is not None and h is not UNIQUE:
                 break

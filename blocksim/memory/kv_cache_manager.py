@@ -413,15 +413,7 @@ class KVCacheManager:
         """How many of the next `limit` new blocks leave the plan of the waiting request as it is
         (spans with tiers): they evict no prefix-cached content, or, where the scheduler named the
         hit that plan depends on alone (`refused_hit`), none of that hit's blocks."""
-        if self.refused_hit is None:
-            return self.pool.clean_head(limit)
-        hit = set(self.refused_hit)
-        n = 0
-        for b in self.pool.free_queue.peek(limit):
-            if b in hit:
-                break
-            n += 1
-        return n
+        return self.pool.clean_head(limit, self.refused_hit)
 
     def memory_breakdown(self, next_group: SequenceGroup | None,
                          pending_prefill_slots: int) -> MemoryBreakdown:
