@@ -77,6 +77,15 @@ CHUNKED_CASES = {
     "183@1912+329": ([(183, 1912), (329, 0)], []),
     "329@0": ([(329, 0)], []),
 }
+#: `--cases placement`: two-chunk steps held out from `CHUNKED_CASES`, chosen by
+#: `benchmarks/prefill_placement.py` before they were timed: at 2,900 cached keys it puts two of the
+#: longest row blocks on one SM when the first chunk is 96, 127, 160, 192, 288 or 384 tokens, and
+#: each on its own SM at 64, 128, 129 and 256; the single chunks are the pairs' first halves alone.
+PLACEMENT_CASES = {
+    f"{p}@{c}+{512 - p}": ([(p, c), (512 - p, 0)], []) for c, ps in ((2900, (64, 96, 127, 128, 129, 160, 192, 256, 288, 384)),
+                                                                  (1500, (128, 160)))
+    for p in ps
+} | {"128@2900": ([(128, 2900)], []), "160@2900": ([(160, 2900)], [])}
 
 
 def measure(model: str, idle_s: float, sweep: bool = False, which: str = "wide", off: bool = False) -> dict:
@@ -90,7 +99,7 @@ def measure(model: str, idle_s: float, sweep: bool = False, which: str = "wide",
 
     prof = Profiler(MODELS[model], progress=False)
     r, max_len = prof.runner, prof.dims.max_model_len
-    table = CHUNKED_CASES if which == "chunked" else CASES
+    table = {"chunked": CHUNKED_CASES, "placement": PLACEMENT_CASES}.get(which, CASES)
     cases = {k: v for k, v in table.items()
              if all(p + c <= max_len for p, c in v[0]) and all(c <= max_len for c in v[1])}
     res = {"model": model, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -276,9 +285,10 @@ def main() -> int:
     ap.add_argument("--offgrid", action="store_true",
                     help="also the linear layers at the linear table's grid points against counts just below them, "
                          "in turns (about half a minute more)")
-    ap.add_argument("--cases", choices=("wide", "chunked"), default="wide",
+    ap.add_argument("--cases", choices=("wide", "chunked", "placement"), default="wide",
                     help="wide: prompt steps of 2,048-8,192 tokens (default); chunked: vllm-chunked's steps of one "
-                         "chunk over cached keys and of two chunks")
+                         "chunk over cached keys and of two chunks; placement: two-chunk steps held out from chunked, chosen by "
+                         "benchmarks/prefill_placement.py")
     ap.add_argument("--report", metavar="JSON", help="print a measured file's table instead of measuring")
     ap.add_argument("--profile", metavar="FILE", help="with --report: each case's price by this cost profile "
                                                       "against the whole step measured")
