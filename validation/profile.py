@@ -9,7 +9,7 @@ drained (as the executor starts each step), and the median of its repetitions is
 
 Tables (seconds, whole model, one GPU):
 
-* ``linear`` by tokens (every 64 up to 4096: `LINEAR_TOKENS`): everything but attention, cache
+* ``linear`` by tokens (every 8 from 256 to 4096: `LINEAR_TOKENS`): everything but attention, cache
   writes and sampling (embedding, norms, QKV, rotary, output projection, gated MLP), eager, its
   points timed smallest and largest in turn (`interleaved`); on CUDA, the points above
   ``in_step_above_tokens`` (`LINEAR_IN_STEP_ABOVE`) inside whole steps;
@@ -92,12 +92,14 @@ DEVICE_GPUS = {"H200": "h200-141gb", "H100": "h100-80gb", "A100-SXM4-80GB": "a10
                "L4": "l4"}
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-#: ``linear``'s token counts: every 64 up to 4096, every 512 up to 8192. An eager step's GEMMs run in
-#: tiles of rows and in waves of tiles over the SMs, so their time climbs in stairs whose cheap
-#: corners include the powers of two: interpolated between powers of two, the multiples of 64 from
-#: 512 to 4096 come out 2.3-2.9% short on average and up to 16% short (H100, llama-2-7b and
-#: llama-3-8b, `benchmarks/linear_grid.py`).
-LINEAR_TOKENS = (1, 2, 4, 8, 16, 32, *range(64, 4097, 64), *range(4608, 8193, 512), 16384)
+#: ``linear``'s token counts: every 8 from 256 to 4096, every 512 up to 8192. An eager step's GEMMs
+#: pick their tiles by the exact row count, so their time is jagged, not a smooth climb: on an H100
+#: the multiples of 64 are 1-2% above the counts around them on average and up to 19% above in
+#: places (llama-3-8b: 25.8 ms at 832 tokens, 21.7 ms at 824, 23.8 ms at 840), so a table every 64
+#: tokens priced the counts between its points 1.6% (llama-3-8b) and 2.5% (llama-2-7b) long on
+#: average and up to 16% long (`benchmarks/linear_grid.py`, every 8 tokens from 512,
+#: benchmarks/results/linear_grid/linear-grid-step8-h100-80gb-*.json).
+LINEAR_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 192, *range(256, 4097, 8), *range(4608, 8193, 512), 16384)
 #: Above this many tokens the linear layers of an eager step run long enough for the GPU's power
 #: limit to lower its clock, and they run faster inside a whole step (its attention between them)
 #: than alone: on an H100, llama-3-8b's linear layers at 8,191-8,192 tokens took 1.1-2.2% less
@@ -750,9 +752,10 @@ class Profiler:
         if tp:  # a whole decode step holds its all-reduces
             self.runner.set_communicate(True)
             comps["allreduce"] = self._timed("allreduce", self.allreduce)
-        if self.cuda:  # whole graph-replayed steps
+        if self.cuda and "decode_step" not in self.leave_out:  # whole graph-replayed steps
             comps["decode_step"], comps["decode_step_longest"] = self._timed("decode_step, decode_step_longest",
                                                                              self.decode_step)
+        if self.cuda:
             if "decode_step_shared" not in self.leave_out:
                 shared = self._timed("decode_step_shared", self.decode_step_shared)
                 if shared is not None:  # None: no context of the grid spans two blocks
@@ -820,7 +823,7 @@ def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_par
 ADDABLE = ("attn_decode", "decode_step", "decode_step_shared", "decode_step_padded")
 #: Tables `--leave-out` skips: the cost model prices without them (docs/cost_models.md), and a later
 #: `--add-table` can add them (on the lease it names).
-OPTIONAL = ("decode_step_shared", "decode_step_padded")
+OPTIONAL = ("decode_step", "decode_step_shared", "decode_step_padded")
 
 
 def add_table(path: Path, tables, *, model: str | None = None, device: str = "cuda", catalog=(), command: str = "",
