@@ -9,7 +9,7 @@ drained (as the executor starts each step), and the median of its repetitions is
 
 Tables (seconds, whole model, one GPU):
 
-* ``linear`` by tokens (every 8 from 256 to 4096: `LINEAR_TOKENS`): everything but attention, cache
+* ``linear`` by tokens (every 16 from 256 to 4096: `LINEAR_TOKENS`): everything but attention, cache
   writes and sampling (embedding, norms, QKV, rotary, output projection, gated MLP), eager, its
   points timed smallest and largest in turn (`interleaved`); on CUDA, the points above
   ``in_step_above_tokens`` (`LINEAR_IN_STEP_ABOVE`) inside whole steps;
@@ -92,14 +92,16 @@ DEVICE_GPUS = {"H200": "h200-141gb", "H100": "h100-80gb", "A100-SXM4-80GB": "a10
                "L4": "l4"}
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-#: ``linear``'s token counts: every 8 from 256 to 4096, every 512 up to 8192. An eager step's GEMMs
+#: ``linear``'s token counts: every 16 from 256 to 4096, every 512 up to 8192. An eager step's GEMMs
 #: pick their tiles by the exact row count, so their time is jagged, not a smooth climb: on an H100
 #: the multiples of 64 are 1-2% above the counts around them on average and up to 19% above in
 #: places (llama-3-8b: 25.8 ms at 832 tokens, 21.7 ms at 824, 23.8 ms at 840), so a table every 64
 #: tokens priced the counts between its points 1.6% (llama-3-8b) and 2.5% (llama-2-7b) long on
 #: average and up to 16% long (`benchmarks/linear_grid.py`, every 8 tokens from 512,
-#: benchmarks/results/linear_grid/linear-grid-step8-h100-80gb-*.json).
-LINEAR_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 192, *range(256, 4097, 8), *range(4608, 8193, 512), 16384)
+#: benchmarks/results/linear_grid/linear-grid-step8-h100-80gb-*.json). Every 16 tokens, the
+#: interpolation is 1.7% from the counts between (mean +0.7% for llama-3-8b, +1.3% for llama-2-7b)
+#: at twice the measuring time of every 64 and half that of every 8.
+LINEAR_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 192, *range(256, 4097, 16), *range(4608, 8193, 512), 16384)
 #: Above this many tokens the linear layers of an eager step run long enough for the GPU's power
 #: limit to lower its clock, and they run faster inside a whole step (its attention between them)
 #: than alone: on an H100, llama-3-8b's linear layers at 8,191-8,192 tokens took 1.1-2.2% less
