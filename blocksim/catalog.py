@@ -45,11 +45,16 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
 # within one node (nccl-tests all_reduce_perf reports times of the order of 10 us at a few bytes
 # over NVLink); a profile's measured all-reduce table replaces it.
 GPUS: dict[str, GPUSpec] = {g.name: g for g in [
-    GPUSpec("a100-40gb", int(40 * GiB), 1555.0, 312.0, 25.0, gpu_link_gbps=300.0, allreduce_latency_s=10e-6),
-    GPUSpec("a100-80gb", int(80 * GiB), 2039.0, 312.0, 25.0, gpu_link_gbps=300.0, allreduce_latency_s=10e-6),
-    GPUSpec("h100-80gb", int(80 * GiB), 3350.0, 989.0, 50.0, gpu_link_gbps=450.0, allreduce_latency_s=10e-6),
-    GPUSpec("h200-141gb", int(141 * GiB), 4800.0, 989.0, 50.0, gpu_link_gbps=450.0, allreduce_latency_s=10e-6),
-    GPUSpec("l4", int(24 * GiB), 300.0, 121.0, 25.0, gpu_link_gbps=32.0, allreduce_latency_s=20e-6),
+    GPUSpec("a100-40gb", int(40 * GiB), 1555.0, 312.0, 25.0, gpu_link_gbps=300.0, allreduce_latency_s=10e-6,
+            num_sms=108),
+    GPUSpec("a100-80gb", int(80 * GiB), 2039.0, 312.0, 25.0, gpu_link_gbps=300.0, allreduce_latency_s=10e-6,
+            num_sms=108),
+    GPUSpec("h100-80gb", int(80 * GiB), 3350.0, 989.0, 50.0, gpu_link_gbps=450.0, allreduce_latency_s=10e-6,
+            num_sms=132),
+    GPUSpec("h200-141gb", int(141 * GiB), 4800.0, 989.0, 50.0, gpu_link_gbps=450.0, allreduce_latency_s=10e-6,
+            num_sms=132),
+    GPUSpec("l4", int(24 * GiB), 300.0, 121.0, 25.0, gpu_link_gbps=32.0, allreduce_latency_s=20e-6,
+            num_sms=58),
 ]}
 
 

@@ -89,6 +89,9 @@ class GPUSpec:
     `gpu_link_gbps` is the GPU-to-GPU link's bandwidth in GB/s one way, per GPU (NVLink, else
     PCIe), what an all-reduce's bus bandwidth is bounded by under tensor parallelism;
     `allreduce_latency_s` the fixed time of one all-reduce (a small message's time).
+    `num_sms` its streaming multiprocessors (0: not known), where a cost profile does not say:
+    the profiled cost model places a multi-prompt step's prefill attention on them
+    (`blocksim.cost.placement`).
     """
 
     name: str
@@ -99,6 +102,7 @@ class GPUSpec:
     transfer_latency_s: float = 10e-6
     gpu_link_gbps: float = 32.0
     allreduce_latency_s: float = 20e-6
+    num_sms: int = 0
 
     def __post_init__(self) -> None:
         w = f"gpu {self.name!r}"
@@ -110,6 +114,8 @@ class GPUSpec:
             _require(getattr(self, f) > 0, f"{w}.{f}", f"must be positive, got {getattr(self, f)!r}")
         _require(self.transfer_latency_s >= 0, f"{w}.transfer_latency_s", "must be >= 0")
         _require(self.allreduce_latency_s >= 0, f"{w}.allreduce_latency_s", "must be >= 0")
+        _require(isinstance(self.num_sms, int) and not isinstance(self.num_sms, bool) and self.num_sms >= 0,
+                 f"{w}.num_sms", f"must be a whole number >= 0, got {self.num_sms!r}")
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from blocksim.config import SimConfig
+from blocksim.cost import placement
 from blocksim.cost.interpolate import Line, Plane, Table
 from blocksim.cost.profile_file import Grid, Profile, ProfileWarning
 from blocksim.cost.roofline import ALLREDUCES_PER_LAYER, RooflineCostModel
@@ -96,6 +97,7 @@ class ProfiledCostModel:
         self.swap_in_line, self.swap_out_line, self.copy_line = (Line.of(t[k]) for k in ("swap_in", "swap_out", "copy"))
         self.prefill = Table(t["attn_prefill"])
         self._prefill_range = [(float(g[0]), float(g[-1])) for g in self.prefill.grids]
+        self.placement = self._placement(config, profile)
         self.decode = Table(t["attn_decode"])
         self.decode_step = Table(t["decode_step"]) if "decode_step" in t else None
         self.decode_longest = Table(t["decode_step_longest"]) if "decode_step_longest" in t else None
@@ -139,6 +141,21 @@ class ProfiledCostModel:
         self._memo: dict = {}
         self._lines: dict = {}
         self.step_outside: Counter = Counter()  # counted as single steps are priced (never in a span)
+
+    @staticmethod
+    def _placement(config: SimConfig, profile: Profile) -> tuple | None:
+        """(query heads, KV heads, head size, SMs, share) of the prefill kernel's blocks on one GPU
+        (`blocksim.cost.placement`), where the profile measured the mma.sync kernel, its SMs are
+        known (the profile's ``num_sms``, else the catalog GPU's) and its batch cells give the share;
+        None otherwise."""
+        sms = int(profile.header.get("num_sms") or config.gpu.num_sms)
+        g = profile.tables["attn_prefill"]
+        if profile.header.get("prefill_attention") != "kernel" or not sms or g.grids[0][0] != 1:
+            return None
+        m, tp = config.model, config.tensor_parallel
+        shape = (m.num_heads // tp, max(1, m.num_kv_heads // tp), m.head_size, sms)
+        share = placement.share_of(g.grids[0], g.grids[1], g.grids[2], g.seconds, *shape)
+        return None if share is None else (*shape, share)
 
     # --- helpers ---------------------------------------------------------------------------------
     def padded(self, batch: int) -> int | None:
@@ -216,11 +233,25 @@ class ProfiledCostModel:
             batch = np.minimum(alone.sum() / alone, max(float(n), float(tab.grids[0][-1])))
             base = float(np.sum(tab.eval(batch, p, c) / batch))
             base = max(base, float(alone.max()))  # no launch ends before its longest prompt alone would
+            if self.placement is not None:
+                base = max(base, self._placed(p, c, alone))
             hit = (base, tuple(a for a, vals in zip(tab.axes, (np.asarray([1.0, n]), p, c))
                                if tab.outside(tab.axes.index(a), vals).any()))
         for axis in hit[1]:
             self.step_outside[f"attn_prefill.{axis}"] += 1
         return hit[0]
+
+    def _placed(self, p: np.ndarray, c: np.ndarray, alone: np.ndarray) -> float:
+        """The prompts' prefill attention as placed on the SMs (`blocksim.cost.placement`): the
+        longest prompt alone, times the busiest SM's keys over its own busiest SM's; 0 where the
+        blocks are more than two to an SM (the table's batch cells price their waves)."""
+        heads, kv, head, sms, share = self.placement
+        longest, total, count = placement.sm_keys(p, c, heads, kv, head, sms)
+        if count.sum() > 2 * sms:
+            return 0.0
+        i = int(np.argmax(alone))
+        one = placement.busiest(p[i:i + 1], c[i:i + 1], heads, kv, head, sms, share)
+        return float(alone[i]) * float(np.max(np.maximum(longest, share * total))) / one
 
     def _longest_plane(self, pad: int) -> Plane:
         """`decode_step_longest` at the padded batch `pad`: a plane over (context, longest)."""

@@ -1,0 +1,102 @@
+"""Where the paged prefill kernel's thread blocks land on the SMs, for the prefill attention of a
+step of several prompts (or chunks).
+
+The executor's prefill kernel (`kernels.paged_prefill_attention`, its mma.sync configurations)
+launches a grid of (row blocks of the longest sequence, KV heads, sequences): a KV head's query
+heads are packed into rows (a sequence of ``p`` new tokens has ``p * num_heads / num_kv_heads``
+rows), a thread block takes 128 of them (configuration 0) or 64 (configuration 1, `prefill_config`),
+the row blocks with the most keys come first, and a block past its own sequence's rows exits at
+once. Block ``i`` of the grid's linear order (row blocks fastest, then heads, then sequences) is
+placed on SM ``i mod num_sms``. A block's work is the keys it walks: its sequence's cached tokens
+and the new tokens up to its last row (causal).
+
+Two blocks that share an SM run side by side (two fit at once) and each runs slower: two equal
+blocks on one SM take ``2 * share`` times one block's time, where ``share`` is about 0.6-0.65 on an
+H100 (``share_of`` reads it from a profile's batch cells: two or more equal prompts whose blocks
+pair up on the SMs against one alone). An SM's time is that of its longest block or ``share``
+times its keys, whichever is longer (`busiest`): on an H100 with llama-3-8b, the 14 two-chunk steps
+of `benchmarks/wide_steps.py --cases placement`, chosen by this placement before they were timed,
+took 1.22-1.33 times the longer chunk alone wherever two of the longest blocks share an SM and
+0.98-1.00 times where none do (benchmarks/results/fidelity-h100-placement/). The warpgroup
+kernels (``--executor-prefill wgmma``) are persistent and placed otherwise: not modelled.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Packed query rows of a thread block in configuration 0 (configuration 1: half).
+LARGE_ROWS = 128
+#: Configuration 1 where this share of configuration 0's rows would be padding.
+PADDING_SHARE = 0.25
+
+
+def prefill_config(num_seqs: int, max_new: int, num_heads: int, num_kv_heads: int, head_size: int,
+                   num_sms: int) -> int:
+    """The mma.sync configuration the kernel runs (`kernels.choose_prefill_config` without the
+    warpgroup kernels): 0 (128-row blocks) or 1 (64-row blocks)."""
+    rows = max(1, max_new * (num_heads // num_kv_heads))
+    if head_size > 128:
+        return 0
+    large = -(-rows // LARGE_ROWS)
+    if large * num_kv_heads * num_seqs <= 2 * num_sms:
+        return 1
+    return 1 if large * LARGE_ROWS - rows >= PADDING_SHARE * rows else 0
+
+
+def sm_keys(new, cached, num_heads: int, num_kv_heads: int, head_size: int, num_sms: int
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per SM: the keys of its longest block, the keys of all its blocks and its block count, for
+    the prefill attention of prompts of `new[i]` tokens after `cached[i]` (the step's order)."""
+    new = np.asarray(new, np.int64)
+    cached = np.asarray(cached, np.int64)
+    group = num_heads // num_kv_heads
+    rows = new * group
+    bm = LARGE_ROWS if prefill_config(len(new), int(new.max()), num_heads, num_kv_heads, head_size,
+                                      num_sms) == 0 else LARGE_ROWS // 2
+    bx = -(-int(rows.max()) // bm)
+    x = np.arange(bx)
+    first = (bx - 1 - x) * bm  # each row block's first row: the most keys first
+    keys = cached[:, None] + np.minimum(new[:, None], (first[None, :] + bm - 1) // group + 1)
+    live = first[None, :] < rows[:, None]  # (sequence, row block)
+    index = x[None, None, :] + bx * (np.arange(num_kv_heads)[None, :, None]
+                                     + num_kv_heads * np.arange(len(new))[:, None, None])
+    sm = (index % num_sms)[np.broadcast_to(live[:, None, :], index.shape)]
+    k = np.broadcast_to(keys[:, None, :], index.shape)[np.broadcast_to(live[:, None, :], index.shape)]
+    total = np.bincount(sm, weights=k, minlength=num_sms)
+    longest = np.zeros(num_sms)
+    np.maximum.at(longest, sm, k)
+    return longest, total, np.bincount(sm, minlength=num_sms)
+
+
+def busiest(new, cached, num_heads: int, num_kv_heads: int, head_size: int, num_sms: int,
+            share: float) -> float:
+    """The keys' worth of time of the busiest SM: per SM, its longest block or `share` times all
+    its keys, whichever is more."""
+    longest, total, _ = sm_keys(new, cached, num_heads, num_kv_heads, head_size, num_sms)
+    return float(np.max(np.maximum(longest, share * total)))
+
+
+def share_of(batches, new_tokens, cached_tokens, seconds, num_heads: int, num_kv_heads: int, head_size: int,
+             num_sms: int) -> float | None:
+    """``share`` read from a prefill-attention table (`seconds[b, p, c]` over `batches` starting at
+    1, `new_tokens`, `cached_tokens`): the median, over the cells of ``b > 1`` equal prompts whose
+    blocks sit at most two to an SM while one prompt's sit one to an SM, of the cell's time over
+    one prompt's, times one prompt's longest block over the busiest SM's keys. None where no cell
+    qualifies."""
+    seconds = np.asarray(seconds, np.float64)
+    found = []
+    for j, p in enumerate(int(x) for x in new_tokens):
+        for k, c in enumerate(int(x) for x in cached_tokens):
+            if c < 512:  # the blocks' keys must outweigh their start
+                continue
+            l1, _, n1 = sm_keys([p], [c], num_heads, num_kv_heads, head_size, num_sms)
+            if n1.max() > 1:
+                continue
+            for i, b in enumerate(int(x) for x in batches):
+                if b == 1:
+                    continue
+                _, tb, nb = sm_keys([p] * b, [c] * b, num_heads, num_kv_heads, head_size, num_sms)
+                if nb.max() == 2:
+                    found.append(seconds[i, j, k] / seconds[0, j, k] * l1.max() / tb.max())
+    return float(np.median(found)) if found else None

@@ -1,0 +1,110 @@
+"""The prefill kernel's blocks placed on the SMs (`blocksim.cost.placement`): the kernel's own
+configuration choice, the per-SM keys against a plain recount, the share read from a profile's
+batch cells, and the profiled model's price of a multi-prompt step."""
+
+import json
+
+import numpy as np
+import pytest
+from cost_profiles import synthetic_profile
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from blocksim.cost import ProfiledCostModel, load_profile, placement
+from blocksim.experiments.runner import build_config
+
+SHAPES = [(32, 8, 128, 132), (32, 32, 128, 132), (40, 8, 128, 108), (32, 8, 256, 132), (16, 2, 64, 58)]
+
+
+def recount(new, cached, heads, kv, head, sms):
+    """Per SM (longest block's keys, all its keys, blocks), block by block as the kernel launches them."""
+    group = heads // kv
+    rows = [p * group for p in new]
+    bm = placement.LARGE_ROWS if placement.prefill_config(len(new), max(new), heads, kv, head, sms) == 0 \
+        else placement.LARGE_ROWS // 2
+    bx = -(-max(rows) // bm)
+    longest, total, count = [0] * sms, [0] * sms, [0] * sms
+    index = 0
+    for z in range(len(new)):
+        for _h in range(kv):
+            for x in range(bx):
+                first = (bx - 1 - x) * bm
+                if first < rows[z]:
+                    keys = cached[z] + min(new[z], (first + bm - 1) // group + 1)
+                    sm = index % sms
+                    longest[sm] = max(longest[sm], keys)
+                    total[sm] += keys
+                    count[sm] += 1
+                index += 1
+    return longest, total, count
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 700), st.integers(0, 9000)), min_size=1, max_size=5),
+       st.sampled_from(SHAPES))
+def test_sm_keys_equal_a_block_by_block_recount(prompts, shape):
+    new, cached = [p for p, _ in prompts], [c for _, c in prompts]
+    got = placement.sm_keys(new, cached, *shape)
+    for a, b in zip(got, recount(new, cached, *shape)):
+        assert a.tolist() == b
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_configuration_is_the_kernels_own(shape):
+    pytest.importorskip("torch")
+    from kernels.fast.prefill import choose_prefill_config
+    heads, kv, head, sms = shape
+    for n in (1, 2, 3, 8, 32):
+        for p in (1, 16, 31, 64, 100, 127, 128, 300, 512, 1000, 4096):
+            want = choose_prefill_config(n, p, heads, kv, head, sms)
+            assert placement.prefill_config(n, p, heads, kv, head, sms) == want
+
+
+def test_share_is_read_back_from_cells_that_follow_it():
+    """Batch cells made by the placement rule itself (each cell's time proportional to its busiest
+    SM at share 0.6) give back 0.6."""
+    heads, kv, head, sms = 32, 8, 128, 132
+    batches, new, cached = [1, 2, 4, 8], [16, 64, 128, 256, 512], [0, 512, 2048]
+    secs = np.array([[[placement.busiest([p] * b, [c] * b, heads, kv, head, sms, 0.6) * 1e-6 for c in cached]
+                      for p in new] for b in batches])
+    assert placement.share_of(batches, new, cached, secs, heads, kv, head, sms) == pytest.approx(0.6)
+    assert placement.share_of([1], new, cached, secs[:1], heads, kv, head, sms) is None
+
+
+def profiled(tmp_path, prefill: str | None, share: float = 0.62):
+    """llama-3-8b on an H100 whose prefill table follows the placement rule at `share`."""
+    prof = synthetic_profile("llama-3-8b")
+    a = prof["components"]["attn_prefill"]
+    b, p, c = a["grid"]["batch"], [16, 64, 128, 256, 512, 1024], [0, 512, 2048, 4096]
+    a["grid"]["new_tokens"], a["grid"]["cached_tokens"] = p, c
+    a["seconds"] = [[[1.1e-6 * placement.busiest([x] * n, [y] * n, 32, 8, 128, 132, share) for y in c]
+                     for x in p] for n in b]
+    if prefill:
+        prof["prefill_attention"] = prefill
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof))
+    return ProfiledCostModel(build_config(model="llama-3-8b", gpu="h100-80gb"), load_profile(path))
+
+
+def test_two_long_blocks_on_one_sm_price_a_two_chunk_step_longer(tmp_path):
+    """Two chunks whose longest row blocks share an SM (160 tokens over 2,900 cached beside 352
+    new) last longer than the long chunk alone, by the busiest SM's keys; where they do not share
+    one (128 beside 384), the step is priced as before. Without the mma.sync kernel in the profile,
+    or the SM count, no placement."""
+    placed, plain = profiled(tmp_path, "kernel"), profiled(tmp_path, None)
+    assert placed.placement is not None and placed.placement[-1] == pytest.approx(0.62, rel=0.02)
+    assert plain.placement is None
+    for first, shares in ((160, True), (128, False), (96, True), (256, False)):
+        new, cached = [first, 512 - first], [2900, 0]
+        alone = placed.attn_prefill([first], [2900])
+        before, after = plain.attn_prefill(new, cached), placed.attn_prefill(new, cached)
+        if shares:
+            ratio = placement.busiest(new, cached, 32, 8, 128, 132, 0.62) / placement.busiest(
+                [first], [2900], 32, 8, 128, 132, 0.62)
+            assert ratio > 1.2
+            assert after == pytest.approx(max(before, alone * ratio), rel=0.02)
+            assert after > 1.15 * before
+        else:
+            assert after == before
+    # many blocks to an SM: the table's batch cells price it, the placement adds nothing
+    assert placed.attn_prefill([2048, 2048], [0, 512]) == plain.attn_prefill([2048, 2048], [0, 512])
