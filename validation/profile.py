@@ -796,7 +796,7 @@ def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_par
     p = Profiler(spec, dtype=dtype, block_size=block_size, device=device, attention=attention, prefill=prefill,
                  quick=quick, progress=progress, tensor_parallel=tensor_parallel, leave_out=leave_out)
     comps = p.run()
-    tiers, prefill_impl = {}, p.runner.prefill_impl
+    tiers, prefill_impl, sms = {}, p.runner.prefill_impl, p.runner.num_sms if p.cuda else 0
     if tier_dir is not None:
         from validation.tiers.bench import measure_tiers
         d, prefill_impl = p.dims, p.runner.prefill_impl
@@ -812,6 +812,7 @@ def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_par
         "tensor_parallel": tensor_parallel, "block_size": block_size, "device": name, "torch": torch.__version__,
         "command": command, "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "decode_attention": attention, "prefill_attention": prefill_impl, "quick": quick,
+        **({"num_sms": sms} if sms else {}),
         "cuda_graph_batch_sizes": p.graph_sizes if p.cuda else [], "cache_blocks": p.num_blocks,
         "measure_s": p.measure_s, "components": comps,
         **({"tier_disk_io": f"{tiers['disk_mode']} ({tiers['disk_reason']})"} if tiers else {}),
