@@ -70,8 +70,8 @@ the profile's ``cache_blocks``), in order. A point that needs more blocks than t
 reads it again, each later pass in a shuffled order of its own (`Profiler._blocks`): in order, a
 row one cache's length after another would read the same blocks at the same time and the L2 would
 serve them. ``--add-table`` measures ``attn_decode``, ``decode_step`` (with
-``decode_step_longest``), ``decode_step_shared`` or ``decode_step_padded`` again into an existing
-profile of this device, each under a ``measured`` key naming its lease and cache.
+``decode_step_longest``), ``decode_step_shared``, ``decode_step_padded`` or ``linear`` again into
+an existing profile of this device, each under a ``measured`` key naming its lease and cache.
 """
 
 from __future__ import annotations
@@ -822,8 +822,11 @@ def profile(model: str, *, gpu: str = "auto", dtype: str = "float16", tensor_par
 #: Tables `--add-table` measures into an existing profile of this device, replacing them where the
 #: profile holds them: the whole-step tables (``decode_step`` is measured with, and adds,
 #: ``decode_step_longest``) and the eager decode attention, none of which the profile's other
-#: tables are measured against (the shared and padded tables each beside a twin of their own).
-ADDABLE = ("attn_decode", "decode_step", "decode_step_shared", "decode_step_padded")
+#: tables are measured against (the shared and padded tables each beside a twin of their own); and
+#: ``linear`` on the grid of `LINEAR_TOKENS`, against which the profile's eager overhead was
+#: measured (the whole eager steps less their components): a profile measured whole keeps the two
+#: of one lease.
+ADDABLE = ("attn_decode", "decode_step", "decode_step_shared", "decode_step_padded", "linear")
 #: Tables `--leave-out` skips: the cost model prices without them (docs/cost_models.md), and a later
 #: `--add-table` can add them (on the lease it names).
 OPTIONAL = ("decode_step", "decode_step_shared", "decode_step_padded")

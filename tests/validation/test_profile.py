@@ -196,8 +196,8 @@ def test_adding_a_table_to_an_incomplete_profile_is_refused_in_one_line(tmp_path
 
 def test_only_the_addable_tables_can_be_added(written):
     _, path = written
-    with pytest.raises(profile.ProfileError, match="linear cannot be added"):
-        profile.add_table(path, ["decode_step", "linear"], device="cpu")
+    with pytest.raises(profile.ProfileError, match="attn_prefill cannot be added"):
+        profile.add_table(path, ["decode_step", "attn_prefill"], device="cpu")
 
 
 def test_an_interrupted_write_leaves_the_profile_as_it_was(written, tmp_path, monkeypatch):
