@@ -55,26 +55,36 @@ def sm_keys(new, cached, num_heads: int, num_kv_heads: int, head_size: int, num_
     bm = LARGE_ROWS if prefill_config(len(new), int(new.max()), num_heads, num_kv_heads, head_size,
                                       num_sms) == 0 else LARGE_ROWS // 2
     bx = -(-int(rows.max()) // bm)
-    x = np.arange(bx)
-    first = (bx - 1 - x) * bm  # each row block's first row: the most keys first
-    keys = cached[:, None] + np.minimum(new[:, None], (first[None, :] + bm - 1) // group + 1)
-    live = first[None, :] < rows[:, None]  # (sequence, row block)
-    index = x[None, None, :] + bx * (np.arange(num_kv_heads)[None, :, None]
-                                     + num_kv_heads * np.arange(len(new))[:, None, None])
-    sm = (index % num_sms)[np.broadcast_to(live[:, None, :], index.shape)]
-    k = np.broadcast_to(keys[:, None, :], index.shape)[np.broadcast_to(live[:, None, :], index.shape)]
-    total = np.bincount(sm, weights=k, minlength=num_sms)
-    longest = np.zeros(num_sms)
-    np.maximum.at(longest, sm, k)
-    return longest, total, np.bincount(sm, minlength=num_sms)
+    first = (bx - 1 - np.arange(bx)) * bm  # each row block's first row: the most keys first
+    # the keys of each (sequence, row block); 0 for a block past its sequence's rows (every live
+    # block walks at least one key)
+    keys = np.where(first < rows[:, None], cached[:, None] + np.minimum(new[:, None], (first + bm - 1) // group + 1), 0)
+    # the grid's linear order (row blocks fastest, then KV heads, then sequences), folded onto the SMs
+    flat = np.repeat(keys, num_kv_heads, axis=0).ravel()
+    flat = np.concatenate([flat, np.zeros(-len(flat) % num_sms, np.int64)]).reshape(-1, num_sms)
+    return flat.max(axis=0), flat.sum(axis=0), np.count_nonzero(flat, axis=0)
 
 
 def busiest(new, cached, num_heads: int, num_kv_heads: int, head_size: int, num_sms: int,
             share: float) -> float:
     """The keys' worth of time of the busiest SM: per SM, its longest block or `share` times all
     its keys, whichever is more."""
+    if len(new) == 1:  # one prompt whose blocks sit one to an SM: its first block's keys, all of them
+        group = num_heads // num_kv_heads
+        bm = LARGE_ROWS if prefill_config(1, int(new[0]), num_heads, num_kv_heads, head_size, num_sms) == 0 \
+            else LARGE_ROWS // 2
+        if -(-int(new[0]) * group // bm) * num_kv_heads <= num_sms:
+            return float(int(cached[0]) + int(new[0]))
     longest, total, _ = sm_keys(new, cached, num_heads, num_kv_heads, head_size, num_sms)
     return float(np.max(np.maximum(longest, share * total)))
+
+
+def live_blocks(new, num_heads: int, num_kv_heads: int, head_size: int, num_sms: int) -> int:
+    """The thread blocks of the launch that do any work (those past their sequence's rows exit)."""
+    group = num_heads // num_kv_heads
+    bm = LARGE_ROWS if prefill_config(len(new), int(max(new)), num_heads, num_kv_heads, head_size, num_sms) == 0 \
+        else LARGE_ROWS // 2
+    return num_kv_heads * sum(-(-int(p) * group // bm) for p in new)
 
 
 def share_of(batches, new_tokens, cached_tokens, seconds, num_heads: int, num_kv_heads: int, head_size: int,

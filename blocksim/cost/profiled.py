@@ -246,9 +246,9 @@ class ProfiledCostModel:
         longest prompt alone, times the busiest SM's keys over its own busiest SM's; 0 where the
         blocks are more than two to an SM (the table's batch cells price their waves)."""
         heads, kv, head, sms, share = self.placement
-        longest, total, count = placement.sm_keys(p, c, heads, kv, head, sms)
-        if count.sum() > 2 * sms:
+        if placement.live_blocks(p, heads, kv, head, sms) > 2 * sms:
             return 0.0
+        longest, total, _ = placement.sm_keys(p, c, heads, kv, head, sms)
         i = int(np.argmax(alone))
         one = placement.busiest(p[i:i + 1], c[i:i + 1], heads, kv, head, sms, share)
         return float(alone[i]) * float(np.max(np.maximum(longest, share * total))) / one

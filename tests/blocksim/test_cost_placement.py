@@ -108,3 +108,15 @@ def test_two_long_blocks_on_one_sm_price_a_two_chunk_step_longer(tmp_path):
             assert after == before
     # many blocks to an SM: the table's batch cells price it, the placement adds nothing
     assert placed.attn_prefill([2048, 2048], [0, 512]) == plain.attn_prefill([2048, 2048], [0, 512])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3000), st.integers(0, 9000)), min_size=1, max_size=4),
+       st.sampled_from(SHAPES))
+def test_shortcuts_agree_with_the_full_count(prompts, shape):
+    """`busiest` of one prompt and `live_blocks` give what `sm_keys` counts."""
+    new, cached = [p for p, _ in prompts], [c for _, c in prompts]
+    longest, total, count = placement.sm_keys(new, cached, *shape)
+    assert placement.live_blocks(new, *shape) == count.sum()
+    one_l, one_t, _ = placement.sm_keys(new[:1], cached[:1], *shape)
+    assert placement.busiest(new[:1], cached[:1], *shape, 0.6) == float(np.max(np.maximum(one_l, 0.6 * one_t)))
