@@ -48,6 +48,14 @@ class Table:
         self.coords = tuple(np.log(g) if p else g for g, p in zip(grid.grids, self.power))
         self.seconds = grid.seconds
         self._coord_list = [c.tolist() for c in self.coords]
+        self._seconds_list = np.asarray(grid.seconds, dtype=np.float64).tolist()
+        lin = [i for i in range(len(self.axes)) if not self.power[i]]
+        pw = [i for i in range(len(self.axes)) if self.power[i]]
+        self._lin, self._pw = lin, pw
+        # `point`'s corners: per power-axis offsets, the linear-axis offsets, each as offsets per axis
+        self._corners = [(pc, [(lc, [(dict(zip(pw, pc)) | dict(zip(lin, lc)))[i] for i in range(len(self.axes))])
+                               for lc in product((0, 1), repeat=len(lin))])
+                         for pc in product((0, 1), repeat=len(pw))]
 
     def outside(self, i: int, x: np.ndarray) -> np.ndarray:
         """Points of axis i beyond its grid."""
@@ -112,22 +120,23 @@ class Table:
             j = min(max(bisect_right(c, xc) - 1, 0), len(c) - 2)
             idx.append(j)
             wts.append((xc - c[j]) / (c[j + 1] - c[j]))
-        lin = [i for i in range(len(xs)) if not self.power[i]]
-        pw = [i for i in range(len(xs)) if self.power[i]]
+        lin, pw = self._lin, self._pw
         log_total = 0.0
-        for pc in product((0, 1), repeat=len(pw)):
+        for pc, corners in self._corners:
             if any(o and wts[i] is None for o, i in zip(pc, pw)):
                 continue
             value = 0.0
-            for lc in product((0, 1), repeat=len(lin)):
+            for lc, offsets in corners:
                 if any(o and wts[i] is None for o, i in zip(lc, lin)):
                     continue
                 weight = 1.0
                 for o, i in zip(lc, lin):
                     if wts[i] is not None:
                         weight *= wts[i] if o else 1.0 - wts[i]
-                offsets = dict(zip(pw, pc)) | dict(zip(lin, lc))
-                value += weight * float(self.seconds[tuple(idx[i] + offsets[i] for i in range(len(xs)))])
+                v = self._seconds_list
+                for j, o in zip(idx, offsets):
+                    v = v[j + o]
+                value += weight * v
             value = max(value, FLOOR_S)
             if not pw:
                 return value

@@ -48,8 +48,8 @@ def sm_keys(new, cached, num_heads: int, num_kv_heads: int, head_size: int, num_
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per SM: the keys of its longest block, the keys of all its blocks and its block count, for
     the prefill attention of prompts of `new[i]` tokens after `cached[i]` (the step's order)."""
-    new = np.asarray(new, np.int64)
-    cached = np.asarray(cached, np.int64)
+    new = np.asarray(new).astype(np.int64)
+    cached = np.asarray(cached).astype(np.int64)
     group = num_heads // num_kv_heads
     rows = new * group
     bm = LARGE_ROWS if prefill_config(len(new), int(new.max()), num_heads, num_kv_heads, head_size,

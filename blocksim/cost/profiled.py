@@ -223,25 +223,30 @@ class ProfiledCostModel:
                 hit = (tab.point(1.0, pv, cv), tuple(a for a, (lo, hi), v in zip(tab.axes, self._prefill_range,
                                                                                    (1.0, pv, cv)) if not lo <= v <= hi))
                 self._memo[key] = hit
-        else:
-            p = np.asarray(new_tokens, dtype=np.float64)
-            c = np.zeros_like(p) if cached_tokens is None else np.asarray(cached_tokens, dtype=np.float64)
+        else:  # a few prompts: plain Python too (`Table.point`), as numpy's start outweighs the work
+            p = [float(x) for x in new_tokens]
+            c = [0.0] * n if cached_tokens is None else [float(x) for x in cached_tokens]
             # each prompt at the batch of its own shape that would last as long as the whole batch
             # alone: n for n equal prompts (the table's own batch), more for a prompt far shorter
             # than the rest, whose thread blocks run alongside theirs (capped at the grid or n)
-            alone = np.maximum(tab.eval(1.0, p, c), 1e-12)
-            batch = np.minimum(alone.sum() / alone, max(float(n), float(tab.grids[0][-1])))
-            base = float(np.sum(tab.eval(batch, p, c) / batch))
-            base = max(base, float(alone.max()))  # no launch ends before its longest prompt alone would
+            alone = [max(tab.point(1.0, x, y), 1e-12) for x, y in zip(p, c)]
+            total, cap = sum(alone), max(float(n), float(tab.grids[0][-1]))
+            base = 0.0
+            for a, x, y in zip(alone, p, c):
+                b = min(total / a, cap)
+                base += tab.point(b, x, y) / b
+            base = max(base, max(alone))  # no launch ends before its longest prompt alone would
             if self.placement is not None:
                 base = max(base, self._placed(p, c, alone))
-            hit = (base, tuple(a for a, vals in zip(tab.axes, (np.asarray([1.0, n]), p, c))
-                               if tab.outside(tab.axes.index(a), vals).any()))
+            (b_lo, b_hi), (p_lo, p_hi), (c_lo, c_hi) = self._prefill_range
+            hit = (base, tuple(a for a, out in zip(tab.axes, (not b_lo <= 1.0 <= b_hi or not b_lo <= n <= b_hi,
+                                                              min(p) < p_lo or max(p) > p_hi,
+                                                              min(c) < c_lo or max(c) > c_hi)) if out))
         for axis in hit[1]:
             self.step_outside[f"attn_prefill.{axis}"] += 1
         return hit[0]
 
-    def _placed(self, p: np.ndarray, c: np.ndarray, alone: np.ndarray) -> float:
+    def _placed(self, p: list[float], c: list[float], alone: list[float]) -> float:
         """The prompts' prefill attention as placed on the SMs (`blocksim.cost.placement`): the
         longest prompt alone, times the busiest SM's keys over its own busiest SM's; 0 where the
         blocks are more than two to an SM (the table's batch cells price their waves)."""
@@ -249,9 +254,9 @@ class ProfiledCostModel:
         if placement.live_blocks(p, heads, kv, head, sms) > 2 * sms:
             return 0.0
         longest, total, _ = placement.sm_keys(p, c, heads, kv, head, sms)
-        i = int(np.argmax(alone))
+        i = alone.index(max(alone))
         one = placement.busiest(p[i:i + 1], c[i:i + 1], heads, kv, head, sms, share)
-        return float(alone[i]) * float(np.max(np.maximum(longest, share * total))) / one
+        return alone[i] * float(np.max(np.maximum(longest, share * total))) / one
 
     def _longest_plane(self, pad: int) -> Plane:
         """`decode_step_longest` at the padded batch `pad`: a plane over (context, longest)."""
