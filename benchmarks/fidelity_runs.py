@@ -191,10 +191,17 @@ def _expected(path: Path, preset: str, model: str, gpu: str, tp: int) -> tuple[f
         return expected_exec_s(pd.read_parquet(dest / "steps.parquet"), CATALOG[model].num_layers), ""
 
 
+#: Seconds `blocksim profile` takes a point of the linear table up to 4,096 tokens: on an H100,
+#: llama-3-8b's 449 points every 8 tokens from 512 to 4,096 took 194 s
+#: (benchmarks/results/linear_grid/linear-grid-step8-h100-80gb-llama-3-8b.json, `measure_s`).
+LINEAR_POINT_S = 0.43
+
+
 def profile_seconds(model: str, gpu: str, tensor_parallel: int = 1) -> tuple[float | None, str]:
     """(seconds, what they cover) that measuring the shipped profile of `model` on `gpu` took, as the
-    profile records them (`measure_s`, and each table added later under its `measured` key); None
-    where there is no such profile or it records no seconds."""
+    profile records them (`measure_s`, and each table added later under its `measured` key), and
+    `LINEAR_POINT_S` for each point of today's linear grid (`validation.profile.LINEAR_TOKENS`) the
+    profile lacks; None where there is no such profile or it records no seconds."""
     f = ROOT / "blocksim" / "profiles" / f"{model}__{gpu}__float16__tp{tensor_parallel}.json"
     if not f.is_file():
         return None, f"no shipped profile {f.name}"
@@ -207,7 +214,11 @@ def profile_seconds(model: str, gpu: str, tensor_parallel: int = 1) -> tuple[flo
         if isinstance(m, dict) and isinstance(m.get("measure_s"), (int, float)):
             secs += float(m["measure_s"])
             added.append(name)
-    return secs, "as measured" + (f", {', '.join(added)} added later" if added else "")
+    from validation.profile import LINEAR_TOKENS
+    held = set(prof.get("components", {}).get("linear", {}).get("grid", {}).get("tokens", []))
+    more = sum(1 for t in LINEAR_TOKENS if t not in held)
+    return secs + more * LINEAR_POINT_S, "as measured" + (f", {', '.join(added)} added later" if added else "") + (
+        f", {more} linear points more at {LINEAR_POINT_S} s" if more else "")
 
 
 def cmd_estimate(a) -> int:
