@@ -17,6 +17,9 @@ engine's columns `t_<component>_s` hold:
   each prompt at the batch ``B_i`` of its own shape lasting as long as all the prompts alone in turn
   (``sum_j attn_prefill(1, j) / attn_prefill(1, i)``, at most the grid's largest batch or ``P``):
   exact for a uniform batch, and a short chunk beside a long prompt costs what it adds to a full GPU.
+  Where the profile measured the mma.sync prefill kernel and its blocks fit one wave at two per SM,
+  the step lasts at least its longest prompt alone times its busiest SM over that prompt's own
+  (`blocksim.cost.placement`: two long blocks on one SM run side by side, each slower).
 * ``t_attn_decode_s``: ``attn_decode(batch, mean context)``; with the optional
   ``decode_step_longest`` table, an eager step adds the seconds that table gives a batch of that
   many rows whose longest row holds the step's longest context beyond the same tokens spread
