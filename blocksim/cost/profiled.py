@@ -19,7 +19,9 @@ engine's columns `t_<component>_s` hold:
   exact for a uniform batch, and a short chunk beside a long prompt costs what it adds to a full GPU.
   Where the profile measured the mma.sync prefill kernel and its blocks fit one wave at two per SM,
   the step lasts at least its longest prompt alone times its busiest SM over that prompt's own
-  (`blocksim.cost.placement`: two long blocks on one SM run side by side, each slower).
+  (`blocksim.cost.placement`: two long blocks on one SM run side by side, each slower); and a
+  prompt alone between the grid's new-token points where its blocks go from one to two an SM is
+  priced by the cells' seconds per key of their busiest SM times its own busiest SM.
 * ``t_attn_decode_s``: ``attn_decode(batch, mean context)``; with the optional
   ``decode_step_longest`` table, an eager step adds the seconds that table gives a batch of that
   many rows whose longest row holds the step's longest context beyond the same tokens spread
@@ -101,6 +103,7 @@ class ProfiledCostModel:
         self.prefill = Table(t["attn_prefill"])
         self._prefill_range = [(float(g[0]), float(g[-1])) for g in self.prefill.grids]
         self.placement = self._placement(config, profile)
+        self._per_key = self._per_key_table() if self.placement is not None else None
         self.decode = Table(t["attn_decode"])
         self.decode_step = Table(t["decode_step"]) if "decode_step" in t else None
         self.decode_longest = Table(t["decode_step_longest"]) if "decode_step_longest" in t else None
@@ -159,6 +162,33 @@ class ProfiledCostModel:
         shape = (m.num_heads // tp, max(1, m.num_kv_heads // tp), m.head_size, sms)
         share = placement.share_of(g.grids[0], g.grids[1], g.grids[2], g.seconds, *shape)
         return None if share is None else (*shape, share)
+
+    def _per_key_table(self) -> tuple[float, float, Table] | None:
+        """(first, last, table) where one prompt's new tokens go from a grid point whose blocks sit
+        one to an SM to the next, whose blocks sit two to an SM: the table holds each cell's
+        seconds over its busiest SM (`placement.busiest`) at those two points and every cached
+        count. None where the grid has no such pair."""
+        heads, kv, head, sms, share = self.placement
+        g = self.prefill.grids
+        for a, b in zip(g[1][:-1], g[1][1:]):
+            one, two = (placement.live_blocks([int(x)], heads, kv, head, sms) for x in (a, b))
+            if one <= sms < two <= 2 * sms:
+                j = int(np.searchsorted(g[1], a))
+                rows = [[self.prefill.seconds[0, j + k, i]
+                         / placement.busiest([int(x)], [int(c)], heads, kv, head, sms, share)
+                         for i, c in enumerate(g[2])] for k, x in enumerate((a, b))]
+                return float(a), float(b), Table(Grid("attn_prefill_per_key", ("new_tokens", "cached_tokens"),
+                                                      (np.asarray([a, b], np.float64), g[2]), np.asarray(rows)))
+        return None
+
+    def _alone(self, p: float, c: float) -> float:
+        """One prompt of `p` new tokens after `c` cached alone: the table at batch 1, or, between
+        the grid's points where its blocks go from one to two an SM (`_per_key_table`), the
+        seconds per busiest-SM key there times its own busiest SM."""
+        if self._per_key is not None and self._per_key[0] < p < self._per_key[1]:
+            heads, kv, head, sms, share = self.placement
+            return self._per_key[2].point(p, c) * placement.busiest([int(p)], [int(c)], heads, kv, head, sms, share)
+        return self.prefill.point(1.0, p, c)
 
     # --- helpers ---------------------------------------------------------------------------------
     def padded(self, batch: int) -> int | None:
@@ -223,7 +253,7 @@ class ProfiledCostModel:
             key = ("prefill", pv, cv)
             hit = self._memo.get(key)
             if hit is None:
-                hit = (tab.point(1.0, pv, cv), tuple(a for a, (lo, hi), v in zip(tab.axes, self._prefill_range,
+                hit = (self._alone(pv, cv), tuple(a for a, (lo, hi), v in zip(tab.axes, self._prefill_range,
                                                                                    (1.0, pv, cv)) if not lo <= v <= hi))
                 self._memo[key] = hit
         else:  # a few prompts: plain Python too (`Table.point`), as numpy's start outweighs the work
@@ -232,7 +262,7 @@ class ProfiledCostModel:
             # each prompt at the batch of its own shape that would last as long as the whole batch
             # alone: n for n equal prompts (the table's own batch), more for a prompt far shorter
             # than the rest, whose thread blocks run alongside theirs (capped at the grid or n)
-            alone = [max(tab.point(1.0, x, y), 1e-12) for x, y in zip(p, c)]
+            alone = [max(self._alone(x, y), 1e-12) for x, y in zip(p, c)]
             total, cap = sum(alone), max(float(n), float(tab.grids[0][-1]))
             base = 0.0
             for a, x, y in zip(alone, p, c):

@@ -120,3 +120,18 @@ def test_shortcuts_agree_with_the_full_count(prompts, shape):
     assert placement.live_blocks(new, *shape) == count.sum()
     one_l, one_t, _ = placement.sm_keys(new[:1], cached[:1], *shape)
     assert placement.busiest(new[:1], cached[:1], *shape, 0.6) == float(np.max(np.maximum(one_l, 0.6 * one_t)))
+
+
+def test_one_prompt_between_one_and_two_blocks_an_sm_is_priced_by_its_busiest_sm(tmp_path):
+    """Between the prefill grid's 256 new tokens (blocks one to an SM) and 512 (two to an SM), one
+    prompt's price is the cells' seconds per busiest-SM key times its own busiest SM: exact for a
+    table that follows the placement, where interpolating the seconds themselves is not."""
+    placed, plain = profiled(tmp_path, "kernel"), profiled(tmp_path, None)
+    assert placed._per_key[:2] == (256.0, 512.0)
+    for p, c in ((288, 2900), (300, 0), (384, 1500), (511, 5000)):
+        want = 1.1e-6 * placement.busiest([p], [c], 32, 8, 128, 132, placed.placement[-1])
+        assert placed.attn_prefill([p], [c]) == pytest.approx(want, rel=1e-9)
+    assert abs(plain.attn_prefill([288], [2900]) / (1.1e-6 * placement.busiest([288], [2900], 32, 8, 128, 132, 0.62))
+               - 1) > 0.05
+    for p, c in ((256, 2900), (512, 2900), (128, 100), (1024, 0)):  # on the grid's points and outside the pair
+        assert placed.attn_prefill([p], [c]) == plain.attn_prefill([p], [c])
