@@ -10,7 +10,9 @@ A catalog file holds two optional tables::
 
 GPU memory may be given as `memory_gib` or `memory_bytes`. A GPU's `gpu_link_gbps` (GPU-to-GPU, one
 way: NVLink, else PCIe; default 32, PCIe Gen4 x16) and `allreduce_latency_s` (default 20e-6) price
-tensor parallelism's all-reduces. Entries override built-ins of the same name.
+tensor parallelism's all-reduces. `num_sms` (default 0: not known) lets the profiled cost model place
+a step's prefill blocks on the SMs where the cost profile does not record them. Entries override
+built-ins of the same name.
 """
 
 from __future__ import annotations

@@ -14,11 +14,15 @@ Two blocks that share an SM run side by side (two fit at once) and each runs slo
 blocks on one SM take ``2 * share`` times one block's time, where ``share`` is about 0.6-0.65 on an
 H100 (``share_of`` reads it from a profile's batch cells: two or more equal prompts whose blocks
 pair up on the SMs against one alone). An SM's time is that of its longest block or ``share``
-times its keys, whichever is longer (`busiest`): on an H100 with llama-3-8b, the 14 two-chunk steps
-of `benchmarks/wide_steps.py --cases placement`, chosen by this placement before they were timed,
-took 1.22-1.33 times the longer chunk alone wherever two of the longest blocks share an SM and
-0.98-1.00 times where none do (benchmarks/results/fidelity-h100-placement/). The warpgroup
-kernels (``--executor-prefill wgmma``) are persistent and placed otherwise: not modelled.
+times its keys, whichever is longer (`busiest`): on an H100 with llama-3-8b, the 12 two-chunk steps
+of `benchmarks/wide_steps.py --cases placement` (beside 2 single chunks), chosen by this placement
+before they were timed, took 1.22-1.33 times the longer chunk alone wherever two of the longest
+blocks share an SM and 0.98-1.00 times where none do (benchmarks/results/fidelity-h100-placement/).
+The fold by ``i mod num_sms`` numbers the blocks that exit at once too, so an SM can hold three
+live blocks where the live blocks number at most twice the SMs (11 of those 12 steps): the model
+was checked there, not beyond. Head sizes above 128 run other tiles (64-row blocks, one a
+SM at a time) and the warpgroup kernels (``--executor-prefill wgmma``) are persistent: neither is
+modelled.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ import numpy as np
 LARGE_ROWS = 128
 #: Configuration 1 where this share of configuration 0's rows would be padding.
 PADDING_SHARE = 0.25
+#: `share_of` reads cells of at least this many cached tokens: below, a block's keys are too few
+#: for its start to be negligible.
+MIN_CACHED = 512
 
 
 def prefill_config(num_seqs: int, max_new: int, num_heads: int, num_kv_heads: int, head_size: int,
@@ -55,6 +62,8 @@ def sm_keys(new, cached, num_heads: int, num_kv_heads: int, head_size: int, num_
     bm = LARGE_ROWS if prefill_config(len(new), int(new.max()), num_heads, num_kv_heads, head_size,
                                       num_sms) == 0 else LARGE_ROWS // 2
     bx = -(-int(rows.max()) // bm)
+    if bx <= 0:  # no new token: no block does any work
+        return np.zeros(num_sms, np.int64), np.zeros(num_sms, np.int64), np.zeros(num_sms, np.int64)
     first = (bx - 1 - np.arange(bx)) * bm  # each row block's first row: the most keys first
     # the keys of each (sequence, row block); 0 for a block past its sequence's rows (every live
     # block walks at least one key)
@@ -70,6 +79,8 @@ def busiest(new, cached, num_heads: int, num_kv_heads: int, head_size: int, num_
     """The keys' worth of time of the busiest SM: per SM, its longest block or `share` times all
     its keys, whichever is more."""
     if len(new) == 1:  # one prompt whose blocks sit one to an SM: its first block's keys, all of them
+        if int(new[0]) <= 0:
+            return 0.0
         group = num_heads // num_kv_heads
         bm = LARGE_ROWS if prefill_config(1, int(new[0]), num_heads, num_kv_heads, head_size, num_sms) == 0 \
             else LARGE_ROWS // 2
@@ -95,10 +106,12 @@ def share_of(batches, new_tokens, cached_tokens, seconds, num_heads: int, num_kv
     one prompt's, times one prompt's longest block over the busiest SM's keys. None where no cell
     qualifies."""
     seconds = np.asarray(seconds, np.float64)
+    if len(batches) < 2 or int(batches[0]) != 1:
+        return None
     found = []
     for j, p in enumerate(int(x) for x in new_tokens):
         for k, c in enumerate(int(x) for x in cached_tokens):
-            if c < 512:  # the blocks' keys must outweigh their start
+            if c < MIN_CACHED:  # the blocks' keys must outweigh their start
                 continue
             l1, _, n1 = sm_keys([p], [c], num_heads, num_kv_heads, head_size, num_sms)
             if n1.max() > 1:

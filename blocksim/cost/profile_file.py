@@ -288,6 +288,9 @@ def parse_profile(data: dict, path: str) -> Profile:
     for key in ("tensor_parallel", "block_size"):
         if not isinstance(data[key], int) or isinstance(data[key], bool) or data[key] < 1:
             raise _bad(path, key, f"expected a positive integer, got {data[key]!r}")
+    sms = data.get("num_sms", 0)
+    if not isinstance(sms, int) or isinstance(sms, bool) or sms < 0:
+        raise _bad(path, "num_sms", f"expected a whole number of SMs >= 0, got {sms!r}")
     sizes = data["cuda_graph_batch_sizes"]
     if not isinstance(sizes, list) or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in sizes):
         raise _bad(path, "cuda_graph_batch_sizes", "expected a list of positive integers")

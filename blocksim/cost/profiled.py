@@ -85,6 +85,12 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
+#: Cached tokens from which one prompt between the prefill grid's one- and two-blocks-an-SM points is
+#: priced per key of its busiest SM (`ProfiledCostModel._per_key_table`): the least cached count
+#: `placement.share_of` reads the share at.
+PER_KEY_CACHED = placement.MIN_CACHED
+
+
 class ProfiledCostModel:
     """Prices steps from a measured `Profile`; refuses one measured for another model, GPU, dtype or TP."""
 
@@ -159,15 +165,19 @@ class ProfiledCostModel:
         if profile.header.get("prefill_attention") != "kernel" or not sms or g.grids[0][0] != 1:
             return None
         m, tp = config.model, config.tensor_parallel
+        if m.head_size > 128:  # other tiles, one block an SM at a time (`blocksim.cost.placement`)
+            return None
         shape = (m.num_heads // tp, max(1, m.num_kv_heads // tp), m.head_size, sms)
         share = placement.share_of(g.grids[0], g.grids[1], g.grids[2], g.seconds, *shape)
         return None if share is None else (*shape, share)
 
-    def _per_key_table(self) -> tuple[float, float, Table] | None:
-        """(first, last, table) where one prompt's new tokens go from a grid point whose blocks sit
-        one to an SM to the next, whose blocks sit two to an SM: the table holds each cell's
-        seconds over its busiest SM (`placement.busiest`) at those two points and every cached
-        count. None where the grid has no such pair."""
+    def _per_key_table(self) -> tuple[float, float, Table, float, float] | None:
+        """(first, last, table, least cached, most cached) where one prompt's new tokens go from a
+        grid point whose blocks sit one to an SM to the next, whose blocks sit two to an SM: the
+        table holds each cell's seconds over its busiest SM (`placement.busiest`) at those two
+        points and every cached count; it prices from `PER_KEY_CACHED` cached tokens (below, a
+        prompt's blocks walk too few keys for their start to be negligible) to the grid's most,
+        where it is held. None where the grid has no such pair."""
         heads, kv, head, sms, share = self.placement
         g = self.prefill.grids
         for a, b in zip(g[1][:-1], g[1][1:]):
@@ -177,17 +187,20 @@ class ProfiledCostModel:
                 rows = [[self.prefill.seconds[0, j + k, i]
                          / placement.busiest([int(x)], [int(c)], heads, kv, head, sms, share)
                          for i, c in enumerate(g[2])] for k, x in enumerate((a, b))]
-                return float(a), float(b), Table(Grid("attn_prefill_per_key", ("new_tokens", "cached_tokens"),
-                                                      (np.asarray([a, b], np.float64), g[2]), np.asarray(rows)))
+                return (float(a), float(b), Table(Grid("attn_prefill_per_key", ("new_tokens", "cached_tokens"),
+                                                       (np.asarray([a, b], np.float64), g[2]), np.asarray(rows))),
+                        float(PER_KEY_CACHED), float(g[2][-1]))
         return None
 
     def _alone(self, p: float, c: float) -> float:
         """One prompt of `p` new tokens after `c` cached alone: the table at batch 1, or, between
         the grid's points where its blocks go from one to two an SM (`_per_key_table`), the
         seconds per busiest-SM key there times its own busiest SM."""
-        if self._per_key is not None and self._per_key[0] < p < self._per_key[1]:
+        if self._per_key is not None and self._per_key[0] < p < self._per_key[1] and c >= self._per_key[3]:
             heads, kv, head, sms, share = self.placement
-            return self._per_key[2].point(p, c) * placement.busiest([int(p)], [int(c)], heads, kv, head, sms, share)
+            held = min(c, self._per_key[4])  # seconds per key held at the grid's edge, never extrapolated
+            return self._per_key[2].point(p, held) * placement.busiest([int(p)], [int(c)], heads, kv, head, sms,
+                                                                      share)
         return self.prefill.point(1.0, p, c)
 
     # --- helpers ---------------------------------------------------------------------------------
@@ -284,10 +297,11 @@ class ProfiledCostModel:
         longest prompt alone, times the busiest SM's keys over its own busiest SM's; 0 where the
         blocks are more than two to an SM (the table's batch cells price their waves)."""
         heads, kv, head, sms, share = self.placement
-        if placement.live_blocks(p, heads, kv, head, sms) > 2 * sms:
+        live = [k for k, x in enumerate(p) if x > 0]
+        if not live or placement.live_blocks([p[k] for k in live], heads, kv, head, sms) > 2 * sms:
             return 0.0
         longest, total, _ = placement.sm_keys(p, c, heads, kv, head, sms)
-        i = alone.index(max(alone))
+        i = max(live, key=lambda k: alone[k])
         one = placement.busiest(p[i:i + 1], c[i:i + 1], heads, kv, head, sms, share)
         return alone[i] * float(np.max(np.maximum(longest, share * total))) / one
 

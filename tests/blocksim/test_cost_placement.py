@@ -128,10 +128,63 @@ def test_one_prompt_between_one_and_two_blocks_an_sm_is_priced_by_its_busiest_sm
     table that follows the placement, where interpolating the seconds themselves is not."""
     placed, plain = profiled(tmp_path, "kernel"), profiled(tmp_path, None)
     assert placed._per_key[:2] == (256.0, 512.0)
-    for p, c in ((288, 2900), (300, 0), (384, 1500), (511, 5000)):
+    for p, c in ((288, 2900), (300, 512), (384, 1500), (511, 4096)):
         want = 1.1e-6 * placement.busiest([p], [c], 32, 8, 128, 132, placed.placement[-1])
         assert placed.attn_prefill([p], [c]) == pytest.approx(want, rel=1e-9)
     assert abs(plain.attn_prefill([288], [2900]) / (1.1e-6 * placement.busiest([288], [2900], 32, 8, 128, 132, 0.62))
                - 1) > 0.05
-    for p, c in ((256, 2900), (512, 2900), (128, 100), (1024, 0)):  # on the grid's points and outside the pair
+    # on the grid's points, outside the pair, and below 512 cached tokens: the table as before
+    for p, c in ((256, 2900), (512, 2900), (128, 100), (1024, 0), (300, 0), (400, 511)):
         assert placed.attn_prefill([p], [c]) == plain.attn_prefill([p], [c])
+    # beyond the grid's cached tokens the seconds per key are held at its edge
+    edge = placed.attn_prefill([300], [4096]) / placement.busiest([300], [4096], 32, 8, 128, 132, placed.placement[-1])
+    far = placed.attn_prefill([300], [9000]) / placement.busiest([300], [9000], 32, 8, 128, 132, placed.placement[-1])
+    assert far == pytest.approx(edge, rel=1e-12)
+
+
+def test_prompts_of_no_new_token_are_priced_without_placing_them(tmp_path):
+    placed, plain = profiled(tmp_path, "kernel"), profiled(tmp_path, None)
+    for new, cached in (([0, 0], [2900, 100]), ([1, 0, 1, 0, 0], None), ([0, 160, 352], [5000, 2900, 0])):
+        got = placed.attn_prefill(new, cached)
+        assert np.isfinite(got) and got >= plain.attn_prefill(new, cached)
+    assert placement.busiest([0], [4000], 32, 8, 128, 132, 0.6) == 0.0
+    assert [a.sum() for a in placement.sm_keys([0, 0], [10, 20], 32, 8, 128, 132)] == [0, 0, 0]
+
+
+def test_no_placement_without_what_it_needs(tmp_path):
+    """No placement where the profile's prefill table has no batch-1 cells or no cell gives the
+    share, where the head size runs other tiles, or where the SMs are unknown; under tensor
+    parallelism the heads are those of one GPU."""
+    from blocksim.config import GPUSpec
+    base = profiled(tmp_path, "kernel")
+    assert base.placement is not None
+    prof = synthetic_profile("llama-3-8b")
+    prof["prefill_attention"] = "kernel"
+    a = prof["components"]["attn_prefill"]
+    a["grid"]["batch"], a["seconds"] = [2, 4, 8], a["seconds"][1:]  # no batch of one
+    path = tmp_path / "nobatch1.json"
+    path.write_text(json.dumps(prof))
+    assert ProfiledCostModel(build_config(model="llama-3-8b", gpu="h100-80gb"), load_profile(path)).placement is None
+    assert placement.share_of([2, 4], [256], [2048], np.ones((2, 1, 1)), 32, 8, 128, 132) is None
+    assert placement.share_of([1, 2], [16], [0], np.ones((2, 1, 1)), 32, 8, 128, 132) is None  # no cell qualifies
+    cfg = build_config(model="llama-3-8b", gpu="h100-80gb")
+    wide = cfg.model.__class__(**{**cfg.model.__dict__, "head_size": 256})
+    assert ProfiledCostModel._placement(cfg.__class__(**{**cfg.__dict__, "model": wide}),
+                                        load_profile(tmp_path / "p.json")) is None
+    nosm = GPUSpec(**{**cfg.gpu.__dict__, "num_sms": 0})
+    assert ProfiledCostModel._placement(cfg.__class__(**{**cfg.__dict__, "gpu": nosm}),
+                                        load_profile(tmp_path / "p.json")) is None
+    tp2 = build_config(model="llama-3-8b", gpu="h100-80gb", tensor_parallel=2)
+    assert ProfiledCostModel._placement(tp2, load_profile(tmp_path / "p.json"))[:2] == (16, 4)
+
+
+@pytest.mark.parametrize("value", ["abc", -5, [132], 13.7, True])
+def test_a_profile_naming_a_bad_sm_count_is_refused_in_one_line(tmp_path, value):
+    from blocksim.config import ConfigError
+    prof = synthetic_profile("llama-3-8b")
+    prof["num_sms"] = value
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(prof))
+    with pytest.raises(ConfigError, match=r"num_sms: expected a whole number of SMs >= 0") as e:
+        load_profile(path)
+    assert "\n" not in str(e.value)
