@@ -86,6 +86,16 @@ PLACEMENT_CASES = {
                                                                   (1500, (128, 160)))
     for p in ps
 } | {"128@2900": ([(128, 2900)], []), "160@2900": ([(160, 2900)], [])}
+#: `--cases placement2`: held out from both sets above, to check the profiled model's placement
+#: (`blocksim.cost.placement`): single chunks of 257-511 tokens over cached keys (priced per key of
+#: their busiest SM) and two-chunk steps over 1,000 and 6,000 cached keys.
+PLACEMENT2_CASES = {
+    f"{p}@{c}": ([(p, c)], []) for p, c in ((288, 3000), (320, 3000), (384, 3000), (448, 3000), (480, 1000),
+                                            (300, 6000), (256, 3000), (512, 3000))
+} | {
+    f"{p}@{c}+{512 - p}": ([(p, c), (512 - p, 0)], []) for p, c in ((96, 1000), (256, 1000), (128, 6000),
+                                                                  (160, 6000), (200, 6000), (300, 6000))
+}
 
 
 def measure(model: str, idle_s: float, sweep: bool = False, which: str = "wide", off: bool = False) -> dict:
@@ -99,7 +109,7 @@ def measure(model: str, idle_s: float, sweep: bool = False, which: str = "wide",
 
     prof = Profiler(MODELS[model], progress=False)
     r, max_len = prof.runner, prof.dims.max_model_len
-    table = {"chunked": CHUNKED_CASES, "placement": PLACEMENT_CASES}.get(which, CASES)
+    table = {"chunked": CHUNKED_CASES, "placement": PLACEMENT_CASES, "placement2": PLACEMENT2_CASES}.get(which, CASES)
     cases = {k: v for k, v in table.items()
              if all(p + c <= max_len for p, c in v[0]) and all(c <= max_len for c in v[1])}
     res = {"model": model, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -285,10 +295,11 @@ def main() -> int:
     ap.add_argument("--offgrid", action="store_true",
                     help="also the linear layers at the linear table's grid points against counts just below them, "
                          "in turns (about half a minute more)")
-    ap.add_argument("--cases", choices=("wide", "chunked", "placement"), default="wide",
+    ap.add_argument("--cases", choices=("wide", "chunked", "placement", "placement2"), default="wide",
                     help="wide: prompt steps of 2,048-8,192 tokens (default); chunked: vllm-chunked's steps of one "
                          "chunk over cached keys and of two chunks; placement: two-chunk steps held out from chunked, chosen by "
-                         "benchmarks/prefill_placement.py")
+                         "benchmarks/prefill_placement.py; placement2: single chunks of 257-511 tokens over cached keys and two-chunk "
+                         "steps over 1,000 and 6,000 cached keys, held out from both")
     ap.add_argument("--report", metavar="JSON", help="print a measured file's table instead of measuring")
     ap.add_argument("--profile", metavar="FILE", help="with --report: each case's price by this cost profile "
                                                       "against the whole step measured")
