@@ -3,10 +3,11 @@
     python benchmarks/tier_tables_replay.py [--config wait|recompute|host] [--repeats 3]
 
 Runs the Mooncake synthetic trace as benchmarks/tiers_speed.py does (vllm-v1, one-block chunks,
-host 256 GiB written through, disk 2 TiB written back, LRU) and records the batched tier store's
-table operations in order: each store of a step's computed chunks (`TierStore._store_batch`), each
-match of a lookup's keys (`_match`), each computation of load ends (`_ends`) and each touch of a
-lookup's hits (`_touch_all`). It then replays them, alternating, best of `--repeats`, timed per kind:
+host 256 GiB written through, disk 2 TiB written back, LRU), its chunks in the tiers' own tables
+(`TierStore.runs` off), and records the batched tier store's table operations in order: each
+store of a step's computed chunks (`TierStore._store_batch`), each match of a lookup's keys
+(`_match`), each computation of load ends (`_ends`) and each touch of a lookup's hits
+(`_touch_all`). It then replays them, alternating, best of `--repeats`, timed per kind:
 
 * dicts: the operations as the tier store performs them (an OrderedDict in recency order for the
   host, a dict for the disk with its touches logged, membership by `in`, a `setdefault` per
@@ -87,10 +88,12 @@ def record(name: str) -> tuple[list[int], list[tuple]]:
 
     store_cls.__init__, store_cls._store_batch, store_cls._match, store_cls._ends = rec_init, rec_store, rec_match, rec_ends
     tiers._touch_all = rec_touch
+    store_cls.runs = False  # the tiers' tables from the start (not the position runs), so that their operations show
     try:
         Engine(cfg, trace, make_cost_model(cfg, tiers_speed.PROFILE)).run()
     finally:
         store_cls.__init__, store_cls._store_batch, store_cls._match, store_cls._ends, tiers._touch_all = originals
+        store_cls.runs = True
     return [lv.capacity for lv in stores[-1].levels], events
 
 

@@ -34,6 +34,10 @@ records the events above for an independent recount of the hits. Runs that recor
 step's computed chunks and compute a lookup's loads with whole-list operations (`batched`; an LRU
 tier's dict holds each chunk's landing time and, once the tier evicts, is its recency order; before,
 its hits are logged, `blocksim.memory.eviction.LRU`), with the results of one chunk at a time.
+An LRU host written through, alone or over an LRU disk written back, holds one-block chunks by
+position runs instead while the disk has not had to evict (`_r_start`: a step's new chunks take
+consecutive positions, each tier's recency order is a deque of position ranges, a lookup's chunks
+are found as runs of positions), with the results of its tables.
 
 Executed moves (`attach_mover`): in a GPU-in-the-loop replay the executor performs every move as
 it is issued, and each transfer lasts what the executor measured for it instead of the link's
@@ -48,8 +52,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import deque
-from itertools import accumulate, compress, filterfalse, islice, repeat
-from operator import ne, not_
+from itertools import accumulate, compress, filterfalse, groupby, islice, repeat
+from operator import add, ge, le, ne, not_
 from typing import Callable, NamedTuple
 
 from blocksim.config import GiB, SimConfig, TierConfig
@@ -60,6 +64,14 @@ GPU, HOST, DISK = "gpu", "host", "disk"
 WRITE_THROUGH, SELECTIVE, WRITE_BACK = "write-through", "write-through-selective", "write-back"
 #: (src, dst) of every copy direction, in the order the step and summary columns list them.
 DIRECTIONS = ((GPU, HOST), (GPU, DISK), (HOST, DISK), (HOST, GPU), (DISK, GPU))
+
+
+#: a run position's tiers (1 host, 2 disk, 3 both): without the host; with the disk; the tier a
+#: load takes it from (0 host, 1 disk)
+_NO_HOST = bytes.maketrans(b"\x01\x03", b"\x00\x02")
+_TO_DISK = bytes.maketrans(b"\x00\x01", b"\x02\x03")
+_WHERE = bytes.maketrans(b"\x01\x02\x03", b"\x00\x01\x00")
+_LACKS = bytes.maketrans(b"\x01\x02\x03", b"\x01\x00\x00")  # a victim of the host the disk lacks
 
 
 class TierOp(NamedTuple):
@@ -147,6 +159,27 @@ class TierStore:
         top = self.levels[0].write
         self.wants_gpu_hits = top == SELECTIVE
         self.wants_gpu_evictions = top == WRITE_BACK
+        #: the tiers, whichever way they are held (`levels` is the same list once the chunk tables hold them)
+        self.lv = self.levels
+        self._runs = False
+        lv = self.lv
+        if (self.runs and self.chunk_blocks == 1 and not log_events and lv[0].name == HOST
+                and lv[0].write == WRITE_THROUGH and type(lv[0].cache) is LRU
+                and (len(lv) == 1 or (type(lv[1].cache) is LRU and lv[1].write == WRITE_BACK))):
+            self._r_start()
+
+    #: hold one-block chunks by position runs where the configuration allows (`_r_start`; a run
+    #: of a few chunks of several blocks each costs more than the tables' operations on them);
+    #: False: in the tiers' own tables from the start
+    runs = True
+
+    def __getattr__(self, name: str):
+        # `levels` is absent while the position runs hold the chunks: reading it moves them into
+        # the tiers' own tables first (`_r_materialize`)
+        if name == "levels" and self.__dict__.get("_runs"):
+            self._r_materialize()
+            return self.__dict__["levels"]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def use_measured(self, per_chunk_s: dict[str, float], source: str) -> None:
         """Price the channels by measured seconds per chunk (`blocksim.cost.tier_transfer`): the
@@ -210,6 +243,8 @@ class TierStore:
         `table[first_block + j * chunk_blocks:]`. write-through stores those the top tier lacks."""
         if self.log is not None:
             self.log.extend(("computed", k) for k in keys)
+        if self._runs and self._r_ok() and self._r_store(keys):
+            return
         top = self.levels[0]
         if top.write != WRITE_THROUGH:
             return
@@ -407,7 +442,7 @@ class TierStore:
 
     def on_gpu_hit(self, key: int, gpu_blocks) -> None:
         """A GPU prefix-cache hit on a whole chunk at admission (its K/V exists since the last step)."""
-        top = self.levels[0]
+        top = self.lv[0]
         if top.write != SELECTIVE:
             return
         if self.log is not None:
@@ -437,7 +472,7 @@ class TierStore:
     def on_gpu_evicted(self, key: int, gpu_blocks) -> None:
         """The GPU cache evicts a whole chunk (its K/V exists since the last step, and is overwritten in
         this one: the step waits for the copy)."""
-        top = self.levels[0]
+        top = self.lv[0]
         if top.write != WRITE_BACK:
             return
         if self.log is not None:
@@ -516,6 +551,14 @@ class TierStore:
         return n
 
     def _match(self, keys) -> int:
+        if self._runs and self._r_ok():
+            held = self._rw
+            if self.chained_keys and self._keeps_every_store():
+                return bisect_left(keys, True, key=lambda k: k not in held)
+            for n, k in enumerate(keys):
+                if k not in held:
+                    return n
+            return len(keys)
         levels = self.levels
         if self.chained_keys and self._keeps_every_store():
             # a chunk some tier holds was computed after the chunks before it in its prompt (each
@@ -541,7 +584,7 @@ class TierStore:
         """Whether every chunk computed on the GPU was stored and is still held by some tier: the
         top tier is written through, its victims go to the tier below (written back or through),
         and the last tier has never evicted."""
-        levels = self.levels
+        levels = self.lv
         top, last = levels[0], levels[-1]
         return top.write == WRITE_THROUGH and not last.evictions and (
             last is top or last.write in (WRITE_THROUGH, WRITE_BACK))
@@ -583,8 +626,9 @@ class TierStore:
     def _ends(self, keys, n: int) -> tuple[list[float], list[int], list[int], list[float]]:
         """`_load_ends` of the first `n` keys, n > 0, computed: (ends, tier indices, the positions
         read from the disk, the disk read ends there)."""
-        now, nbytes, levels = self.now_s, self.chunk_bytes, self.levels
-        t_h2d, t_rd = self.h2d.seconds(nbytes), self.disk_read.seconds(nbytes)
+        if self._runs and self._r_ok():
+            return self._r_ends(keys, n)
+        now, levels = self.now_s, self.levels
         ks = keys[:n]
         m0 = levels[0].cache.members
         landed = list(map(m0.get, ks))  # None: not in the top tier, so in the one below
@@ -610,11 +654,19 @@ class TierStore:
         else:
             where = [0] * n
             rows = list(range(n)) if levels[0].name == DISK else []
+        return self._chains(landed, where, rows, below, waits, f, n)
+
+    def _chains(self, landed: list, where: list[int], rows: list[int], below: int, waits, f: float,
+                n: int) -> tuple[list[float], list[int], list[int], list[float]]:
+        """`_ends` from the chunks' landing times (None where not needed), tiers and disk reads:
+        the disk reads queued from `f`, then the host link."""
+        now, nbytes = self.now_s, self.chunk_bytes
+        t_h2d, t_rd = self.h2d.seconds(nbytes), self.disk_read.seconds(nbytes)
         if len(rows) == n:  # disk reads first, in order on their own channel
             if below and not waits:
                 ready = rd_ends = list(islice(accumulate(repeat(t_rd, n), initial=f), 1, None))
             else:
-                ready = rd_ends = [f := (x if x > f else f) + t_rd for x in landed]
+                ready = rd_ends = _queue(landed, f, t_rd)
         elif below and not waits:
             ready, rd_ends = landed, []
             for j in rows:
@@ -628,7 +680,7 @@ class TierStore:
                 rd_ends.append(f)
         f = self.h2d.free_s
         f = f if f > now else now
-        return [f := (x if x > f else f) + t_h2d for x in ready], where, rows, rd_ends
+        return _queue(ready, f, t_h2d), where, rows, rd_ends
 
     def _measured_load_ends(self, keys, n: int, measured) -> tuple[list[float], list[int]]:
         """`_load_ends` of issued loads lasting their measured parts."""
@@ -684,7 +736,7 @@ class TierStore:
         if self.log is not None:
             self.log.append(("lookup", tuple(keys[:found + 1]), found, n))
         self.lookups += 1
-        cb, ct, levels = self.chunk_blocks, self.chunk_tokens, self.levels
+        cb, ct, levels = self.chunk_blocks, self.chunk_tokens, self.lv
         if not n:  # nothing to load: only the skipped chunks count
             self.skipped_tokens += found * ct
             return self.now_s, 0, 0, 0
@@ -699,7 +751,9 @@ class TierStore:
             loads[1] = sum(where)
             loads[0] = n - loads[1]
             ks = keys[:n]
-            if not loads[1]:
+            if self._runs:
+                self._r_touch(keys, n, where)
+            elif not loads[1]:
                 _touch_all(levels[0].cache, ks)
             elif not loads[0]:
                 _touch_all(levels[1].cache, ks)
@@ -740,6 +794,408 @@ class TierStore:
         self.skipped_tokens += (found - n) * ct
         return (ends[-1] if ends else self.now_s), tokens[HOST], tokens[DISK], n
 
+    # --- position runs ------------------------------------------------------------------------
+    # An LRU host written through, alone or over an LRU disk written back, holds its chunks by
+    # position while the disk has not had to evict: each chunk held gets a position when first
+    # stored (`_rw`: key -> position), a step's new chunks consecutive ones, and lists by position
+    # hold its key, its tiers (`_rT`: 1 host, 2 disk), its landing time in each and the stamp of
+    # its last event in each. A tier's recency order is a deque of entries [stamp, first, end):
+    # an insert or a touch appends the positions it moves with a new stamp, and a position is in
+    # an entry while its stamp there is the entry's. A lookup's keys are mostly a run of
+    # consecutive positions (the prefix one request stored), found by one table lookup and a list
+    # comparison, so that stores, evictions, write-backs and loads are whole-list operations on
+    # runs instead of table operations per chunk. The results are those of the tiers' own tables
+    # (`_store_batch`, `_ends`, `_touch_all`), which take over (`_r_materialize`) before the disk
+    # would evict, when moves are recorded or performed, a fresh-slot write price is set, or
+    # anything reads `levels`.
+
+    def _r_start(self) -> None:
+        self._runs = True
+        self._rw: dict[int, int] = {}
+        self._rK: list[int] = []
+        self._rT = bytearray()
+        self._rHL: list = []
+        self._rDL: list = []
+        self._rHS: list[int] = []
+        self._rDS: list[int] = []
+        self._rH: deque = deque()
+        self._rD: deque = deque()
+        self._rs = 0
+        self._rhn = self._rdn = 0
+        self._r_last: tuple | None = None  # (keys, n, version, their runs) of the last `_r_ends`
+        del self.levels
+
+    def _r_ok(self) -> bool:
+        """Whether the runs may go on holding the chunks; if not, the tiers' tables take over."""
+        if self.ops_on or not self.batched or self.fresh_write_s is not None or self.log is not None:
+            self._r_materialize()
+            return False
+        return True
+
+    def _r_materialize(self) -> None:
+        """Move the chunks into the tiers' own tables, in each tier's recency order."""
+        if not self._runs:
+            return
+        self._runs = False
+        K, T = self._rK, self._rT
+        for lv, entries, stamps, landed, bit in ((self.lv[0], self._rH, self._rHS, self._rHL, 1),
+                                                 (self.lv[-1], self._rD, self._rDS, self._rDL, 2)):
+            if bit == 2 and len(self.lv) == 1:
+                break
+            members = {}
+            for s, lo, hi in entries:
+                for p in range(lo, hi):
+                    if stamps[p] == s and T[p] & bit:
+                        members[K[p]] = landed[p]
+            lv.cache.members = members
+            lv.cache.log = []
+        self.levels = self.lv
+        self._rw = self._rK = self._rT = self._rHL = self._rDL = self._rHS = self._rDS = None
+        self._rH = self._rD = self._r_last = None
+
+    def _r_segs(self, ks: list[int]) -> list[tuple[int, int, int]]:
+        """Keys that some tier holds as runs of consecutive positions: (first position, first index
+        in `ks`, length)."""
+        w, K, T = self._rw, self._rK, self._rT
+        out = []
+        i, n, end = 0, len(ks), len(K)
+        while i < n:
+            g = w[ks[i]]
+            m = min(n - i, end - g)
+            if m > 1 and (K[g:g + m] != ks[i:i + m] or 0 in T[g:g + m]):
+                m = bisect_left(range(2, m + 1), True,
+                                key=lambda L: K[g:g + L] != ks[i:i + L] or 0 in T[g:g + L]) + 1
+            out.append((g, i, m))
+            i += m
+        return out
+
+    def _r_insert(self, new: list[int], gids: list | None, landed: list[float], placed: bool = False) -> bool:
+        """Insert `new` (none in the host) at the end of the host's order, landing at `landed`;
+        `gids`: their positions (None: none has one; `placed`: the key table maps them to the next
+        positions already). False, having changed nothing, for a key given twice."""
+        K, T, HL, w, H = self._rK, self._rT, self._rHL, self._rw, self._rH
+        s = self._rs
+        self._rs = s + 1
+        n = len(new)
+        if gids is None:
+            g0 = len(K)
+            if not placed:
+                before = len(w)
+                w.update(zip(new, range(g0, g0 + n)))
+                if len(w) != before + n:
+                    deque(map(w.pop, new, repeat(None)), 0)
+                    return False
+            K.extend(new)
+            T.extend(bytes((1,)) * n)
+            HL.extend(landed)
+            self._rDL.extend(repeat(None, n))
+            self._rHS.extend(repeat(s, n))
+            self._rDS.extend(repeat(-1, n))
+            H.append([s, g0, g0 + n])
+            return True
+        if len(set(new)) != n:
+            return False
+        HS, DL, DS = self._rHS, self._rDL, self._rDS
+        j = 0
+        for fresh, run in groupby(gids, _is_none):
+            k = j + len(list(run))
+            if fresh:  # consecutive new positions
+                g0 = len(K)
+                w.update(zip(new[j:k], range(g0, g0 + k - j)))
+                K.extend(new[j:k])
+                T.extend(bytes((1,)) * (k - j))
+                HL.extend(landed[j:k])
+                DL.extend(repeat(None, k - j))
+                HS.extend(repeat(s, k - j))
+                DS.extend(repeat(-1, k - j))
+                last = H[-1] if H else None
+                if last is not None and last[0] == s and last[2] == g0:
+                    last[2] = g0 + k - j
+                else:
+                    H.append([s, g0, g0 + k - j])
+            else:  # chunks the disk holds, stored in the host again
+                for g, x in zip(gids[j:k], landed[j:k]):
+                    T[g] |= 1
+                    HL[g] = x
+                    HS[g] = s
+                    last = H[-1] if H else None
+                    if last is not None and last[0] == s and last[2] == g:
+                        last[2] = g + 1
+                    else:
+                        H.append([s, g, g + 1])
+            j = k
+        return True
+
+    def _r_evict(self, need: int) -> tuple[list[tuple[int, int]], list, bytearray]:
+        """Take the `need` least recent chunks out of the host: their position ranges in order,
+        their landing times there and their tiers before (the host's count is the caller's)."""
+        H, HS, T, HL = self._rH, self._rHS, self._rT, self._rHL
+        ranges: list[tuple[int, int]] = []
+        while need:
+            e = H[0]
+            s, lo, hi = e
+            c = HS[lo:hi].count(s)
+            if c == hi - lo:
+                take = c if c <= need else need
+                ranges.append((lo, lo + take))
+                need -= take
+                if take == c:
+                    H.popleft()
+                else:
+                    e[1] = lo + take
+            elif not c:
+                H.popleft()
+            else:
+                p = lo
+                while p < hi and need:
+                    if HS[p] == s and T[p] & 1:
+                        if ranges and ranges[-1][1] == p:
+                            ranges[-1] = (ranges[-1][0], p + 1)
+                        else:
+                            ranges.append((p, p + 1))
+                        need -= 1
+                    p += 1
+                if p >= hi:
+                    H.popleft()
+                else:
+                    e[1] = p
+        landed: list = []
+        tiers = bytearray()
+        for lo, hi in ranges:
+            landed += HL[lo:hi]
+            tiers += T[lo:hi]
+            HL[lo:hi] = repeat(None, hi - lo)
+            T[lo:hi] = T[lo:hi].translate(_NO_HOST)
+        return ranges, landed, tiers
+
+    def _r_peek(self, need: int) -> list[int]:
+        """The positions of the `need` least recent host chunks (changes nothing)."""
+        HS, T, out = self._rHS, self._rT, []
+        for s, lo, hi in self._rH:
+            for p in range(lo, hi):
+                if HS[p] == s and T[p] & 1:
+                    out.append(p)
+                    if len(out) == need:
+                        return out
+        return out
+
+    def _r_to_disk(self, ranges: list[tuple[int, int]], ends: list[float]) -> None:
+        """Position ranges (in order, none on the disk) written to the disk, landing at `ends`."""
+        T, DL, DS, D = self._rT, self._rDL, self._rDS, self._rD
+        j = 0
+        for lo, hi in ranges:
+            k = j + hi - lo
+            s = self._rs
+            self._rs = s + 1
+            DL[lo:hi] = ends[j:k]
+            T[lo:hi] = T[lo:hi].translate(_TO_DISK)
+            DS[lo:hi] = repeat(s, hi - lo)
+            D.append([s, lo, hi])
+            j = k
+
+    def _r_store(self, keys: list[int]) -> bool:
+        """`_store_batch` (else `_store_run`) on the runs. False, having changed nothing but handing
+        the chunks to the tiers' tables, where the disk could have to evict."""
+        lv = self.lv
+        top = lv[0]
+        below = lv[1] if len(lv) > 1 else None
+        if below is not None and self._rdn + len(keys) > below.capacity:
+            self._r_materialize()
+            return False
+        w = self._rw
+        # the next positions offered to every key: a key held keeps its own
+        g0, before = len(self._rK), len(w)
+        gids = list(map(w.setdefault, keys, range(g0, g0 + len(keys))))
+        placed = len(w) == before + len(keys)
+        if placed:  # every key new to the tiers, at the next positions
+            new, newg = keys, None
+        else:
+            deque(map(w.pop, compress(keys, map(ge, gids, repeat(g0))), repeat(None)), 0)  # as it was
+            gids = [g if g < g0 else None for g in gids]
+            T = self._rT
+            lack = [g is None or not T[g] & 1 for g in gids]
+            new, newg = list(compress(keys, lack)), list(compress(gids, lack))
+            if newg.count(None) == len(newg):
+                newg = None
+        n = len(new)
+        if not n:
+            return True
+        excess = self._rhn + n - top.capacity
+        if excess > 0 and n < len(keys) and not {g for g in gids if g is not None and self._rT[g] & 1}.isdisjoint(
+                self._r_peek(excess)):
+            self._r_store_run(keys)  # a chunk of `keys` the host holds would leave before its turn
+            return True
+        nbytes, now = self.chunk_bytes, self.now_s
+        d2h = self.d2h
+        t_d2h = d2h.seconds(nbytes)
+        ends = list(accumulate(repeat(t_d2h, n), initial=max(now, d2h.free_s)))
+        if not self._r_insert(new, newg, ends[1:], placed):
+            self._r_materialize()
+            return False
+        self.version += 1
+        self._rhn += n
+        top.stored += n
+        d2h.free_s, d2h.busy_s, d2h.bytes = ends[-1], d2h.busy_s + n * t_d2h, d2h.bytes + n * nbytes
+        self.bytes[(GPU, top.name)] += n * nbytes
+        if excess <= 0:
+            return True
+        ranges, landed, tiers = self._r_evict(excess)
+        self._rhn -= excess
+        top.evictions += excess
+        if below is None:  # the victims leave the tiers
+            K, pop = self._rK, w.pop
+            for lo, hi in ranges:
+                deque(map(pop, K[lo:hi]), 0)
+                K[lo:hi] = repeat(None, hi - lo)
+            return True
+        dw = self.disk_write
+        t_dw = dw.seconds(nbytes)
+        f = dw.free_s
+        f = f if f > now else now
+        fresh_before = self.fresh_writes
+        if 3 in tiers:  # victims the disk holds stay as they are there
+            lacks = tiers.translate(_LACKS)
+            landed = list(compress(landed, lacks))
+            if not landed:
+                return True
+            written, o = [], 0
+            for lo, hi in ranges:
+                k = hi - lo
+                c = lacks.count(1, o, o + k)
+                if c == k:
+                    written.append((lo, hi))
+                elif c:
+                    p = lo
+                    for b, run in groupby(lacks[o:o + k]):
+                        q = p + len(list(run))
+                        if b:
+                            written.append((p, q))
+                        p = q
+                o += k
+            ranges = written
+        m = len(landed)
+        out = _queue(landed, f, t_dw)
+        f = out[-1]
+        self._r_to_disk(ranges, out)
+        below.stored += m
+        self._rdn += m
+        if self._rdn > self.disk_slots:
+            self.disk_slots = self._rdn
+        self._written(m, fresh_before, f)
+        self.bytes[(HOST, DISK)] += m * nbytes
+        return True
+
+    def _r_store_run(self, keys: list[int]) -> None:
+        """`_store_run` on the runs: each chunk the host lacks at its turn, one at a time."""
+        lv, w, T, K = self.lv, self._rw, self._rT, self._rK
+        top = lv[0]
+        below = lv[1] if len(lv) > 1 else None
+        nbytes, now = self.chunk_bytes, self.now_s
+        d2h, dw = self.d2h, self.disk_write
+        t_d2h = d2h.seconds(nbytes)
+        d2h_free = max(now, d2h.free_s)
+        dw_free = dw.free_s
+        writes = n = 0
+        fresh_before = self.fresh_writes
+        self.version += 1
+        for key in keys:
+            g = w.get(key)
+            if g is not None and T[g] & 1:
+                continue
+            n += 1
+            d2h_free += t_d2h
+            if self._rhn >= top.capacity:
+                ranges, landed, tiers = self._r_evict(1)
+                self._rhn -= 1
+                top.evictions += 1
+                v = ranges[0][0]
+                if below is None:
+                    w.pop(K[v])
+                    K[v] = None
+                elif not tiers[0] & 2:
+                    writes += 1
+                    self.version += 1
+                    self._rdn += 1
+                    dw_free = max(now, landed[0], dw_free) + self._write_s(self._rdn)
+                    below.stored += 1
+                    self._r_to_disk([(v, v + 1)], [dw_free])
+            self._r_insert([key], [w.get(key)], [d2h_free])
+            self._rhn += 1
+            top.stored += 1
+        d2h.free_s, d2h.busy_s, d2h.bytes = d2h_free, d2h.busy_s + n * t_d2h, d2h.bytes + n * nbytes
+        if writes:
+            self._written(writes, fresh_before, dw_free)
+        self.bytes[(GPU, top.name)] += n * nbytes
+        if writes:
+            self.bytes[(HOST, DISK)] += writes * nbytes
+
+    def _r_ends(self, keys, n: int) -> tuple[list[float], list[int], list[int], list[float]]:
+        """`_ends` on the runs."""
+        now = self.now_s
+        ks = keys[:n]
+        segs = self._r_segs(ks)
+        self._r_last = (keys, n, self.version, segs)
+        HL, DL, T = self._rHL, self._rDL, self._rT
+        if len(segs) == 1:
+            g = segs[0][0]
+            landed, tiers = HL[g:g + n], T[g:g + n]
+        else:
+            landed, tiers = [], bytearray()
+            for g, _, m in segs:
+                landed += HL[g:g + m]
+                tiers += T[g:g + m]
+        below = tiers.count(2) if len(self.lv) > 1 else 0
+        f = self.disk_read.free_s
+        f = f if f > now else now
+        waits = below and self.disk_write.free_s > f
+        if below == n:
+            if waits:
+                landed = DL[segs[0][0]:segs[0][0] + n] if len(segs) == 1 else [
+                    x for g, _, m in segs for x in DL[g:g + m]]
+            where = [1] * n
+            rows = list(range(n))
+        elif below:
+            where = list(tiers.translate(_WHERE))
+            if waits:
+                dl = [x for g, _, m in segs for x in DL[g:g + m]]
+                landed = [x if x is not None else d for x, d in zip(landed, dl)]
+            rows = list(compress(range(n), where))
+        else:
+            where = [0] * n
+            rows = []
+        return self._chains(landed, where, rows, below, waits, f, n)
+
+    def _r_touch(self, keys: list[int], n: int, where: list[int]) -> None:
+        """`_touch_all` of a commit's hits on the runs: the host's, then the disk's, in order."""
+        host, disk = [], []
+        last = self._r_last
+        if last is not None and last[0] is keys and last[1] >= n and last[2] == self.version:
+            segs = last[3]  # the runs `_r_ends` found for these keys (or more of them)
+        else:
+            segs = self._r_segs(keys[:n])
+        for g, i, m in segs:
+            if i >= n:
+                break
+            m = min(m, n - i)
+            w = where[i:i + m]
+            c = w.count(1)
+            if not c:
+                host.append((g, g + m))
+            elif c == m:
+                disk.append((g, g + m))
+            else:
+                p = g
+                for t, run in groupby(w):
+                    q = p + len(list(run))
+                    (disk if t else host).append((p, q))
+                    p = q
+        for ranges, stamps, entries in ((host, self._rHS, self._rH), (disk, self._rDS, self._rD)):
+            for lo, hi in ranges:
+                s = self._rs
+                self._rs = s + 1
+                stamps[lo:hi] = repeat(s, hi - lo)
+                entries.append([s, lo, hi])
+
     def totals(self) -> tuple:
         """Cumulative bytes per direction (`DIRECTIONS` order) and drops per tier (host, disk). They
         change only with what the tiers hold (`version`) or with a lookup's loads (`lookups`): the
@@ -748,7 +1204,7 @@ class TierStore:
         if self._totals[0] == now:
             return self._totals[1]
         b = self.bytes
-        ev = {lv.name: lv.evictions for lv in self.levels}
+        ev = {lv.name: lv.evictions for lv in self.lv}
         out = (b[(GPU, HOST)], b[(GPU, DISK)], b[(HOST, DISK)], b[(HOST, GPU)], b[(DISK, GPU)],
                ev.get(HOST, 0), ev.get(DISK, 0))
         self._totals = (now, out)
@@ -779,7 +1235,7 @@ class TierStore:
             out[f"tier_{name}_hit_rate"] = self.hit_tokens[name] / q if q else 0.0
         for src, dst in DIRECTIONS:
             out[f"tier_bytes_{src}_to_{dst}"] = self.bytes[(src, dst)]
-        for lv in self.levels:
+        for lv in self.lv:
             out[f"tier_{lv.name}_capacity_chunks"] = lv.capacity
             out[f"tier_{lv.name}_stored_chunks"] = lv.stored
             out[f"tier_{lv.name}_evictions"] = lv.evictions
@@ -797,6 +1253,29 @@ class TierStore:
                                      f"{lv.capacity} slots")
             if set(keys) != set(lv.cache.members) or None in lv.cache.members.values():
                 raise AssertionError(f"tier {lv.name}: landing times disagree with the held chunks")
+
+
+def _is_none(x) -> bool:
+    return x is None
+
+
+def _queue(ready: list[float], f: float, t: float) -> list[float]:
+    """The ends of transfers of `t` seconds each, in order on one channel free from `f`, the j-th
+    starting once `ready[j]` and the one before are done: `[f := max(x, f) + t for x in ready]`,
+    the same floats, by whole-list operations where every transfer waits for the channel or
+    every one for its chunk (checked), else chunk by chunk."""
+    if len(ready) < 16:
+        return [f := (x if x > f else f) + t for x in ready]
+    if ready[0] > f:
+        ends = list(map(add, ready, repeat(t)))
+        if all(map(ge, islice(ready, 1, None), ends)):  # each ready after the one before is done
+            return ends
+        return [f := (x if x > f else f) + t for x in ready]
+    ends = list(accumulate(repeat(t, len(ready)), initial=f))
+    if all(map(le, ready, ends)):  # each ready by the time the one before is done
+        del ends[0]
+        return ends
+    return [f := (x if x > f else f) + t for x in ready]
 
 
 def _touch_all(cache, keys) -> None:

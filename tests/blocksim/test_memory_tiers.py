@@ -422,6 +422,56 @@ def test_spans_with_tiers_give_exactly_the_records_of_stepping_one_by_one(
 
 
 #: more and longer requests over fewer prefixes: preemptions and tier hits in most examples
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=st.sampled_from(["vllm-v1", "vllm-v1", "vllm-prefix", "sglang"]), reqs=requests,
+       gpu_blocks=st.integers(20, 60), host=st.integers(1, 30), disk=st.integers(0, 60),
+       onload=st.sampled_from(["wait", "deadline", "recompute"]), chunk=st.sampled_from([16, 16, 32]),
+       late=st.sampled_from([None, "batched", "fresh"]))
+def test_tier_position_runs_give_the_records_of_the_tiers_tables(policy, reqs, gpu_blocks, host, disk, onload,
+                                                                 chunk, late):
+    """An LRU host written through, alone or over an LRU disk written back, with one-block chunks
+    holds its chunks by position runs (`TierStore.runs`) until the disk would evict; the same run
+    in the tiers' own tables from the start gives the same records, counters, link states and tier
+    contents in the same order (landing times included). `late`: the tables take over mid-run
+    (the whole-list paths turned off, or a fresh-slot write price set, at the 40th lookup)."""
+    opts = dict(tier_host_gib=chunks_gib(host, chunk), tier_onload=onload, tier_chunk_tokens=chunk,
+                tier_onload_deadline_ms=2.0)
+    if disk:
+        opts["tier_disk_gib"] = chunks_gib(disk, chunk)
+    cfg = tier_config(policy, gpu_blocks, **opts)
+    tr = workload(*reqs)
+    runs = []
+    for on in (True, False):
+        e = Engine(cfg, tr)
+        t = e.tiers
+        t.runs = on
+        if not on:  # the tables from the start
+            t._r_materialize()
+        assert t._runs == on if policy == "vllm-v1" and chunk == H else not (t._runs and not on)
+        if late:
+            commit = t.commit
+
+            def switching(*args, t=t, commit=commit):
+                if t.lookups == 40:
+                    if late == "batched":
+                        t.batched = False
+                    else:
+                        t.fresh_write_s = 3 * t.disk_write.seconds(t.chunk_bytes)
+                return commit(*args)
+            t.commit = switching
+        runs.append((e, e.run()))
+    (a, ra), (b, rb) = runs
+    assert_same_tier_runs(a, ra, b, rb)
+    for link in ("h2d", "d2h", "disk_read", "disk_write"):
+        x, y = getattr(a.tiers, link), getattr(b.tiers, link)
+        assert (x.free_s, x.busy_s, x.bytes) == (y.free_s, y.busy_s, y.bytes), link
+    assert (a.tiers.disk_slots, a.tiers.fresh_writes, a.tiers.bytes) == (b.tiers.disk_slots, b.tiers.fresh_writes,
+                                                                         b.tiers.bytes)
+    for lv_a, lv_b in zip(a.tiers.levels, b.tiers.levels):
+        assert (lv_a.stored, lv_a.evictions, lv_a.hit_chunks) == (lv_b.stored, lv_b.evictions, lv_b.hit_chunks)
+    a.tiers.check()
+
+
 pressing = request_lists(st.integers(10, 30), st.integers(40, 200), st.integers(5, 40), st.integers(0, 2))
 
 
