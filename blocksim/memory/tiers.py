@@ -354,15 +354,11 @@ class TierStore:
     def _store_run(self, keys: list[int], table: list[int], first_block: int) -> None:
         """`_store_from_gpu` for each chunk of `keys` the top tier lacks when its turn comes, issued
         back to back (the same moves, links and records, without a call per chunk and per link)."""
-        levels, nbytes, now, step = self.levels, self.chunk_bytes, self.now_s, self.step
+        levels, now, step = self.levels, self.now_s, self.step
         top = levels[0]
         below = levels[1] if len(levels) > 1 else None
-        d2h, dw = self.d2h, self.disk_write
-        t_d2h = d2h.seconds(nbytes)
-        d2h_free = max(now, d2h.free_s)
-        dw_free = dw.free_s
+        t_d2h, d2h_free, dw_free, fresh_before = self._stores_begin()
         writes = down = 0
-        fresh_before = self.fresh_writes
         top_disk = top.name == DISK
         wb_below = below is not None and below.write == WRITE_BACK
         wt_below = below is not None and below.write == WRITE_THROUGH
@@ -414,10 +410,23 @@ class TierStore:
                 dw_free = self._put_below(key, max(now, end, dw_free), step,
                                           TierOp(step, "store", top.name, below.name, key, ())
                                           if ops is not None else None)
+        self._stores_end(top.name, n, t_d2h, d2h_free, writes, fresh_before, dw_free, down)
+
+    def _stores_begin(self) -> tuple[float, float, float, int]:
+        """For chunks stored back to back from the GPU: the seconds one takes over the device-to-host
+        link, when that link and the disk's writes are free, and `fresh_writes` before them."""
+        return (self.d2h.seconds(self.chunk_bytes), max(self.now_s, self.d2h.free_s), self.disk_write.free_s,
+                self.fresh_writes)
+
+    def _stores_end(self, top: str, n: int, t_d2h: float, d2h_free: float, writes: int, fresh_before: int,
+                    dw_free: float, down: int) -> None:
+        """The links and byte counts after `n` chunks stored back to back into tier `top`, `writes`
+        of them written to the disk below (`down` moved there)."""
+        d2h, nbytes = self.d2h, self.chunk_bytes
         d2h.free_s, d2h.busy_s, d2h.bytes = d2h_free, d2h.busy_s + n * t_d2h, d2h.bytes + n * nbytes
         if writes:
             self._written(writes, fresh_before, dw_free)
-        self.bytes[(GPU, top.name)] += n * nbytes
+        self.bytes[(GPU, top)] += n * nbytes
         if down:
             self.bytes[(HOST, DISK)] += down * nbytes
 
@@ -1090,13 +1099,9 @@ class TierStore:
         lv, w, T, K = self.lv, self._rw, self._rT, self._rK
         top = lv[0]
         below = lv[1] if len(lv) > 1 else None
-        nbytes, now = self.chunk_bytes, self.now_s
-        d2h, dw = self.d2h, self.disk_write
-        t_d2h = d2h.seconds(nbytes)
-        d2h_free = max(now, d2h.free_s)
-        dw_free = dw.free_s
+        now = self.now_s
+        t_d2h, d2h_free, dw_free, fresh_before = self._stores_begin()
         writes = n = 0
-        fresh_before = self.fresh_writes
         self.version += 1
         for key in keys:
             g = w.get(key)
@@ -1122,12 +1127,7 @@ class TierStore:
             self._r_insert([key], [w.get(key)], [d2h_free])
             self._rhn += 1
             top.stored += 1
-        d2h.free_s, d2h.busy_s, d2h.bytes = d2h_free, d2h.busy_s + n * t_d2h, d2h.bytes + n * nbytes
-        if writes:
-            self._written(writes, fresh_before, dw_free)
-        self.bytes[(GPU, top.name)] += n * nbytes
-        if writes:
-            self.bytes[(HOST, DISK)] += writes * nbytes
+        self._stores_end(top.name, n, t_d2h, d2h_free, writes, fresh_before, dw_free, writes)
 
     def _r_ends(self, keys, n: int) -> tuple[list[float], list[int], list[int], list[float]]:
         """`_ends` on the runs."""

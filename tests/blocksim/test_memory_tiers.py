@@ -247,6 +247,13 @@ def test_the_plan_records_tier_ops(tmp_path):
             assert r.key in held[r.src], f"load of {r.key} from {r.src} which does not hold it"
 
 
+def assert_same_links(a, b):
+    """Engines `a` and `b`: their tiers' links end equally free and busy, having moved the same bytes."""
+    for link in ("h2d", "d2h", "disk_read", "disk_write"):
+        x, y = getattr(a.tiers, link), getattr(b.tiers, link)
+        assert (x.free_s, x.busy_s, x.bytes) == (y.free_s, y.busy_s, y.bytes), link
+
+
 def assert_same_tier_runs(a, ra, b, rb):
     """Engines `a` and `b` and their results: the same summary (but wall time), the same request,
     step and tier records exactly, and the same contents of every tier in the same order."""
@@ -337,9 +344,7 @@ def test_batched_tier_moves_give_the_records_of_moves_one_chunk_at_a_time(
         runs.append((e, e.run()))
     (a, ra), (b, rb) = runs
     assert_same_tier_runs(a, ra, b, rb)
-    for link in ("h2d", "d2h", "disk_read", "disk_write"):
-        x, y = getattr(a.tiers, link), getattr(b.tiers, link)
-        assert (x.free_s, x.busy_s, x.bytes) == (y.free_s, y.busy_s, y.bytes), link
+    assert_same_links(a, b)
     assert (a.tiers.disk_slots, a.tiers.fresh_writes) == (b.tiers.disk_slots, b.tiers.fresh_writes)
 
 
@@ -462,9 +467,7 @@ def test_tier_position_runs_give_the_records_of_the_tiers_tables(policy, reqs, g
         runs.append((e, e.run()))
     (a, ra), (b, rb) = runs
     assert_same_tier_runs(a, ra, b, rb)
-    for link in ("h2d", "d2h", "disk_read", "disk_write"):
-        x, y = getattr(a.tiers, link), getattr(b.tiers, link)
-        assert (x.free_s, x.busy_s, x.bytes) == (y.free_s, y.busy_s, y.bytes), link
+    assert_same_links(a, b)
     assert (a.tiers.disk_slots, a.tiers.fresh_writes, a.tiers.bytes) == (b.tiers.disk_slots, b.tiers.fresh_writes,
                                                                          b.tiers.bytes)
     for lv_a, lv_b in zip(a.tiers.levels, b.tiers.levels):
