@@ -85,6 +85,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
+#: Prompts of a step up to which its prefill attention is priced in plain Python (`Table.point`): two
+#: prompts take 0.12 ms so against 0.26 ms over arrays, eight 0.3 ms against 0.27 ms.
+FEW_PROMPTS = 6
 #: Cached tokens from which one prompt between the prefill grid's one- and two-blocks-an-SM points is
 #: priced per key of its busiest SM (`ProfiledCostModel._per_key_table`): the least cached count
 #: `placement.share_of` reads the share at.
@@ -269,7 +272,7 @@ class ProfiledCostModel:
                 hit = (self._alone(pv, cv), tuple(a for a, (lo, hi), v in zip(tab.axes, self._prefill_range,
                                                                                    (1.0, pv, cv)) if not lo <= v <= hi))
                 self._memo[key] = hit
-        else:  # a few prompts: plain Python too (`Table.point`), as numpy's start outweighs the work
+        elif n <= FEW_PROMPTS:  # a few prompts: plain Python too (`Table.point`), as numpy's start outweighs the work
             p = [float(x) for x in new_tokens]
             c = [0.0] * n if cached_tokens is None else [float(x) for x in cached_tokens]
             # each prompt at the batch of its own shape that would last as long as the whole batch
@@ -288,6 +291,21 @@ class ProfiledCostModel:
             hit = (base, tuple(a for a, out in zip(tab.axes, (not b_lo <= 1.0 <= b_hi or not b_lo <= n <= b_hi,
                                                               min(p) < p_lo or max(p) > p_hi,
                                                               min(c) < c_lo or max(c) > c_hi)) if out))
+        else:  # many prompts: the same rule over arrays
+            p = np.asarray(new_tokens, dtype=np.float64)
+            c = np.zeros_like(p) if cached_tokens is None else np.asarray(cached_tokens, dtype=np.float64)
+            alone = np.maximum(tab.eval(1.0, p, c), 1e-12)
+            if self._per_key is not None:
+                lo, hi, _, least, _ = self._per_key
+                for k in np.nonzero((p > lo) & (p < hi) & (c >= least))[0]:
+                    alone[k] = max(self._alone(float(p[k]), float(c[k])), 1e-12)
+            batch = np.minimum(alone.sum() / alone, max(float(n), float(tab.grids[0][-1])))
+            base = float(np.sum(tab.eval(batch, p, c) / batch))
+            base = max(base, float(alone.max()))
+            if self.placement is not None:
+                base = max(base, self._placed(p.tolist(), c.tolist(), alone.tolist()))
+            hit = (base, tuple(a for a, vals in zip(tab.axes, (np.asarray([1.0, n]), p, c))
+                               if tab.outside(tab.axes.index(a), vals).any()))
         for axis in hit[1]:
             self.step_outside[f"attn_prefill.{axis}"] += 1
         return hit[0]

@@ -188,3 +188,23 @@ def test_a_profile_naming_a_bad_sm_count_is_refused_in_one_line(tmp_path, value)
     with pytest.raises(ConfigError, match=r"num_sms: expected a whole number of SMs >= 0") as e:
         load_profile(path)
     assert "\n" not in str(e.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 700), st.integers(0, 9000)), min_size=2, max_size=6))
+def test_few_and_many_prompts_are_priced_by_one_rule(prompts):
+    """The plain-Python path for a few prompts and the array path for many give the same price:
+    the same prompts, padded with copies of themselves past the few, against pricing them alone."""
+    import tempfile
+    from pathlib import Path
+    from blocksim.cost import profiled as pm
+    with tempfile.TemporaryDirectory() as d:
+        m = profiled(Path(d), "kernel")
+    new, cached = [p for p, _ in prompts], [c for _, c in prompts]
+    few = m.attn_prefill(new, cached)
+    old, pm.FEW_PROMPTS = pm.FEW_PROMPTS, 0
+    try:
+        many = m.attn_prefill(new, cached)
+    finally:
+        pm.FEW_PROMPTS = old
+    assert many == pytest.approx(few, rel=1e-12)
