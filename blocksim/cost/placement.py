@@ -51,6 +51,13 @@ def prefill_config(num_seqs: int, max_new: int, num_heads: int, num_kv_heads: in
     return 1 if large * LARGE_ROWS - rows >= PADDING_SHARE * rows else 0
 
 
+def block_rows(num_seqs: int, max_new: int, num_heads: int, num_kv_heads: int, head_size: int,
+               num_sms: int) -> int:
+    """Packed query rows of one thread block in the configuration `prefill_config` picks."""
+    return LARGE_ROWS if prefill_config(num_seqs, max_new, num_heads, num_kv_heads, head_size, num_sms) == 0 \
+        else LARGE_ROWS // 2
+
+
 def sm_keys(new, cached, num_heads: int, num_kv_heads: int, head_size: int, num_sms: int
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per SM: the keys of its longest block, the keys of all its blocks and its block count, for
@@ -59,8 +66,7 @@ def sm_keys(new, cached, num_heads: int, num_kv_heads: int, head_size: int, num_
     cached = np.asarray(cached).astype(np.int64)
     group = num_heads // num_kv_heads
     rows = new * group
-    bm = LARGE_ROWS if prefill_config(len(new), int(new.max()), num_heads, num_kv_heads, head_size,
-                                      num_sms) == 0 else LARGE_ROWS // 2
+    bm = block_rows(len(new), int(new.max()), num_heads, num_kv_heads, head_size, num_sms)
     bx = -(-int(rows.max()) // bm)
     if bx <= 0:  # no new token: no block does any work
         return np.zeros(num_sms, np.int64), np.zeros(num_sms, np.int64), np.zeros(num_sms, np.int64)
@@ -82,8 +88,7 @@ def busiest(new, cached, num_heads: int, num_kv_heads: int, head_size: int, num_
         if int(new[0]) <= 0:
             return 0.0
         group = num_heads // num_kv_heads
-        bm = LARGE_ROWS if prefill_config(1, int(new[0]), num_heads, num_kv_heads, head_size, num_sms) == 0 \
-            else LARGE_ROWS // 2
+        bm = block_rows(1, int(new[0]), num_heads, num_kv_heads, head_size, num_sms)
         if -(-int(new[0]) * group // bm) * num_kv_heads <= num_sms:
             return float(int(cached[0]) + int(new[0]))
     longest, total, _ = sm_keys(new, cached, num_heads, num_kv_heads, head_size, num_sms)
@@ -93,8 +98,7 @@ def busiest(new, cached, num_heads: int, num_kv_heads: int, head_size: int, num_
 def live_blocks(new, num_heads: int, num_kv_heads: int, head_size: int, num_sms: int) -> int:
     """The thread blocks of the launch that do any work (those past their sequence's rows exit)."""
     group = num_heads // num_kv_heads
-    bm = LARGE_ROWS if prefill_config(len(new), int(max(new)), num_heads, num_kv_heads, head_size, num_sms) == 0 \
-        else LARGE_ROWS // 2
+    bm = block_rows(len(new), int(max(new)), num_heads, num_kv_heads, head_size, num_sms)
     return num_kv_heads * sum(-(-int(p) * group // bm) for p in new)
 
 

@@ -165,7 +165,7 @@ class ProfiledCostModel:
         None otherwise."""
         sms = int(profile.header.get("num_sms") or config.gpu.num_sms)
         g = profile.tables["attn_prefill"]
-        if profile.header.get("prefill_attention") != "kernel" or not sms or g.grids[0][0] != 1:
+        if profile.header.get("prefill_attention") != "kernel" or not sms:
             return None
         m, tp = config.model, config.tensor_parallel
         if m.head_size > 128:  # other tiles, one block an SM at a time (`blocksim.cost.placement`)
@@ -174,8 +174,8 @@ class ProfiledCostModel:
         share = placement.share_of(g.grids[0], g.grids[1], g.grids[2], g.seconds, *shape)
         return None if share is None else (*shape, share)
 
-    def _per_key_table(self) -> tuple[float, float, Table, float, float] | None:
-        """(first, last, table, least cached, most cached) where one prompt's new tokens go from a
+    def _per_key_table(self) -> tuple[float, float, Table, float] | None:
+        """(first, last, table, most cached) where one prompt's new tokens go from a
         grid point whose blocks sit one to an SM to the next, whose blocks sit two to an SM: the
         table holds each cell's seconds over its busiest SM (`placement.busiest`) at those two
         points and every cached count; it prices from `PER_KEY_CACHED` cached tokens (below, a
@@ -192,16 +192,16 @@ class ProfiledCostModel:
                          for i, c in enumerate(g[2])] for k, x in enumerate((a, b))]
                 return (float(a), float(b), Table(Grid("attn_prefill_per_key", ("new_tokens", "cached_tokens"),
                                                        (np.asarray([a, b], np.float64), g[2]), np.asarray(rows))),
-                        float(PER_KEY_CACHED), float(g[2][-1]))
+                        float(g[2][-1]))
         return None
 
     def _alone(self, p: float, c: float) -> float:
         """One prompt of `p` new tokens after `c` cached alone: the table at batch 1, or, between
         the grid's points where its blocks go from one to two an SM (`_per_key_table`), the
         seconds per busiest-SM key there times its own busiest SM."""
-        if self._per_key is not None and self._per_key[0] < p < self._per_key[1] and c >= self._per_key[3]:
+        if self._per_key is not None and self._per_key[0] < p < self._per_key[1] and c >= PER_KEY_CACHED:
             heads, kv, head, sms, share = self.placement
-            held = min(c, self._per_key[4])  # seconds per key held at the grid's edge, never extrapolated
+            held = min(c, self._per_key[3])  # seconds per key held at the grid's edge, never extrapolated
             return self._per_key[2].point(p, held) * placement.busiest([int(p)], [int(c)], heads, kv, head, sms,
                                                                       share)
         return self.prefill.point(1.0, p, c)
@@ -296,8 +296,8 @@ class ProfiledCostModel:
             c = np.zeros_like(p) if cached_tokens is None else np.asarray(cached_tokens, dtype=np.float64)
             alone = np.maximum(tab.eval(1.0, p, c), 1e-12)
             if self._per_key is not None:
-                lo, hi, _, least, _ = self._per_key
-                for k in np.nonzero((p > lo) & (p < hi) & (c >= least))[0]:
+                lo, hi = self._per_key[:2]
+                for k in np.nonzero((p > lo) & (p < hi) & (c >= PER_KEY_CACHED))[0]:
                     alone[k] = max(self._alone(float(p[k]), float(c[k])), 1e-12)
             batch = np.minimum(alone.sum() / alone, max(float(n), float(tab.grids[0][-1])))
             base = float(np.sum(tab.eval(batch, p, c) / batch))
