@@ -791,7 +791,9 @@ def test_estimate_adds_each_models_profile_at_the_seconds_its_shipped_profile_to
     from validation.profile import LINEAR_TOKENS
     more = len(set(LINEAR_TOKENS) - set(prof["components"]["linear"]["grid"]["tokens"]))
     want += more * fr.LINEAR_POINT_S  # today's linear grid, beyond the points the profile holds
-    assert lines[0].startswith("profile llama-3-8b (as measured, decode_step_shared, decode_step_padded added later"
+    added = [n for n, c in prof["components"].items() if isinstance(c, dict) and "measured" in c]
+    assert sorted(added) == ["decode_step_padded", "decode_step_shared"]
+    assert lines[0].startswith(f"profile llama-3-8b (as measured, {', '.join(added)} added later"
                                + (f", {more} linear points more" if more else ")"))
     assert float(lines[0].split()[-2]) == pytest.approx(want, abs=0.5)
     assert float(lines[-1].split()[-2]) == pytest.approx(want + float(lines[1].split()[-2]), abs=1.0)
@@ -862,3 +864,41 @@ def test_prefill_placement_puts_two_long_blocks_on_one_sm_where_the_boundary_add
     assert pp.main() == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "not a wide_steps.py result" in err
+
+
+def _carry_script():
+    import importlib.util
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("profile_carry_table", root / "benchmarks" / "profile_carry_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_carried_table_keeps_its_lease_and_the_profile_still_loads(tmp_path, capsys):
+    """A table carried from another lease's profile is the source's, names where it was measured
+    and where it came from; a profile of another model is refused in one line, exit 2, the
+    destination left as it was."""
+    from blocksim.cost.profile_file import load_profile
+    mod = _carry_script()
+    res = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    src = res / "fidelity-h100-lease6" / "profiles" / "llama-3-8b__h100-80gb__float16__tp1.json"
+    dest = tmp_path / "llama-3-8b__h100-80gb__float16__tp1.json"
+    dest.write_text((res / "fidelity-h100-lease7" / "profiles" / dest.name).read_text())
+    assert "decode_step_shared" not in json.loads(dest.read_text())["components"]
+    assert mod.main([str(src), str(dest), "--table", "decode_step_shared"]) == 0
+    before, after = json.loads(src.read_text())["components"], json.loads(dest.read_text())
+    table = after["components"]["decode_step_shared"]
+    assert table["seconds"] == before["decode_step_shared"]["seconds"]
+    assert table["measured"]["utc"] == before["decode_step_shared"]["measured"]["utc"]
+    assert table["measured"]["carried_from"]["profile"] == src.name
+    assert after["created_utc"] != table["measured"]["utc"]
+    assert "decode_step_shared" in load_profile(str(dest)).tables_measured
+    other = Path(__file__).resolve().parents[2] / "blocksim" / "profiles" / "llama-2-7b__h100-80gb__float16__tp1.json"
+    text = dest.read_text()
+    capsys.readouterr()
+    assert mod.main([str(other), str(dest), "--table", "decode_step_shared"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model" in err[0] and "llama-2-7b" in err[0]
+    assert mod.main([str(src), str(dest), "--table", "overhead"]) == 2
+    assert dest.read_text() == text
