@@ -988,13 +988,18 @@ def commands_block(a, devices: list[str], added: list[str] | None = None) -> str
             prof = json.loads(f.read_text())
             if prof.get("command"):
                 lines.append(f"# {f.name} measured by: {prof['command']}")
-            later: dict[str, list[str]] = {}  # tables added later (`--add-table`), by the command that added them
+            later: dict[tuple, list[str]] = {}  # tables added later (`--add-table`), by the command that added them
             for name, c in prof.get("components", {}).items():
-                cmd = (c.get("measured") or {}).get("command") if isinstance(c, dict) else None
-                if cmd:
-                    later.setdefault(cmd, []).append(name)
-            for cmd, names in later.items():
-                lines.append(f"#   then, its {', '.join(names)} by: {cmd}")
+                m = (c.get("measured") or {}) if isinstance(c, dict) else {}
+                if m.get("command"):
+                    carried = (m.get("carried_from") or {}).get("profile")
+                    later.setdefault((m["command"], carried), []).append(name)
+            for (cmd, carried), names in later.items():
+                if carried:  # measured on another lease (benchmarks/profile_carry_table.py)
+                    lines.append(f"#   its {', '.join(names)} carried from another lease's {carried} "
+                                 f"(benchmarks/profile_carry_table.py), measured there by: {cmd}")
+                else:
+                    lines.append(f"#   then, its {', '.join(names)} by: {cmd}")
     lines += ["# on any machine, with the executed runs and profiles fetched"
               + (f" (the profiles into {pdir}, the shipped ones left as they are)" if pdir else ""),
               f"python benchmarks/fidelity_runs.py simulate --exec {a.exec} --out {a.sim}"

@@ -902,3 +902,28 @@ def test_a_carried_table_keeps_its_lease_and_the_profile_still_loads(tmp_path, c
     assert len(err) == 1 and "model" in err[0] and "llama-2-7b" in err[0]
     assert mod.main([str(src), str(dest), "--table", "overhead"]) == 2
     assert dest.read_text() == text
+
+
+def test_the_commands_name_a_table_carried_from_another_lease(tmp_path):
+    """A profile whose table was carried from another lease's profile says so in the commands
+    block, with the command that measured it there; a table added on its own lease stays 'then'."""
+    import argparse
+    fr = _fidelity_runs()
+    prof = {"command": "blocksim profile --model llama-3-8b", "components": {
+        "decode_step_padded": {"measured": {"command": "blocksim profile --add-table decode_step_padded"}},
+        "decode_step_shared": {"measured": {"command": "blocksim profile --add-table decode_step_shared",
+                                            "carried_from": {"profile": "lease6.json"}}}}}
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "llama-3-8b__h100-80gb__float16__tp1.json").write_text(json.dumps(prof))
+    twin = tmp_path / "sim" / "profiled" / "mooncake-60__vllm__llama-3-8b"
+    twin.mkdir(parents=True)
+    (twin / "summary.json").write_text(json.dumps({"cost_model": {
+        "name": "profiled", "profile": str(pdir / "llama-3-8b__h100-80gb__float16__tp1.json")}}))
+    a = argparse.Namespace(exec=str(tmp_path / "exec"), sim=str(tmp_path / "sim"), same_lease=True,
+                           added_tables_lease=False, repeat=None, repeat_sim=None, sensitivity=None,
+                           json="out.json", markdown="out.md")
+    text = fr.commands_block(a, ["NVIDIA H100 80GB HBM3"])
+    assert "#   then, its decode_step_padded by: blocksim profile --add-table decode_step_padded" in text
+    assert ("#   its decode_step_shared carried from another lease's lease6.json (benchmarks/profile_carry_table.py), "
+            "measured there by: blocksim profile --add-table decode_step_shared") in text
