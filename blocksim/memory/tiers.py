@@ -70,6 +70,7 @@ DIRECTIONS = ((GPU, HOST), (GPU, DISK), (HOST, DISK), (HOST, GPU), (DISK, GPU))
 #: load takes it from (0 host, 1 disk)
 _NO_HOST = bytes.maketrans(b"\x01\x03", b"\x00\x02")
 _TO_DISK = bytes.maketrans(b"\x00\x01", b"\x02\x03")
+_TO_HOST = bytes.maketrans(b"\x00\x02", b"\x01\x03")
 _WHERE = bytes.maketrans(b"\x01\x02\x03", b"\x00\x01\x00")
 _LACKS = bytes.maketrans(b"\x01\x02\x03", b"\x01\x00\x00")  # a victim of the host the disk lacks
 
@@ -922,6 +923,17 @@ class TierStore:
                     last[2] = g0 + k - j
                 else:
                     H.append([s, g0, g0 + k - j])
+            elif gids[k - 1] - gids[j] == k - 1 - j and gids[j:k] == list(range(gids[j], gids[k - 1] + 1)):
+                # chunks the disk holds at consecutive positions, stored in the host again: one range
+                g0, g1 = gids[j], gids[k - 1] + 1
+                T[g0:g1] = T[g0:g1].translate(_TO_HOST)
+                HL[g0:g1] = landed[j:k]
+                HS[g0:g1] = repeat(s, k - j)
+                last = H[-1] if H else None
+                if last is not None and last[0] == s and last[2] == g0:
+                    last[2] = g1
+                else:
+                    H.append([s, g0, g1])
             else:  # chunks the disk holds, stored in the host again
                 for g, x in zip(gids[j:k], landed[j:k]):
                     T[g] |= 1
