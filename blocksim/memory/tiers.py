@@ -106,12 +106,15 @@ class TierStore:
         self.chunk_tokens = chunk_tokens
         self.chunk_blocks = chunk_tokens // block_size
         self.chunk_bytes = chunk_bytes
-        self.levels: list[Tier] = []
+        #: the tiers, top first, however their chunks are held (`levels` reads them out of the
+        #: position runs first; the store's own paths that run on the runs read `lv`)
+        self.lv: list[Tier] = []
+        self._runs = False
         for name in (HOST, DISK):
             gib = getattr(config, f"{name}_gib")
             if gib > 0:
-                self.levels.append(Tier(name, int(gib * GiB // chunk_bytes), getattr(config, f"{name}_eviction"),
-                                        getattr(config, f"{name}_write")))
+                self.lv.append(Tier(name, int(gib * GiB // chunk_bytes), getattr(config, f"{name}_eviction"),
+                                    getattr(config, f"{name}_write")))
         self.h2d = Link("h2d", host_link_gbps, link_latency_s)
         self.d2h = Link("d2h", host_link_gbps, link_latency_s)
         self.disk_read = Link("disk_read", config.disk_read_gbps, config.disk_latency_s)
@@ -157,12 +160,9 @@ class TierStore:
         self.hit_tokens = {GPU: 0, HOST: 0, DISK: 0}
         self.query_tokens = self.skipped_tokens = self.lookups = 0
         self.bytes = {d: 0 for d in DIRECTIONS}
-        top = self.levels[0].write
+        top = self.lv[0].write
         self.wants_gpu_hits = top == SELECTIVE
         self.wants_gpu_evictions = top == WRITE_BACK
-        #: the tiers, whichever way they are held (`levels` is the same list once the chunk tables hold them)
-        self.lv = self.levels
-        self._runs = False
         lv = self.lv
         if (self.runs and self.chunk_blocks == 1 and not log_events and lv[0].name == HOST
                 and lv[0].write == WRITE_THROUGH and type(lv[0].cache) is LRU
@@ -174,13 +174,13 @@ class TierStore:
     #: False: in the tiers' own tables from the start
     runs = True
 
-    def __getattr__(self, name: str):
-        # `levels` is absent while the position runs hold the chunks: reading it moves them into
-        # the tiers' own tables first (`_r_materialize`)
-        if name == "levels" and self.__dict__.get("_runs"):
+    @property
+    def levels(self) -> list[Tier]:
+        """The tiers, top first, each holding its chunks in its own table: while the position runs
+        hold the chunks, reading this moves them into the tables first (`_r_materialize`)."""
+        if self._runs:
             self._r_materialize()
-            return self.__dict__["levels"]
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return self.lv
 
     def use_measured(self, per_chunk_s: dict[str, float], source: str) -> None:
         """Price the channels by measured seconds per chunk (`blocksim.cost.tier_transfer`): the
@@ -833,7 +833,6 @@ class TierStore:
         self._rs = 0
         self._rhn = self._rdn = 0
         self._r_last: tuple | None = None  # (keys, n, version, their runs) of the last `_r_ends`
-        del self.levels
 
     def _r_ok(self) -> bool:
         """Whether the runs may go on holding the chunks; if not, the tiers' tables take over."""
@@ -859,7 +858,6 @@ class TierStore:
                         members[K[p]] = landed[p]
             lv.cache.members = members
             lv.cache.log = []
-        self.levels = self.lv
         self._rw = self._rK = self._rT = self._rHL = self._rDL = self._rHS = self._rDS = None
         self._rH = self._rD = self._r_last = None
 
