@@ -4,8 +4,9 @@
 # (preset vllm) executed for llama-2-7b and llama-3-8b, as in benchmarks/FIDELITY-h100.md. See
 # benchmarks/FIDELITY.md for the rest.
 # On an H100 the kernel build takes ~30 s, the conversation slice ~42-44 s and the code slice ~21 s;
-# a profile takes 4.8 min (llama-2-7b: 285 s measured, of which attn_prefill 99 s) to 6 min
-# (llama-3-8b: 363 s, attn_prefill 181 s), each table's seconds under the profile's `measure_s`,
+# a profile takes 4.8 min (llama-2-7b on the linear grid of its shipped profile, every 64 tokens:
+# 285 s measured, of which attn_prefill 99 s) to 8 min (llama-3-8b on today's grid, every 16 tokens
+# from 256: 468 s, linear 142 s, attn_prefill 199 s), each table's seconds under the profile's `measure_s`,
 # plus decode_step_padded, 3 pairs of timings a cell (with one pair a cell it took 25-30 s,
 # measured alone by benchmarks/profile_add_table.sh).
 # Where a call is limited to 10 minutes, give it one model:
