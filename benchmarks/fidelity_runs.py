@@ -201,7 +201,9 @@ def profile_seconds(model: str, gpu: str, tensor_parallel: int = 1) -> tuple[flo
     """(seconds, what they cover) that measuring the shipped profile of `model` on `gpu` took, as the
     profile records them (`measure_s`, and each table added later under its `measured` key), and
     `LINEAR_POINT_S` for each point of today's linear grid (`validation.profile.LINEAR_TOKENS`) the
-    profile lacks; None where there is no such profile or it records no seconds."""
+    profile lacks, and for each of today's decode contexts (`DECODE_CONTEXT`, up to its largest) it
+    lacks, the seconds a context of its decode tables took; None where there is no such profile or it
+    records no seconds."""
     f = ROOT / "blocksim" / "profiles" / f"{model}__{gpu}__float16__tp{tensor_parallel}.json"
     if not f.is_file():
         return None, f"no shipped profile {f.name}"
@@ -214,11 +216,20 @@ def profile_seconds(model: str, gpu: str, tensor_parallel: int = 1) -> tuple[flo
         if isinstance(m, dict) and isinstance(m.get("measure_s"), (int, float)):
             secs += float(m["measure_s"])
             added.append(name)
-    from validation.profile import LINEAR_TOKENS
-    held = set(prof.get("components", {}).get("linear", {}).get("grid", {}).get("tokens", []))
+    from validation.profile import DECODE_CONTEXT, LINEAR_TOKENS
+    comps = prof.get("components", {})
+    held = set(comps.get("linear", {}).get("grid", {}).get("tokens", []))
     more = sum(1 for t in LINEAR_TOKENS if t not in held)
-    return secs + more * LINEAR_POINT_S, "as measured" + (f", {', '.join(added)} added later" if added else "") + (
-        f", {more} linear points more at {LINEAR_POINT_S} s" if more else "")
+    # today's decode contexts the profile lacks, each at the seconds a context of its own decode
+    # tables took (attn_decode, decode_step and decode_step_longest measured with the profile)
+    ctx = comps.get("attn_decode", {}).get("grid", {}).get("context", [])
+    decode_s = sum(v for k, v in prof["measure_s"].items() if {"attn_decode", "decode_step"} & set(k.split(", ")))
+    ctx_more = sum(1 for c in DECODE_CONTEXT if c not in ctx and c <= max(ctx, default=0))
+    ctx_s = ctx_more * decode_s / len(ctx) if ctx else 0.0
+    return secs + more * LINEAR_POINT_S + ctx_s, "as measured" + (
+        f", {', '.join(added)} added later" if added else "") + (
+        f", {more} linear points more at {LINEAR_POINT_S} s" if more else "") + (
+        f", {ctx_more} decode contexts more at {ctx_s / ctx_more:.1f} s" if ctx_more else "")
 
 
 def cmd_estimate(a) -> int:

@@ -119,7 +119,12 @@ PREFILL_BATCH = (1, 2, 4, 8)
 PREFILL_NEW = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 PREFILL_CACHED = (0, 512, 2048, 8192)
 DECODE_BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-DECODE_CONTEXT = (16, 64, 256, 1024, 2048, 4096, 8192)
+#: Contexts of ``attn_decode``, ``decode_step`` and ``decode_step_longest``: every power of two from
+#: 64. Without 128 and 512 (points four times apart there), the executed H100 runs' graph steps of
+#: one row were priced short between 64 and 1,024 tokens of context, most at 512-640 (-1.3% to
+#: -1.6%), up to -0.7% at 128-256, on the lease-6 and lease-7 sets alike, each priced by its own
+#: lease's profile (benchmarks/results/fidelity-h100-lease7/graph-steps-by-context.json).
+DECODE_CONTEXT = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 STEP_BATCH = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 #: The longest row's context over the mean context of a graph step's rows (`spread_contexts`).
 LONGEST = (1.0, 1.5, 2.0, 3.0, 5.0, 8.0)

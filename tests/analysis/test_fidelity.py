@@ -788,13 +788,18 @@ def test_estimate_adds_each_models_profile_at_the_seconds_its_shipped_profile_to
                               tensor_parallel=1, profiles=True)
     assert fr.cmd_estimate(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    from validation.profile import LINEAR_TOKENS
+    from validation.profile import DECODE_CONTEXT, LINEAR_TOKENS
     more = len(set(LINEAR_TOKENS) - set(prof["components"]["linear"]["grid"]["tokens"]))
     want += more * fr.LINEAR_POINT_S  # today's linear grid, beyond the points the profile holds
+    ctx = prof["components"]["attn_decode"]["grid"]["context"]
+    ctx_more = len([c for c in DECODE_CONTEXT if c not in ctx and c <= max(ctx)])
+    # each decode context it lacks at the seconds one of its own took (its decode tables' over their contexts)
+    want += ctx_more * (prof["measure_s"]["attn_decode"] + prof["measure_s"]["decode_step, decode_step_longest"]) / len(ctx)
     added = [n for n, c in prof["components"].items() if isinstance(c, dict) and "measured" in c]
     assert sorted(added) == ["decode_step_padded", "decode_step_shared"]
     assert lines[0].startswith(f"profile llama-3-8b (as measured, {', '.join(added)} added later"
-                               + (f", {more} linear points more" if more else ")"))
+                               + (f", {more} linear points more" if more else "")
+                               + (f", {ctx_more} decode contexts more" if ctx_more else ")"))
     assert float(lines[0].split()[-2]) == pytest.approx(want, abs=0.5)
     assert float(lines[-1].split()[-2]) == pytest.approx(want + float(lines[1].split()[-2]), abs=1.0)
     args.gpu = "h200-141gb"  # its shipped profile records no measure_s
