@@ -262,13 +262,18 @@ def test_a_scaled_profile_prices_every_step_that_much_longer(tmp_path):
         assert cm_b == pytest.approx(1.25 * cm_a, rel=1e-9)
 
 
-def _fidelity_runs():
+def _benchmark_script(name: str):
+    """benchmarks/NAME.py loaded as a module."""
     import importlib.util
     root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("fidelity_runs", root / "benchmarks" / "fidelity_runs.py")
-    fr = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fr)
-    return fr
+    spec = importlib.util.spec_from_file_location(name, root / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _fidelity_runs():
+    return _benchmark_script("fidelity_runs")
 
 
 def test_sensitivity_scales_the_profile_its_twin_was_priced_by(tmp_path):
@@ -871,21 +876,12 @@ def test_prefill_placement_puts_two_long_blocks_on_one_sm_where_the_boundary_add
     assert len(err.strip().splitlines()) == 1 and "not a wide_steps.py result" in err
 
 
-def _carry_script():
-    import importlib.util
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("profile_carry_table", root / "benchmarks" / "profile_carry_table.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_a_carried_table_keeps_its_lease_and_the_profile_still_loads(tmp_path, capsys):
     """A table carried from another lease's profile is the source's, names where it was measured
     and where it came from; a profile of another model is refused in one line, exit 2, the
     destination left as it was."""
     from blocksim.cost.profile_file import load_profile
-    mod = _carry_script()
+    mod = _benchmark_script("profile_carry_table")
     res = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
     src = res / "fidelity-h100-lease6" / "profiles" / "llama-3-8b__h100-80gb__float16__tp1.json"
     dest = tmp_path / "llama-3-8b__h100-80gb__float16__tp1.json"
