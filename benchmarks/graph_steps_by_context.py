@@ -1,14 +1,14 @@
-"""The profiled model's error on executed graph-replayed decode steps of one and two rows, by their
-mean context (where the profile's context grid interpolates between its points):
+"""The profiled model's error on executed graph-replayed decode steps, by their rows (one, two, more)
+and their mean context (where the profile's context grid interpolates between its points):
 
     python benchmarks/graph_steps_by_context.py EXEC:SIM [EXEC:SIM ...] --json OUT
 
 EXEC: a folder of executed runs (`fidelity_runs.py execute`, plans recorded); SIM: the folder its
 twins were simulated into (`fidelity_runs.py simulate`), whose profiled twins name the profile that
 prices each run's steps. Each executed plan is re-priced step by step
-(`analysis.fidelity.reprice_plan`) and its decode-only steps of one or two rows are grouped by mean
-context in bins of 64 tokens up to 1,152, then wider; the JSON holds, per set and row count, each
-bin's steps and mean signed error (predicted / measured - 1).
+(`analysis.fidelity.reprice_plan`) and its decode-only steps are grouped by their rows (1, 2, 3 or
+more) and the mean context of their rows, in bins of 64 tokens up to 1,152, then wider; the JSON
+holds, per set and group, each bin's steps and mean signed error (predicted / measured - 1).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ BINS = [0, 64, *range(128, 1153, 64), 1536, 2048, 3072, 4096, 8192]
 
 
 def graph_steps(exec_dir: Path, sim_dir: Path) -> pd.DataFrame:
-    """One row per executed decode-only step of one or two rows: run, rows, mean context, error."""
+    """One row per executed decode-only step: run, rows, mean context of its rows, error."""
     from analysis.fidelity import reprice_plan
     from analysis.fidelity_replay import rebuild_cost_model
     from blocksim.records.plan import read_plan
@@ -42,7 +42,7 @@ def graph_steps(exec_dir: Path, sim_dir: Path) -> pd.DataFrame:
         measured = pd.read_parquet(run / "executor_steps.parquet").set_index("step")["measured_s"]
         _, _, seqs, _ = read_plan(run)
         for step, g in seqs.groupby("step"):
-            if g.is_prefill.any() or len(g) > 2 or step not in price or step not in measured.index:
+            if g.is_prefill.any() or step not in price or step not in measured.index:
                 continue
             rows.append({"run": run.name, "rows": len(g), "context": float(g.context_len.mean()),
                          "err": price[step] / float(measured[step]) - 1})
@@ -64,10 +64,9 @@ def main(argv=None) -> int:
             return 2
         d = graph_steps(Path(exec_dir), Path(sim_dir))
         entry = {"exec": exec_dir, "sim": sim_dir, "by_rows": {}}
-        for n in (1, 2):
-            b = d[d.rows == n]
+        for n, b in (("1", d[d.rows == 1]), ("2", d[d.rows == 2]), ("3+", d[d.rows > 2])):
             grouped = b.groupby(pd.cut(b.context, BINS), observed=True)["err"]
-            entry["by_rows"][str(n)] = [{"context": [float(i.left), float(i.right)], "steps": int(len(v)),
+            entry["by_rows"][n] = [{"context": [float(i.left), float(i.right)], "steps": int(len(v)),
                                          "mean_err": float(np.mean(v))} for i, v in grouped]
             print(f"{exec_dir} {n} row(s): " + ", ".join(f"({int(i.left)}, {int(i.right)}] {np.mean(v) * 100:+.1f}%"
                                                           for i, v in grouped if len(v)))
