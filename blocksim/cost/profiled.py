@@ -318,10 +318,9 @@ class ProfiledCostModel:
         live = [k for k, x in enumerate(p) if x > 0]
         if not live or placement.live_blocks([p[k] for k in live], heads, kv, head, sms) > 2 * sms:
             return 0.0
-        longest, total, _ = placement.sm_keys(p, c, heads, kv, head, sms)
         i = max(live, key=lambda k: alone[k])
         one = placement.busiest(p[i:i + 1], c[i:i + 1], heads, kv, head, sms, share)
-        return alone[i] * float(np.max(np.maximum(longest, share * total))) / one
+        return alone[i] * placement.busiest(p, c, heads, kv, head, sms, share) / one
 
     def _longest_plane(self, pad: int) -> Plane:
         """`decode_step_longest` at the padded batch `pad`: a plane over (context, longest)."""
