@@ -916,32 +916,20 @@ class TierStore:
                 DL.extend(repeat(None, k - j))
                 HS.extend(repeat(s, k - j))
                 DS.extend(repeat(-1, k - j))
-                last = H[-1] if H else None
-                if last is not None and last[0] == s and last[2] == g0:
-                    last[2] = g0 + k - j
-                else:
-                    H.append([s, g0, g0 + k - j])
+                _r_enter(H, s, g0, g0 + k - j)
             elif gids[k - 1] - gids[j] == k - 1 - j and gids[j:k] == list(range(gids[j], gids[k - 1] + 1)):
                 # chunks the disk holds at consecutive positions, stored in the host again: one range
                 g0, g1 = gids[j], gids[k - 1] + 1
                 T[g0:g1] = T[g0:g1].translate(_TO_HOST)
                 HL[g0:g1] = landed[j:k]
                 HS[g0:g1] = repeat(s, k - j)
-                last = H[-1] if H else None
-                if last is not None and last[0] == s and last[2] == g0:
-                    last[2] = g1
-                else:
-                    H.append([s, g0, g1])
+                _r_enter(H, s, g0, g1)
             else:  # chunks the disk holds, stored in the host again
                 for g, x in zip(gids[j:k], landed[j:k]):
                     T[g] |= 1
                     HL[g] = x
                     HS[g] = s
-                    last = H[-1] if H else None
-                    if last is not None and last[0] == s and last[2] == g:
-                        last[2] = g + 1
-                    else:
-                        H.append([s, g, g + 1])
+                    _r_enter(H, s, g, g + 1)
             j = k
         return True
 
@@ -1044,39 +1032,38 @@ class TierStore:
                 self._r_peek(excess)):
             self._r_store_run(keys)  # a chunk of `keys` the host holds would leave before its turn
             return True
-        nbytes, now = self.chunk_bytes, self.now_s
-        d2h = self.d2h
-        t_d2h = d2h.seconds(nbytes)
-        ends = list(accumulate(repeat(t_d2h, n), initial=max(now, d2h.free_s)))
+        t_d2h, d2h_free, dw_free, fresh_before = self._stores_begin()
+        ends = list(accumulate(repeat(t_d2h, n), initial=d2h_free))
         if not self._r_insert(new, newg, ends[1:], placed):
             self._r_materialize()
             return False
         self.version += 1
         self._rhn += n
         top.stored += n
-        d2h.free_s, d2h.busy_s, d2h.bytes = ends[-1], d2h.busy_s + n * t_d2h, d2h.bytes + n * nbytes
-        self.bytes[(GPU, top.name)] += n * nbytes
-        if excess <= 0:
-            return True
+        m = 0
+        if excess > 0:
+            m, dw_free = self._r_evict_below(excess, below, dw_free)
+        self._stores_end(top.name, n, t_d2h, ends[-1], m, fresh_before, dw_free, m)
+        return True
+
+    def _r_evict_below(self, excess: int, below: Tier | None, dw_free: float) -> tuple[int, float]:
+        """The `excess` least recent chunks out of the host, those the disk below lacks written back
+        to it once its writes are free at `dw_free` (without a disk the victims leave the tiers):
+        (chunks written, when the disk's writes are free after them)."""
         ranges, landed, tiers = self._r_evict(excess)
         self._rhn -= excess
-        top.evictions += excess
+        self.lv[0].evictions += excess
         if below is None:  # the victims leave the tiers
-            K, pop = self._rK, w.pop
+            K, pop = self._rK, self._rw.pop
             for lo, hi in ranges:
                 deque(map(pop, K[lo:hi]), 0)
                 K[lo:hi] = repeat(None, hi - lo)
-            return True
-        dw = self.disk_write
-        t_dw = dw.seconds(nbytes)
-        f = dw.free_s
-        f = f if f > now else now
-        fresh_before = self.fresh_writes
+            return 0, dw_free
         if 3 in tiers:  # victims the disk holds stay as they are there
             lacks = tiers.translate(_LACKS)
             landed = list(compress(landed, lacks))
             if not landed:
-                return True
+                return 0, dw_free
             written, o = [], 0
             for lo, hi in ranges:
                 k = hi - lo
@@ -1084,25 +1071,17 @@ class TierStore:
                 if c == k:
                     written.append((lo, hi))
                 elif c:
-                    p = lo
-                    for b, run in groupby(lacks[o:o + k]):
-                        q = p + len(list(run))
-                        if b:
-                            written.append((p, q))
-                        p = q
+                    written += [(p, q) for b, p, q in _runs_of(lacks[o:o + k], lo) if b]
                 o += k
             ranges = written
-        m = len(landed)
-        out = _queue(landed, f, t_dw)
-        f = out[-1]
+        m, now = len(landed), self.now_s
+        out = _queue(landed, dw_free if dw_free > now else now, self.disk_write.seconds(self.chunk_bytes))
         self._r_to_disk(ranges, out)
         below.stored += m
         self._rdn += m
         if self._rdn > self.disk_slots:
             self.disk_slots = self._rdn
-        self._written(m, fresh_before, f)
-        self.bytes[(HOST, DISK)] += m * nbytes
-        return True
+        return m, out[-1]
 
     def _r_store_run(self, keys: list[int]) -> None:
         """`_store_run` on the runs: each chunk the host lacks at its turn, one at a time."""
@@ -1194,11 +1173,8 @@ class TierStore:
             elif c == m:
                 disk.append((g, g + m))
             else:
-                p = g
-                for t, run in groupby(w):
-                    q = p + len(list(run))
+                for t, p, q in _runs_of(w, g):
                     (disk if t else host).append((p, q))
-                    p = q
         for ranges, stamps, entries in ((host, self._rHS, self._rH), (disk, self._rDS, self._rD)):
             for lo, hi in ranges:
                 s = self._rs
@@ -1267,6 +1243,26 @@ class TierStore:
 
 def _is_none(x) -> bool:
     return x is None
+
+
+def _r_enter(entries: deque, s: int, lo: int, hi: int) -> None:
+    """Positions [lo, hi) enter a recency order at stamp `s`: the last entry grows where it is of
+    the same stamp and ends at `lo`, else a new entry."""
+    last = entries[-1] if entries else None
+    if last is not None and last[0] == s and last[2] == lo:
+        last[2] = hi
+    else:
+        entries.append([s, lo, hi])
+
+
+def _runs_of(values, lo: int) -> list[tuple[int, int, int]]:
+    """(value, first, end) of each run of equal `values`, their positions counted from `lo`."""
+    out, p = [], lo
+    for v, run in groupby(values):
+        q = p + len(list(run))
+        out.append((v, p, q))
+        p = q
+    return out
 
 
 def _queue(ready: list[float], f: float, t: float) -> list[float]:
