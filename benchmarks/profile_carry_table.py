@@ -14,7 +14,7 @@ not at all, and only if the simulator's loader reads the result.
 from __future__ import annotations
 
 import argparse
-import json
+import copy
 import sys
 from pathlib import Path
 
@@ -30,13 +30,14 @@ class CarryError(Exception):
 
 
 def _read(path: Path) -> dict:
+    """The profile at `path` as its JSON object, once the simulator's loader reads it."""
+    from blocksim.config import ConfigError
+    from blocksim.cost.profile_file import load_profile, read_json
     try:
-        prof = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise CarryError(f"{path}: not a readable cost profile ({e}); give a file `blocksim profile` wrote")
-    if not isinstance(prof, dict) or not isinstance(prof.get("components"), dict):
-        raise CarryError(f"{path}: no components; give a file `blocksim profile` wrote")
-    return prof
+        load_profile(path)
+        return read_json(path)
+    except ConfigError as e:
+        raise CarryError(f"{e}; give a file `blocksim profile` wrote") from None
 
 
 def carry(source: dict, dest: dict, table: str, source_name: str) -> dict:
@@ -56,7 +57,7 @@ def carry(source: dict, dest: dict, table: str, source_name: str) -> dict:
     if not isinstance(comp, dict):
         raise CarryError(f"--table {table}: the source profile has no such table; name one it holds "
                          f"({', '.join(sorted(source['components']))})")
-    comp = json.loads(json.dumps(comp))
+    comp = copy.deepcopy(comp)
     measured = comp.get("measured")
     if not isinstance(measured, dict):
         secs = {k: v for k, v in (source.get("measure_s") or {}).items() if table in k.split(", ")}
@@ -64,7 +65,7 @@ def carry(source: dict, dest: dict, table: str, source_name: str) -> dict:
                     "utc": source.get("created_utc"), "measure_s": sum(secs.values()) if secs else None}
     measured["carried_from"] = {"profile": source_name, "created_utc": source.get("created_utc")}
     comp["measured"] = measured
-    out = json.loads(json.dumps(dest))
+    out = copy.deepcopy(dest)
     out["components"][table] = comp
     return out
 
