@@ -53,7 +53,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections import deque
 from itertools import accumulate, compress, filterfalse, groupby, islice, repeat
-from operator import add, ge, le, ne, not_
+from operator import add, ge, is_, le, ne, not_
 from typing import Callable, NamedTuple
 
 from blocksim.config import GiB, SimConfig, TierConfig
@@ -864,72 +864,75 @@ class TierStore:
     def _r_segs(self, ks: list[int]) -> list[tuple[int, int, int]]:
         """Keys that some tier holds as runs of consecutive positions: (first position, first index
         in `ks`, length)."""
-        w, K, T = self._rw, self._rK, self._rT
+        w = self._rw
         out = []
-        i, n, end = 0, len(ks), len(K)
+        i, n = 0, len(ks)
         while i < n:
             g = w[ks[i]]
-            m = min(n - i, end - g)
-            if m > 1 and (K[g:g + m] != ks[i:i + m] or 0 in T[g:g + m]):
-                m = bisect_left(range(2, m + 1), True,
-                                key=lambda L: K[g:g + L] != ks[i:i + L] or 0 in T[g:g + L]) + 1
+            m = self._r_run(g, ks, i)
             out.append((g, i, m))
             i += m
         return out
 
-    def _r_insert(self, new: list[int], gids: list | None, landed: list[float], placed: bool = False) -> bool:
-        """Insert `new` (none in the host) at the end of the host's order, landing at `landed`;
-        `gids`: their positions (None: none has one; `placed`: the key table maps them to the next
-        positions already). False, having changed nothing, for a key given twice."""
-        K, T, HL, w, H = self._rK, self._rT, self._rHL, self._rw, self._rH
+    def _r_run(self, g: int, ks: list[int], i: int, off_host: bool = False) -> int:
+        """How many keys of `ks` from index i on, the first held at position g, the tiers hold at
+        consecutive positions from g (`off_host`: the disk alone, 0 when the host holds the first)."""
+        K, T = self._rK, self._rT
+        if off_host and T[g] != 2:
+            return 0
+
+        def breaks(m: int) -> bool:
+            t = T[g:g + m]
+            return K[g:g + m] != ks[i:i + m] or (t.count(2) != m if off_host else 0 in t)
+        m = min(len(ks) - i, len(K) - g)
+        if m > 1 and breaks(m):
+            m = bisect_left(range(2, m + 1), True, key=breaks) + 1
+        return m
+
+    def _r_position_runs(self, new: list[int], gids: list) -> list[tuple[int | None, int]]:
+        """`_r_insert`'s runs of `new` from their positions `gids` (None: new to the tiers)."""
+        K, out, j = self._rK, [], 0
+        for fresh, run in groupby(map(is_, gids, repeat(None))):
+            c = len(list(run))
+            if fresh:
+                out.append((None, c))
+            elif K[gids[j]:gids[j] + c] == new[j:j + c]:  # at consecutive positions
+                out.append((gids[j], c))
+            else:
+                out.extend(zip(gids[j:j + c], repeat(1)))
+            j += c
+        return out
+
+    def _r_insert(self, new: list[int], runs: list[tuple[int | None, int]], landed: list[float],
+                  placed: bool = False) -> bool:
+        """Insert `new` (none in the host) at the end of the host's order, landing at `landed`.
+        `runs`: (position, count) of consecutive chunks of `new`, in order: chunks the disk holds at
+        consecutive positions from `position`, or, where it is None, chunks new to the tiers, which
+        take the next positions (`placed`: the key table maps them to those already). False,
+        having changed nothing, for a key given twice."""
+        if not placed and len(set(new)) != len(new):
+            return False
+        K, T, HL, DL, HS, DS, w, H = self._rK, self._rT, self._rHL, self._rDL, self._rHS, self._rDS, self._rw, self._rH
         s = self._rs
         self._rs = s + 1
-        n = len(new)
-        if gids is None:
-            g0 = len(K)
-            if not placed:
-                before = len(w)
-                w.update(zip(new, range(g0, g0 + n)))
-                if len(w) != before + n:
-                    deque(map(w.pop, new, repeat(None)), 0)
-                    return False
-            K.extend(new)
-            T.extend(bytes((1,)) * n)
-            HL.extend(landed)
-            self._rDL.extend(repeat(None, n))
-            self._rHS.extend(repeat(s, n))
-            self._rDS.extend(repeat(-1, n))
-            H.append([s, g0, g0 + n])
-            return True
-        if len(set(new)) != n:
-            return False
-        HS, DL, DS = self._rHS, self._rDL, self._rDS
         j = 0
-        for fresh, run in groupby(gids, _is_none):
-            k = j + len(list(run))
-            if fresh:  # consecutive new positions
-                g0 = len(K)
-                w.update(zip(new[j:k], range(g0, g0 + k - j)))
+        for g, c in runs:
+            k = j + c
+            if g is None:  # consecutive new positions
+                g = len(K)
+                if not placed:
+                    w.update(zip(new[j:k], range(g, g + c)))
                 K.extend(new[j:k])
-                T.extend(bytes((1,)) * (k - j))
+                T.extend(bytes((1,)) * c)
                 HL.extend(landed[j:k])
-                DL.extend(repeat(None, k - j))
-                HS.extend(repeat(s, k - j))
-                DS.extend(repeat(-1, k - j))
-                _r_enter(H, s, g0, g0 + k - j)
-            elif gids[k - 1] - gids[j] == k - 1 - j and gids[j:k] == list(range(gids[j], gids[k - 1] + 1)):
-                # chunks the disk holds at consecutive positions, stored in the host again: one range
-                g0, g1 = gids[j], gids[k - 1] + 1
-                T[g0:g1] = T[g0:g1].translate(_TO_HOST)
-                HL[g0:g1] = landed[j:k]
-                HS[g0:g1] = repeat(s, k - j)
-                _r_enter(H, s, g0, g1)
+                DL.extend(repeat(None, c))
+                HS.extend(repeat(s, c))
+                DS.extend(repeat(-1, c))
             else:  # chunks the disk holds, stored in the host again
-                for g, x in zip(gids[j:k], landed[j:k]):
-                    T[g] |= 1
-                    HL[g] = x
-                    HS[g] = s
-                    _r_enter(H, s, g, g + 1)
+                T[g:g + c] = T[g:g + c].translate(_TO_HOST)
+                HL[g:g + c] = landed[j:k]
+                HS[g:g + c] = repeat(s, c)
+            _r_enter(H, s, g, g + c)
             j = k
         return True
 
@@ -1009,32 +1012,40 @@ class TierStore:
         if below is not None and self._rdn + len(keys) > below.capacity:
             self._r_materialize()
             return False
-        w = self._rw
-        # the next positions offered to every key: a key held keeps its own
+        w, T = self._rw, self._rT
+        # a leading run the disk alone holds at consecutive positions (a prefix computed again) goes
+        # back into the host where it is; the next positions are offered to every other key: a key
+        # held keeps its own
+        g = w.get(keys[0]) if keys else None
+        lead = self._r_run(g, keys, 0, off_host=True) if g is not None else 0
+        rest = keys[lead:] if lead else keys
+        runs = [(g, lead)] if lead else []
         g0, before = len(self._rK), len(w)
-        gids = list(map(w.setdefault, keys, range(g0, g0 + len(keys))))
-        placed = len(w) == before + len(keys)
-        if placed:  # every key new to the tiers, at the next positions
-            new, newg = keys, None
+        gids = list(map(w.setdefault, rest, range(g0, g0 + len(rest))))
+        placed = len(w) == before + len(rest)
+        if placed:  # every other key new to the tiers, at the next positions
+            new = keys
+            if rest:
+                runs.append((None, len(rest)))
         else:
-            deque(map(w.pop, compress(keys, map(ge, gids, repeat(g0))), repeat(None)), 0)  # as it was
+            deque(map(w.pop, compress(rest, map(ge, gids, repeat(g0))), repeat(None)), 0)  # as it was
             gids = [g if g < g0 else None for g in gids]
-            T = self._rT
             lack = [g is None or not T[g] & 1 for g in gids]
-            new, newg = list(compress(keys, lack)), list(compress(gids, lack))
-            if newg.count(None) == len(newg):
-                newg = None
+            new = list(compress(rest, lack))
+            runs += self._r_position_runs(new, list(compress(gids, lack)))
+            if lead:
+                new = keys[:lead] + new
         n = len(new)
         if not n:
             return True
         excess = self._rhn + n - top.capacity
-        if excess > 0 and n < len(keys) and not {g for g in gids if g is not None and self._rT[g] & 1}.isdisjoint(
+        if excess > 0 and n < len(keys) and not {g for g in gids if g is not None and T[g] & 1}.isdisjoint(
                 self._r_peek(excess)):
             self._r_store_run(keys)  # a chunk of `keys` the host holds would leave before its turn
             return True
         t_d2h, d2h_free, dw_free, fresh_before = self._stores_begin()
         ends = list(accumulate(repeat(t_d2h, n), initial=d2h_free))
-        if not self._r_insert(new, newg, ends[1:], placed):
+        if not self._r_insert(new, runs, ends[1:], placed):
             self._r_materialize()
             return False
         self.version += 1
@@ -1113,7 +1124,7 @@ class TierStore:
                     dw_free = max(now, landed[0], dw_free) + self._write_s(self._rdn)
                     below.stored += 1
                     self._r_to_disk([(v, v + 1)], [dw_free])
-            self._r_insert([key], [w.get(key)], [d2h_free])
+            self._r_insert([key], [(g, 1)], [d2h_free])
             self._rhn += 1
             top.stored += 1
         self._stores_end(top.name, n, t_d2h, d2h_free, writes, fresh_before, dw_free, writes)
@@ -1239,10 +1250,6 @@ class TierStore:
                                      f"{lv.capacity} slots")
             if set(keys) != set(lv.cache.members) or None in lv.cache.members.values():
                 raise AssertionError(f"tier {lv.name}: landing times disagree with the held chunks")
-
-
-def _is_none(x) -> bool:
-    return x is None
 
 
 def _r_enter(entries: deque, s: int, lo: int, hi: int) -> None:
