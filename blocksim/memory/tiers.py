@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import deque
+from functools import reduce
 from itertools import accumulate, compress, filterfalse, groupby, islice, repeat
 from operator import add, ge, is_, le, ne, not_
 from typing import Callable, NamedTuple
@@ -604,8 +605,8 @@ class TierStore:
         highest tier holding it (disk reads, then the host link), and that tier's index; issued
         (links advanced) when `commit`. A commit of keys whose ends a plan has just computed, with
         nothing changed since, takes the plan's (the first `n` of them: each end depends only on
-        the chunks before it). `measured`: each load's measured (host link, disk read) seconds,
-        instead of the links' prices."""
+        the chunks before it); one that computes them has only the last key's end. `measured`: each
+        load's measured (host link, disk read) seconds, instead of the links' prices."""
         if measured is not None:
             self._last_ends = None
             return self._measured_load_ends(keys, n, measured)
@@ -620,7 +621,7 @@ class TierStore:
             reads = bisect_left(rows, n)
             rd_free = rd_ends[reads - 1] if reads else rd.free_s
         else:
-            ends, where, rows, rd_ends = self._ends(keys, n)
+            ends, where, rows, rd_ends = self._ends(keys, n, last_only=commit)
             reads = len(rows)
             rd_free = rd_ends[-1] if reads else rd.free_s
             self._last_ends = None if commit else (state, ends, where, rows, rd_ends)
@@ -633,11 +634,11 @@ class TierStore:
             self._last_ends = None
         return ends, where
 
-    def _ends(self, keys, n: int) -> tuple[list[float], list[int], list[int], list[float]]:
+    def _ends(self, keys, n: int, last_only: bool = False) -> tuple[list[float], list[int], list[int], list[float]]:
         """`_load_ends` of the first `n` keys, n > 0, computed: (ends, tier indices, the positions
-        read from the disk, the disk read ends there)."""
+        read from the disk, the disk read ends there; `last_only`: the last of each list of ends)."""
         if self._runs and self._r_ok():
-            return self._r_ends(keys, n)
+            return self._r_ends(keys, n, last_only)
         now, levels = self.now_s, self.levels
         ks = keys[:n]
         m0 = levels[0].cache.members
@@ -664,33 +665,38 @@ class TierStore:
         else:
             where = [0] * n
             rows = list(range(n)) if levels[0].name == DISK else []
-        return self._chains(landed, where, rows, below, waits, f, n)
+        return self._chains(landed, where, rows, below, waits, f, n, last_only)
 
     def _chains(self, landed: list, where: list[int], rows: list[int], below: int, waits, f: float,
-                n: int) -> tuple[list[float], list[int], list[int], list[float]]:
+                n: int, last_only: bool = False) -> tuple[list[float], list[int], list[int], list[float]]:
         """`_ends` from the chunks' landing times (None where not needed), tiers and disk reads:
         the disk reads queued from `f`, then the host link."""
         now, nbytes = self.now_s, self.chunk_bytes
         t_h2d, t_rd = self.h2d.seconds(nbytes), self.disk_read.seconds(nbytes)
+        f_h2d = self.h2d.free_s
+        f_h2d = f_h2d if f_h2d > now else now
         if len(rows) == n:  # disk reads first, in order on their own channel
             if below and not waits:
+                if last_only and t_rd >= t_h2d and f + t_rd > f_h2d:
+                    # back-to-back reads that outlast the host link's transfers: each load waits for
+                    # its read, and the last ends one transfer after the last read
+                    rd_last = reduce(add, repeat(t_rd, n), f)
+                    return [rd_last + t_h2d], where, rows, [rd_last]
                 ready = rd_ends = list(islice(accumulate(repeat(t_rd, n), initial=f), 1, None))
             else:
                 ready = rd_ends = _queue(landed, f, t_rd)
         elif below and not waits:
-            ready, rd_ends = landed, []
-            for j in rows:
-                ready[j] = f = f + t_rd
-                rd_ends.append(f)
+            ready, rd_ends = landed, list(islice(accumulate(repeat(t_rd, len(rows)), initial=f), 1, None))
+            deque(map(ready.__setitem__, rows, rd_ends), 0)
         else:
             ready, rd_ends = landed, []
             for j in rows:
                 x = ready[j]
                 ready[j] = f = (x if x > f else f) + t_rd
                 rd_ends.append(f)
-        f = self.h2d.free_s
-        f = f if f > now else now
-        return _queue(ready, f, t_h2d), where, rows, rd_ends
+        if last_only:
+            return [_queue_last(ready, f_h2d, t_h2d)], where, rows, rd_ends[-1:]
+        return _queue(ready, f_h2d, t_h2d), where, rows, rd_ends
 
     def _measured_load_ends(self, keys, n: int, measured) -> tuple[list[float], list[int]]:
         """`_load_ends` of issued loads lasting their measured parts."""
@@ -1129,7 +1135,7 @@ class TierStore:
             top.stored += 1
         self._stores_end(top.name, n, t_d2h, d2h_free, writes, fresh_before, dw_free, writes)
 
-    def _r_ends(self, keys, n: int) -> tuple[list[float], list[int], list[int], list[float]]:
+    def _r_ends(self, keys, n: int, last_only: bool = False) -> tuple[list[float], list[int], list[int], list[float]]:
         """`_ends` on the runs."""
         now = self.now_s
         ks = keys[:n]
@@ -1163,7 +1169,7 @@ class TierStore:
         else:
             where = [0] * n
             rows = []
-        return self._chains(landed, where, rows, below, waits, f, n)
+        return self._chains(landed, where, rows, below, waits, f, n, last_only)
 
     def _r_touch(self, keys: list[int], n: int, where: list[int]) -> None:
         """`_touch_all` of a commit's hits on the runs: the host's, then the disk's, in order."""
@@ -1289,6 +1295,20 @@ def _queue(ready: list[float], f: float, t: float) -> list[float]:
         del ends[0]
         return ends
     return [f := (x if x > f else f) + t for x in ready]
+
+
+def _queue_last(ready: list[float], f: float, t: float) -> float:
+    """The last of `_queue(ready, f, t)`, without the list."""
+    if ready[0] > f:
+        if all(map(ge, islice(ready, 1, None), map(add, ready, repeat(t)))):
+            return ready[-1] + t
+    else:
+        ends = accumulate(repeat(t, len(ready)), initial=f)
+        if all(map(le, ready, ends)):  # (the n ends before the last)
+            return next(ends)
+    for x in ready:
+        f = (x if x > f else f) + t
+    return f
 
 
 def _touch_all(cache, keys) -> None:
