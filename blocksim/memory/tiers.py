@@ -53,7 +53,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections import deque
 from functools import reduce
-from itertools import accumulate, compress, filterfalse, groupby, islice, repeat
+from itertools import accumulate, compress, count, filterfalse, groupby, islice, repeat
 from operator import add, ge, is_, le, ne, not_
 from typing import Callable, NamedTuple
 
@@ -566,10 +566,7 @@ class TierStore:
             held = self._rw
             if self.chained_keys and self._keeps_every_store():
                 return bisect_left(keys, True, key=lambda k: k not in held)
-            for n, k in enumerate(keys):
-                if k not in held:
-                    return n
-            return len(keys)
+            return _held_run(held, keys)
         levels = self.levels
         if self.chained_keys and self._keeps_every_store():
             # a chunk some tier holds was computed after the chunks before it in its prompt (each
@@ -578,11 +575,7 @@ class TierStore:
             held = [lv.cache.members for lv in levels]
             return bisect_left(keys, True, key=lambda k: not any(k in m for m in held))
         if len(levels) == 1:
-            m = levels[0].cache.members
-            for n, k in enumerate(keys):
-                if k not in m:
-                    return n
-            return len(keys)
+            return _held_run(levels[0].cache.members, keys)
         m0, m1 = levels[0].cache.members, levels[1].cache.members
         if len(m1) < len(m0):  # the larger tier first: a key held there costs one lookup
             m0, m1 = m1, m0
@@ -600,13 +593,15 @@ class TierStore:
         return top.write == WRITE_THROUGH and not last.evictions and (
             last is top or last.write in (WRITE_THROUGH, WRITE_BACK))
 
-    def _load_ends(self, keys, n: int, commit: bool, measured=None) -> tuple[list[float], list[int]]:
+    def _load_ends(self, keys, n: int, commit: bool, last_only: bool = False,
+                   measured=None) -> tuple[list[float], list[int]]:
         """When each of the first `n` keys (all held) would land on the GPU, loaded in order from the
         highest tier holding it (disk reads, then the host link), and that tier's index; issued
-        (links advanced) when `commit`. A commit of keys whose ends a plan has just computed, with
-        nothing changed since, takes the plan's (the first `n` of them: each end depends only on
-        the chunks before it); one that computes them has only the last key's end. `measured`: each
-        load's measured (host link, disk read) seconds, instead of the links' prices."""
+        (links advanced) when `commit`. `last_only`: where the `n` keys come from one tier, the
+        last one's end alone. A commit of keys whose ends a plan has just computed, with nothing
+        changed since, takes the plan's (the first `n` of them, where it has them all: each end
+        depends only on the chunks before it). `measured`: each load's measured (host link, disk
+        read) seconds, instead of the links' prices."""
         if measured is not None:
             self._last_ends = None
             return self._measured_load_ends(keys, n, measured)
@@ -615,16 +610,18 @@ class TierStore:
         now, h2d, rd = self.now_s, self.h2d, self.disk_read
         state = (keys, self.version, now, h2d.free_s, rd.free_s)
         last = self._last_ends
-        if commit and self.batched and last is not None and last[0] == state and n <= len(last[1]):
-            _, ends, where, rows, rd_ends = last
-            ends, where = ends[:n], where[:n]
+        if commit and self.batched and last is not None and last[0] == state and (
+                n == last[1] or n <= len(last[2]) == last[1]):  # (the plan's keys, or fewer of all its ends)
+            _, planned, ends, where, rows, rd_ends = last
+            if n < planned:
+                ends, where = ends[:n], where[:n]
             reads = bisect_left(rows, n)
-            rd_free = rd_ends[reads - 1] if reads else rd.free_s
+            rd_free = rd_ends[-1 if reads == len(rows) else reads - 1] if reads else rd.free_s
         else:
-            ends, where, rows, rd_ends = self._ends(keys, n, last_only=commit)
+            ends, where, rows, rd_ends = self._ends(keys, n, last_only)
             reads = len(rows)
             rd_free = rd_ends[-1] if reads else rd.free_s
-            self._last_ends = None if commit else (state, ends, where, rows, rd_ends)
+            self._last_ends = None if commit else (state, n, ends, where, rows, rd_ends)
         if commit:
             nbytes = self.chunk_bytes
             t_h2d, t_rd = h2d.seconds(nbytes), rd.seconds(nbytes)
@@ -636,7 +633,8 @@ class TierStore:
 
     def _ends(self, keys, n: int, last_only: bool = False) -> tuple[list[float], list[int], list[int], list[float]]:
         """`_load_ends` of the first `n` keys, n > 0, computed: (ends, tier indices, the positions
-        read from the disk, the disk read ends there; `last_only`: the last of each list of ends)."""
+        read from the disk, the disk read ends there; `last_only`, where the keys come from one
+        tier: the last of each list of ends)."""
         if self._runs and self._r_ok():
             return self._r_ends(keys, n, last_only)
         now, levels = self.now_s, self.levels
@@ -671,6 +669,7 @@ class TierStore:
                 n: int, last_only: bool = False) -> tuple[list[float], list[int], list[int], list[float]]:
         """`_ends` from the chunks' landing times (None where not needed), tiers and disk reads:
         the disk reads queued from `f`, then the host link."""
+        last_only = last_only and (not rows or len(rows) == n)
         now, nbytes = self.now_s, self.chunk_bytes
         t_h2d, t_rd = self.h2d.seconds(nbytes), self.disk_read.seconds(nbytes)
         f_h2d = self.h2d.free_s
@@ -721,15 +720,17 @@ class TierStore:
         n = found
         if not n or self.onload == "wait":
             return n
-        ends, where = self._load_ends(keys, n, commit=False)
+        ends, where = self._load_ends(keys, n, commit=False, last_only=self.onload != "deadline")
         if self.onload == "deadline":  # the leading loads that land by the deadline (ends only grow)
             return bisect_right(ends, self.now_s + self.deadline_s, 0, n)
         # recompute: load the first k chunks and prefill the rest, for k = 0, n and each point where the
-        # run passes from one tier to another; the cheapest wins (ties: fewer loads)
+        # run passes from one tier to another (`ends` has every load's end where there is one, else
+        # the last's); the cheapest wins (ties: fewer loads)
         now, ct = self.now_s, self.chunk_tokens
         best_k, best_s = 0, self.prefill_s(start_tokens, n * ct)
         for k in (*compress(range(1, n), map(ne, islice(where, 1, n), where)), n):
-            s = ends[k - 1] - now + (self.prefill_s(start_tokens + k * ct, (n - k) * ct) if k < n else 0.0)
+            s = (ends[k - 1] if k < n else ends[-1]) - now + (
+                self.prefill_s(start_tokens + k * ct, (n - k) * ct) if k < n else 0.0)
             if s < best_s:
                 best_k, best_s = k, s
         return best_k
@@ -757,7 +758,7 @@ class TierStore:
             self.skipped_tokens += found * ct
             return self.now_s, 0, 0, 0
         mover = self.mover
-        ends, where = self._load_ends(keys, n, commit=mover is None)
+        ends, where = self._load_ends(keys, n, commit=mover is None, last_only=True)
         loads = [0, 0]
         selective = []
         ops = self.ops if self.ops_on else None
@@ -789,7 +790,7 @@ class TierStore:
             if sel[i]:
                 selective.append((i, key))
         if mover is not None and n:  # performed now, in one batch; they last what was measured
-            ends, where = self._load_ends(keys, n, True, self._perform()[-n:])
+            ends, where = self._load_ends(keys, n, True, measured=self._perform()[-n:])
         for i, key in selective:  # after the loads: a store below must not evict a chunk being loaded
             lv = levels[i]
             if key not in lv.cache.members or key in levels[i + 1].cache.members:
@@ -1295,6 +1296,11 @@ def _queue(ready: list[float], f: float, t: float) -> list[float]:
         del ends[0]
         return ends
     return [f := (x if x > f else f) + t for x in ready]
+
+
+def _held_run(held, keys) -> int:
+    """How many leading `keys` are in `held`."""
+    return next(compress(count(), map(not_, map(held.__contains__, keys))), len(keys))
 
 
 def _queue_last(ready: list[float], f: float, t: float) -> float:

@@ -666,9 +666,9 @@ def load_ends_one_chunk_at_a_time(t, keys, n):
 @given(host=st.integers(0, 6), disk=st.sampled_from([3, 40]), disk_write=st.sampled_from(["write-back", "write-through"]),
        events=tier_store_events)
 def test_a_lookups_load_ends_are_its_chunks_transfers_in_order(host, disk, disk_write, events):
-    """The whole-list load ends (`_load_ends`) against each chunk's transfers one after another,
-    lookup by lookup, with the disk's writes still running or all ended (a disk chunk's landing
-    time is then not read)."""
+    """The whole-list load ends (`_load_ends`, and its last end alone) against each chunk's transfers
+    one after another, lookup by lookup, with the disk's writes still running or all ended (a disk
+    chunk's landing time is then not read)."""
     from blocksim.config import TierConfig
     from blocksim.memory.tiers import TierStore
     chunk = H * KV_BYTES
@@ -684,8 +684,11 @@ def test_a_lookups_load_ends_are_its_chunks_transfers_in_order(host, disk, disk_
             keys = [family * 100 + j for j in range(last_chunk)]
             found = t.match(keys)
             if found:
-                assert t._load_ends(keys, found, commit=False) == load_ends_one_chunk_at_a_time(t, keys, found)
-                t.commit(keys, found, found, list(range(len(keys))))
+                expected = load_ends_one_chunk_at_a_time(t, keys, found)
+                assert t._load_ends(keys, found, commit=False) == expected
+                ends, where = t._load_ends(keys, found, commit=False, last_only=True)
+                assert (ends[-1], where) == (expected[0][-1], expected[1]), "the last end alone"
+                t.commit(keys, found, found, list(range(len(keys))))  # on the plan's last end
 
 
 @pytest.mark.parametrize("policy", ["vllm-v1", "sglang"])
