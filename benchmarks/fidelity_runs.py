@@ -313,7 +313,7 @@ def cmd_simulate(a) -> int:
             for cost in a.cost_models:
                 dest = out / cost / run.name
                 extra = ["--cost-model", cost]
-                if cost == "profiled" and a.profile_dir:
+                if a.profile_dir:  # the profiled model reads it; the roofline fits its constants on it
                     from validation.profile import shipped_name
                     extra += ["--cost-profile", str(Path(a.profile_dir) / shipped_name(model, gpu, "float16", tp))]
                 rc = blocksim(replay_args(path, preset, model, gpu, dest, tp) + extra, log)
@@ -1103,8 +1103,9 @@ The executed run of a slice is `blocksim replay SLICE --executor cuda`: the same
 step executed by the model (random fp16 weights, whole model, the paged prefill kernel, the fast
 decode kernel, CUDA graphs for pure decodes) and lasting its measured GPU time
 (`validation/VALIDATION.md`). Its simulated twins are the same replay priced by the profiled cost
-model (the shipped profile of the model and GPU, measured by `blocksim profile` on a synthetic grid,
-never on these traces) and by the roofline (constants fitted on the shipped profiles' grids).
+model (the profile of the model and GPU, the shipped one or those of `simulate --profile-dir` as
+the commands below say, measured by `blocksim profile` on a synthetic grid, never on these traces)
+and by the roofline (constants fitted on the same profiles' grids).
 Errors are signed fractions (simulated - executed) / executed; `step_mape` is the mean absolute
 per-step error of the cost model pricing the executed run's own steps (`blocksim fidelity`).
 Targets: step MAPE 3%, TTFT / TPOT / end-to-end p50 and p99 3% (TTFT p99 5%), throughput 2%.
@@ -1289,7 +1290,8 @@ def main(argv=None) -> int:
     s.add_argument("--exec", required=True)
     s.add_argument("--out", required=True)
     s.add_argument("--cost-models", nargs="+", default=["profiled", "roofline"])
-    s.add_argument("--profile-dir", default=None, help="profiles to use (default: the shipped ones)")
+    s.add_argument("--profile-dir", default=None, help="profiles to use (default: the shipped ones): "
+                   "the profiled model's, and the grids the roofline's constants are fitted on")
     s.set_defaults(func=cmd_simulate)
     r = sub.add_parser("results")
     r.add_argument("--exec", required=True)

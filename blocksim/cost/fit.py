@@ -4,7 +4,9 @@
 profile's tables, each by least squares on the relative error ``(predicted - measured) / measured``
 over the table's grid points:
 
-* ``flops_efficiency`` and ``bw_efficiency`` from the linear table: the roofline's
+* ``flops_efficiency`` and ``bw_efficiency`` from the linear table, each grid point weighted by the
+  span of log tokens it covers (`log_span_weights`: a densely sampled stretch of the grid counts no
+  more than a sparsely sampled one): the roofline's
   ``max(tokens * 2 * params / (peak_flops * flops_eff), weight_bytes / (hbm_bw * bw_eff))`` against
   the measured ``linear + cache_write + sample`` (everything the roofline's linear term stands for;
   sampling taken at as many sequences as tokens up to the largest CUDA-graph batch, at one sequence
@@ -114,6 +116,17 @@ def grid_errors(profile: Profile, config: SimConfig, params: CostParams | None =
     return out
 
 
+def log_span_weights(x: np.ndarray) -> np.ndarray:
+    """Each point's share of the grid's span in log units: half the log distance to each neighbour
+    (the trapezoid rule over log x), so that a stretch sampled densely weighs as much as the same
+    stretch sampled sparsely."""
+    lx = np.log(np.asarray(x, dtype=np.float64))
+    if len(lx) < 2:
+        return np.ones_like(lx)
+    gaps = np.diff(lx)
+    return np.concatenate([[0.0], gaps]) / 2 + np.concatenate([gaps, [0.0]]) / 2
+
+
 def _fit_linear(config: SimConfig, tokens: np.ndarray, meas: np.ndarray) -> tuple[float, float]:
     """(flops_efficiency, bw_efficiency) of max(a * tokens, b) against `meas`, each capped at 1."""
     m, g, tp = config.model, config.gpu, config.tensor_parallel
@@ -125,7 +138,7 @@ def _fit_linear(config: SimConfig, tokens: np.ndarray, meas: np.ndarray) -> tupl
     a = a0 * mult[:, None, None]
     b = b0 * mult[None, :, None]
     pred = np.maximum(a * tokens[None, None, :], b)
-    err = np.sum(((pred - meas) / meas) ** 2, axis=2)
+    err = np.sum(log_span_weights(tokens) * ((pred - meas) / meas) ** 2, axis=2)
     i, j = np.unravel_index(np.argmin(err), err.shape)
     fe = flops_per_token / (g.fp16_tflops * 1e12 * a0 * mult[i])
     be = weight_bytes / (g.hbm_bw_gbps * 1e9 * b0 * mult[j])

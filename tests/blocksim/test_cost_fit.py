@@ -97,3 +97,34 @@ def test_the_roofline_without_a_file_takes_constants_fitted_on_shipped_profiles(
         "a model without a profile: the roofline fitted on its GPU's profiles"
     bare = make_cost_model(build_config(gpu="h200-141gb", cost_model="roofline"))
     assert bare.params == CostParams() and bare.describe()["profile"] is None, "no profile of the GPU: defaults"
+
+
+def test_log_span_weights_share_out_the_grid_span():
+    from blocksim.cost.fit import log_span_weights
+    x = np.array([1.0, 2.0, 4.0, 8.0, 8.5, 9.0, 16.0])
+    w = log_span_weights(x)
+    assert w.sum() == pytest.approx(np.log(16.0))
+    assert w[0] == pytest.approx(np.log(2.0) / 2) and w[1] == pytest.approx(np.log(2.0))
+    assert w[4] < w[1] / 5, "a point among close neighbours covers little"
+
+
+def test_a_densely_sampled_stretch_of_the_linear_grid_does_not_move_the_efficiencies():
+    """The fit weighs each linear point by the span of log tokens it covers: sampling 256-4,096 tokens
+    every 16 tokens (as today's profiles do) fits the same efficiencies as sampling it by powers of two."""
+    cfg = build_config()
+    rm = RooflineCostModel(cfg, TRUE)
+    flop_s, floor_s = rm.linear(16384) / 16384, rm.linear(1)
+
+    def fitted(tokens):
+        prof = roofline_profile(cfg, TRUE)
+        lin = prof["components"]["linear"]
+        lin["grid"]["tokens"] = [float(t) for t in tokens]
+        # a soft knee: no roofline reproduces it, so where the fit weighs its points matters
+        lin["seconds"] = [float(np.hypot(flop_s * t, floor_s)) for t in tokens]
+        return fit_roofline(parse_profile(prof, "soft-knee.json"), cfg)
+
+    sparse = [2.0 ** k for k in range(15)]
+    dense = sorted(set(sparse) | set(range(256, 4097, 16)))
+    a, b = fitted(sparse), fitted(dense)
+    assert b.bw_efficiency == pytest.approx(a.bw_efficiency, rel=0.02)
+    assert b.flops_efficiency == pytest.approx(a.flops_efficiency, rel=0.02)
