@@ -876,6 +876,38 @@ def test_prefill_placement_puts_two_long_blocks_on_one_sm_where_the_boundary_add
     assert len(err.strip().splitlines()) == 1 and "not a wide_steps.py result" in err
 
 
+def test_prefill_placement_prices_the_held_out_cases_and_refuses_a_profile_of_another_model(tmp_path, capsys,
+                                                                                             monkeypatch):
+    """benchmarks/prefill_placement.py --predicted / --price on the committed placement2 cases: the
+    prices written before they were timed and the same profile's model today agree, each case's
+    error is its price over its measured attention; a profile of another model: one line, exit 2."""
+    import sys
+    pp = _benchmark_script("prefill_placement")
+    res = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    place = res / "fidelity-h100-placement"
+    lease6 = res / "fidelity-h100-lease6" / "profiles" / "llama-3-8b__h100-80gb__float16__tp1.json"
+    out = tmp_path / "check.json"
+    monkeypatch.setattr(sys, "argv", ["prefill_placement.py", "--wide-steps",
+                                      str(place / "wide-steps-placement2-h100-80gb.json"), "--price", str(lease6),
+                                      "--predicted", str(place / "placement2-predicted.json"), "--json", str(out)])
+    assert pp.main() == 0
+    got = json.loads(out.read_text())
+    written = json.loads((place / "placement2-predicted.json").read_text())["predicted"]
+    priced, before = f"priced by {lease6}", f"placed_s of {place / 'placement2-predicted.json'}"
+    assert got["errors"][priced]["cases"] == got["errors"][before]["cases"] == len(written) == 14
+    for row in got["cases"]:
+        want = written[row["case"]]["placed_s"] / row["attn_in_step_s"] - 1
+        assert row["errors"][before] == pytest.approx(want)
+        assert row["errors"][priced] == pytest.approx(want, abs=1e-9), "the model prices as it did before the timing"
+    other = Path(__file__).resolve().parents[2] / "blocksim" / "profiles" / "llama-2-7b__h100-80gb__float16__tp1.json"
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["prefill_placement.py", "--wide-steps",
+                                      str(place / "wide-steps-placement2-h100-80gb.json"), "--price", str(other)])
+    assert pp.main() == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "llama-2-7b" in err and "llama-3-8b" in err
+
+
 def test_a_carried_table_keeps_its_lease_and_the_profile_still_loads(tmp_path, capsys):
     """A table carried from another lease's profile is the source's, names where it was measured
     and where it came from; a profile of another model is refused in one line, exit 2, the
