@@ -7,8 +7,9 @@ EXEC: a folder of executed runs (`fidelity_runs.py execute`, plans recorded); SI
 twins were simulated into (`fidelity_runs.py simulate`), whose profiled twins name the profile that
 prices each run's steps. Each executed plan is re-priced step by step
 (`analysis.fidelity.reprice_plan`) and its decode-only steps are grouped by their rows (1, 2, 3 or
-more) and the mean context of their rows, in bins of 64 tokens up to 1,152, then wider; the JSON
-holds, per set and group, each bin's steps and mean signed error (predicted / measured - 1).
+more) and the mean context of their rows, in bins of 64 tokens up to 1,152, then wider, and the steps
+of three rows or more by their longest row over their mean context too; the JSON holds, per set and
+group, each bin's steps and mean signed error (predicted / measured - 1).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 BINS = [0, 64, *range(128, 1153, 64), 1536, 2048, 3072, 4096, 8192]
+#: Steps of three rows or more also by their longest row over their mean context.
+LONGEST_BINS = [1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 20.0]
 
 
 def graph_steps(exec_dir: Path, sim_dir: Path) -> pd.DataFrame:
@@ -44,9 +47,10 @@ def graph_steps(exec_dir: Path, sim_dir: Path) -> pd.DataFrame:
         for step, g in seqs.groupby("step"):
             if g.is_prefill.any() or step not in price or step not in measured.index:
                 continue
-            rows.append({"run": run.name, "rows": len(g), "context": float(g.context_len.mean()),
-                         "err": price[step] / float(measured[step]) - 1})
-    return pd.DataFrame(rows, columns=["run", "rows", "context", "err"])
+            ctx = g.context_len.to_numpy(np.float64)
+            rows.append({"run": run.name, "rows": len(g), "context": float(ctx.mean()),
+                         "longest": float(ctx.max() / ctx.mean()), "err": price[step] / float(measured[step]) - 1})
+    return pd.DataFrame(rows, columns=["run", "rows", "context", "longest", "err"])
 
 
 def main(argv=None) -> int:
@@ -70,6 +74,12 @@ def main(argv=None) -> int:
                                          "mean_err": float(np.mean(v))} for i, v in grouped]
             print(f"{exec_dir} {n} row(s): " + ", ".join(f"({int(i.left)}, {int(i.right)}] {np.mean(v) * 100:+.1f}%"
                                                           for i, v in grouped if len(v)))
+        many = d[d.rows > 2]
+        grouped = many.groupby(pd.cut(many.longest, LONGEST_BINS), observed=True)["err"]
+        entry["rows_3plus_by_longest"] = [{"longest_over_mean": [float(i.left), float(i.right)], "steps": int(len(v)),
+                                           "mean_err": float(np.mean(v))} for i, v in grouped]
+        print(f"{exec_dir} 3+ rows by longest / mean context: "
+              + ", ".join(f"({i.left:g}, {i.right:g}] {np.mean(v) * 100:+.1f}%" for i, v in grouped if len(v)))
         out["sets"].append(entry)
     Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0
