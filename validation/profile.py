@@ -123,7 +123,9 @@ DECODE_BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 #: 64. Without 128 and 512 (points four times apart there), the executed H100 runs' graph steps of
 #: one row were priced short between 64 and 1,024 tokens of context, most at 512-640 (-1.3% to
 #: -1.6%), up to -0.7% at 128-256, on the lease-6 and lease-7 sets alike, each priced by its own
-#: lease's profile (benchmarks/results/fidelity-h100-lease7/graph-steps-by-context.json).
+#: lease's profile (benchmarks/results/fidelity-h100-lease7/graph-steps-by-context.json); with them,
+#: the lease-8 set's were priced +0.4% to +0.7% at 256-768 against +0.0% below 192, rising smoothly
+#: with the context (benchmarks/results/fidelity-h100-lease8/graph-steps-by-context.json).
 DECODE_CONTEXT = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 STEP_BATCH = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 #: The longest row's context over the mean context of a graph step's rows (`spread_contexts`).
