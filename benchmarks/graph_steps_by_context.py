@@ -53,6 +53,15 @@ def graph_steps(exec_dir: Path, sim_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["run", "rows", "context", "longest", "err"])
 
 
+def binned(steps: pd.DataFrame, column: str, bins: list, label: str, name: str | None = None) -> list[dict]:
+    """The steps' errors in `bins` of `column`: each bin's interval (under `name`, else `column`),
+    steps and mean signed error; printed after `label`, the bins that hold steps."""
+    grouped = steps.groupby(pd.cut(steps[column], bins), observed=True)["err"]
+    print(f"{label}: " + ", ".join(f"({i.left:g}, {i.right:g}] {np.mean(v) * 100:+.1f}%" for i, v in grouped if len(v)))
+    return [{name or column: [float(i.left), float(i.right)], "steps": int(len(v)), "mean_err": float(np.mean(v))}
+            for i, v in grouped]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("sets", nargs="+", metavar="EXEC:SIM")
@@ -69,17 +78,9 @@ def main(argv=None) -> int:
         d = graph_steps(Path(exec_dir), Path(sim_dir))
         entry = {"exec": exec_dir, "sim": sim_dir, "by_rows": {}}
         for n, b in (("1", d[d.rows == 1]), ("2", d[d.rows == 2]), ("3+", d[d.rows > 2])):
-            grouped = b.groupby(pd.cut(b.context, BINS), observed=True)["err"]
-            entry["by_rows"][n] = [{"context": [float(i.left), float(i.right)], "steps": int(len(v)),
-                                         "mean_err": float(np.mean(v))} for i, v in grouped]
-            print(f"{exec_dir} {n} row(s): " + ", ".join(f"({int(i.left)}, {int(i.right)}] {np.mean(v) * 100:+.1f}%"
-                                                          for i, v in grouped if len(v)))
-        many = d[d.rows > 2]
-        grouped = many.groupby(pd.cut(many.longest, LONGEST_BINS), observed=True)["err"]
-        entry["rows_3plus_by_longest"] = [{"longest_over_mean": [float(i.left), float(i.right)], "steps": int(len(v)),
-                                           "mean_err": float(np.mean(v))} for i, v in grouped]
-        print(f"{exec_dir} 3+ rows by longest / mean context: "
-              + ", ".join(f"({i.left:g}, {i.right:g}] {np.mean(v) * 100:+.1f}%" for i, v in grouped if len(v)))
+            entry["by_rows"][n] = binned(b, "context", BINS, f"{exec_dir} {n} row(s)")
+        entry["rows_3plus_by_longest"] = binned(d[d.rows > 2], "longest", LONGEST_BINS,
+                                                f"{exec_dir} 3+ rows by longest / mean context", "longest_over_mean")
         out["sets"].append(entry)
     Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0
