@@ -9,7 +9,8 @@ tokens of each prefill sequence, sequence after sequence, then one token per dec
     cache[slot] = k, v                                   (the fast layout, one write per layer)
     a[prefill tokens] = paged prefill attention          (kernels.paged_prefill_attention: its mma.sync
                                                           configurations, or with prefill="wgmma" its
-                                                          warpgroup kernels; or gather + SDPA)
+                                                          warpgroup kernels, given the step's own k, v
+                                                          for the tiles of new keys; or gather + SDPA)
     a[decode tokens]  = paged decode attention           (the fast kernel; the vLLM-layout v1/v2
                                                           kernels with attention="vllm")
     x = x + a @ Wo; x = x + down(silu(h2 @ Wgate) * (h2 @ Wup)),  h2 = rms_norm(x)
@@ -348,7 +349,7 @@ class ModelRunner:
             kernels.paged_prefill_attention(out, q, self.k_caches[j], self.v_caches[j], d.num_kv_heads, self.scale,
                                             tables, qsl, ctx, self.block_size, max_query_len=meta["max_new"],
                                             max_context_len=meta["max_ctx"], validate=not self.cuda,
-                                            config=meta["config"])
+                                            config=meta["config"], key=k_new, value=v_new)
             return
         self._prefill_sdpa(j, out, q, k_new, v_new, meta)
 

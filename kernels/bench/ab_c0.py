@@ -1,6 +1,7 @@
 """Config 7 (the warp-specialized prefill kernel) of whichever build ``kernels`` loads, on the
-prefill section's c = 0 shapes, against the fastest SDPA backend: three alternating measurements a
-shape, the pair's order alternating (CUDA graphs, 30 replays after 10), medians. One line a shape
+prefill section's c = 0 shapes, every key through the block table and with the new tokens' keys
+and values given, against the fastest SDPA backend: three measurements each a shape, in rotating
+order (CUDA graphs, 30 replays after 10), medians. One line a shape
 on stdout and ``ab-TAG.json`` under ``$OUT`` (``TAG``: the build's name).
 ``kernels/bench/ab_builds.sh`` runs it on patched builds in turn; correctness is the GPU tests'
 (tests/kernels/test_paged_prefill.py).
@@ -23,7 +24,7 @@ from kernels.bench.prefill import (
     best_backend,
     causal_sdpa,
 )
-from kernels.bench.stats import alternate
+from kernels.bench.stats import rotate
 from kernels.bench.timing import graph_ms
 from kernels.fast import prefill as fp
 
@@ -37,6 +38,9 @@ def time_shape(tag: str, model: str, shape: tuple, heads: int, kv_heads: int) ->
         fp.paged_prefill_attention(c.out, c.query, c.kc, c.vc, c.kv_heads, c.scale, c.tables, c.loc, c.lens, BLOCK,
                                    max_query_len=c.new, max_context_len=c.ctx, config=7, validate=False)
 
+    def paged_new():
+        c.paged(config=7, new_kv=True)
+
     q = c.sdpa_query()
     k, v = c.contiguous()
     label, backend, _ = best_backend(c, q, k, v, 10, 30)
@@ -44,12 +48,14 @@ def time_shape(tag: str, model: str, shape: tuple, heads: int, kv_heads: int) ->
     def sdpa():
         causal_sdpa(q, k, v, c.cached, backend)
 
-    t7, ts = alternate(lambda: graph_ms([paged], 10, 30), lambda: graph_ms([sdpa], 10, 30), 3)
+    t7, t7n, ts = rotate([lambda: graph_ms([paged], 10, 30), lambda: graph_ms([paged_new], 10, 30),
+                          lambda: graph_ms([sdpa], 10, 30)], 3)
     row = {"tag": tag, "model": model, "shape": list(shape), "backend": label, "ms7": statistics.median(t7),
-           "ms_sdpa": statistics.median(ts)}
+           "ms7_new_kv": statistics.median(t7n), "ms_sdpa": statistics.median(ts)}
     row["r7"] = row["ms7"] / row["ms_sdpa"]
-    print(f"{tag:8s} {model:11s} {shape!s:16s} 7 {row['ms7']:.4f} sdpa {row['ms_sdpa']:.4f} ({label}) "
-          f"{row['r7']:.3f}", flush=True)
+    row["r7_new_kv"] = row["ms7_new_kv"] / row["ms_sdpa"]
+    print(f"{tag:8s} {model:11s} {shape!s:16s} 7 {row['ms7']:.4f} 7+new {row['ms7_new_kv']:.4f} "
+          f"sdpa {row['ms_sdpa']:.4f} ({label}) {row['r7']:.3f} {row['r7_new_kv']:.3f}", flush=True)
     return row
 
 

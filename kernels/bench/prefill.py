@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from ..fast import layout as fast_layout
 from ..fast import prefill as fast_prefill
 from .cases import gather_contiguous
-from .stats import alternate, interval_label, ratio_interval
+from .stats import interval_label, ratio_interval, rotate
 from .timing import backend_label, graph_ms, median_ms, sdpa_backends
 
 PREFILL_SHAPES = ((1, 0, 2048), (1, 0, 8192), (8, 0, 1024), (32, 0, 512), (1, 8192, 512), (4, 4096, 1024),
@@ -74,13 +74,19 @@ class PrefillCase:
         self.lens = torch.full((batch,), self.ctx, dtype=torch.int32, device="cuda")
         self.scale = HEAD ** -0.5
         self.flops = 4 * HEAD * heads * batch * (new * cached + new * (new + 1) / 2)
+        # the new tokens' keys and values as the cache holds them, [batch * new, kv_heads, head]
+        k, v = gather_contiguous(self.kc, self.vc, self.tables.long(), self.ctx)
+        self.key_new, self.value_new = (t[:, :, cached:].transpose(1, 2).reshape(batch * new, kv_heads, HEAD).contiguous()
+                                        for t in (k, v))
 
-    def paged(self, validate=False, config=None):
+    def paged(self, validate=False, config=None, new_kv=False):
         """The paged kernel on this case, into ``out``: ``config`` as ``paged_prefill_attention``'s
-        (None: the configuration ``choose_prefill_config`` picks)."""
+        (None: the configuration ``choose_prefill_config`` picks); ``new_kv``: the new tokens' keys
+        and values given (``key=``, ``value=``), as a model's step has them."""
+        extra = dict(key=self.key_new, value=self.value_new) if new_kv else {}
         return fast_prefill.paged_prefill_attention(
             self.out, self.query, self.kc, self.vc, self.kv_heads, self.scale, self.tables, self.loc, self.lens,
-            BLOCK, max_query_len=self.new, max_context_len=self.ctx, config=config, validate=validate)
+            BLOCK, max_query_len=self.new, max_context_len=self.ctx, config=config, validate=validate, **extra)
 
     def sdpa_query(self):
         return self.query.view(self.batch, self.new, self.heads, HEAD).transpose(1, 2).contiguous()
@@ -113,15 +119,18 @@ def best_backend(c: PrefillCase, q, k, v, warmup, iters):
 
 def prefill(args, copy_gbs, results):
     print("\n## Paged prefill attention (float16, head 128, block size 16, default storage, random block tables)\n")
-    print(f"paged and SDPA: medians of {args.repeats} alternating measurements (CUDA graphs); SDPA: the fastest fused "
+    print(f"paged: the kernel given the new tokens' keys and values (key=, value=: the tiles of new keys by TMA from "
+          f"them, the cached ones through the block table), as a model's step calls it; table only: every key "
+          f"through the block table; both and SDPA: medians of {args.repeats} measurements in rotating order "
+          f"(CUDA graphs); SDPA: the fastest fused "
           f"backend on contiguous K/V of the same c + p keys with the matching causal mask (bottom-right aligned "
-          f"when c > 0), its K/V prepared outside the timing; paired: the median paged / SDPA time ratio with its "
+          f"when c > 0), its K/V prepared outside the timing; paired: the median kernel / SDPA time ratio with its "
           f"distribution-free interval; gather+SDPA: the cached blocks copied to contiguous K/V, then SDPA "
           f"(eager); '3x gather needs': the TFLOP/s a kernel must reach to take a third of gather+SDPA's time\n")
-    print("| model heads | batch, cached c, new p | paged ms | paged TFLOP/s | SDPA ms (backend) | SDPA TFLOP/s | "
-          "paged / SDPA time | paired paged / SDPA [interval] | gather+SDPA ms | gather+SDPA / paged | "
-          "3x gather needs TFLOP/s | max abs diff |")
-    print("|---|---|---:|---:|---|---:|---:|---|---:|---:|---:|---:|")
+    print("| model heads | batch, cached c, new p | paged ms | paged TFLOP/s | table only ms | SDPA ms (backend) | "
+          "SDPA TFLOP/s | paired paged / SDPA [interval] | paired table only / SDPA [interval] | gather+SDPA ms | "
+          "gather+SDPA / paged | 3x gather needs TFLOP/s | max abs diff |")
+    print("|---|---|---:|---:|---:|---|---:|---|---|---:|---:|---:|---:|")
     for model, heads, kv_heads in PREFILL_HEADS:
         for shape in shapes(args):
             c = PrefillCase(*shape, heads, kv_heads)
@@ -137,32 +146,39 @@ def prefill(args, copy_gbs, results):
             def paged_ms():
                 return graph_ms([c.paged], args.warmup, args.iters)
 
+            def paged_new_ms():
+                return graph_ms([lambda: c.paged(new_kv=True)], args.warmup, args.iters)
+
             def sdpa_ms():
                 return graph_ms([lambda: causal_sdpa(q, k, v, c.cached, backend)], args.warmup, args.iters)
 
-            if backend is None:
-                paged_runs, sdpa_runs = [paged_ms() for _ in range(args.repeats)], []
-            else:
-                paged_runs, sdpa_runs = alternate(paged_ms, sdpa_ms, args.repeats)
+            measures = [paged_new_ms, paged_ms] + ([sdpa_ms] if backend is not None else [])
+            runs = rotate(measures, args.repeats)
+            paged_new_runs, paged_runs = runs[0], runs[1]
             r["paged_runs"], r["paged"] = paged_runs, statistics.median(paged_runs)
+            r["paged_new_kv_runs"], r["paged_new_kv"] = paged_new_runs, statistics.median(paged_new_runs)
             if backend is not None:
+                sdpa_runs = runs[2]
                 r["sdpa_runs"], r["sdpa"] = sdpa_runs, statistics.median(sdpa_runs)
                 r["ratio_interval"] = ratio_interval(paged_runs, sdpa_runs)
+                r["ratio_interval_new_kv"] = ratio_interval(paged_new_runs, sdpa_runs)
                 ref = causal_sdpa(q, k, v, c.cached, backend).transpose(1, 2).reshape(c.query.shape)
                 r["max_abs_diff"] = (c.paged().float() - ref.float()).abs().max().item()
+                r["max_abs_diff_new_kv"] = (c.paged(new_kv=True).float() - ref.float()).abs().max().item()
                 del k, v
                 torch.cuda.empty_cache()
                 r["gather_sdpa"] = median_ms([lambda: c.gather_sdpa(q, backend)], 3, max(5, args.iters // 3))
             else:
-                r["sdpa"] = r["gather_sdpa"] = r["max_abs_diff"] = float("nan")
+                r["sdpa"] = r["gather_sdpa"] = r["max_abs_diff"] = r["max_abs_diff_new_kv"] = float("nan")
             results["prefill"].append(r)
             tf = lambda ms: c.flops / (ms * 1e-3) / 1e12  # noqa: E731
-            print(f"| {model} ({heads}/{kv_heads}) | {', '.join(map(str, shape))} | {r['paged']:.4f} | "
-                  f"{tf(r['paged']):.0f} | {r['sdpa']:.4f} ({label}) | {tf(r['sdpa']):.0f} | "
-                  f"{r['paged'] / r['sdpa']:.3f} | "
+            print(f"| {model} ({heads}/{kv_heads}) | {', '.join(map(str, shape))} | {r['paged_new_kv']:.4f} | "
+                  f"{tf(r['paged_new_kv']):.0f} | {r['paged']:.4f} | {r['sdpa']:.4f} ({label}) | "
+                  f"{tf(r['sdpa']):.0f} | "
+                  f"{interval_label(r['ratio_interval_new_kv']) if 'ratio_interval' in r else '-'} | "
                   f"{interval_label(r['ratio_interval']) if 'ratio_interval' in r else '-'} | "
-                  f"{r['gather_sdpa']:.3f} | {r['gather_sdpa'] / r['paged']:.1f}x | {tf(r['gather_sdpa'] / 3):.0f} | "
-                  f"{r['max_abs_diff']:.1e} |",
+                  f"{r['gather_sdpa']:.3f} | {r['gather_sdpa'] / r['paged_new_kv']:.1f}x | "
+                  f"{tf(r['gather_sdpa'] / 3):.0f} | {max(r['max_abs_diff'], r['max_abs_diff_new_kv']):.1e} |",
                   flush=True)
             c = q = None  # free the shape's caches before the next one
             torch.cuda.empty_cache()

@@ -26,6 +26,19 @@ def alternate(measure_a, measure_b, repeats: int) -> tuple[list, list]:
     return runs_a, runs_b
 
 
+def rotate(measures, repeats: int) -> list[list]:
+    """``repeats`` rounds of one measurement by each zero-argument function of ``measures``, the
+    round's order rotating by one each time (round ``i`` starts with measure ``i % len``), so that
+    whatever a position in a round gains or loses falls on each alike: one list of results per
+    measure, in the order taken. Two measures make ``alternate``'s order."""
+    runs = [[] for _ in measures]
+    for i in range(repeats):
+        for j in range(len(measures)):
+            k = (i + j) % len(measures)
+            runs[k].append(measures[k]())
+    return runs
+
+
 def alternating_runs(c, backend, args):
     """The fast kernel on case ``c`` and SDPA (``backend``) on the same tokens, measured in turn
     ``args.repeats`` times (``alternate``, fast first on even repeats): lists of times (ms), so

@@ -46,6 +46,13 @@ struct PagedPrefillParams {
   int64_t num_tokens;           // rows of out and query (the output's tensor map)
   int64_t k_block_stride, k_token_stride, k_head_stride;  // elements
   int64_t v_block_stride, v_token_stride, v_head_stride;
+  // Optional: the new tokens' keys and values as written into the cache, [num_tokens, num_kv_heads,
+  // head_size] with contiguous head rows and KV heads (rows as query's). The warp-specialized kernel
+  // reads the key tiles that hold new tokens only from them (TMA) instead of through the block
+  // table; null: every key through the block table.
+  const void* key_new;
+  const void* value_new;
+  int64_t kn_token_stride, vn_token_stride;  // elements between tokens
 };
 
 // query_dtype: kFastF16 or kFastBF16; kv_dtype: the same, or kFastFp8E4M3 with a float16 query

@@ -198,7 +198,9 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
                                                                        const int band, const int num_items,
                                                                        const __grid_constant__ CUtensorMap out_map,
                                                                        const __grid_constant__ CUtensorMap q_map,
-                                                                       const bool tma_rows) {
+                                                                       const __grid_constant__ CUtensorMap kn_map,
+                                                                       const __grid_constant__ CUtensorMap vn_map,
+                                                                       const bool tma_rows, const bool tma_new) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char ws_smem[];
   const int group = p.num_heads / p.num_kv_heads;
@@ -315,7 +317,8 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
       auto tile_ids = [&](int n) {
         const int first = (n * kKeys) >> bs_log2;
         const int key = (first + lane) << bs_log2;
-        const bool live = n < it.n_tiles && key < it.kv_end && key < (n + 1) * kKeys;
+        const bool live = n < it.n_tiles && key < it.kv_end && key < (n + 1) * kKeys &&
+                          !(tma_new && n * kKeys >= it.cached);  // a tile of new keys by TMA reads no ids
         return live ? __ldg(table + first + lane) : -1;
       };
       const char* const k_base = reinterpret_cast<const char*>(static_cast<const T*>(p.key_cache) +
@@ -353,16 +356,39 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
         else
           copy_rows(std::integral_constant<int, 1>{});
       };
+      // Tile n from the new tokens' own keys or values (`map`) by TMA, where every key of the tile
+      // is a new one: two boxes of 64 head dims by 128 tokens, in the tiles' 128-byte swizzle.
+      // Tokens past the sequence's keys load the next sequence's (or zeros past the tensor): the
+      // causal mask gives them no weight. The stage may last have been filled by cp.async (the
+      // generic proxy): the proxy fence orders those writes before the tensor copy's.
+      auto tma_tile = [&](int n, uint32_t dst_tile, const CUtensorMap* map, uint32_t bar) {
+        if (tid == 0) {
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+          mbar_expect_tx(bar, static_cast<uint32_t>(kTileBytes));
+          const int tok = it.q_start + n * kKeys - it.cached;
+          tma_load_3d(dst_tile, map, 0, it.kvh, tok, bar);
+          tma_load_3d(dst_tile + kKeys * kHalfRow, map, 64, it.kvh, tok, bar);
+        }
+        mbar_arrive(bar);
+      };
       auto copy_k = [&](int n, int ids) {
         mbar_wait(k_empty(kpos.stage), kpos.phase ^ 1u);
-        copy_tile(n, ids, k_ring + kpos.stage * kTileBytes, 0);
-        cp_async_arrive(k_full(kpos.stage));
+        if (tma_new && n * kKeys >= it.cached) {
+          tma_tile(n, k_ring + kpos.stage * kTileBytes, &kn_map, k_full(kpos.stage));
+        } else {
+          copy_tile(n, ids, k_ring + kpos.stage * kTileBytes, 0);
+          cp_async_arrive(k_full(kpos.stage));
+        }
         kpos.advance();
       };
       auto copy_v = [&](int n, int ids) {
         mbar_wait(v_empty(vpos.stage), vpos.phase ^ 1u);
-        copy_tile(n, ids, v_ring + vpos.stage * kTileBytes, 1);
-        cp_async_arrive(v_full(vpos.stage));
+        if (tma_new && n * kKeys >= it.cached) {
+          tma_tile(n, v_ring + vpos.stage * kTileBytes, &vn_map, v_full(vpos.stage));
+        } else {
+          copy_tile(n, ids, v_ring + vpos.stage * kTileBytes, 1);
+          cp_async_arrive(v_full(vpos.stage));
+        }
         vpos.advance();
       };
       // key tile 0, then key tile n + 1 and value tile n in turn (the order the consumers read
@@ -573,6 +599,27 @@ bool rows_map_of(CUtensorMap* map, const void* base, int64_t token_stride, const
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// The new tokens' keys or values ([tokens, kv_heads, 128] at `base`, tokens `token_stride` elements
+// apart) as a tensor map of boxes of 64 head dims x 1 KV head x 128 tokens (a key tile's half),
+// 128-byte swizzled as the tiles are; false where it cannot be.
+template <typename T>
+bool new_kv_map_of(CUtensorMap* map, const void* base, int64_t token_stride, const PagedPrefillParams& p) {
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr || base == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0 ||
+      (token_stride * 2) % 16 != 0 || p.num_tokens <= 0) {
+    return false;
+  }
+  const cuuint64_t dims[3] = {kHead, static_cast<cuuint64_t>(p.num_kv_heads), static_cast<cuuint64_t>(p.num_tokens)};
+  const cuuint64_t strides[2] = {kHead * 2, static_cast<cuuint64_t>(token_stride) * 2};
+  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(kKeys)};
+  const cuuint32_t elem[3] = {1, 1, 1};
+  const CUtensorMapDataType type =
+      std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return encode(map, type, 3, const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 // The persistent grid: one block per SM, at most one per item.
 template <typename T>
 cudaError_t launch(const PagedPrefillParams& p, cudaStream_t stream) {
@@ -594,9 +641,16 @@ cudaError_t launch(const PagedPrefillParams& p, cudaStream_t stream) {
   // Q loaded and the output stored by TMA where both tensor maps can be encoded
   const bool tma_rows = rows_map_of<T>(&out_map, p.out, p.out_token_stride, p, group) &&
                        rows_map_of<T>(&q_map, p.query, p.q_token_stride, p, group);
+  // key tiles of new tokens by TMA from the new tokens' own keys and values where both are given
+  // and both tensor maps can be encoded
+  CUtensorMap kn_map{}, vn_map{};
+  const bool tma_new = p.key_new != nullptr && p.value_new != nullptr &&
+                       new_kv_map_of<T>(&kn_map, p.key_new, p.kn_token_stride, p) &&
+                       new_kv_map_of<T>(&vn_map, p.value_new, p.vn_token_stride, p);
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, static_cast<int>(m_blocks),
                                                  wg::band_for(group, static_cast<int>(m_blocks)),
-                                                 static_cast<int>(items), out_map, q_map, tma_rows);
+                                                 static_cast<int>(items), out_map, q_map, kn_map, vn_map, tma_rows,
+                                                 tma_new);
   return cudaGetLastError();
 }
 

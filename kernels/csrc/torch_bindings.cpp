@@ -225,7 +225,7 @@ void paged_prefill(torch::Tensor out, torch::Tensor query, torch::Tensor key_cac
                    int64_t num_kv_heads, double scale, double v_scale, torch::Tensor block_tables,
                    torch::Tensor query_start_loc, torch::Tensor context_lens, int64_t max_query_len,
                    int64_t max_context_len, int64_t config, std::optional<torch::Tensor> alibi_slopes,
-                   int64_t stream) {
+                   std::optional<torch::Tensor> key_new, std::optional<torch::Tensor> value_new, int64_t stream) {
   for (auto* t : {&out, &query, &key_cache, &value_cache, &block_tables, &query_start_loc, &context_lens}) {
     check_cuda(*t, "every paged_prefill tensor");
   }
@@ -288,6 +288,22 @@ void paged_prefill(torch::Tensor out, torch::Tensor query, torch::Tensor key_cac
   p.v_block_stride = value_cache.stride(0);
   p.v_token_stride = value_cache.stride(1);
   p.v_head_stride = value_cache.stride(2);
+  TORCH_CHECK(key_new.has_value() == value_new.has_value(), "paged_prefill: give both new keys and new values, or neither");
+  if (key_new) {
+    for (auto* t : {&*key_new, &*value_new}) {
+      check_cuda(*t, "paged_prefill's new keys and values");
+      TORCH_CHECK(t->scalar_type() == query.scalar_type() && t->dim() == 3 && t->size(0) == query.size(0) &&
+                      t->size(1) == num_kv_heads && t->size(2) == query.size(2) && t->stride(2) == 1 &&
+                      t->stride(1) == query.size(2) && t->stride(0) % 8 == 0 &&
+                      reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
+                  "paged_prefill: new keys and values must be 16-byte aligned [tokens, num_kv_heads, head_size] "
+                  "tensors of the query's dtype with contiguous heads, tokens 8 elements apart");
+    }
+    p.key_new = key_new->data_ptr();
+    p.value_new = value_new->data_ptr();
+    p.kn_token_stride = key_new->stride(0);
+    p.vn_token_stride = value_new->stride(0);
+  }
   int q_dtype = 0;
   switch (query.scalar_type()) {
     case torch::kFloat16: q_dtype = blocksim::kFastF16; break;

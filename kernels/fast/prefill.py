@@ -182,6 +182,29 @@ def check_prefill(out, query, key_cache, value_cache, num_kv_heads, scale, block
             longest if max_context_len is None else max_context_len)
 
 
+def _check_new_kv(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
+                  num_kv_heads: int) -> None:
+    """Checks ``paged_prefill_attention``'s optional new keys and values (``ValueError`` naming
+    the argument)."""
+    if (key is None) != (value is None):
+        raise ValueError("key and value: give the new tokens' keys and values both, or neither")
+    if key is None:
+        return
+    want = (query.shape[0], num_kv_heads, query.shape[2])
+    for name, t in (("key", key), ("value", value)):
+        _checks._tensor(name, t)
+        if tuple(t.shape) != want or t.dtype != query.dtype:
+            raise ValueError(f"{name} must be the new tokens' {query.dtype} tensor of shape {want} "
+                             f"[total_new_tokens, num_kv_heads, head_size], got {t.dtype} {tuple(t.shape)}")
+        if t.device != query.device:
+            raise ValueError(f"{name} is on {t.device} but query on {query.device}")
+
+
+def _tma_ready(t: torch.Tensor) -> bool:
+    """Whether the kernel can read ``t`` ([tokens, kv_heads, head]) by TMA as it is."""
+    return (t.stride(2) == 1 and t.stride(1) == t.shape[2] and t.stride(0) % 8 == 0 and t.data_ptr() % 16 == 0)
+
+
 def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_cache: torch.Tensor,
                             value_cache: torch.Tensor, num_kv_heads: int, scale: float,
                             block_tables: torch.Tensor, query_start_loc: torch.Tensor,
@@ -189,7 +212,8 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
                             alibi_slopes: torch.Tensor | None = None, *, k_scale: float = 1.0,
                             v_scale: float = 1.0, max_query_len: int | None = None,
                             max_context_len: int | None = None, config: int | None = None,
-                            validate: bool = True) -> torch.Tensor:
+                            validate: bool = True, key: torch.Tensor | None = None,
+                            value: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of a varlen batch of new tokens over their paged caches.
 
     Args:
@@ -220,6 +244,14 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
             they are trusted: a sequence whose context length is shorter than its new tokens gets
             no defined output (the kernels still finish, and the other sequences' rows are right),
             and a block id outside the cache is read as zeros by the warpgroup kernels.
+        key, value: optional, the new tokens' keys and values as written into the caches,
+            ``[total_new_tokens, num_kv_heads, head_size]`` in the query's dtype (rows as the
+            query's). Given both, the warp-specialized kernel (``WS_CONFIG``) reads the key and
+            value tiles that hold only new tokens from them, by TMA, instead of through the block
+            table; the cached tokens, and tiles that mix cached and new ones, still come from the
+            caches. Their values must equal the cache's (the output is the same either way); other
+            configurations, and tensors whose heads are not contiguous or that are not 16-byte
+            aligned, read everything from the caches.
 
     Returns:
         ``out``.
@@ -227,6 +259,7 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
     max_query_len, max_context_len = check_prefill(
         out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, query_start_loc, context_lens,
         block_size, alibi_slopes, k_scale, v_scale, max_query_len, max_context_len, validate)
+    _check_new_kv(query, key, value, int(num_kv_heads))
     if config in WARPGROUP_CONFIGS:
         if not _wgmma_applies(query, key_cache, alibi_slopes):
             raise ValueError(f"config {config} (the warpgroup kernels) needs a CUDA device of compute capability "
@@ -262,10 +295,12 @@ def paged_prefill_attention(out: torch.Tensor | None, query: torch.Tensor, key_c
         into = torch.empty_like(query, memory_format=torch.contiguous_format)
     if alibi_slopes is not None:
         alibi_slopes = alibi_slopes.to(torch.float32).contiguous()
+    if key is not None and not (config == WS_CONFIG and _tma_ready(key) and _tma_ready(value)):
+        key = value = None
     extension().paged_prefill(into, query, key_cache, value_cache, int(num_kv_heads), float(scale) * float(k_scale),
                               float(v_scale), block_tables.to(torch.int32).contiguous(),
                               query_start_loc.to(torch.int32).contiguous(), context_lens.to(torch.int32).contiguous(),
-                              int(max_query_len), int(max_context_len), int(config), alibi_slopes,
+                              int(max_query_len), int(max_context_len), int(config), alibi_slopes, key, value,
                               torch.cuda.current_stream(query.device).cuda_stream)
     if into is not out:
         out.copy_(into)

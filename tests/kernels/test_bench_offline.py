@@ -300,3 +300,18 @@ def test_result_files_are_checked_without_being_created_and_written_whole(tmp_pa
     with pytest.raises(KeyboardInterrupt):
         write_json(str(out), {"rows": [2]})
     assert json.loads(out.read_text()) == {"rows": [1]} and sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_rotate_starts_each_round_one_measure_later():
+    order = []
+
+    def measure(name):
+        return lambda: order.append(name) or len(order)
+
+    runs = stats.rotate([measure("a"), measure("b"), measure("c")], 3)
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    # each list holds its own measure's results, one a round
+    assert runs == [[1, 6, 8], [2, 4, 9], [3, 5, 7]]
+    two = []
+    stats.rotate([lambda: two.append("a"), lambda: two.append("b")], 3)
+    assert two == ["a", "b", "b", "a", "a", "b"], "two measures: alternate's order"

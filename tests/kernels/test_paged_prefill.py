@@ -67,6 +67,7 @@ def build(*, cached, new, num_heads=8, num_kv_heads=2, head_size=128, block_size
     if dtype == fast_layout.FP8:
         k_scale, v_scale = 0.9 / fast_layout.FP8_MAX, 1.1 / fast_layout.FP8_MAX
     written = set()
+    new_k, new_v = [], []  # the new tokens' keys and values, as the cache holds them (not for fp8)
     for s, n in enumerate(lens):
         pos = torch.arange(n, device="cuda")
         slots = tables[s, pos // block_size].long() * block_size + pos % block_size
@@ -76,6 +77,8 @@ def build(*, cached, new, num_heads=8, num_kv_heads=2, head_size=128, block_size
         v = torch.empty(n, num_kv_heads, head_size, device="cuda").uniform_(-1, 1, generator=gen)
         kernels.reshape_and_cache_fast(k[fresh].to(q_dtype), v[fresh].to(q_dtype), kc, vc, slots[fresh],
                                        k_scale=k_scale, v_scale=v_scale)
+        new_k.append(k[cached[s]:].to(q_dtype))
+        new_v.append(v[cached[s]:].to(q_dtype))
     query = torch.empty(sum(new), num_heads, head_size, dtype=q_dtype, device="cuda")
     query.uniform_(-QUERY_RANGE, QUERY_RANGE, generator=gen)
     loc = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
@@ -83,16 +86,22 @@ def build(*, cached, new, num_heads=8, num_kv_heads=2, head_size=128, block_size
     return dict(query=query, key_cache=kc, value_cache=vc, num_kv_heads=num_kv_heads, scale=head_size ** -0.5,
                 block_tables=tables, query_start_loc=loc, context_lens=torch.tensor(lens, dtype=torch.int32,
                                                                                      device="cuda"),
-                block_size=block_size, alibi_slopes=slopes, k_scale=k_scale, v_scale=v_scale)
+                block_size=block_size, alibi_slopes=slopes, k_scale=k_scale, v_scale=v_scale,
+                key=torch.cat(new_k), value=torch.cat(new_v))
 
 
-def check(a, dtype=None, config=None):
+def check(a, dtype=None, config=None, new_kv=False, want_cache=None):
+    """The kernel's output against the reference over ``want_cache`` (the call's caches unless
+    given); ``new_kv`` passes the new tokens' keys and values."""
     dtype = a["key_cache"].dtype if dtype is None else dtype
     out = torch.full_like(a["query"], float("nan"))
+    extra = dict(key=a["key"], value=a["value"]) if new_kv else {}
     kernels.paged_prefill_attention(out, a["query"], a["key_cache"], a["value_cache"], a["num_kv_heads"], a["scale"],
                                     a["block_tables"], a["query_start_loc"], a["context_lens"], a["block_size"],
-                                    a["alibi_slopes"], k_scale=a["k_scale"], v_scale=a["v_scale"], config=config)
-    want = fast_reference.paged_prefill_attention(None, a["query"].float(), a["key_cache"], a["value_cache"],
+                                    a["alibi_slopes"], k_scale=a["k_scale"], v_scale=a["v_scale"], config=config,
+                                    **extra)
+    kc, vc = want_cache or (a["key_cache"], a["value_cache"])
+    want = fast_reference.paged_prefill_attention(None, a["query"].float(), kc, vc,
                                                   a["num_kv_heads"], a["scale"], a["block_tables"],
                                                   a["query_start_loc"], a["context_lens"], a["alibi_slopes"],
                                                   k_scale=a["k_scale"], v_scale=a["v_scale"])
@@ -322,3 +331,76 @@ def test_contradicting_lengths_without_validate_still_finish(config):
     except subprocess.TimeoutExpired:
         pytest.fail(f"config {config}: the kernel did not finish within 300 s on contradicting lengths")
     assert done.returncode == 0 and "finished" in done.stdout, done.stderr[-3000:]
+
+
+# The new tokens' keys and values given (key=, value=): the warp-specialized kernel reads the tiles
+# of new keys from them by TMA, the rest through the block table.
+NEW_KV_BATCHES = {  # (cached, new)
+    "plain": ([0, 0, 0, 0], [1, 200, 128, 1000]),
+    "aligned prefixes": ([128, 256, 4096], [300, 128, 77]),
+    "unaligned chunks": ([16, 37, 300, 5], [64, 91, 1, 130]),
+}
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(8, 8), (8, 2), (4, 1), (32, 8)])
+@pytest.mark.parametrize("batch", sorted(NEW_KV_BATCHES))
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_new_keys_and_values_given(dtype, heads, batch, block_size):
+    cached, new = NEW_KV_BATCHES[batch]
+    a = build(cached=cached, new=new, num_heads=heads[0], num_kv_heads=heads[1], dtype=dtype, block_size=block_size)
+    check(a, config=WS_CONFIG, new_kv=True)
+
+
+@needs_hopper
+@pytest.mark.parametrize("cached", [[0, 0], [256, 128]])
+def test_tiles_of_new_keys_never_read_the_cache(cached):
+    """Where a sequence's cached tokens end on a 128-key tile, the tiles after them come from the
+    given keys and values only: the cache's slots of the new tokens are overwritten with NaN after
+    the reference is taken, and the output stays right."""
+    a = build(cached=cached, new=[700, 333], num_heads=32, num_kv_heads=8)
+    want_cache = (a["key_cache"].clone(), a["value_cache"].clone())
+    for s, (c, p) in enumerate(zip(cached, [700, 333])):
+        pos = torch.arange(c, c + p, device="cuda")
+        blocks = a["block_tables"][s, pos // 16].long()
+        a["key_cache"][blocks, pos % 16] = float("nan")
+        a["value_cache"][blocks, pos % 16] = float("nan")
+    check(a, config=WS_CONFIG, new_kv=True, want_cache=want_cache)
+
+
+@needs_hopper
+def test_new_keys_and_values_inside_a_fused_projection():
+    """Keys and values as column slices of one [tokens, q + k + v] projection (token stride larger
+    than their rows), as a model's QKV output gives them."""
+    a = build(cached=[0, 300], new=[513, 129], num_heads=32, num_kv_heads=8)
+    q, k, v = a["query"], a["key"], a["value"]
+    fused = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
+    a["key"] = fused[:, 32 * 128:40 * 128].view(-1, 8, 128)
+    a["value"] = fused[:, 40 * 128:].view(-1, 8, 128)
+    assert a["key"].stride(0) == 48 * 128
+    check(a, config=WS_CONFIG, new_kv=True)
+
+
+@needs_hopper
+def test_new_keys_and_values_in_a_cuda_graph():
+    a = build(cached=[0, 256, 40], new=[400, 128, 99], num_heads=32, num_kv_heads=8)
+    out = torch.empty_like(a["query"])
+
+    def call():
+        kernels.paged_prefill_attention(out, a["query"], a["key_cache"], a["value_cache"], 8, a["scale"],
+                                        a["block_tables"], a["query_start_loc"], a["context_lens"], 16,
+                                        max_query_len=400, max_context_len=400, validate=False, config=WS_CONFIG,
+                                        key=a["key"], value=a["value"])
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = fast_reference.paged_prefill_attention(None, a["query"].float(), a["key_cache"], a["value_cache"], 8,
+                                                  a["scale"], a["block_tables"], a["query_start_loc"],
+                                                  a["context_lens"], None)
+    assert_attention_close(out, want, atol=ATOL[torch.float16], rel=REL[torch.float16])

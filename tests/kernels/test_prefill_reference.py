@@ -151,7 +151,7 @@ def _args(**over):
 def call(**over):
     a = _args(**over)
     kw = {k: a.pop(k) for k in list(a) if k in ("alibi_slopes", "k_scale", "v_scale", "max_query_len",
-                                                 "max_context_len", "config", "validate")}
+                                                 "max_context_len", "config", "validate", "key", "value")}
     return kernels.paged_prefill_attention(*a.values(), **kw)
 
 
@@ -176,10 +176,26 @@ def call(**over):
     (dict(max_context_len=-1), "max_context_len must be"),
     (dict(config=2), "config must be"),
     (dict(config=9), "config must be"),
+    (dict(key=torch.zeros(12, 2, 64)), "give the new tokens' keys and values both"),
+    (dict(key=torch.zeros(12, 2, 64), value=torch.zeros(12, 4, 64)), "value must be the new tokens'"),
+    (dict(key=torch.zeros(12, 2, 64, dtype=torch.float16), value=torch.zeros(12, 2, 64)), "key must be the new"),
 ])
 def test_bad_arguments_raise_one_clear_error(over, match):
     with pytest.raises(ValueError, match=match):
         call(**over)
+
+
+def test_new_keys_and_values_leave_the_reference_unchanged():
+    """The CPU reference reads every key from the caches; the new tokens' own keys and values,
+    where given, are checked and change nothing."""
+    a = _args()
+    kc, vc, tables = a["key_cache"], a["value_cache"], a["block_tables"]
+    rows = []
+    for s, (c, p) in enumerate(((5, 3), (0, 9))):
+        pos = torch.arange(c, c + p)
+        rows.append((kc[tables[s, pos // 16].long(), pos % 16], vc[tables[s, pos // 16].long(), pos % 16]))
+    key, value = (torch.cat([r[i] for r in rows]) for i in (0, 1))
+    assert torch.equal(call(key=key, value=value), call())
 
 
 def test_unused_table_entries_are_not_checked():
