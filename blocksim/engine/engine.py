@@ -200,6 +200,8 @@ class Engine:
                 order = self.reqs["_row"]
                 hashes = getattr(trace, "df", trace)["prefix_hashes"].tolist()
                 self._hashes = [hashes[i] for i in order]
+                if self.tiers is not None and hasattr(self.bm, "tier_trace_hashes"):
+                    self.bm.tier_trace_hashes(self._hashes)  # content one request alone has: private chunks
         self._seq_id = 0
         self.env = simpy.Environment()
         self.link = simpy.Resource(self.env, capacity=1)

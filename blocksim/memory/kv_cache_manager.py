@@ -23,8 +23,10 @@ Follows `vllm/v1/core/kv_cache_manager.py` and `single_type_kv_cache_manager.py`
   evicted and counted like a cached block when the free queue hands it out); a preemption computes
   their hashes and caches them in table order, as caching each when it filled would have. KV tiers
   key chunks by their last block's hash: they compute the hashes of the prompt chunks they look up
-  and store, and a write-back tier, which stores a chunk when the GPU evicts its blocks, turns the
-  deferral off, as recorded plans and step executors (which read every block's hash) do.
+  and store (a chunk whose last block no other request has goes to them as private to its request,
+  which can look it up only after a preemption: `tier_computed`, `free_request`), and a write-back
+  tier, which stores a chunk when the GPU evicts its blocks, turns the deferral off, as recorded
+  plans and step executors (which read every block's hash) do.
 
 There is no swap space and no watermark (V1 preempts by recomputation only). Memory accounting:
 a scheduled token's slot counts as holding K/V from the step it is scheduled in (as the v0
@@ -82,6 +84,9 @@ class KVCacheManager:
         #: tier plan depends on that hit alone (`clean_takes`); None otherwise
         self.refused_hit: list[int] | None = None
         self._tier_chunks: dict[int, tuple] = {}     # chunk key -> its blocks' hashes (write-back tiers)
+        #: the trace's prefix hash ids that only one request has (`tier_trace_hashes`); None: unknown
+        self._tier_once: set[int] | None = None
+        self._tier_private: dict[int, int] = {}      # seq_id -> its first block no other request has
 
     # --- hashes ------------------------------------------------------------------------------
     def block_hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
@@ -289,6 +294,8 @@ class KVCacheManager:
         request may come back (a preemption): its unique content's hashes are computed now."""
         if self.defer_unique_hashes and not seq.group.preemptions and self.enable_caching:
             self._hash_deferred(seq)
+            if self.tiers is not None:
+                self.tiers.on_preempted(seq.seq_id)
         self._release(seq, num_computed)
 
     def _release(self, seq: Sequence, num_computed: int) -> None:
@@ -327,6 +334,30 @@ class KVCacheManager:
             chunks, cached = self._tier_chunks, self.pool.cached
             self.pool.on_evict = lambda block, block_hash: tiers.on_gpu_block_evicted(
                 block, block_hash, chunks.get(block_hash), cached.get)
+
+    def tier_trace_hashes(self, hashes) -> None:
+        """The prefix hashes of every request of the trace (lists of ids): a block whose id no other
+        request has holds content only its own request can look up (`tier_computed`)."""
+        seen: dict[int, int] = {}
+        for ids in hashes:
+            for x in ids:
+                seen[x] = x in seen
+        self._tier_once = {x for x, again in seen.items() if not again}
+
+    def _private_from(self, seq: Sequence) -> int:
+        """The sequence's first prompt block that no other request has: the first whose prefix hash
+        id the trace gives it alone, else the first its prefix hashes do not cover (chained hashes:
+        every block after it is its own too)."""
+        p = self._tier_private.get(seq.seq_id)
+        if p is None:
+            p = covered = self.covered_blocks(seq)
+            ids, once = seq.group.prefix_hashes, self._tier_once
+            if covered and once is not None:
+                j = next((j for j, x in enumerate(ids) if x in once), len(ids))
+                h, bs = self.hash_block_tokens, self.block_size
+                p = min(covered, j * (h // bs) if h % bs == 0 else j // (bs // h))
+            self._tier_private[seq.seq_id] = p
+        return p
 
     def _chunk_key(self, hashes: list[int], c: int) -> int:
         return hashes[(c + 1) * self.tiers.chunk_blocks - 1]
@@ -377,6 +408,13 @@ class KVCacheManager:
         if t.wants_gpu_evictions:
             for c, key in zip(range(first, last), keys):
                 self._tier_chunks[key] = tuple(hashes[c * cb:(c + 1) * cb])
+        if self.defer_unique_hashes and not group.preemptions:
+            # chunks whose last block no other request has: only this request can ask for them,
+            # after a preemption (`free_request` tells the tiers)
+            private = last - max(first, self._private_from(seq) // cb)
+            if private > 0:
+                t.on_computed(keys, seq.block_table, first * cb, private, seq.seq_id)
+                return
         t.on_computed(keys, seq.block_table, first * cb)
 
     def tier_loaded(self, seq: Sequence, keys: list[int], first_block: int) -> None:
@@ -396,6 +434,9 @@ class KVCacheManager:
         self._hashes.pop(seq.seq_id, None)
         self._covered.pop(seq.seq_id, None)
         self._keys.pop(seq.seq_id, None)
+        if self.tiers is not None:
+            self._tier_private.pop(seq.seq_id, None)
+            self.tiers.on_finished(seq.seq_id)
 
     @property
     def num_gpu_blocks_used(self) -> int:

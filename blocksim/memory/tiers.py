@@ -37,7 +37,9 @@ its hits are logged, `blocksim.memory.eviction.LRU`), with the results of one ch
 An LRU host written through, alone or over an LRU disk written back, holds one-block chunks by
 position runs instead while the disk has not had to evict (`_r_start`: a step's new chunks take
 consecutive positions, each tier's recency order is a deque of position ranges, a lookup's chunks
-are found as runs of positions), with the results of its tables.
+are found as runs of positions), with the results of its tables. There, a request's private chunks
+(content no other request has, `on_computed`'s `private`) take positions without a key-table entry
+until the request is preempted (`on_preempted`): only it can look them up, and only then.
 
 Executed moves (`attach_mover`): in a GPU-in-the-loop replay the executor performs every move as
 it is issued, and each transfer lasts what the executor measured for it instead of the link's
@@ -240,12 +242,15 @@ class TierStore:
         return None if self.mover is None else self._perform()[-1]
 
     # --- events from the GPU -----------------------------------------------------------------
-    def on_computed(self, keys: list[int], table: list[int], first_block: int) -> None:
+    def on_computed(self, keys: list[int], table: list[int], first_block: int, private: int = 0,
+                    owner: int | None = None) -> None:
         """Prompt chunks whose K/V a step has just computed: chunk j is `keys[j]`, in the blocks
-        `table[first_block + j * chunk_blocks:]`. write-through stores those the top tier lacks."""
+        `table[first_block + j * chunk_blocks:]`. write-through stores those the top tier lacks.
+        `private`: how many of the last keys no other request has, which request `owner` alone can
+        look up, and only after `on_preempted(owner)` (chunks new to the tiers)."""
         if self.log is not None:
             self.log.extend(("computed", k) for k in keys)
-        if self._runs and self._r_ok() and self._r_store(keys):
+        if self._runs and self._r_ok() and self._r_store(keys, private, owner):
             return
         top = self.levels[0]
         if top.write != WRITE_THROUGH:
@@ -450,6 +455,24 @@ class TierStore:
         end = members[key] = start_s + self._write_s(len(members))
         lv.stored += 1
         return end
+
+    def on_preempted(self, owner: int) -> None:
+        """Request `owner` gives its blocks back and may come back: the private chunks it stored
+        (`on_computed`) may be looked up from now on."""
+        if self._runs:
+            ranges = self._rp.pop(owner, None)
+            if ranges:
+                K, w, R = self._rK, self._rw, self._rR
+                for lo, hi in ranges:
+                    w.update((K[p], p) for p in range(lo, hi) if K[p] is not None)
+                    if R is not None:
+                        R[lo:hi] = bytes((1,)) * (hi - lo)
+                self.version += 1
+
+    def on_finished(self, owner: int) -> None:
+        """Request `owner` has finished: no lookup asks for its private chunks any more."""
+        if self._runs:
+            self._rp.pop(owner, None)
 
     def on_gpu_hit(self, key: int, gpu_blocks) -> None:
         """A GPU prefix-cache hit on a whole chunk at admission (its K/V exists since the last step)."""
@@ -837,6 +860,11 @@ class TierStore:
         self._rDS: list[int] = []
         self._rH: deque = deque()
         self._rD: deque = deque()
+        #: a request -> the position ranges of its private chunks, held without a `_rw` entry until
+        #: it is preempted (`on_preempted`); the other requests never ask for them
+        self._rp: dict[int, list[list[int]]] = {}
+        #: a host alone (its victims leave the tiers): per position, 1 where the key has a `_rw` entry
+        self._rR: bytearray | None = bytearray() if len(self.lv) == 1 else None
         self._rs = 0
         self._rhn = self._rdn = 0
         self._r_last: tuple | None = None  # (keys, n, version, their runs) of the last `_r_ends`
@@ -866,7 +894,7 @@ class TierStore:
             lv.cache.members = members
             lv.cache.log = []
         self._rw = self._rK = self._rT = self._rHL = self._rDL = self._rHS = self._rDS = None
-        self._rH = self._rD = self._r_last = None
+        self._rH = self._rD = self._r_last = self._rp = self._rR = None
 
     def _r_segs(self, ks: list[int]) -> list[tuple[int, int, int]]:
         """Keys that some tier holds as runs of consecutive positions: (first position, first index
@@ -931,6 +959,8 @@ class TierStore:
                     w.update(zip(new[j:k], range(g, g + c)))
                 K.extend(new[j:k])
                 T.extend(bytes((1,)) * c)
+                if self._rR is not None:
+                    self._rR.extend(bytes((1,)) * c)
                 HL.extend(landed[j:k])
                 DL.extend(repeat(None, c))
                 HS.extend(repeat(s, c))
@@ -1010,9 +1040,10 @@ class TierStore:
             D.append([s, lo, hi])
             j = k
 
-    def _r_store(self, keys: list[int]) -> bool:
-        """`_store_batch` (else `_store_run`) on the runs. False, having changed nothing but handing
-        the chunks to the tiers' tables, where the disk could have to evict."""
+    def _r_store(self, keys: list[int], private: int = 0, owner: int | None = None) -> bool:
+        """`_store_batch` (else `_store_run`) on the runs; the last `private` keys (new to the tiers)
+        take their positions without a `_rw` entry, recorded as `owner`'s. False, having changed
+        nothing but handing the chunks to the tiers' tables, where the disk could have to evict."""
         lv = self.lv
         top = lv[0]
         below = lv[1] if len(lv) > 1 else None
@@ -1023,23 +1054,30 @@ class TierStore:
         # a leading run the disk alone holds at consecutive positions (a prefix computed again) goes
         # back into the host where it is; the next positions are offered to every other key: a key
         # held keeps its own
-        g = w.get(keys[0]) if keys else None
-        lead = self._r_run(g, keys, 0, off_host=True) if g is not None else 0
+        shared = keys[:len(keys) - private] if private else keys
+        g = w.get(shared[0]) if shared else None
+        lead = self._r_run(g, shared, 0, off_host=True) if g is not None else 0
         rest = keys[lead:] if lead else keys
         runs = [(g, lead)] if lead else []
         g0, before = len(self._rK), len(w)
-        gids = list(map(w.setdefault, rest, range(g0, g0 + len(rest))))
-        placed = len(w) == before + len(rest)
+        m = len(rest) - private
+        gids = list(map(w.setdefault, rest[:m] if private else rest, range(g0, g0 + m)))
+        placed = len(w) == before + m
         if placed:  # every other key new to the tiers, at the next positions
             new = keys
             if rest:
                 runs.append((None, len(rest)))
+            if private:
+                self._r_private(owner, g0 + m, g0 + m + private)
         else:
             deque(map(w.pop, compress(rest, map(ge, gids, repeat(g0))), repeat(None)), 0)  # as it was
             gids = [g if g < g0 else None for g in gids]
             lack = [g is None or not T[g] & 1 for g in gids]
             new = list(compress(rest, lack))
             runs += self._r_position_runs(new, list(compress(gids, lack)))
+            if private:  # new too, at the next positions, with `_rw` entries as the others
+                new += rest[m:]
+                runs.append((None, private))
             if lead:
                 new = keys[:lead] + new
         n = len(new)
@@ -1055,6 +1093,8 @@ class TierStore:
         if not self._r_insert(new, runs, ends[1:], placed):
             self._r_materialize()
             return False
+        if placed and private and self._rR is not None:  # (entered by `_r_insert` as registered)
+            self._rR[g0 + m:g0 + m + private] = bytes(private)
         self.version += 1
         self._rhn += n
         top.stored += n
@@ -1064,6 +1104,16 @@ class TierStore:
         self._stores_end(top.name, n, t_d2h, ends[-1], m, fresh_before, dw_free, m)
         return True
 
+    def _r_private(self, owner: int, lo: int, hi: int) -> None:
+        """Positions [lo, hi) hold private chunks of request `owner` (`on_preempted`)."""
+        r = self._rp.get(owner)
+        if r is None:
+            self._rp[owner] = [[lo, hi]]
+        elif r[-1][1] == lo:
+            r[-1][1] = hi
+        else:
+            r.append([lo, hi])
+
     def _r_evict_below(self, excess: int, below: Tier | None, dw_free: float) -> tuple[int, float]:
         """The `excess` least recent chunks out of the host, those the disk below lacks written back
         to it once its writes are free at `dw_free` (without a disk the victims leave the tiers):
@@ -1071,10 +1121,10 @@ class TierStore:
         ranges, landed, tiers = self._r_evict(excess)
         self._rhn -= excess
         self.lv[0].evictions += excess
-        if below is None:  # the victims leave the tiers
-            K, pop = self._rK, self._rw.pop
+        if below is None:  # the victims leave the tiers (private ones have no `_rw` entry)
+            K, R, pop = self._rK, self._rR, self._rw.pop
             for lo, hi in ranges:
-                deque(map(pop, K[lo:hi]), 0)
+                deque(map(pop, compress(K[lo:hi], R[lo:hi])), 0)
                 K[lo:hi] = repeat(None, hi - lo)
             return 0, dw_free
         if 3 in tiers:  # victims the disk holds stay as they are there
@@ -1122,7 +1172,8 @@ class TierStore:
                 top.evictions += 1
                 v = ranges[0][0]
                 if below is None:
-                    w.pop(K[v])
+                    if self._rR[v]:
+                        w.pop(K[v])
                     K[v] = None
                 elif not tiers[0] & 2:
                     writes += 1

@@ -507,6 +507,74 @@ def test_v1_tiers_give_the_same_records_with_unique_hashes_deferred(reqs, gpu_bl
     assert a.tiers.log == b.tiers.log
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=pressing, gpu_blocks=st.integers(16, 40), host=st.integers(1, 30), disk=st.sampled_from([0, 0, 60, 400]),
+       onload=st.sampled_from(["wait", "deadline", "recompute"]), hashed=st.booleans())
+def test_v1_private_chunks_held_without_key_entries_give_the_records_of_the_tiers_tables(reqs, gpu_blocks, host, disk,
+                                                                                        onload, hashed):
+    """vLLM V1 hands the tiers the chunks no other request has (their prefix hash id is the
+    request's alone, or no hash covers them) as private to their request: position runs hold them
+    without a key-table entry, entered when the request is preempted (most of these examples
+    preempt). The same run in the tiers' tables from the start gives the same records, counters,
+    link states and tier contents."""
+    opts = dict(tier_host_gib=chunks_gib(host), tier_onload=onload, tier_onload_deadline_ms=2.0)
+    if disk:
+        opts["tier_disk_gib"] = chunks_gib(disk)
+    cfg = tier_config("vllm-v1", gpu_blocks, **opts)
+    tr = workload(*reqs)
+    if not hashed:  # every prompt block's content unique: every chunk private
+        tr = traces.Trace(tr.df.drop(columns="prefix_hashes"))
+    runs, private = [], []
+    for on in (True, False):
+        e = Engine(cfg, tr, check_invariants=True)
+        t = e.tiers
+        if on:
+            assert t._runs
+            on_computed = t.on_computed
+
+            def counting(keys, table, first, n=0, owner=None, on_computed=on_computed):
+                private.append(n)
+                on_computed(keys, table, first, n, owner)
+            t.on_computed = counting
+        else:
+            t.runs = False
+            t._r_materialize()
+        runs.append((e, e.run()))
+    (a, ra), (b, rb) = runs
+    if not hashed and not ra.summary["preemptions"]:  # (a preempted request's chunks are private no more)
+        assert sum(private) == ra.summary["tier_host_stored_chunks"], "every chunk stored is private"
+    assert_same_tier_runs(a, ra, b, rb)
+    assert_same_links(a, b)
+    for lv_a, lv_b in zip(a.tiers.levels, b.tiers.levels):
+        assert (lv_a.stored, lv_a.evictions, lv_a.hit_chunks) == (lv_b.stored, lv_b.evictions, lv_b.hit_chunks)
+    a.tiers.check()
+
+
+@pytest.mark.parametrize("disk", [0, 40])
+def test_a_private_chunk_is_found_only_after_its_request_is_preempted(disk):
+    """Position runs hold a request's private chunks without key-table entries: a lookup does not
+    find them until `on_preempted` enters them; the host's evictions drop them either way."""
+    from blocksim.config import TierConfig
+    from blocksim.memory.tiers import TierStore
+    chunk = H * KV_BYTES
+    t = TierStore(TierConfig(host_gib=6 * chunk / GIB, disk_gib=disk * chunk / GIB), H, H, chunk, 25.0, 1e-5)
+    assert t._runs
+    t.on_computed([1, 2, 3], [0, 1, 2], 0, 2, 7)  # chunk 1 shared, chunks 2 and 3 request 7's own
+    t.on_computed([11, 12], [0, 1], 0, 2, 8)
+    assert (t.match([1, 2, 3]), t.match([11, 12])) == (1, 0), "private chunks are not found"
+    t.on_preempted(7)
+    t.on_finished(8)
+    assert (t.match([1, 2, 3]), t.match([11, 12])) == (3, 0), "found once their request is preempted"
+    new = list(range(21, 27))
+    t.on_computed(new, list(range(6)), 0)  # evicts every chunk above from the host
+    assert t.match([1, 2, 3]) == (3 if disk else 0), "on the disk, or gone"
+    assert t.match(new) == 6
+    t.check()
+    assert sorted(t.levels[0].cache.keys()) == new
+    if disk:
+        assert sorted(t.levels[1].cache.keys()) == [1, 2, 3, 11, 12], "the disk holds every victim, private ones too"
+
+
 def test_v1_tiers_defer_unique_hashes_unless_a_write_back_tier_reads_evicted_blocks():
     tr = workload([0.0], [64], [4], [0])
     through = Engine(build_config("vllm-v1", tier_host_gib=1.0), tr)
