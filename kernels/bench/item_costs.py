@@ -3,6 +3,7 @@ against a cost per tile of products, fitted on the `prefill` section's c = 0 sha
 
     python kernels/bench/item_costs.py kernels/results/h200-prefill.json [--sms 132]
     python kernels/bench/item_costs.py kernels/results/ws-variants/h100-c0-handoff-item-handoff1.json
+    python kernels/bench/item_costs.py kernels/results/h100-prefill-newkv.json --new-kv
 
 The input is the `prefill` section's JSON, or an `ab-TAG.json` of `kernels/bench/ab_c0.py` (config
 7 and the fastest SDPA backend on the c = 0 shapes of one build, as `kernels/bench/ab_builds.sh`
@@ -68,15 +69,17 @@ def fit(rows: list[dict], sms: int) -> list[dict]:
 HEADS = {"llama-3-8b": (32, 8), "llama-2-7b": (32, 32)}
 
 
-def section_rows(res) -> tuple[list[dict], str]:
+def section_rows(res, new_kv: bool = False) -> tuple[list[dict], str]:
     """The rows of either input as the `prefill` section's (`model`, `shape`, `paged`, `sdpa`, `heads`,
-    `kv_heads`), and what to call the measurement; ValueError names what is wrong with the input."""
+    `kv_heads`), and what to call the measurement; ValueError names what is wrong with the input.
+    ``new_kv``: the kernel's times given the new tokens' keys and values (`paged_new_kv`, `ms7_new_kv`)
+    as "paged"."""
     if isinstance(res, dict):
-        rows, what, keys = res.get("prefill"), res.get("device", ""), ("paged", "sdpa")
+        rows, what, keys = res.get("prefill"), res.get("device", ""), ("paged_new_kv" if new_kv else "paged", "sdpa")
         if not isinstance(rows, list):
             raise ValueError("no 'prefill' list")
     elif isinstance(res, list):
-        rows, what, keys = res, "ab_c0", ("ms7", "ms_sdpa")
+        rows, what, keys = res, "ab_c0", ("ms7_new_kv" if new_kv else "ms7", "ms_sdpa")
     else:
         raise ValueError("neither a prefill section (an object) nor an ab_c0 file (a list)")
     out = []
@@ -89,7 +92,7 @@ def section_rows(res) -> tuple[list[dict], str]:
         times = [r.get(k) for k in keys]
         if not all(isinstance(t, (int, float)) and math.isfinite(t) and t > 0 for t in times):
             raise ValueError(f"row {n}: {' and '.join(keys)} must be positive times in ms, got {times!r}")
-        if keys[0] == "ms7":
+        if keys[0].startswith("ms7"):
             if model not in HEADS:
                 raise ValueError(f"row {n}: model must be one of {sorted(HEADS)}, got {model!r}")
             heads = HEADS[model]
@@ -108,10 +111,12 @@ def main() -> int:
     ap.add_argument("results", help="a JSON of `python -m kernels.bench --sections prefill --json`, or an "
                     "ab-TAG.json of kernels/bench/ab_c0.py")
     ap.add_argument("--sms", type=int, default=132, help="the GPU's SMs (H100 SXM and H200: 132)")
+    ap.add_argument("--new-kv", action="store_true", help="fit the kernel's times given the new tokens' keys and "
+                    "values (the runs that measured them)")
     ap.add_argument("--json", help="write the fits here")
     a = ap.parse_args()
     try:
-        rows, what = section_rows(json.loads(Path(a.results).read_text()))
+        rows, what = section_rows(json.loads(Path(a.results).read_text()), a.new_kv)
         fits = fit(rows, a.sms)
         if not fits:
             raise ValueError("no model has two c = 0 shapes or more to fit")
@@ -124,7 +129,8 @@ def main() -> int:
         print(f"{f['model']:<11} {f['kernel']:<6} {f['us_per_tile_step']:.2f} us per tile step + "
               f"{f['us_per_item']:.2f} us per item (fit within {worst:.1%} of the {len(f['shapes'])} shapes)")
     if a.json:
-        Path(a.json).write_text(json.dumps({"results": a.results, "sms": a.sms, "fits": fits}, indent=1) + "\n")
+        Path(a.json).write_text(json.dumps({"results": a.results, "sms": a.sms, "new_kv": a.new_kv, "fits": fits},
+                                           indent=1) + "\n")
     return 0
 
 

@@ -8,11 +8,13 @@
 // direction (Schedule).
 //
 // - The producer warpgroup (setmaxnreg down to kProducerRegs) only copies: for each item key
-//   tile 0, then key tile n + 1 and value tile n in turn, then the next item's Q rows (Q has two
-//   buffers, so they land under this item's products). The Q rows go by TMA: one thread loads
+//   tile 0, then key tile n + 1 and value tile n in turn, and after the first of those pairs the
+//   next item's Q rows (Q has two buffers, so they land under this item's products). The Q rows go by TMA: one thread loads
 //   each 64-row block of the item as two boxes of 64 head dims through a tensor map of the query
 //   (the same geometry as the output's below), its bytes counted on the Q buffer's full mbarrier.
-//   The key and value tiles go into ring stages of
+//   Key and value tiles whose keys are all new tokens come by TMA from the new tokens' own keys
+//   and values where the call gives them (two boxes of 64 head dims by 128 tokens a tile).
+//   The other key and value tiles go into ring stages of
 //   shared memory with cp.async, gathering every 16-byte chunk of a key or value row through the
 //   block table (the tile's block ids are read one per lane and shuffled to the rows). Chunks past
 //   the item's keys or of a block id outside the cache are zero-filled without reading memory, so
@@ -307,8 +309,9 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
       qring.advance();
     };
     Schedule sched;
-    // the item being copied; the next one's computed after its tiles are issued
-    wg::Item it{};
+    // the item being copied, and the next one, computed and its Q rows copied after the item's
+    // first tile pair
+    wg::Item it{}, nxt{};
     int idx = sched.next(p, num_items, pairs, m_blocks, band, group, it);
     copy_q(it);  // or the end
     while (idx >= 0) {
@@ -395,14 +398,19 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
       // them in), then the next item's Q rows
       int ids_cur = tile_ids(0);
       copy_k(0, ids_cur);
+      int nidx = -1;
       for (int n = 0; n < it.n_tiles; ++n) {
         const int ids_next = tile_ids(n + 1);
         if (n + 1 < it.n_tiles) copy_k(n + 1, ids_next);
         copy_v(n, ids_cur);
         ids_cur = ids_next;
+        if (n == 0) {
+          nidx = sched.next(p, num_items, pairs, m_blocks, band, group, nxt);
+          copy_q(nxt);  // or the end
+        }
       }
-      idx = sched.next(p, num_items, pairs, m_blocks, band, group, it);
-      copy_q(it);  // or the end
+      idx = nidx;
+      it = nxt;
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy may still target shared memory when the block exits
   } else {

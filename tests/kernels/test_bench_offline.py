@@ -233,6 +233,18 @@ def test_item_costs_recover_the_costs_from_either_input(tmp_path, capsys, monkey
     monkeypatch.setattr("sys.argv", ["item_costs.py", str(tmp_path / "ab.json")])
     assert ic.main() == 0
     assert "2.20 us per tile step + 1.50 us per item" in capsys.readouterr().out
+    # --new-kv fits the times given the new tokens' keys and values, from either input
+    for r in ab:
+        r["ms7_new_kv"] = r.pop("ms7") / 2
+    for r in section:
+        r["paged_new_kv"] = r["paged"] / 2
+        r["paged"] = -1.0  # not read
+    new_rows, _ = ic.section_rows(ab, new_kv=True)
+    assert [r["paged"] for r in new_rows] == [r["paged_new_kv"] for r in section]
+    rows, _ = ic.section_rows({"prefill": section, "device": "d"}, new_kv=True)
+    assert rows == new_rows
+    with pytest.raises(ValueError, match="ms7 and ms_sdpa must be positive"):
+        ic.section_rows(ab)
 
 
 @pytest.mark.parametrize("bad, says", [
