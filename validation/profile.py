@@ -29,6 +29,8 @@ Tables (seconds, whole model, one GPU):
   (`spread_contexts`; the table's ``rows`` says ``spread``); a cell whose longest row the model's
   length caps holds the line through its row's two longest rows measured (listed under
   ``capped``); ``decode_step`` by (batch, context) is its slice of equal rows (``longest`` 1);
+  both are measured in ``passes`` (`DECODE_PASSES`) through the grid, each cell the mean of its
+  passes' medians;
 * ``decode_step_shared`` by (batch, context): a whole graph step of equal rows in pairs, the second
   row of each reading the first's blocks but its last (`paired`: the prompt two samples of one
   request share), with ``own_seconds`` (the same rows on their own blocks, measured alongside) and
@@ -130,6 +132,14 @@ DECODE_CONTEXT = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 STEP_BATCH = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 #: The longest row's context over the mean context of a graph step's rows (`spread_contexts`).
 LONGEST = (1.0, 1.5, 2.0, 3.0, 5.0, 8.0)
+#: Passes through the ``decode_step`` / ``decode_step_longest`` grid, every other one in reverse
+#: order; a cell holds the mean of its passes' medians. Two measurements of the table, one pass
+#: each, back to back on one H100 differed by a median 0.21% a cell (90th percentile 0.89%), in
+#: runs of one sign and size over consecutive cells (lag-1 correlation 0.65 in measuring order): a
+#: drift of the device over the minutes of a pass, which passes at different times average and
+#: more repetitions in a row do not (`benchmarks/decode_step_repeat.py`,
+#: benchmarks/results/fidelity-h100-decode-repeat/).
+DECODE_PASSES = 2
 #: ``decode_step_shared``'s grid: padded batches (even: rows in pairs) and contexts.
 SHARED_BATCH = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 SHARED_CONTEXT = (64, 256, 1024, 2048, 4096, 8192)
@@ -148,7 +158,7 @@ SEQUENCES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BLOCKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 QUICK = {"TOKENS": (1, 16, 256), "LINEAR_TOKENS": (1, 16, 256), "GRAPH_TOKENS": (1, 8), "PREFILL_BATCH": (1, 2),
          "PREFILL_NEW": (16, 64), "PREFILL_CACHED": (0, 32), "DECODE_BATCH": (1, 4), "DECODE_CONTEXT": (16, 64), "STEP_BATCH": (1, 4),
-         "LONGEST": (1.0, 2.0), "SHARED_BATCH": (2, 4), "SHARED_CONTEXT": (32, 64), "PADDED_BATCH": (4,),
+         "LONGEST": (1.0, 2.0), "DECODE_PASSES": 1, "SHARED_BATCH": (2, 4), "SHARED_CONTEXT": (32, 64), "PADDED_BATCH": (4,),
          "PADDED_REAL": (0.5, 0.75), "PADDED_CONTEXT": (16, 64), "PADDED_PAIRS": 1, "SHARED_PAIRS": 1, "SEQUENCES": (1, 4),
          "BLOCKS": (1, 4)}
 CACHE_BYTES = 40 << 30  # the KV cache the profiler allocates (at most)
@@ -165,6 +175,19 @@ def interleaved(values) -> list:
     points above 4,096 tokens inside whole steps, not alone as that sweep does."""
     values = list(values)
     return [x for pair in zip(values, reversed(values)) for x in pair][:len(values)]
+
+
+def in_passes(cells: list, passes: int, measure) -> dict:
+    """`measure(cell)` of every cell in `passes` passes through `cells`, every other pass in
+    reverse order (a cell measured early in one pass is measured late in the next): the mean of
+    each cell's measurements."""
+    if passes < 1:
+        raise ValueError(f"passes must be at least 1, got {passes}")
+    got: dict = {cell: [] for cell in cells}
+    for n in range(passes):
+        for cell in (cells if n % 2 == 0 else cells[::-1]):
+            got[cell].append(measure(cell))
+    return {cell: float(np.mean(v)) for cell, v in got.items()}
 
 
 class ProfileError(RuntimeError):
@@ -600,16 +623,22 @@ class Profiler:
             return None
         g, r = self.grid, self.runner
         sizes, contexts, longest = list(g["STEP_BATCH"]), list(g["DECODE_CONTEXT"]), list(g["LONGEST"])
+        passes = int(g["DECODE_PASSES"])
         r.capture_decode_graphs(max(sizes))
+        cells = [(b, c, x) for b in sizes for c in contexts for x in longest]
+        rows_of = {cell: spread_contexts(*cell, self.dims.max_model_len) for cell in cells}
+
+        def measure(cell) -> float:
+            r.load_decode(self.batch(decodes=rows_of[cell]), cell[0])
+            return self.clock.median(_graph(r, cell[0]))
+        mean = in_passes(cells, passes, measure)
         secs, capped = [], []
         for b in sizes:
             plane = []
             for c in contexts:
                 row, measured = [], []  # measured: (the longest row's actual ratio, seconds)
                 for x in longest:
-                    rows = spread_contexts(b, c, x, self.dims.max_model_len)
-                    r.load_decode(self.batch(decodes=rows), b)
-                    t = self.clock.median(_graph(r, b))
+                    rows, t = rows_of[(b, c, x)], mean[(b, c, x)]
                     ratio = max(rows) / c
                     if not measured or ratio > measured[-1][0] + 1e-9:
                         measured.append((ratio, t))
@@ -622,10 +651,11 @@ class Profiler:
             secs.append(plane)
         self._say("decode_step done")
         flat = [[plane[ci][longest.index(1.0)] for ci in range(len(contexts))] for plane in secs]
-        return ({"axes": ["batch", "context"], "grid": {"batch": sizes, "context": contexts}, "seconds": flat},
+        return ({"axes": ["batch", "context"], "grid": {"batch": sizes, "context": contexts}, "seconds": flat,
+                 "passes": passes},
                 {"axes": ["batch", "context", "longest"],
                  "grid": {"batch": sizes, "context": contexts, "longest": longest}, "seconds": secs,
-                 "rows": "spread", "capped": capped})
+                 "rows": "spread", "capped": capped, "passes": passes})
 
     def decode_step_shared(self) -> dict | None:
         """``decode_step_shared``: whole graph-replayed decode steps of equal rows in pairs sharing

@@ -464,3 +464,21 @@ def test_interleaved_takes_each_value_once(n):
     v = list(range(10, 10 + n))
     got = profile.interleaved(v)
     assert sorted(got) == v and (n < 2 or got[:2] == [v[0], v[-1]])
+
+
+def test_passes_alternate_direction_and_average():
+    """Each cell is measured once a pass, every other pass in reverse order, and holds the mean."""
+    order = []
+
+    def measure(cell):
+        order.append(cell)
+        return float(len(order))
+
+    got = profile.in_passes(["a", "b", "c"], 3, measure)
+    assert order == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    # a: measured 1st, 6th and 7th; b: 2nd, 5th, 8th; c: 3rd, 4th, 9th
+    assert got == {"a": pytest.approx(14 / 3), "b": pytest.approx(5.0), "c": pytest.approx(16 / 3)}
+    assert profile.in_passes(["a"], 1, lambda c: 2.5) == {"a": 2.5}
+    with pytest.raises(ValueError, match="passes must be at least 1"):
+        profile.in_passes(["a"], 0, measure)
+    assert profile.DECODE_PASSES >= 2 and profile.QUICK["DECODE_PASSES"] == 1
