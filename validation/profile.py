@@ -138,7 +138,9 @@ LONGEST = (1.0, 1.5, 2.0, 3.0, 5.0, 8.0)
 #: runs of one sign and size over consecutive cells (lag-1 correlation 0.65 in measuring order): a
 #: drift of the device over the minutes of a pass, which passes at different times average and
 #: more repetitions in a row do not (`benchmarks/decode_step_repeat.py`,
-#: benchmarks/results/fidelity-h100-decode-repeat/).
+#: benchmarks/results/fidelity-h100-decode-repeat/). On another H100, two two-pass measurements of
+#: the equal-row slice were 0.23% apart at the 90th percentile of cells, two single-pass ones 0.46%
+#: (`benchmarks/decode_step_passes.py`, the same directory's passes/).
 DECODE_PASSES = 2
 #: ``decode_step_shared``'s grid: padded batches (even: rows in pairs) and contexts.
 SHARED_BATCH = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)

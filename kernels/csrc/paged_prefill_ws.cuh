@@ -586,46 +586,39 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-// The output or the query ([tokens, heads, 128] at `base`, tokens `token_stride` elements apart)
-// as a tensor map of boxes of 64 head dims x `group` heads x 64 / group tokens (a consumer's 64
-// packed rows), 128-byte swizzled as the tiles are; false where it cannot be.
+// A [tokens, heads, 128] tensor at `base` (tokens `token_stride` elements apart, heads contiguous)
+// as a tensor map of boxes of 64 head dims x `box_heads` heads x `box_tokens` tokens, 128-byte
+// swizzled as the tiles are; false where it cannot be.
 template <typename T>
-bool rows_map_of(CUtensorMap* map, const void* base, int64_t token_stride, const PagedPrefillParams& p, int group) {
-  const auto encode = tensor_map_encoder();
-  if (encode == nullptr || 64 % group != 0 || reinterpret_cast<uintptr_t>(base) % 16 != 0 ||
-      (token_stride * 2) % 16 != 0 || p.num_tokens <= 0) {
-    return false;
-  }
-  const cuuint64_t dims[3] = {kHead, static_cast<cuuint64_t>(p.num_heads), static_cast<cuuint64_t>(p.num_tokens)};
-  const cuuint64_t strides[2] = {kHead * 2, static_cast<cuuint64_t>(token_stride) * 2};
-  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(group), static_cast<cuuint32_t>(64 / group)};
-  const cuuint32_t elem[3] = {1, 1, 1};
-  const CUtensorMapDataType type =
-      std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  return encode(map, type, 3, const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-// The new tokens' keys or values ([tokens, kv_heads, 128] at `base`, tokens `token_stride` elements
-// apart) as a tensor map of boxes of 64 head dims x 1 KV head x 128 tokens (a key tile's half),
-// 128-byte swizzled as the tiles are; false where it cannot be.
-template <typename T>
-bool new_kv_map_of(CUtensorMap* map, const void* base, int64_t token_stride, const PagedPrefillParams& p) {
+bool heads_map_of(CUtensorMap* map, const void* base, int64_t token_stride, int64_t tokens, int heads, int box_heads,
+                  int box_tokens, CUtensorMapL2promotion promotion) {
   const auto encode = tensor_map_encoder();
   if (encode == nullptr || base == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0 ||
-      (token_stride * 2) % 16 != 0 || p.num_tokens <= 0) {
+      (token_stride * 2) % 16 != 0 || tokens <= 0) {
     return false;
   }
-  const cuuint64_t dims[3] = {kHead, static_cast<cuuint64_t>(p.num_kv_heads), static_cast<cuuint64_t>(p.num_tokens)};
+  const cuuint64_t dims[3] = {kHead, static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(tokens)};
   const cuuint64_t strides[2] = {kHead * 2, static_cast<cuuint64_t>(token_stride) * 2};
-  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(kKeys)};
+  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(box_heads), static_cast<cuuint32_t>(box_tokens)};
   const cuuint32_t elem[3] = {1, 1, 1};
   const CUtensorMapDataType type =
       std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   return encode(map, type, 3, const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+                CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The output or the query as boxes of `group` heads x 64 / group tokens (a consumer's 64 packed rows).
+template <typename T>
+bool rows_map_of(CUtensorMap* map, const void* base, int64_t token_stride, const PagedPrefillParams& p, int group) {
+  return 64 % group == 0 && heads_map_of<T>(map, base, token_stride, p.num_tokens, p.num_heads, group, 64 / group,
+                                            CU_TENSOR_MAP_L2_PROMOTION_NONE);
+}
+
+// The new tokens' keys or values as boxes of 1 KV head x 128 tokens (a key tile's half).
+template <typename T>
+bool new_kv_map_of(CUtensorMap* map, const void* base, int64_t token_stride, const PagedPrefillParams& p) {
+  return heads_map_of<T>(map, base, token_stride, p.num_tokens, p.num_kv_heads, 1, kKeys,
+                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
 }
 
 // The persistent grid: one block per SM, at most one per item.
