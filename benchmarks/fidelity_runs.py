@@ -202,8 +202,9 @@ def profile_seconds(model: str, gpu: str, tensor_parallel: int = 1) -> tuple[flo
     profile records them (`measure_s`, and each table added later under its `measured` key), and
     `LINEAR_POINT_S` for each point of today's linear grid (`validation.profile.LINEAR_TOKENS`) the
     profile lacks, and for each of today's decode contexts (`DECODE_CONTEXT`, up to its largest) it
-    lacks, the seconds a context of its decode tables took; None where there is no such profile or it
-    records no seconds."""
+    lacks, the seconds a context of its decode tables took, and the graph-step tables' seconds scaled
+    to today's ``DECODE_PASSES`` where the profile measured them in fewer passes; None where there
+    is no such profile or it records no seconds."""
     f = ROOT / "blocksim" / "profiles" / f"{model}__{gpu}__float16__tp{tensor_parallel}.json"
     if not f.is_file():
         return None, f"no shipped profile {f.name}"
@@ -216,8 +217,16 @@ def profile_seconds(model: str, gpu: str, tensor_parallel: int = 1) -> tuple[flo
         if isinstance(m, dict) and isinstance(m.get("measure_s"), (int, float)):
             secs += float(m["measure_s"])
             added.append(name)
-    from validation.profile import DECODE_CONTEXT, LINEAR_TOKENS
+    from validation.profile import DECODE_CONTEXT, DECODE_PASSES, LINEAR_TOKENS
     comps = prof.get("components", {})
+    # the graph-step tables (decode_step, decode_step_longest) measured in fewer passes than today's
+    # DECODE_PASSES: their seconds scaled to today's passes
+    passes = comps.get("decode_step", {}).get("passes", 1)
+    step_s = sum(v for k, v in prof["measure_s"].items() if "decode_step" in k.split(", "))
+    m = comps.get("decode_step", {}).get("measured")
+    if isinstance(m, dict) and isinstance(m.get("measure_s"), (int, float)):
+        step_s += float(m["measure_s"])
+    passes_s = step_s * (DECODE_PASSES / passes - 1) if passes < DECODE_PASSES else 0.0
     held = set(comps.get("linear", {}).get("grid", {}).get("tokens", []))
     more = sum(1 for t in LINEAR_TOKENS if t not in held)
     # today's decode contexts the profile lacks, each at the seconds a context of its own decode
@@ -226,10 +235,11 @@ def profile_seconds(model: str, gpu: str, tensor_parallel: int = 1) -> tuple[flo
     decode_s = sum(v for k, v in prof["measure_s"].items() if {"attn_decode", "decode_step"} & set(k.split(", ")))
     ctx_more = sum(1 for c in DECODE_CONTEXT if c not in ctx and c <= max(ctx, default=0))
     ctx_s = ctx_more * decode_s / len(ctx) if ctx else 0.0
-    return secs + more * LINEAR_POINT_S + ctx_s, "as measured" + (
+    return secs + more * LINEAR_POINT_S + ctx_s + passes_s, "as measured" + (
         f", {', '.join(added)} added later" if added else "") + (
         f", {more} linear points more at {LINEAR_POINT_S} s" if more else "") + (
-        f", {ctx_more} decode contexts more at {ctx_s / ctx_more:.1f} s" if ctx_more else "")
+        f", {ctx_more} decode contexts more at {ctx_s / ctx_more:.1f} s" if ctx_more else "") + (
+        f", decode_step in {DECODE_PASSES} passes (+{passes_s:.0f} s)" if passes_s else "")
 
 
 def cmd_estimate(a) -> int:
