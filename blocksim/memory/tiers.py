@@ -1061,7 +1061,8 @@ class TierStore:
         runs = [(g, lead)] if lead else []
         g0, before = len(self._rK), len(w)
         m = len(rest) - private
-        gids = list(map(w.setdefault, rest[:m] if private else rest, range(g0, g0 + m)))
+        offered = rest[:m] if private else rest  # (the private keys follow them, new to the tiers)
+        gids = list(map(w.setdefault, offered, range(g0, g0 + m)))
         placed = len(w) == before + m
         if placed:  # every other key new to the tiers, at the next positions
             new = keys
@@ -1070,10 +1071,10 @@ class TierStore:
             if private:
                 self._r_private(owner, g0 + m, g0 + m + private)
         else:
-            deque(map(w.pop, compress(rest, map(ge, gids, repeat(g0))), repeat(None)), 0)  # as it was
+            deque(map(w.pop, compress(offered, map(ge, gids, repeat(g0))), repeat(None)), 0)  # as it was
             gids = [g if g < g0 else None for g in gids]
             lack = [g is None or not T[g] & 1 for g in gids]
-            new = list(compress(rest, lack))
+            new = list(compress(offered, lack))
             runs += self._r_position_runs(new, list(compress(gids, lack)))
             if private:  # new too, at the next positions, with `_rw` entries as the others
                 new += rest[m:]
