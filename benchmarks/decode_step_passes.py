@@ -59,9 +59,10 @@ def main() -> int:
     for passes in (1, args.passes):
         c = compare(tables[(passes, "a")], tables[(passes, "b")])
         result[f"passes_{passes}"] = c
+        shape = c["shape_spread"] or {"median": float("nan"), "p90": float("nan")}
         print(f"{passes} pass(es): cell spread median {c['cell_spread']['median']:.2%}, p90 "
-              f"{c['cell_spread']['p90']:.2%}; ratio to the 16-token cell median {c['shape_spread']['median']:.2%}, "
-              f"p90 {c['shape_spread']['p90']:.2%}; lag-1 {c['lag1_correlation']}", flush=True)
+              f"{c['cell_spread']['p90']:.2%}; ratio to the {c['contexts'][0]}-token cell median "
+              f"{shape['median']:.2%}, p90 {shape['p90']:.2%}; lag-1 {c['lag1_correlation']}", flush=True)
     (out / "passes.json").write_text(json.dumps(result, indent=1) + "\n")
     return 0
 

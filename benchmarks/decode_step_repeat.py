@@ -6,8 +6,9 @@ A and B are profiles of one model (``blocksim profile`` files, or files holding 
 ``decode_step`` component in the same place). Over the cells both grids share, it reports:
 
 * the cell spread: ``B / A - 1`` per cell, its median and 90th percentile in absolute value;
-* the shape spread: each cell's ratio to its batch's 16-token cell, compared the same way (what
-  the profiled model's interpolation between contexts of one batch rests on);
+* the shape spread: each cell's ratio to its batch's cell at the first shared context (16 tokens in
+  the profiler's grid), compared the same way (what the profiled model's interpolation between
+  contexts of one batch rests on);
 * the order: the profiler measures the table batch by batch, each batch's contexts in rising
   order, so consecutive cells were measured seconds apart. ``lag1_correlation`` is the correlation
   of each cell's difference with the next one's in that order, and ``sign_runs`` the lengths of
@@ -94,8 +95,10 @@ def main() -> int:
         return 2
     out = {"a": args.a, "b": args.b, **out}
     c, s = out["cell_spread"], out["shape_spread"]
-    print(f"{out['cells']} cells: cell spread median {c['median']:.2%}, p90 {c['p90']:.2%}; ratio to the 16-token "
-          f"cell median {s['median']:.2%}, p90 {s['p90']:.2%}; lag-1 correlation in measuring order "
+    shape = (f"ratio to the {out['contexts'][0]}-token cell median {s['median']:.2%}, p90 {s['p90']:.2%}"
+             if s else "one shared context: no ratio between contexts")
+    print(f"{out['cells']} cells: cell spread median {c['median']:.2%}, p90 {c['p90']:.2%}; {shape}; "
+          f"lag-1 correlation in measuring order "
           f"{out['lag1_correlation'] if out['lag1_correlation'] is None else round(out['lag1_correlation'], 2)}, "
           f"{len(out['sign_runs'])} runs of one sign (longest {max(out['sign_runs'])})")
     if args.json:

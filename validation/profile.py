@@ -135,9 +135,9 @@ LONGEST = (1.0, 1.5, 2.0, 3.0, 5.0, 8.0)
 #: Passes through the ``decode_step`` / ``decode_step_longest`` grid, every other one in reverse
 #: order; a cell holds the mean of its passes' medians. Two measurements of the table, one pass
 #: each, back to back on one H100 differed by a median 0.21% a cell (90th percentile 0.89%), in
-#: runs of one sign and size over consecutive cells (lag-1 correlation 0.65 in measuring order): a
-#: drift of the device over the minutes of a pass, which passes at different times average and
-#: more repetitions in a row do not (`benchmarks/decode_step_repeat.py`,
+#: runs of one sign and size over consecutive cells (lag-1 correlation 0.65 in measuring order): the
+#: device drifts over the course of a pass, which passes at different times average and more
+#: repetitions of a cell in a row cannot (`benchmarks/decode_step_repeat.py`,
 #: benchmarks/results/fidelity-h100-decode-repeat/). On another H100, two two-pass measurements of
 #: the equal-row slice were 0.23% apart at the 90th percentile of cells, two single-pass ones 0.46%
 #: (`benchmarks/decode_step_passes.py`, the same directory's passes/).

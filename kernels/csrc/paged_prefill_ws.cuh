@@ -8,12 +8,13 @@
 // direction (Schedule).
 //
 // - The producer warpgroup (setmaxnreg down to kProducerRegs) only copies: for each item key
-//   tile 0, then key tile n + 1 and value tile n in turn, and after the first of those pairs the
-//   next item's Q rows (Q has two buffers, so they land under this item's products). The Q rows go by TMA: one thread loads
+//   tile 0, then key tile n + 1 and value tile n in turn, then the next item's Q rows (Q has two
+//   buffers, so they land under this item's products). The Q rows go by TMA: one thread loads
 //   each 64-row block of the item as two boxes of 64 head dims through a tensor map of the query
 //   (the same geometry as the output's below), its bytes counted on the Q buffer's full mbarrier.
-//   Key and value tiles whose keys are all new tokens come by TMA from the new tokens' own keys
-//   and values where the call gives them (two boxes of 64 head dims by 128 tokens a tile).
+//   Key and value tiles whose keys are all new tokens of the sequence come by TMA from the new
+//   tokens' own keys and values where the call gives them (two boxes of 64 head dims by 128
+//   tokens a tile); with them, the next item's Q rows are copied after the first tile pair.
 //   The other key and value tiles go into ring stages of
 //   shared memory with cp.async, gathering every 16-byte chunk of a key or value row through the
 //   block table (the tile's block ids are read one per lane and shuffled to the rows). Chunks past
@@ -309,19 +310,25 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
       qring.advance();
     };
     Schedule sched;
-    // the item being copied, and the next one, computed and its Q rows copied after the item's
-    // first tile pair
+    // the item being copied, and the next one, computed and its Q rows copied during the item's
+    // tiles (q_after)
     wg::Item it{}, nxt{};
     int idx = sched.next(p, num_items, pairs, m_blocks, band, group, it);
     copy_q(it);  // or the end
     while (idx >= 0) {
       const int* const table = p.block_tables + static_cast<int64_t>(it.seq) * p.max_blocks_per_seq;
+      // Tiles [tma_first, tma_end) by TMA from the new tokens' keys and values: those whose keys are
+      // all new and all the sequence's own (a tile past the sequence's last key would read the next
+      // sequence's rows, whose values may be anything; it goes through the table, zero-filled)
+      const int tma_first = tma_new ? (it.cached + kKeys - 1) / kKeys : 0;
+      const int tma_end = tma_new ? (it.cached + it.rows / group) / kKeys : 0;
+      auto by_tma = [&](int n) { return n >= tma_first && n < tma_end; };
       // the block id of tile n's e-th block (lane e holds it; -1 past the item's keys)
       auto tile_ids = [&](int n) {
         const int first = (n * kKeys) >> bs_log2;
         const int key = (first + lane) << bs_log2;
         const bool live = n < it.n_tiles && key < it.kv_end && key < (n + 1) * kKeys &&
-                          !(tma_new && n * kKeys >= it.cached);  // a tile of new keys by TMA reads no ids
+                          !by_tma(n);  // a tile by TMA reads no ids
         return live ? __ldg(table + first + lane) : -1;
       };
       const char* const k_base = reinterpret_cast<const char*>(static_cast<const T*>(p.key_cache) +
@@ -359,11 +366,11 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
         else
           copy_rows(std::integral_constant<int, 1>{});
       };
-      // Tile n from the new tokens' own keys or values (`map`) by TMA, where every key of the tile
-      // is a new one: two boxes of 64 head dims by 128 tokens, in the tiles' 128-byte swizzle.
-      // Tokens past the sequence's keys load the next sequence's (or zeros past the tensor): the
-      // causal mask gives them no weight. The stage may last have been filled by cp.async (the
-      // generic proxy): the proxy fence orders those writes before the tensor copy's.
+      // Tile n from the new tokens' own keys or values (`map`) by TMA (`by_tma`): two boxes of 64
+      // head dims by 128 tokens, in the tiles' 128-byte swizzle. Keys of the tile past the item's
+      // rows' positions are the sequence's own later tokens, which the causal mask gives no weight.
+      // The stage may last have been filled by cp.async (the generic proxy): the proxy fence orders
+      // those writes before the tensor copy's.
       auto tma_tile = [&](int n, uint32_t dst_tile, const CUtensorMap* map, uint32_t bar) {
         if (tid == 0) {
           asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -376,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
       };
       auto copy_k = [&](int n, int ids) {
         mbar_wait(k_empty(kpos.stage), kpos.phase ^ 1u);
-        if (tma_new && n * kKeys >= it.cached) {
+        if (by_tma(n)) {
           tma_tile(n, k_ring + kpos.stage * kTileBytes, &kn_map, k_full(kpos.stage));
         } else {
           copy_tile(n, ids, k_ring + kpos.stage * kTileBytes, 0);
@@ -386,7 +393,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
       };
       auto copy_v = [&](int n, int ids) {
         mbar_wait(v_empty(vpos.stage), vpos.phase ^ 1u);
-        if (tma_new && n * kKeys >= it.cached) {
+        if (by_tma(n)) {
           tma_tile(n, v_ring + vpos.stage * kTileBytes, &vn_map, v_full(vpos.stage));
         } else {
           copy_tile(n, ids, v_ring + vpos.stage * kTileBytes, 1);
@@ -398,13 +405,16 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
       // them in), then the next item's Q rows
       int ids_cur = tile_ids(0);
       copy_k(0, ids_cur);
+      // the next item and its Q rows after the first tile pair where the new keys come by TMA, else
+      // after the last (measured faster each way: kernels/DESIGN.md, "Producer")
+      const int q_after = tma_new ? 0 : it.n_tiles - 1;
       int nidx = -1;
       for (int n = 0; n < it.n_tiles; ++n) {
         const int ids_next = tile_ids(n + 1);
         if (n + 1 < it.n_tiles) copy_k(n + 1, ids_next);
         copy_v(n, ids_cur);
         ids_cur = ids_next;
-        if (n == 0) {
+        if (n == q_after) {
           nidx = sched.next(p, num_items, pairs, m_blocks, band, group, nxt);
           copy_q(nxt);  // or the end
         }

@@ -50,6 +50,12 @@ def test_unreadable_inputs_get_one_line_and_exit_2(tmp_path, capsys, monkeypatch
     monkeypatch.setattr("sys.argv", ["decode_step_repeat.py", str(tmp_path / "one.json"), str(tmp_path / "one.json")])
     assert m.main() == 2
     assert "share 1 cell(s)" in capsys.readouterr().err
+    # one shared context: no ratio between contexts, still one summary line
+    col = {"components": {"decode_step": _table([[1.0], [2.0]], context=(64,))}}
+    (tmp_path / "col.json").write_text(json.dumps(col))
+    monkeypatch.setattr("sys.argv", ["decode_step_repeat.py", str(tmp_path / "col.json"), str(tmp_path / "col.json")])
+    assert m.main() == 0
+    assert "one shared context: no ratio between contexts" in capsys.readouterr().out
 
 
 def test_the_committed_same_lease_comparison_regenerates():

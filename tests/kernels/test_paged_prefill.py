@@ -354,19 +354,38 @@ def test_new_keys_and_values_given(dtype, heads, batch, block_size):
 
 
 @needs_hopper
-@pytest.mark.parametrize("cached", [[0, 0], [256, 128]])
+@pytest.mark.parametrize("cached", [[0, 0], [256, 128], [40, 0]])
 def test_tiles_of_new_keys_never_read_the_cache(cached):
-    """Where a sequence's cached tokens end on a 128-key tile, the tiles after them come from the
-    given keys and values only: the cache's slots of the new tokens are overwritten with NaN after
-    the reference is taken, and the output stays right."""
+    """The 128-key tiles that hold only new tokens of their sequence come from the given keys and
+    values only: the cache's slots of those tokens are overwritten with NaN after the reference is
+    taken, and the output stays right."""
     a = build(cached=cached, new=[700, 333], num_heads=32, num_kv_heads=8)
     want_cache = (a["key_cache"].clone(), a["value_cache"].clone())
     for s, (c, p) in enumerate(zip(cached, [700, 333])):
-        pos = torch.arange(c, c + p, device="cuda")
+        pos = torch.arange(-(-c // 128) * 128, (c + p) // 128 * 128, device="cuda")
+        assert len(pos) > 0
         blocks = a["block_tables"][s, pos // 16].long()
         a["key_cache"][blocks, pos % 16] = float("nan")
         a["value_cache"][blocks, pos % 16] = float("nan")
     check(a, config=WS_CONFIG, new_kv=True, want_cache=want_cache)
+
+
+@needs_hopper
+def test_a_tile_past_a_sequences_keys_never_reads_the_next_sequences_rows():
+    """The tile that holds a sequence's last keys and runs past them goes through the block table:
+    the next sequence's rows of the given keys and values (here infinite, as an overflowed
+    projection would be) never reach the first sequence's output."""
+    a = build(cached=[0, 0], new=[200, 300], num_heads=32, num_kv_heads=8)
+    a["key"][200:] = float("nan")
+    a["value"][200:] = float("inf")
+    out = torch.full_like(a["query"], float("nan"))
+    kernels.paged_prefill_attention(out, a["query"], a["key_cache"], a["value_cache"], 8, a["scale"],
+                                    a["block_tables"], a["query_start_loc"], a["context_lens"], 16,
+                                    config=WS_CONFIG, key=a["key"], value=a["value"])
+    want = fast_reference.paged_prefill_attention(None, a["query"].float(), a["key_cache"], a["value_cache"], 8,
+                                                  a["scale"], a["block_tables"], a["query_start_loc"],
+                                                  a["context_lens"], None)
+    assert_attention_close(out[:200], want[:200], atol=ATOL[torch.float16], rel=REL[torch.float16])
 
 
 @needs_hopper
