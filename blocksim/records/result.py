@@ -29,7 +29,8 @@ from blocksim.records.schema import (
     TIER_STEPS_FILE,
 )
 from blocksim.records.steps import StepRecorder
-from blocksim.records.tier_records import tier_request_frame
+from blocksim.records.tier_records import (TierStepRecorder, nan_skipping_mean, tier_columns_frame,
+                                           tier_request_columns)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -131,18 +132,21 @@ def summarize(requests: RequestColumns | pd.DataFrame, steps: StepRecorder, conf
 
 class RunResult:
     """A finished run: its request frame, step records, summary, free extents (contiguous
-    allocators) and tier tables (KV tiers). `steps` builds the step frame on first use; `save` writes steps.parquet from the
-    records a row group at a time, without it."""
+    allocators) and tier tables (KV tiers). `requests`, `steps` and the tier tables build their
+    frames on first use; `save` writes steps.parquet from the records a row group at a time, without
+    a frame."""
 
     def __init__(self, requests: RequestColumns | pd.DataFrame, steps: StepRecorder, summary: dict,
-                 free_extents: pd.DataFrame | None = None, tier_requests: pd.DataFrame | None = None,
-                 tier_steps: pd.DataFrame | None = None) -> None:
+                 free_extents: pd.DataFrame | None = None,
+                 tier_requests: dict[str, np.ndarray] | pd.DataFrame | None = None,
+                 tier_steps: TierStepRecorder | pd.DataFrame | None = None) -> None:
         self._requests = requests
         self.step_records = steps
         self.summary = summary
         self.free_extents = free_extents
-        self.tier_requests = tier_requests  # with KV tiers: tier_requests.parquet and tier_steps.parquet
-        self.tier_steps = tier_steps
+        # with KV tiers: tier_requests.parquet's columns and tier_steps.parquet's records (or frames)
+        self._tier_requests = tier_requests
+        self._tier_steps = tier_steps
 
     @property
     def requests(self) -> pd.DataFrame:
@@ -150,6 +154,20 @@ class RunResult:
         if isinstance(self._requests, RequestColumns):
             self._requests = self._requests.frame()
         return self._requests
+
+    @property
+    def tier_requests(self) -> pd.DataFrame | None:
+        """tier_requests.parquet's frame (KV tiers; built on first use), else None."""
+        if isinstance(self._tier_requests, dict):
+            self._tier_requests = tier_columns_frame(self._tier_requests)
+        return self._tier_requests
+
+    @property
+    def tier_steps(self) -> pd.DataFrame | None:
+        """tier_steps.parquet's frame (KV tiers; built on first use), else None."""
+        if isinstance(self._tier_steps, TierStepRecorder):
+            self._tier_steps = self._tier_steps.to_frame()
+        return self._tier_steps
 
     @property
     def steps(self) -> pd.DataFrame:
@@ -177,9 +195,10 @@ class RunResult:
         if tiers is None:
             return cls(reqs, rec, summary, engine.extents_frame())
         summary.update(tiers.stats())
-        tier_reqs = tier_request_frame(engine.groups, hasattr(engine.sched, "onloading"))
-        summary["tier_onload_wait_mean_s"] = float(tier_reqs.onload_wait_s.mean()) if len(tier_reqs) else 0.0
-        return cls(reqs, rec, summary, engine.extents_frame(), tier_reqs, engine.tier_rec.to_frame())
+        tier_reqs = tier_request_columns(engine.groups, hasattr(engine.sched, "onloading"))
+        wait = tier_reqs["onload_wait_s"]
+        summary["tier_onload_wait_mean_s"] = nan_skipping_mean(wait) if len(wait) else 0.0
+        return cls(reqs, rec, summary, engine.extents_frame(), tier_reqs, engine.tier_rec)
 
     def save(self, out_dir: str | Path) -> Path:
         out = Path(out_dir)

@@ -3,6 +3,7 @@ the TTFT split (`blocksim.records.schema.TIER_STEP_DTYPES`, `TIER_REQUEST_DTYPES
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -52,10 +53,10 @@ class TierStepRecorder:
         return pd.DataFrame(table, columns=list(TIER_STEP_COLUMNS)).astype(TIER_STEP_DTYPES)
 
 
-def tier_request_frame(groups, onload_before_schedule: bool = True) -> pd.DataFrame:
-    """tier_requests.parquet: one row per request, in trace order. `onload_before_schedule`: a
-    request waits for its loads before it is scheduled (vLLM V1), else inside the step that
-    prefills it (the step lasts until its loads land)."""
+def tier_request_columns(groups, onload_before_schedule: bool = True) -> dict[str, np.ndarray]:
+    """tier_requests.parquet's columns (`TIER_REQUEST_COLUMNS` order): one row per request, in trace
+    order. `onload_before_schedule`: a request waits for its loads before it is scheduled (vLLM
+    V1), else inside the step that prefills it (the step lasts until its loads land)."""
     groups = sorted(groups, key=lambda g: g.index)
     hits = np.array([g.tier_tokens or (0, 0, 0) for g in groups], np.int64).reshape(-1, 3)
     arrival = np.array([g.arrival_s for g in groups], np.float64)
@@ -71,6 +72,26 @@ def tier_request_frame(groups, onload_before_schedule: bool = True) -> pd.DataFr
         "ttft_onload_s": np.where(np.isnan(first_token), np.nan, onload_ttft),
         "ttft_prefill_s": first_token - first_sched - (0.0 if onload_before_schedule else onload_ttft),
     }
+    return {c: cols[c] for c in TIER_REQUEST_COLUMNS}
+
+
+def tier_request_frame(groups, onload_before_schedule: bool = True) -> pd.DataFrame:
+    """tier_requests.parquet (`tier_request_columns`) as a frame."""
+    return tier_columns_frame(tier_request_columns(groups, onload_before_schedule))
+
+
+def tier_columns_frame(columns: dict[str, np.ndarray]) -> pd.DataFrame:
+    """A frame of `tier_request_columns`, in `TIER_REQUEST_DTYPES`."""
     import pandas as pd
 
-    return pd.DataFrame({c: cols[c] for c in TIER_REQUEST_COLUMNS}).astype(TIER_REQUEST_DTYPES)
+    return pd.DataFrame(columns).astype(TIER_REQUEST_DTYPES)
+
+
+def nan_skipping_mean(values: np.ndarray) -> float:
+    """The mean of `values` without its NaNs, as pandas' `Series.mean` sums it (NaNs as zeros in the
+    sum); NaN when every value is NaN."""
+    missing = np.isnan(values)
+    count = values.size - int(missing.sum())
+    if not count:
+        return math.nan
+    return float(np.where(missing, 0.0, values).sum() / count)

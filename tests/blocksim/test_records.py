@@ -300,3 +300,31 @@ def test_tier_step_recorder_gives_each_steps_moves_as_a_row_per_step(calls):
     assert frame.step.tolist() == list(range(len(want_totals)))
     assert frame.iloc[:, 1:8].to_numpy().tolist() == per.tolist()
     assert frame.onloading.tolist() == want_onloading
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.one_of(st.floats(0, 1e6), st.just(math.nan)), min_size=1, max_size=300))
+def test_nan_skipping_mean_is_pandas_series_mean(values):
+    """The summary's tier onload wait mean, taken without a frame, is the float pandas' `Series.mean`
+    gives (NaNs skipped, the same sum), NaN where every value is NaN."""
+    from blocksim.records.tier_records import nan_skipping_mean
+
+    got, want = nan_skipping_mean(np.array(values, np.float64)), float(pd.Series(values, dtype="float64").mean())
+    assert got == want or (math.isnan(got) and math.isnan(want)), f"{got!r} != pandas' {want!r}"
+
+
+def test_tier_tables_built_on_first_use_equal_the_saved_and_eager_ones(tmp_path):
+    """A run with tiers keeps its tier tables as columns and records until they are read: the frames
+    then built are those `tier_request_frame` and `TierStepRecorder.to_frame` give, and those saved."""
+    from blocksim.records.tier_records import tier_request_frame
+
+    cfg = build_config("vllm-v1", tier_host_gib=0.05, tier_disk_gib=0.2)
+    engine = Engine(cfg, traces.head(traces.read_trace(traces.bundled("mooncake")), 80))
+    result = engine.run()
+    eager_req, eager_steps = tier_request_frame(engine.groups, True), engine.tier_rec.to_frame()
+    result.save(tmp_path)
+    pd.testing.assert_frame_equal(result.tier_requests, eager_req)
+    pd.testing.assert_frame_equal(result.tier_steps, eager_steps)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / schema.TIER_REQUESTS_FILE), eager_req)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / schema.TIER_STEPS_FILE), eager_steps)
+    assert result.summary["tier_onload_wait_mean_s"] == float(eager_req.onload_wait_s.mean())
