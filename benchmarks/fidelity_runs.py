@@ -224,18 +224,18 @@ def profile_seconds(model: str, gpu: str, tensor_parallel: int = 1) -> tuple[flo
     step = comps.get("decode_step") if isinstance(comps.get("decode_step"), dict) else {}
     passes = step.get("passes", 1)
     scale = DECODE_PASSES / passes if passes < DECODE_PASSES else 1.0
-    step_s = sum(v for k, v in prof["measure_s"].items() if "decode_step" in k.split(", "))
+    names = {k: set(k.split(", ")) for k in prof["measure_s"]}  # tables measured together share an entry
+    step_s = sum(v for k, v in prof["measure_s"].items() if "decode_step" in names[k])  # with the profile
+    attn_s = sum(v for k, v in prof["measure_s"].items() if "attn_decode" in names[k] and "decode_step" not in names[k])
     m = step.get("measured")
-    if isinstance(m, dict) and isinstance(m.get("measure_s"), (int, float)):
-        step_s += float(m["measure_s"])
-    passes_s = step_s * (scale - 1)
+    added_step_s = float(m["measure_s"]) if isinstance(m, dict) and isinstance(m.get("measure_s"), (int, float)) else 0.0
+    passes_s = (step_s + added_step_s) * (scale - 1)
     held = set(comps.get("linear", {}).get("grid", {}).get("tokens", []))
     more = sum(1 for t in LINEAR_TOKENS if t not in held)
     # today's decode contexts the profile lacks, each at the seconds a context of its own decode
     # tables took (attn_decode, decode_step and decode_step_longest measured with the profile)
     ctx = comps.get("attn_decode", {}).get("grid", {}).get("context", [])
-    decode_s = sum(v * (scale if "decode_step" in k.split(", ") else 1.0) for k, v in prof["measure_s"].items()
-                   if {"attn_decode", "decode_step"} & set(k.split(", ")))
+    decode_s = attn_s + step_s * scale
     ctx_more = sum(1 for c in DECODE_CONTEXT if c not in ctx and c <= max(ctx, default=0))
     ctx_s = ctx_more * decode_s / len(ctx) if ctx else 0.0
     return secs + more * LINEAR_POINT_S + ctx_s + passes_s, "as measured" + (

@@ -75,11 +75,6 @@ def tier_request_columns(groups, onload_before_schedule: bool = True) -> dict[st
     return {c: cols[c] for c in TIER_REQUEST_COLUMNS}
 
 
-def tier_request_frame(groups, onload_before_schedule: bool = True) -> pd.DataFrame:
-    """tier_requests.parquet (`tier_request_columns`) as a frame."""
-    return tier_columns_frame(tier_request_columns(groups, onload_before_schedule))
-
-
 def tier_columns_frame(columns: dict[str, np.ndarray]) -> pd.DataFrame:
     """A frame of `tier_request_columns`, in `TIER_REQUEST_DTYPES`."""
     import pandas as pd

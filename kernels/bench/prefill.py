@@ -13,6 +13,7 @@ products only: ``4 * head * heads * batch * (p * c + p * (p + 1) / 2)``.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import warnings
 
@@ -74,16 +75,22 @@ class PrefillCase:
         self.lens = torch.full((batch,), self.ctx, dtype=torch.int32, device="cuda")
         self.scale = HEAD ** -0.5
         self.flops = 4 * HEAD * heads * batch * (new * cached + new * (new + 1) / 2)
-        # the new tokens' keys and values as the cache holds them, [batch * new, kv_heads, head]
-        k, v = gather_contiguous(self.kc, self.vc, self.tables.long(), self.ctx)
-        self.key_new, self.value_new = (t[:, :, cached:].transpose(1, 2).reshape(batch * new, kv_heads, HEAD).contiguous()
-                                        for t in (k, v))
+
+    @functools.cached_property
+    def new_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The new tokens' keys and values as the cache holds them, ``[batch * new, kv_heads,
+        head]`` (gathered from the blocks that hold new tokens, on first use)."""
+        first = self.cached // BLOCK
+        k, v = gather_contiguous(self.kc, self.vc, self.tables[:, first:].long(), self.ctx - first * BLOCK)
+        skip = self.cached - first * BLOCK
+        return tuple(t[:, :, skip:].transpose(1, 2).reshape(self.batch * self.new, self.kv_heads, HEAD).contiguous()
+                     for t in (k, v))
 
     def paged(self, validate=False, config=None, new_kv=False):
         """The paged kernel on this case, into ``out``: ``config`` as ``paged_prefill_attention``'s
         (None: the configuration ``choose_prefill_config`` picks); ``new_kv``: the new tokens' keys
         and values given (``key=``, ``value=``), as a model's step has them."""
-        extra = dict(key=self.key_new, value=self.value_new) if new_kv else {}
+        extra = dict(zip(("key", "value"), self.new_kv)) if new_kv else {}
         return fast_prefill.paged_prefill_attention(
             self.out, self.query, self.kc, self.vc, self.kv_heads, self.scale, self.tables, self.loc, self.lens,
             BLOCK, max_query_len=self.new, max_context_len=self.ctx, config=config, validate=validate, **extra)

@@ -402,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, 1) paged_prefill_ws_kernel(const Pag
         vpos.advance();
       };
       // key tile 0, then key tile n + 1 and value tile n in turn (the order the consumers read
-      // them in), then the next item's Q rows
+      // them in)
       int ids_cur = tile_ids(0);
       copy_k(0, ids_cur);
       // the next item and its Q rows after the first tile pair where the new keys come by TMA, else

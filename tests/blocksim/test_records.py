@@ -315,13 +315,15 @@ def test_nan_skipping_mean_is_pandas_series_mean(values):
 
 def test_tier_tables_built_on_first_use_equal_the_saved_and_eager_ones(tmp_path):
     """A run with tiers keeps its tier tables as columns and records until they are read: the frames
-    then built are those `tier_request_frame` and `TierStepRecorder.to_frame` give, and those saved."""
-    from blocksim.records.tier_records import tier_request_frame
+    then built are those the request columns and `TierStepRecorder.to_frame` give at once, and
+    those saved."""
+    from blocksim.records.tier_records import tier_columns_frame, tier_request_columns
 
     cfg = build_config("vllm-v1", tier_host_gib=0.05, tier_disk_gib=0.2)
     engine = Engine(cfg, traces.head(traces.read_trace(traces.bundled("mooncake")), 80))
     result = engine.run()
-    eager_req, eager_steps = tier_request_frame(engine.groups, True), engine.tier_rec.to_frame()
+    eager_req = tier_columns_frame(tier_request_columns(engine.groups, True))
+    eager_steps = engine.tier_rec.to_frame()
     result.save(tmp_path)
     pd.testing.assert_frame_equal(result.tier_requests, eager_req)
     pd.testing.assert_frame_equal(result.tier_steps, eager_steps)
