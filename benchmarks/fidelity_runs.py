@@ -22,7 +22,8 @@ preemption by swap). The simulated twin of an executed run uses the executed run
 
 ``estimate`` gives the device seconds each executed run is expected to take (its simulated twin's
 steps, the executor's sleeps, a start: ``expected_exec_s``), to plan a lease; ``execute
---budget-s`` starts no run expected to end past its budget.
+--budget-s`` starts no run expected to end past its budget, at the pace of the runs it has
+finished on the machine (``machine_pace``).
 
 ``moves --before REV`` simulates every slice and preset with the shipped profiles as of a git
 revision and with the working tree's, and gives how far each figure moves (a table measured again).
@@ -159,6 +160,15 @@ EXEC_EAGER_EXTRA = 1.3
 EXEC_MARGIN = 1.2
 
 
+def machine_pace(done: list[tuple[float, float]]) -> float:
+    """How many times its expected seconds a run takes on this machine, from the (expected, taken)
+    seconds of the runs `execute` has finished here: the largest ratio, never below 1. A host slower
+    than the lease the constants above come from falls behind the executor's sleeps at nearly every
+    step (the lease-8 and lease-9 sets: 1.4-1.7 times `expected_exec_s`), and the later runs of
+    the same call are expected to take as long."""
+    return max([1.0] + [taken / expected for expected, taken in done if expected > 0])
+
+
 def expected_exec_s(sim_steps, num_layers: int) -> float:
     """Seconds an executed run of a simulated run's steps (its steps.parquet) is expected to take:
     its steps' priced time, the sleeps the step executor queues before each segment of an eager
@@ -283,6 +293,7 @@ def cmd_execute(a) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tdir = out / "traces"
     start = time.perf_counter()
+    done = []  # (expected, taken) seconds of the runs finished in this call
     with open(out / "execute.log", "a") as log:
         for model in a.models:
             for trace in a.traces:
@@ -298,19 +309,27 @@ def cmd_execute(a) -> int:
                             continue
                         need, said = _expected(path, preset, model, a.gpu, a.tensor_parallel)
                         left = a.budget_s - (time.perf_counter() - start)
+                        pace = machine_pace(done)
+                        paced = "" if pace == 1.0 else f", {pace:.2f} times that at this machine's pace so far"
                         if need is None:
                             print(f"execute {name}: its time unknown (its simulation failed: {said})", flush=True)
-                        elif EXEC_MARGIN * need > left:
-                            print(f"execute {name}: skipped ({need:.0f} s expected, {EXEC_MARGIN:g} times that "
-                                  f"past the {max(left, 0):.0f} s left of --budget-s {a.budget_s:.0f})", flush=True)
+                        elif EXEC_MARGIN * pace * need > left:
+                            print(f"execute {name}: skipped ({need:.0f} s expected{paced}, {EXEC_MARGIN:g} times "
+                                  f"that past the {max(left, 0):.0f} s left of --budget-s {a.budget_s:.0f})",
+                                  flush=True)
                             continue
                         else:
-                            print(f"execute {name}: {need:.0f} s expected", flush=True)
+                            print(f"execute {name}: {need:.0f} s expected{paced}", flush=True)
+                    else:
+                        need = None
                     t0 = time.perf_counter()
                     rc = blocksim(replay_args(path, preset, model, a.gpu, out / name, a.tensor_parallel)
                                   + ["--executor", "cuda", "--record-plan"]
                                   + (["--executor-prefill", a.executor_prefill] if a.executor_prefill else []), log)
-                    print(f"execute {name}: rc {rc}, {time.perf_counter() - t0:.1f} s", flush=True)
+                    taken = time.perf_counter() - t0
+                    if rc == 0 and need:
+                        done.append((need, taken))
+                    print(f"execute {name}: rc {rc}, {taken:.1f} s", flush=True)
     return 0
 
 
@@ -1290,7 +1309,8 @@ def main(argv=None) -> int:
     runs_of(e)
     e.add_argument("--budget-s", type=float, default=None,
                    help="start no run that would not end within this many seconds of the start (each run's "
-                        "seconds expected from its simulated twin: expected_exec_s)")
+                        "seconds expected from its simulated twin: expected_exec_s, times machine_pace once "
+                        "a run took longer than expected)")
     e.add_argument("--executor-prefill", choices=("auto", "kernel", "wgmma", "sdpa"), default=None,
                    help="`blocksim replay --executor-prefill` of the executed runs (default: replay's own)")
     e.set_defaults(func=cmd_execute)

@@ -965,3 +965,32 @@ def test_the_commands_name_a_table_carried_from_another_lease(tmp_path):
     assert "#   then, its decode_step_padded by: blocksim profile --add-table decode_step_padded" in text
     assert ("#   its decode_step_shared carried from another lease's lease6.json (benchmarks/profile_carry_table.py), "
             "measured there by: blocksim profile --add-table decode_step_shared") in text
+
+
+def test_execute_expects_later_runs_at_the_pace_of_those_it_has_finished(tmp_path, capsys, monkeypatch):
+    """A run that took 1.5 times its expected seconds makes the next run's expectation 1.5 times
+    its own (`machine_pace`), so a run that would fit at the constants' pace is skipped; a run
+    faster than expected never shortens the next one's expectation."""
+    import argparse
+    fr = _fidelity_runs()
+    assert fr.machine_pace([]) == 1.0
+    assert fr.machine_pace([(10.0, 8.0)]) == 1.0
+    assert fr.machine_pace([(10.0, 8.0), (20.0, 30.0), (10.0, 12.0)]) == pytest.approx(1.5)
+    expected = {"vllm": (40.0, ""), "vllm-prefix": (40.0, "")}
+    monkeypatch.setattr(fr, "_expected", lambda path, preset, *rest: expected[preset])
+    clock = [0.0]
+    monkeypatch.setattr(fr.time, "perf_counter", lambda: clock[0])
+
+    def run(argv, log, *rest):  # the first run takes 60 s: 1.5 times its 40 s
+        clock[0] += 60.0
+        return 0
+    monkeypatch.setattr(fr, "blocksim", run)
+    args = argparse.Namespace(
+        out=str(tmp_path / "exec"), models=["llama-2-7b"], traces=["mooncake-prefix"],
+        presets=["vllm", "vllm-prefix"], gpu="h100-80gb", budget_s=130.0, tensor_parallel=1,
+        executor_prefill=None)
+    assert fr.cmd_execute(args) == 0
+    out = capsys.readouterr().out
+    assert "vllm__llama-2-7b: 40 s expected\n" in out
+    # 70 s left: 1.2 x 40 = 48 would fit, 1.2 x 1.5 x 40 = 72 does not
+    assert "vllm-prefix__llama-2-7b: skipped (40 s expected, 1.50 times that at this machine's pace so far" in out
