@@ -89,8 +89,10 @@ class SegmentTimer:
         self._start = None
         self._host0, self._lead = 0.0, math.inf
         self._late, self._overrun = 0, 0.0
+        self._host: list[float] = []
         self.late = 0         # late segments among those the last `seconds` summed
         self.overrun_s = 0.0  # their host time beyond their sleeps: a bound on the GPU's waits in them
+        self.host_s: list[float] = []  # each of those segments' host time, its sleep's queuing to its end
 
     def begin(self, lead_s: float | None = None) -> None:
         self._lead = self.lead_s if lead_s is None else lead_s
@@ -102,7 +104,9 @@ class SegmentTimer:
     def end(self) -> None:
         e = torch.cuda.Event(enable_timing=True)
         e.record()
-        over = time.perf_counter() - self._host0 - self._lead
+        host = time.perf_counter() - self._host0
+        self._host.append(host)
+        over = host - self._lead
         if over > 0:
             self._late += 1
             self._overrun += over
@@ -110,8 +114,9 @@ class SegmentTimer:
 
     def seconds(self) -> float:
         """The segments' total (synchronises); resets, leaving their late segments in `late` and
-        `overrun_s`."""
+        `overrun_s`, and their host times in `host_s`."""
         self.late, self.overrun_s, self._late, self._overrun = self._late, self._overrun, 0, 0.0
+        self.host_s, self._host = self._host, []
         if not self.pairs:
             return 0.0
         self.pairs[-1][1].synchronize()
@@ -125,7 +130,7 @@ class EventTimer(SegmentTimer):
     sleep, the host being ahead already thanks to the segment's sleep (never late)."""
 
     def begin(self, lead_s: float | None = None) -> None:
-        self._lead = math.inf
+        self._lead, self._host0 = math.inf, time.perf_counter()
         self._start = torch.cuda.Event(enable_timing=True)
         self._start.record()
 

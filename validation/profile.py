@@ -58,7 +58,9 @@ the median of rounds of back-to-back all-reduces); ``decode_step`` replays whole
 all-reduces. The profiled cost model adds ``2 * layers`` all-reduces per step from that table.
 
 Eager tables are GPU time, timed as the executor times an eager step (`SegmentTimer`: a sleep
-before each segment keeps the host's launch gaps out), so the components of a step add up.
+before each segment keeps the host's launch gaps out), so the components of a step add up. The
+sleeps before eager segments and graph replays rise to keep ahead of a slow host as the
+executor's do (`validation.sleeps.Lead`); on a host that keeps ahead they stay at 1.2 ms and 50 us.
 
 ``measure_s`` (top level) holds the wall seconds each table, or group of tables measured together,
 took to measure on this device, so that a run of the command can be planned. Written over a profile
@@ -206,16 +208,21 @@ class _Clock:
     executor times a step (perf_counter on the CPU)."""
 
     def __init__(self, torch, cuda: bool, budget_s: float = 0.15, max_reps: int = 9) -> None:
+        from validation.sleeps import GRAPH_LEAD_S, LEAD_S, Lead
         self.torch, self.cuda, self.budget_s, self.max_reps = torch, cuda, budget_s, max_reps
+        # the sleeps before eager segments and graph replays, kept ahead of the host as the executor's
+        self.eager_lead, self.graph_lead = Lead(LEAD_S, window=256), Lead(GRAPH_LEAD_S)
 
     def once(self, fn) -> float:
         from validation.model import NO_TIMER, SegmentTimer
-        from validation.sleeps import LEAD_S
         if self.cuda:
             self.torch.cuda.synchronize()
-            timer = SegmentTimer(LEAD_S)
+            lead = self.graph_lead if getattr(fn, "graph", False) else self.eager_lead
+            timer = SegmentTimer(lead.s)
             fn(timer)
-            return timer.seconds()
+            seconds = timer.seconds()
+            lead.observe(timer.host_s)
+            return seconds
         t0 = time.perf_counter()
         fn(NO_TIMER)
         return time.perf_counter() - t0
@@ -228,27 +235,29 @@ class _Clock:
     def median_attention(self, fn) -> float:
         """Median GPU time of the attention inside a whole step `fn(timer, attn_timer)` (CUDA)."""
         from validation.model import EventTimer, SegmentTimer
-        from validation.sleeps import LEAD_S
 
         def once() -> tuple[float, float]:
             self.torch.cuda.synchronize()
-            timer, attn = SegmentTimer(LEAD_S), EventTimer()
+            timer, attn = SegmentTimer(self.eager_lead.s), EventTimer()
             fn(timer, attn)
-            return timer.seconds(), attn.seconds()
+            whole = timer.seconds()
+            self.eager_lead.observe(timer.host_s)
+            return whole, attn.seconds()
         whole, _ = once()
         reps = int(min(self.max_reps, max(3, self.budget_s / max(whole, 1e-6))))
         return float(np.median([once()[1] for _ in range(reps)]))
 
 
 def _graph(runner, b: int, parts=None):
-    """`fn(timer)` replaying the captured graph of batch `b`, timed whole."""
+    """`fn(timer)` replaying the captured graph of batch `b`, timed whole after the timer's sleep
+    (`_Clock` gives it the graph replays' lead: `fn.graph`)."""
     from validation.model import PARTS
-    from validation.sleeps import GRAPH_LEAD_S
 
     def fn(timer):
-        timer.begin(GRAPH_LEAD_S)
+        timer.begin()
         runner.replay_decode(b, parts or PARTS)
         timer.end()
+    fn.graph = True
     return fn
 
 

@@ -24,6 +24,8 @@ without copy-on-write), block moves stay inside their caches and no destination 
 Measured per step (`executor_steps.parquet` in the run directory): `measured_s` (the events'
 time), its parts `m_swap_s`, `m_copy_s` and `m_forward_s`, `host_s` (the host's time for the
 step: inputs built and uploaded, launches, waiting for the GPU), `graph` and `padded_batch`;
+`lead_s`, the sleep before the forward's graph replay or before each of its eager segments
+(`validation.sleeps.Lead`: raised to keep ahead of a slow host);
 `late_segments`, the step's timed segments whose launches outlasted their sleep (the GPU may have
 waited for the host inside them: `SegmentTimer`), and `late_s`, their overruns' sum, a bound on
 those waits; `retimed`: a forward (eager, or a graph's replay) whose overruns exceed
@@ -52,7 +54,7 @@ from blocksim.sequence import SeqStatus
 from validation.kv import content_seeds
 from validation.model import (GRAPH_BATCH_SIZES, ModelDims, PrefillSeq, SegmentTimer, StepBatch,
                               padded_batch_size)
-from validation.sleeps import GRAPH_LEAD_S, LEAD_S, RETIME_LEAD_S
+from validation.sleeps import GRAPH_LEAD_S, LEAD_S, RETIME_LEAD_S, Lead
 
 WORKSPACE_BYTES = 6 << 30  # activations, CUDA graphs and the allocator's slack
 RETIME_FRACTION = 0.005     # ... because its late segments' overruns exceed this fraction of its time
@@ -145,6 +147,8 @@ class ModelStepExecutor:
         self._prompt_ids: dict[int, np.ndarray] = {}
         self._shapes: set[tuple[int, int]] = set()  # (tokens, sampled) of the eager steps run so far
         self.rows: list[dict] = []
+        # the sleeps before a graph replay and before each eager segment, raised to keep ahead of a slow host
+        self.graph_lead, self.eager_lead = Lead(GRAPH_LEAD_S), Lead(LEAD_S, window=256)
 
     def new_run(self, config) -> None:
         """Start another run on the same model, caches and CUDA graphs (several runs in one
@@ -292,7 +296,7 @@ class ModelStepExecutor:
         tokens = None
         late, late_s, retimed, late_again = 0, 0.0, False, 0
         if self.cuda:
-            t_swap, t_copy, t_fwd = SegmentTimer(LEAD_S), SegmentTimer(LEAD_S), SegmentTimer(LEAD_S)
+            t_swap, t_copy, t_fwd = SegmentTimer(LEAD_S), SegmentTimer(LEAD_S), SegmentTimer(self.eager_lead.s)
             r.swap(swap_in, True, t_swap)
             r.swap(swap_out, False, t_swap)
             r.copy(copy, t_copy)
@@ -310,9 +314,11 @@ class ModelStepExecutor:
                 out = r.replay_decode(padded)[: batch.num_decodes]
                 timer.end()
                 return out
+            lead_s = self.graph_lead.s if padded is not None else t_fwd.lead_s
             if padded is not None or batch.num_tokens:
-                tokens = forward(t_fwd, GRAPH_LEAD_S)
+                tokens = forward(t_fwd, lead_s)
             fwd_s, swap_s, copy_s = t_fwd.seconds(), t_swap.seconds(), t_copy.seconds()
+            (self.graph_lead if padded is not None else self.eager_lead).observe(t_fwd.host_s)
             late = t_fwd.late + t_swap.late + t_copy.late
             late_s = t_fwd.overrun_s + t_swap.overrun_s + t_copy.overrun_s
             if t_fwd.overrun_s > RETIME_FRACTION * fwd_s and self.tp == 1:
@@ -340,6 +346,7 @@ class ModelStepExecutor:
         self.rows.append({"step": step, "measured_s": measured, "m_swap_s": swap_s, "m_copy_s": copy_s,
                           "m_forward_s": fwd_s, "host_s": time.perf_counter() - t_host,
                           "graph": padded is not None, "padded_batch": int(padded or 0), "primed": primed,
+                          "lead_s": lead_s if self.cuda else 0.0,
                           "late_segments": late, "late_s": late_s, "retimed": retimed, "late_after_retime": late_again,
                           "num_tokens": batch.num_tokens, "num_decodes": batch.num_decodes,
                           "num_prefills": len(batch.prefills),

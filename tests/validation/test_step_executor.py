@@ -159,6 +159,7 @@ def test_an_eager_forward_with_late_segments_is_timed_again(tmp_path, monkeypatc
     def timed_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
         self.cuda = True  # the timed path, on the CPU runner
+        self.eager_lead = se.Lead(0.0, 0.0)  # kept at nothing: not raised to keep ahead of the host
 
     monkeypatch.setattr(se.ModelStepExecutor, "__init__", timed_init)
     out = _replay_tiny_on_cpu(tmp_path)
@@ -191,6 +192,7 @@ def test_a_late_graph_replay_is_replayed_again(tmp_path, monkeypatch, host_clock
     def timed_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
         self.cuda = True
+        self.graph_lead = se.Lead(0.0, 0.0)  # kept at nothing: not raised to keep ahead of the host
         self.graph_sizes, self.max_graph_batch = [1, 2, 4], 4
         r = self.runner
         loaded = {}
@@ -209,4 +211,29 @@ def test_a_late_graph_replay_is_replayed_again(tmp_path, monkeypatch, host_clock
     graph = ex[ex.graph]
     assert len(graph) > 0 and graph.retimed.all() and (graph.late_segments == 1).all()
     assert (graph.late_after_retime == 0).all() and len(replays) == 2 * len(graph)
+    assert json.loads((out / "summary.json").read_text())["finished"] == 12
+
+
+def test_the_sleeps_rise_to_keep_ahead_of_a_slow_host(tmp_path, monkeypatch, host_clock_cuda):
+    """The CUDA path's timing on the CPU runner, events on the host clock, where a segment's host
+    time is its work: from a lead of nothing every segment of the first eager step is late and the
+    step timed again; the lead then rises to a margin over the host's segment times (`lead_s`), and
+    most later segments fall within it."""
+    import validation.step_executor as se
+    init = se.ModelStepExecutor.__init__
+
+    def timed_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.cuda = True
+        self.eager_lead = se.Lead(0.0, 60.0, window=64)
+
+    monkeypatch.setattr(se.ModelStepExecutor, "__init__", timed_init)
+    out = _replay_tiny_on_cpu(tmp_path)
+    ex = pd.read_parquet(out / "executor_steps.parquet")
+    eager = ex[ex.num_tokens > 0].reset_index(drop=True)
+    segments = eager.late_segments.iloc[0]  # a lead of nothing: every segment of the first step late
+    assert eager.lead_s.iloc[0] == 0.0 and segments >= 3 and eager.retimed.iloc[0]
+    assert (eager.lead_s.iloc[1:] > 0).all()
+    later = eager.iloc[len(eager) // 2:]
+    assert later.late_segments.sum() < segments * len(later) / 4
     assert json.loads((out / "summary.json").read_text())["finished"] == 12
