@@ -90,12 +90,16 @@ class SegmentTimer:
         self._host0, self._lead = 0.0, math.inf
         self._late, self._overrun = 0, 0.0
         self._host: list[float] = []
+        self._own = True
         self.late = 0         # late segments among those the last `seconds` summed
         self.overrun_s = 0.0  # their host time beyond their sleeps: a bound on the GPU's waits in them
-        self.host_s: list[float] = []  # each of those segments' host time, its sleep's queuing to its end
+        # the host time (the sleep's queuing to the segment's end) of each of those segments that
+        # slept the timer's own `lead_s` (`begin()` without a lead of its own, as a block move has)
+        self.host_s: list[float] = []
 
     def begin(self, lead_s: float | None = None) -> None:
         self._lead = self.lead_s if lead_s is None else lead_s
+        self._own = lead_s is None  # the timer's own lead (not a block move's fixed one): its host time is kept
         self._host0 = time.perf_counter()  # before the sleep is queued: its start is no earlier
         torch.cuda._sleep(int(self._lead * self.CLOCK_HZ))
         self._start = torch.cuda.Event(enable_timing=True)
@@ -105,7 +109,8 @@ class SegmentTimer:
         e = torch.cuda.Event(enable_timing=True)
         e.record()
         host = time.perf_counter() - self._host0
-        self._host.append(host)
+        if self._own:
+            self._host.append(host)
         over = host - self._lead
         if over > 0:
             self._late += 1
@@ -613,7 +618,7 @@ class ModelRunner:
             return
         if self.attention == "vllm":
             m = torch.as_tensor(np.asarray(mapping, np.int64))
-            timer.begin()
+            timer.begin(2e-3)  # a block move's own sleep, as below
             kernels.copy_blocks(self.k_caches, self.v_caches, m)
             timer.end()
             return

@@ -18,12 +18,14 @@ class Lead:
     end event), at most `cap_s`. A host slower than the one `base_s` was set on (its launches
     outlasting the sleep at nearly every step) would otherwise make most segments late and their
     forwards timed again with `RETIME_LEAD_S`, at twice the device time; a longer sleep costs only
-    its length, outside the timed span. A segment still late is detected and timed again as before
-    (`validation.step_executor`)."""
+    its length, outside the timed span. A segment still late is detected and its forward timed
+    again with four times the lead, at least `RETIME_LEAD_S` (`validation.step_executor`)."""
 
     def __init__(self, base_s: float, cap_s: float = RETIME_LEAD_S, *, window: int = 64, margin: float = 1.25):
         if not 0 <= base_s <= cap_s:
             raise ValueError(f"Lead: base_s {base_s} must lie in [0, cap_s {cap_s}]")
+        if window < 1:
+            raise ValueError(f"Lead: window {window} must be at least 1")
         self.base_s, self.cap_s, self.window, self.margin = base_s, cap_s, window, margin
         self._recent: list[float] = []
 

@@ -24,13 +24,13 @@ without copy-on-write), block moves stay inside their caches and no destination 
 Measured per step (`executor_steps.parquet` in the run directory): `measured_s` (the events'
 time), its parts `m_swap_s`, `m_copy_s` and `m_forward_s`, `host_s` (the host's time for the
 step: inputs built and uploaded, launches, waiting for the GPU), `graph` and `padded_batch`;
-`lead_s`, the sleep before the forward's graph replay or before each of its eager segments
-(`validation.sleeps.Lead`: raised to keep ahead of a slow host);
+`lead_s`, the sleep before the kept timing's graph replay or before each of its eager segments
+(`validation.sleeps.Lead`: raised to keep ahead of a slow host; 0 where the step ran no forward);
 `late_segments`, the step's timed segments whose launches outlasted their sleep (the GPU may have
 waited for the host inside them: `SegmentTimer`), and `late_s`, their overruns' sum, a bound on
 those waits; `retimed`: a forward (eager, or a graph's replay) whose overruns exceed
-`RETIME_FRACTION` (0.5%) of its time runs again at once with the longer sleep `RETIME_LEAD_S`
-(the same writes and samples), and that time counts (`late_after_retime`, its own late segments);
+`RETIME_FRACTION` (0.5%) of its time runs again at once with four times the sleep, at least
+`RETIME_LEAD_S` (the same writes and samples), and that time counts (`late_after_retime`, its own late segments);
 at one GPU only (at TP > 1 every rank would have to run it again).
 
 Tensor parallelism (``tensor_parallel`` N > 1): the model is split over N GPUs, one process each
@@ -294,9 +294,10 @@ class ModelStepExecutor:
             primed = shape not in self._shapes  # a new shape's first host calls stay out of the timed segments
             self._shapes.add(shape)
         tokens = None
-        late, late_s, retimed, late_again = 0, 0.0, False, 0
+        late, late_s, retimed, late_again, lead_s = 0, 0.0, False, 0, 0.0
         if self.cuda:
-            t_swap, t_copy, t_fwd = SegmentTimer(LEAD_S), SegmentTimer(LEAD_S), SegmentTimer(self.eager_lead.s)
+            lead = self.graph_lead if padded is not None else self.eager_lead  # the forward's kind
+            t_swap, t_copy, t_fwd = SegmentTimer(LEAD_S), SegmentTimer(LEAD_S), SegmentTimer(lead.s)
             r.swap(swap_in, True, t_swap)
             r.swap(swap_out, False, t_swap)
             r.copy(copy, t_copy)
@@ -305,28 +306,29 @@ class ModelStepExecutor:
                 if self.tp > 1:
                     r.comm_log.reset()  # the untimed first layer's all-reduces are not the step's
 
-            def forward(timer: SegmentTimer, graph_lead_s: float):
-                """The step's forward timed by `timer`: the graph replayed whole (its inputs loaded)
-                after a sleep of `graph_lead_s`, or the eager forward segment by segment."""
+            def forward(timer: SegmentTimer):
+                """The step's forward timed by `timer`, after its sleep: the graph replayed whole
+                (its inputs loaded), or the eager forward segment by segment."""
                 if padded is None:
                     return r.forward(inp, timer=timer)
-                timer.begin(graph_lead_s)
+                timer.begin()
                 out = r.replay_decode(padded)[: batch.num_decodes]
                 timer.end()
                 return out
-            lead_s = self.graph_lead.s if padded is not None else t_fwd.lead_s
             if padded is not None or batch.num_tokens:
-                tokens = forward(t_fwd, lead_s)
+                tokens = forward(t_fwd)
+                lead_s = t_fwd.lead_s
             fwd_s, swap_s, copy_s = t_fwd.seconds(), t_swap.seconds(), t_copy.seconds()
-            (self.graph_lead if padded is not None else self.eager_lead).observe(t_fwd.host_s)
+            lead.observe(t_fwd.host_s)
             late = t_fwd.late + t_swap.late + t_copy.late
             late_s = t_fwd.overrun_s + t_swap.overrun_s + t_copy.overrun_s
             if t_fwd.overrun_s > RETIME_FRACTION * fwd_s and self.tp == 1:
                 # the host fell behind the sleep(s) by enough to move the time: the forward again,
-                # with the longer sleep; it writes the same keys and values and samples the same tokens
-                t_again = SegmentTimer(RETIME_LEAD_S)
-                tokens = forward(t_again, RETIME_LEAD_S)
-                fwd_s, retimed, late_again = t_again.seconds(), True, t_again.late
+                # with four times the sleep (at least RETIME_LEAD_S); it writes the same keys and
+                # values and samples the same tokens
+                t_again = SegmentTimer(max(RETIME_LEAD_S, 4 * t_fwd.lead_s))
+                tokens = forward(t_again)
+                fwd_s, retimed, late_again, lead_s = t_again.seconds(), True, t_again.late, t_again.lead_s
         else:
             t0 = time.perf_counter()
             r.swap(swap_in, True)
@@ -346,7 +348,7 @@ class ModelStepExecutor:
         self.rows.append({"step": step, "measured_s": measured, "m_swap_s": swap_s, "m_copy_s": copy_s,
                           "m_forward_s": fwd_s, "host_s": time.perf_counter() - t_host,
                           "graph": padded is not None, "padded_batch": int(padded or 0), "primed": primed,
-                          "lead_s": lead_s if self.cuda else 0.0,
+                          "lead_s": lead_s,
                           "late_segments": late, "late_s": late_s, "retimed": retimed, "late_after_retime": late_again,
                           "num_tokens": batch.num_tokens, "num_decodes": batch.num_decodes,
                           "num_prefills": len(batch.prefills),
@@ -420,7 +422,9 @@ class ModelStepExecutor:
                    "measured_s": float(df["measured_s"].sum()) if len(df) else 0.0,
                    "host_s": float(df["host_s"].sum()) if len(df) else 0.0,
                    "late_steps": int((df["late_segments"] > 0).sum()) if len(df) else 0,
-                   "retimed_steps": int(df["retimed"].sum()) if len(df) else 0}
+                   "retimed_steps": int(df["retimed"].sum()) if len(df) else 0,
+                   # where the sleeps settled: a lead at its cap says the host never kept ahead
+                   "graph_lead_s": self.graph_lead.s, "eager_lead_s": self.eager_lead.s}
         tiers = getattr(self, "tier_ex", None)
         if tiers is not None:  # every move done, every restored chunk checked
             tiers.synchronize()

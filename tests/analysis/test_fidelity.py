@@ -994,3 +994,25 @@ def test_execute_expects_later_runs_at_the_pace_of_those_it_has_finished(tmp_pat
     assert "vllm__llama-2-7b: 40 s expected\n" in out
     # 70 s left: 1.2 x 40 = 48 would fit, 1.2 x 1.5 x 40 = 72 does not
     assert "vllm-prefix__llama-2-7b: skipped (40 s expected, 1.50 times that at this machine's pace so far" in out
+
+
+def test_a_failed_run_sets_no_pace(tmp_path, capsys, monkeypatch):
+    """A run that fails (rc != 0) after 1.5 times its expected seconds leaves the next run's
+    expectation as it was: its time says nothing of the machine's pace."""
+    import argparse
+    fr = _fidelity_runs()
+    monkeypatch.setattr(fr, "_expected", lambda path, preset, *rest: (40.0, ""))
+    clock = [0.0]
+    monkeypatch.setattr(fr.time, "perf_counter", lambda: clock[0])
+
+    def run(argv, log, *rest):
+        clock[0] += 60.0
+        return 1
+    monkeypatch.setattr(fr, "blocksim", run)
+    args = argparse.Namespace(
+        out=str(tmp_path / "exec"), models=["llama-2-7b"], traces=["mooncake-prefix"],
+        presets=["vllm", "vllm-prefix"], gpu="h100-80gb", budget_s=130.0, tensor_parallel=1,
+        executor_prefill=None)
+    assert fr.cmd_execute(args) == 0
+    out = capsys.readouterr().out
+    assert "vllm-prefix__llama-2-7b: 40 s expected\n" in out  # 1.2 x 40 fits the 70 s left

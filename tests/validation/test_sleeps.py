@@ -38,3 +38,41 @@ def test_a_lead_refuses_a_base_outside_its_cap():
     with pytest.raises(ValueError, match="base_s"):
         Lead(-1e-6)
     assert Lead(0.0, 0.0).s == 0.0  # pinned at no sleep at all
+
+
+def test_a_lead_refuses_an_empty_window():
+    with pytest.raises(ValueError, match="window"):
+        Lead(LEAD_S, window=0)
+
+
+def test_the_profilers_clock_sleeps_a_graph_replays_lead_before_a_graph_and_keeps_block_moves_out(
+        monkeypatch, host_clock_cuda):
+    """`_Clock.once`: a function marked `graph` (as `_graph` marks its replays) sleeps the graph
+    lead and feeds it; an eager one the eager lead; a block move's fixed sleep (`begin(lead)`)
+    feeds neither."""
+    torch = pytest.importorskip("torch")
+    from validation.profile import _Clock
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    clock = _Clock(torch, cuda=True)
+    seen = []
+
+    def graph(timer):
+        seen.append(timer.lead_s)
+        timer.begin()
+        timer.end()
+    graph.graph = True
+
+    def eager(timer):
+        seen.append(timer.lead_s)
+        for _ in range(3):
+            timer.begin()
+            timer.end()
+
+    def move(timer):
+        timer.begin(6e-3)
+        timer.end()
+    clock.once(graph)
+    clock.once(eager)
+    clock.once(move)
+    assert seen == [GRAPH_LEAD_S, LEAD_S]
+    assert len(clock.graph_lead._recent) == 1 and len(clock.eager_lead._recent) == 3

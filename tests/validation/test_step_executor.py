@@ -210,6 +210,8 @@ def test_a_late_graph_replay_is_replayed_again(tmp_path, monkeypatch, host_clock
     ex = pd.read_parquet(out / "executor_steps.parquet")
     graph = ex[ex.graph]
     assert len(graph) > 0 and graph.retimed.all() and (graph.late_segments == 1).all()
+    assert (graph.lead_s == 60.0).all(), "the kept timing's sleep: the retime's"
+    assert json.loads((out / "executor.json").read_text())["graph_lead_s"] == 0.0
     assert (graph.late_after_retime == 0).all() and len(replays) == 2 * len(graph)
     assert json.loads((out / "summary.json").read_text())["finished"] == 12
 
@@ -232,7 +234,8 @@ def test_the_sleeps_rise_to_keep_ahead_of_a_slow_host(tmp_path, monkeypatch, hos
     ex = pd.read_parquet(out / "executor_steps.parquet")
     eager = ex[ex.num_tokens > 0].reset_index(drop=True)
     segments = eager.late_segments.iloc[0]  # a lead of nothing: every segment of the first step late
-    assert eager.lead_s.iloc[0] == 0.0 and segments >= 3 and eager.retimed.iloc[0]
+    assert segments >= 3 and eager.retimed.iloc[0]
+    assert eager.lead_s.iloc[0] == se.RETIME_LEAD_S  # the kept timing's: the retime's (4 x 0, at least this)
     assert (eager.lead_s.iloc[1:] > 0).all()
     later = eager.iloc[len(eager) // 2:]
     assert later.late_segments.sum() < segments * len(later) / 4
