@@ -967,29 +967,35 @@ def test_the_commands_name_a_table_carried_from_another_lease(tmp_path):
             "measured there by: blocksim profile --add-table decode_step_shared") in text
 
 
-def test_execute_expects_later_runs_at_the_pace_of_those_it_has_finished(tmp_path, capsys, monkeypatch):
-    """A run that took 1.5 times its expected seconds makes the next run's expectation 1.5 times
-    its own (`machine_pace`), so a run that would fit at the constants' pace is skipped; a run
-    faster than expected never shortens the next one's expectation."""
+def _execute_two_runs_of_40_s_taking_60_s(tmp_path, monkeypatch, rc: int) -> None:
+    """`execute --budget-s 130` of two runs expected at 40 s each, each taking 60 s on a clock of
+    its own and returning `rc`."""
     import argparse
     fr = _fidelity_runs()
-    assert fr.machine_pace([]) == 1.0
-    assert fr.machine_pace([(10.0, 8.0)]) == 1.0
-    assert fr.machine_pace([(10.0, 8.0), (20.0, 30.0), (10.0, 12.0)]) == pytest.approx(1.5)
-    expected = {"vllm": (40.0, ""), "vllm-prefix": (40.0, "")}
-    monkeypatch.setattr(fr, "_expected", lambda path, preset, *rest: expected[preset])
+    monkeypatch.setattr(fr, "_expected", lambda path, preset, *rest: (40.0, ""))
     clock = [0.0]
     monkeypatch.setattr(fr.time, "perf_counter", lambda: clock[0])
 
-    def run(argv, log, *rest):  # the first run takes 60 s: 1.5 times its 40 s
+    def run(argv, log, *rest):
         clock[0] += 60.0
-        return 0
+        return rc
     monkeypatch.setattr(fr, "blocksim", run)
     args = argparse.Namespace(
         out=str(tmp_path / "exec"), models=["llama-2-7b"], traces=["mooncake-prefix"],
         presets=["vllm", "vllm-prefix"], gpu="h100-80gb", budget_s=130.0, tensor_parallel=1,
         executor_prefill=None)
     assert fr.cmd_execute(args) == 0
+
+
+def test_execute_expects_later_runs_at_the_pace_of_those_it_has_finished(tmp_path, capsys, monkeypatch):
+    """A run that took 1.5 times its expected seconds makes the next run's expectation 1.5 times
+    its own (`machine_pace`), so a run that would fit at the constants' pace is skipped; a run
+    faster than expected never shortens the next one's expectation."""
+    fr = _fidelity_runs()
+    assert fr.machine_pace([]) == 1.0
+    assert fr.machine_pace([(10.0, 8.0)]) == 1.0
+    assert fr.machine_pace([(10.0, 8.0), (20.0, 30.0), (10.0, 12.0)]) == pytest.approx(1.5)
+    _execute_two_runs_of_40_s_taking_60_s(tmp_path, monkeypatch, rc=0)
     out = capsys.readouterr().out
     assert "vllm__llama-2-7b: 40 s expected\n" in out
     # 70 s left: 1.2 x 40 = 48 would fit, 1.2 x 1.5 x 40 = 72 does not
@@ -999,20 +1005,6 @@ def test_execute_expects_later_runs_at_the_pace_of_those_it_has_finished(tmp_pat
 def test_a_failed_run_sets_no_pace(tmp_path, capsys, monkeypatch):
     """A run that fails (rc != 0) after 1.5 times its expected seconds leaves the next run's
     expectation as it was: its time says nothing of the machine's pace."""
-    import argparse
-    fr = _fidelity_runs()
-    monkeypatch.setattr(fr, "_expected", lambda path, preset, *rest: (40.0, ""))
-    clock = [0.0]
-    monkeypatch.setattr(fr.time, "perf_counter", lambda: clock[0])
-
-    def run(argv, log, *rest):
-        clock[0] += 60.0
-        return 1
-    monkeypatch.setattr(fr, "blocksim", run)
-    args = argparse.Namespace(
-        out=str(tmp_path / "exec"), models=["llama-2-7b"], traces=["mooncake-prefix"],
-        presets=["vllm", "vllm-prefix"], gpu="h100-80gb", budget_s=130.0, tensor_parallel=1,
-        executor_prefill=None)
-    assert fr.cmd_execute(args) == 0
+    _execute_two_runs_of_40_s_taking_60_s(tmp_path, monkeypatch, rc=1)
     out = capsys.readouterr().out
     assert "vllm-prefix__llama-2-7b: 40 s expected\n" in out  # 1.2 x 40 fits the 70 s left
