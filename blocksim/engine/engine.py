@@ -465,12 +465,17 @@ class Engine:
         # The step loop allocates objects by the million and leaves no reference cycles behind (its
         # requests and sequences refer to each other while the engine lives; `__del__` unlinks them),
         # so the cyclic garbage collector would only walk them again and again: it pauses for the run.
+        # What the run leaves lives as long as the engine: it joins the oldest generation without a
+        # pass (`gc.freeze` then `gc.unfreeze`), where a full collection still finds any cycle,
+        # instead of a pass over every container the run made (the tiers' tables by position).
         collecting = gc.isenabled()
         gc.disable()
         try:
             self.env.run()
         finally:
             if collecting:
+                gc.freeze()
+                gc.unfreeze()
                 gc.enable()
         if self.plan is not None:
             self.plan.close()
