@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,24 @@ def check_options(policy: str, overrides: dict[str, Any]) -> SimConfig:
 
 
 log = logging.getLogger(__name__)
+
+
+def _log_executor_totals(path: Path) -> None:
+    """One line on how an executed run was timed, from the executor's `executor.json` (where it
+    writes one): its steps with a late segment (the host behind the sleep queued before it), those
+    timed again, and where the sleeps settled (validation/VALIDATION.md)."""
+    try:
+        t = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if "late_steps" not in t:
+        return
+    line = (f"executor: {t.get('steps', 0)} steps ({t.get('graph_steps', 0)} graph replays), "
+            f"{t['late_steps']} with a late segment, {t.get('retimed_steps', 0)} timed again")
+    if "graph_lead_s" in t:
+        line += (f"; sleeps settled at {t['graph_lead_s'] * 1e6:.0f} us before a graph replay, "
+                 f"{t['eager_lead_s'] * 1e3:.2f} ms before an eager segment")
+    log.info(line)
 
 #: Share of a trace's requests above which `rejection_warning` speaks.
 REJECTION_WARNING_SHARE = 0.01
@@ -214,6 +233,7 @@ def replay(trace, out_dir: str | Path, *, policy: str = DEFAULT_POLICY, rate_sca
         result.save(tmp)
         if step_executor is not None:
             step_executor.save(tmp)
+            _log_executor_totals(tmp / "executor.json")
         if write_report:
             from analysis import write_report as _write  # loads matplotlib: only when a report is drawn
             _write(tmp)

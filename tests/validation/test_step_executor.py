@@ -240,3 +240,21 @@ def test_the_sleeps_rise_to_keep_ahead_of_a_slow_host(tmp_path, monkeypatch, hos
     later = eager.iloc[len(eager) // 2:]
     assert later.late_segments.sum() < segments * len(later) / 4
     assert json.loads((out / "summary.json").read_text())["finished"] == 12
+
+
+def test_a_replay_on_the_executor_logs_how_its_steps_were_timed(tmp_path, caplog):
+    """After an executed replay, one log line (`-v`) from its executor.json: the executed steps,
+    those with a late segment, those timed again and where the sleeps settled."""
+    import logging
+
+    from blocksim.experiments.runner import _log_executor_totals
+    out = _replay_tiny_on_cpu(tmp_path)
+    totals = json.loads((out / "executor.json").read_text())
+    logging.getLogger().addHandler(caplog.handler)  # the CLI's logging set-up took it off the root
+    with caplog.at_level(logging.INFO, logger="blocksim.experiments.runner"):
+        _log_executor_totals(out / "executor.json")
+        _log_executor_totals(tmp_path / "none.json")  # no file: nothing said
+    assert [r.getMessage() for r in caplog.records] == [
+        f"executor: {totals['steps']} steps (0 graph replays), {totals['late_steps']} with a late segment, "
+        f"{totals['retimed_steps']} timed again; sleeps settled at 50 us before a graph replay, 1.20 ms before "
+        f"an eager segment"]
