@@ -812,10 +812,10 @@ def test_estimate_adds_each_models_profile_at_the_seconds_its_shipped_profile_to
                                + (f", {ctx_more} decode contexts more" if ctx_more else ")"))
     assert float(lines[0].split()[-2]) == pytest.approx(want, abs=0.5)
     assert float(lines[-1].split()[-2]) == pytest.approx(want + float(lines[1].split()[-2]), abs=1.0)
-    args.gpu = "h200-141gb"  # its shipped profile records no measure_s
+    args.gpu, args.models = "h200-141gb", ["llama-2-7b"]  # its shipped profile records no measure_s
     assert fr.cmd_estimate(args) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "profile llama-3-8b: its time unknown" in err
+    assert len(err.strip().splitlines()) == 1 and "profile llama-2-7b: its time unknown" in err
 
 
 def test_estimate_for_a_gpu_the_simulator_refuses_exits_2_naming_the_run(capsys):
