@@ -208,10 +208,10 @@ class _Clock:
     executor times a step (perf_counter on the CPU)."""
 
     def __init__(self, torch, cuda: bool, budget_s: float = 0.15, max_reps: int = 9) -> None:
-        from validation.sleeps import GRAPH_LEAD_S, LEAD_S, Lead
+        from validation.sleeps import leads
         self.torch, self.cuda, self.budget_s, self.max_reps = torch, cuda, budget_s, max_reps
-        # the sleeps before eager segments and graph replays, kept ahead of the host as the executor's
-        self.eager_lead, self.graph_lead = Lead(LEAD_S, window=256), Lead(GRAPH_LEAD_S)
+        # the sleeps before graph replays and eager segments, kept ahead of the host as the executor's
+        self.graph_lead, self.eager_lead = leads()
 
     def once(self, fn) -> float:
         from validation.model import NO_TIMER, SegmentTimer

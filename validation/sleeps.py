@@ -42,3 +42,10 @@ class Lead:
         """Record the host's time of finished segments of the kind (seconds, an iterable)."""
         self._recent.extend(host_s)
         del self._recent[:-self.window]
+
+
+def leads() -> tuple[Lead, Lead]:
+    """The (graph replay, eager segment) leads of one timing process, the executor's or the
+    profiler's: from `GRAPH_LEAD_S` over the last 64 replays, from `LEAD_S` over the last 256 eager
+    segments (a step's layers and more)."""
+    return Lead(GRAPH_LEAD_S), Lead(LEAD_S, window=256)

@@ -54,7 +54,7 @@ from blocksim.sequence import SeqStatus
 from validation.kv import content_seeds
 from validation.model import (GRAPH_BATCH_SIZES, ModelDims, PrefillSeq, SegmentTimer, StepBatch,
                               padded_batch_size)
-from validation.sleeps import GRAPH_LEAD_S, LEAD_S, RETIME_LEAD_S, Lead
+from validation.sleeps import LEAD_S, RETIME_LEAD_S, leads
 
 WORKSPACE_BYTES = 6 << 30  # activations, CUDA graphs and the allocator's slack
 RETIME_FRACTION = 0.005     # ... because its late segments' overruns exceed this fraction of its time
@@ -148,7 +148,7 @@ class ModelStepExecutor:
         self._shapes: set[tuple[int, int]] = set()  # (tokens, sampled) of the eager steps run so far
         self.rows: list[dict] = []
         # the sleeps before a graph replay and before each eager segment, raised to keep ahead of a slow host
-        self.graph_lead, self.eager_lead = Lead(GRAPH_LEAD_S), Lead(LEAD_S, window=256)
+        self.graph_lead, self.eager_lead = leads()
 
     def new_run(self, config) -> None:
         """Start another run on the same model, caches and CUDA graphs (several runs in one

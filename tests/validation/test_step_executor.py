@@ -13,6 +13,7 @@ pytest.importorskip("torch")
 
 from blocksim.cli import main  # noqa: E402
 from validation.model import ModelDims  # noqa: E402
+from validation.sleeps import Lead  # noqa: E402
 from validation.step_executor import ExecutorError, memory_check  # noqa: E402
 
 TINY = """models:
@@ -159,7 +160,7 @@ def test_an_eager_forward_with_late_segments_is_timed_again(tmp_path, monkeypatc
     def timed_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
         self.cuda = True  # the timed path, on the CPU runner
-        self.eager_lead = se.Lead(0.0, 0.0)  # kept at nothing: not raised to keep ahead of the host
+        self.eager_lead = Lead(0.0, 0.0)  # kept at nothing: not raised to keep ahead of the host
 
     monkeypatch.setattr(se.ModelStepExecutor, "__init__", timed_init)
     out = _replay_tiny_on_cpu(tmp_path)
@@ -184,7 +185,6 @@ def test_a_late_graph_replay_is_replayed_again(tmp_path, monkeypatch, host_clock
     counting; the run keeps its requests."""
     import validation.step_executor as se
 
-    monkeypatch.setattr(se, "GRAPH_LEAD_S", 0.0)
     monkeypatch.setattr(se, "RETIME_LEAD_S", 60.0)
     init = se.ModelStepExecutor.__init__
     replays = []
@@ -192,7 +192,7 @@ def test_a_late_graph_replay_is_replayed_again(tmp_path, monkeypatch, host_clock
     def timed_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
         self.cuda = True
-        self.graph_lead = se.Lead(0.0, 0.0)  # kept at nothing: not raised to keep ahead of the host
+        self.graph_lead = Lead(0.0, 0.0)  # kept at nothing: not raised to keep ahead of the host
         self.graph_sizes, self.max_graph_batch = [1, 2, 4], 4
         r = self.runner
         loaded = {}
@@ -227,7 +227,7 @@ def test_the_sleeps_rise_to_keep_ahead_of_a_slow_host(tmp_path, monkeypatch, hos
     def timed_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
         self.cuda = True
-        self.eager_lead = se.Lead(0.0, 60.0, window=64)
+        self.eager_lead = Lead(0.0, 60.0, window=64)
 
     monkeypatch.setattr(se.ModelStepExecutor, "__init__", timed_init)
     out = _replay_tiny_on_cpu(tmp_path)
