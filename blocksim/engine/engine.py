@@ -160,6 +160,7 @@ class Engine:
             if measured is not None:
                 self.tiers.use_measured(measured, f"profile {profile.path}")
             self.tier_rec = TierStepRecorder()
+            self._onloading = getattr(self.sched, "onloading", ())  # requests holding blocks for tier loads
             if executor is not None:  # the executor performs the moves: it needs the tiers' sizes
                 attach = getattr(executor, "attach_tiers", None)
                 if attach is None:
@@ -397,7 +398,7 @@ class Engine:
     def _tier_record(self, steps: int) -> None:
         """The tier counters after `steps` steps; the moves they issued go to the plan."""
         tiers = self.tiers
-        self.tier_rec.add(tiers.totals(), len(getattr(self.sched, "onloading", ())), steps)
+        self.tier_rec.add(tiers.totals(), len(self._onloading), steps)
         if tiers.ops:  # moves are recorded only for a plan or an executor
             self._tier_moves(tiers.take_ops())
 

@@ -151,7 +151,7 @@ class TierStore:
         self.chained_keys = False
         self._matched: tuple | None = None
         self._last_ends: tuple | None = None  # the last plan's `_load_ends`, for its commit
-        self._totals: tuple = (None, None)  # ((version, lookups), `totals()` then)
+        self._totals: tuple = (-1, -1, None)  # (version, lookups, `totals()` then)
         self.log: list[tuple] | None = [] if log_events else None
         self.gpu_hits: dict[int, int] = {}
         self.evict_wait_s = 0.0
@@ -688,10 +688,11 @@ class TierStore:
             rows = list(range(n)) if levels[0].name == DISK else []
         return self._chains(landed, where, rows, below, waits, f, n, last_only)
 
-    def _chains(self, landed: list, where: list[int], rows: list[int], below: int, waits, f: float,
+    def _chains(self, landed: list | None, where: list[int], rows: list[int], below: int, waits, f: float,
                 n: int, last_only: bool = False) -> tuple[list[float], list[int], list[int], list[float]]:
-        """`_ends` from the chunks' landing times (None where not needed), tiers and disk reads:
-        the disk reads queued from `f`, then the host link."""
+        """`_ends` from the chunks' landing times (None where not needed; `landed` None: none is
+        needed, every chunk having landed by the time its first channel is free), tiers and disk
+        reads: the disk reads queued from `f`, then the host link."""
         last_only = last_only and (not rows or len(rows) == n)
         now, nbytes = self.now_s, self.chunk_bytes
         t_h2d, t_rd = self.h2d.seconds(nbytes), self.disk_read.seconds(nbytes)
@@ -716,6 +717,12 @@ class TierStore:
                 x = ready[j]
                 ready[j] = f = (x if x > f else f) + t_rd
                 rd_ends.append(f)
+        if ready is None:  # from the host, each transfer after the one before (`_queue`'s sums)
+            if last_only:
+                return [reduce(add, repeat(t_h2d, n), f_h2d)], where, rows, rd_ends
+            ends = list(accumulate(repeat(t_h2d, n), initial=f_h2d))
+            del ends[0]
+            return ends, where, rows, rd_ends
         if last_only:
             return [_queue_last(ready, f_h2d, t_h2d)], where, rows, rd_ends[-1:]
         return _queue(ready, f_h2d, t_h2d), where, rows, rd_ends
@@ -951,31 +958,34 @@ class TierStore:
         s = self._rs
         self._rs = s + 1
         j = 0
+        whole = len(runs) == 1  # (the lists themselves, not slices of them)
         for g, c in runs:
             k = j + c
             if g is None:  # consecutive new positions
                 g = len(K)
+                keys = new if whole else new[j:k]
                 if not placed:
-                    w.update(zip(new[j:k], range(g, g + c)))
-                K.extend(new[j:k])
-                T.extend(bytes((1,)) * c)
+                    w.update(zip(keys, range(g, g + c)))
+                K += keys
+                T += bytes((1,)) * c
                 if self._rR is not None:
-                    self._rR.extend(bytes((1,)) * c)
-                HL.extend(landed[j:k])
-                DL.extend(repeat(None, c))
-                HS.extend(repeat(s, c))
-                DS.extend(repeat(-1, c))
+                    self._rR += bytes((1,)) * c
+                HL += landed if whole else landed[j:k]
+                DL += [None] * c
+                HS += [s] * c
+                DS += [-1] * c
             else:  # chunks the disk holds, stored in the host again
                 T[g:g + c] = T[g:g + c].translate(_TO_HOST)
-                HL[g:g + c] = landed[j:k]
-                HS[g:g + c] = repeat(s, c)
+                HL[g:g + c] = landed if whole else landed[j:k]
+                HS[g:g + c] = [s] * c
             _r_enter(H, s, g, g + c)
             j = k
         return True
 
-    def _r_evict(self, need: int) -> tuple[list[tuple[int, int]], list, bytearray]:
+    def _r_evict(self, need: int, landed: bool = True) -> tuple[list[tuple[int, int]], list, bytearray]:
         """Take the `need` least recent chunks out of the host: their position ranges in order,
-        their landing times there and their tiers before (the host's count is the caller's)."""
+        their landing times there (`landed`; else an empty list) and their tiers before (the host's
+        count is the caller's)."""
         H, HS, T, HL = self._rH, self._rHS, self._rT, self._rHL
         ranges: list[tuple[int, int]] = []
         while need:
@@ -1006,14 +1016,15 @@ class TierStore:
                     H.popleft()
                 else:
                     e[1] = p
-        landed: list = []
+        times: list = []
         tiers = bytearray()
         for lo, hi in ranges:
-            landed += HL[lo:hi]
+            if landed:
+                times += HL[lo:hi]
             tiers += T[lo:hi]
-            HL[lo:hi] = repeat(None, hi - lo)
+            HL[lo:hi] = [None] * (hi - lo)
             T[lo:hi] = T[lo:hi].translate(_NO_HOST)
-        return ranges, landed, tiers
+        return ranges, times, tiers
 
     def _r_peek(self, need: int) -> list[int]:
         """The positions of the `need` least recent host chunks (changes nothing)."""
@@ -1036,7 +1047,7 @@ class TierStore:
             self._rs = s + 1
             DL[lo:hi] = ends[j:k]
             T[lo:hi] = T[lo:hi].translate(_TO_DISK)
-            DS[lo:hi] = repeat(s, hi - lo)
+            DS[lo:hi] = [s] * (hi - lo)
             D.append([s, lo, hi])
             j = k
 
@@ -1091,7 +1102,8 @@ class TierStore:
             return True
         t_d2h, d2h_free, dw_free, fresh_before = self._stores_begin()
         ends = list(accumulate(repeat(t_d2h, n), initial=d2h_free))
-        if not self._r_insert(new, runs, ends[1:], placed):
+        del ends[0]  # (each chunk's landing time)
+        if not self._r_insert(new, runs, ends, placed):
             self._r_materialize()
             return False
         if placed and private and self._rR is not None:  # (entered by `_r_insert` as registered)
@@ -1101,7 +1113,10 @@ class TierStore:
         top.stored += n
         m = 0
         if excess > 0:
-            m, dw_free = self._r_evict_below(excess, below, dw_free)
+            # the chunks the host held before these landed by `d2h_free` (the host link serves in
+            # order); these are among the victims only where they outnumber its capacity
+            landed_by = d2h_free if n <= top.capacity else float("inf")
+            m, dw_free = self._r_evict_below(excess, below, dw_free, landed_by)
         self._stores_end(top.name, n, t_d2h, ends[-1], m, fresh_before, dw_free, m)
         return True
 
@@ -1115,23 +1130,34 @@ class TierStore:
         else:
             r.append([lo, hi])
 
-    def _r_evict_below(self, excess: int, below: Tier | None, dw_free: float) -> tuple[int, float]:
+    def _r_evict_below(self, excess: int, below: Tier | None, dw_free: float,
+                       landed_by: float = float("inf")) -> tuple[int, float]:
         """The `excess` least recent chunks out of the host, those the disk below lacks written back
         to it once its writes are free at `dw_free` (without a disk the victims leave the tiers):
-        (chunks written, when the disk's writes are free after them)."""
-        ranges, landed, tiers = self._r_evict(excess)
+        (chunks written, when the disk's writes are free after them). `landed_by`: when every
+        victim has landed in the host at the latest; where that is before the first write can
+        start, each write starts when the one before ends, and no landing time is read."""
+        now = self.now_s
+        f = dw_free if dw_free > now else now
+        aged = landed_by <= f
+        ranges, landed, tiers = self._r_evict(excess, below is not None and not aged)
         self._rhn -= excess
         self.lv[0].evictions += excess
         if below is None:  # the victims leave the tiers (private ones have no `_rw` entry)
             K, R, pop = self._rK, self._rR, self._rw.pop
             for lo, hi in ranges:
                 deque(map(pop, compress(K[lo:hi], R[lo:hi])), 0)
-                K[lo:hi] = repeat(None, hi - lo)
+                K[lo:hi] = [None] * (hi - lo)
             return 0, dw_free
+        m = excess
         if 3 in tiers:  # victims the disk holds stay as they are there
             lacks = tiers.translate(_LACKS)
-            landed = list(compress(landed, lacks))
-            if not landed:
+            if aged:
+                m = lacks.count(1)
+            else:
+                landed = list(compress(landed, lacks))
+                m = len(landed)
+            if not m:
                 return 0, dw_free
             written, o = [], 0
             for lo, hi in ranges:
@@ -1143,8 +1169,12 @@ class TierStore:
                     written += [(p, q) for b, p, q in _runs_of(lacks[o:o + k], lo) if b]
                 o += k
             ranges = written
-        m, now = len(landed), self.now_s
-        out = _queue(landed, dw_free if dw_free > now else now, self.disk_write.seconds(self.chunk_bytes))
+        t = self.disk_write.seconds(self.chunk_bytes)
+        if aged:  # (`_queue` of such landing times: the same sums)
+            out = list(accumulate(repeat(t, m), initial=f))
+            del out[0]
+        else:
+            out = _queue(landed, f, t)
         self._r_to_disk(ranges, out)
         below.stored += m
         self._rdn += m
@@ -1195,25 +1225,34 @@ class TierStore:
         segs = self._r_segs(ks)
         self._r_last = (keys, n, self.version, segs)
         HL, DL, T = self._rHL, self._rDL, self._rT
-        if len(segs) == 1:
-            g = segs[0][0]
-            landed, tiers = HL[g:g + n], T[g:g + n]
+        g0 = segs[0][0] if len(segs) == 1 else None
+        if g0 is not None:
+            tiers = T[g0:g0 + n]
         else:
-            landed, tiers = [], bytearray()
+            tiers = bytearray()
             for g, _, m in segs:
-                landed += HL[g:g + m]
                 tiers += T[g:g + m]
         below = tiers.count(2) if len(self.lv) > 1 else 0
         f = self.disk_read.free_s
         f = f if f > now else now
         waits = below and self.disk_write.free_s > f
+        landed = None  # (the landing times `_chains` reads: the host's, the disk's where reads wait for them)
         if below == n:
             if waits:
-                landed = DL[segs[0][0]:segs[0][0] + n] if len(segs) == 1 else [
-                    x for g, _, m in segs for x in DL[g:g + m]]
+                landed = DL[g0:g0 + n] if g0 is not None else [x for g, _, m in segs for x in DL[g:g + m]]
             where = [1] * n
             rows = list(range(n))
-        elif below:
+            return self._chains(landed, where, rows, below, waits, f, n, last_only)
+        h2d_free = self.h2d.free_s
+        if below or self.d2h.free_s > (h2d_free if h2d_free > now else now):
+            # (else every chunk the host holds landed by the time its link is free: none is read)
+            if g0 is not None:
+                landed = HL[g0:g0 + n]
+            else:
+                landed = []
+                for g, _, m in segs:
+                    landed += HL[g:g + m]
+        if below:
             where = list(tiers.translate(_WHERE))
             if waits:
                 dl = [x for g, _, m in segs for x in DL[g:g + m]]
@@ -1249,21 +1288,21 @@ class TierStore:
             for lo, hi in ranges:
                 s = self._rs
                 self._rs = s + 1
-                stamps[lo:hi] = repeat(s, hi - lo)
+                stamps[lo:hi] = [s] * (hi - lo)
                 entries.append([s, lo, hi])
 
     def totals(self) -> tuple:
         """Cumulative bytes per direction (`DIRECTIONS` order) and drops per tier (host, disk). They
         change only with what the tiers hold (`version`) or with a lookup's loads (`lookups`): the
         engine asks after every step, most of which change neither."""
-        now = (self.version, self.lookups)
-        if self._totals[0] == now:
-            return self._totals[1]
+        t = self._totals
+        if t[0] == self.version and t[1] == self.lookups:
+            return t[2]
         b = self.bytes
         ev = {lv.name: lv.evictions for lv in self.lv}
         out = (b[(GPU, HOST)], b[(GPU, DISK)], b[(HOST, DISK)], b[(HOST, GPU)], b[(DISK, GPU)],
                ev.get(HOST, 0), ev.get(DISK, 0))
-        self._totals = (now, out)
+        self._totals = (self.version, self.lookups, out)
         return out
 
     def take_ops(self) -> list[TierOp]:

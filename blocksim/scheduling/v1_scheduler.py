@@ -373,6 +373,8 @@ class V1Scheduler(Scheduler):
     def _land_onloads(self) -> None:
         """Requests whose chunks have landed go back to the front of the waiting queue, in order."""
         now, h = self.kv.tiers.now_s, self._landings
+        if h[0][0] > now:  # none has landed (most steps; the caller's heap is not empty)
+            return
         landed = []
         while h and h[0][0] <= now:
             ready, _, g = heapq.heappop(h)
