@@ -274,7 +274,8 @@ def _same_model(a: dict, b: dict) -> bool:
         return a.get("params") == b.get("params")
     pa, pb = a.get("profile"), b.get("profile")
     return pa is not None and pb is not None and Path(pa).name == Path(pb).name \
-        and a.get("created_utc") == b.get("created_utc") and a.get("tables_measured") == b.get("tables_measured")
+        and a.get("created_utc") == b.get("created_utc") and a.get("tables_measured") == b.get("tables_measured") \
+        and a.get("calibrated") == b.get("calibrated")
 
 
 def step_pairs(sim: Run, exe: Run) -> tuple[np.ndarray | None, np.ndarray | None, str]:

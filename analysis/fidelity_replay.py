@@ -64,6 +64,13 @@ def rebuild_cost_model(summary: dict, config=None):
         if rec.get("created_utc") and made != rec["created_utc"]:
             raise ValueError(f"cost profile {rec['profile']} was measured at {made}, not at {rec['created_utc']} "
                              f"as the run used it: simulate the run again with this profile")
+        cal = profile.header.get("calibrated")  # `blocksim profile --calibrate`'s record
+        now = cal.get("utc") if isinstance(cal, dict) else None
+        then = (rec.get("calibrated") or {}).get("utc")
+        if now != then:
+            said = {None: "not calibrated"}
+            raise ValueError(f"cost profile {rec['profile']} is {said.get(now, f'calibrated at {now}')}, the run used "
+                             f"it {said.get(then, f'calibrated at {then}')}: simulate the run again with this profile")
         again = dict(sorted(profile.tables_measured.items()))
         if "tables_measured" in rec and again != rec["tables_measured"]:  # runs recorded before it lack the key
             moved = sorted(k for k in set(again) | set(rec["tables_measured"])

@@ -13,7 +13,13 @@
 # options of `blocksim profile` (e.g. "--leave-out decode_step_padded"). EXECUTOR_PREFILL: the executed
 # runs' `--executor-prefill` (e.g. wgmma, with PROFILE_ARGS="--prefill wgmma" for profiles that price
 # them alike). WIDE_STEPS: a model whose
-# steps benchmarks/wide_steps.py times after the runs (below).
+# steps benchmarks/wide_steps.py times after the runs (below). CALIBRATE=1: first (before any
+# profile of PROFILE_MODELS replaces a shipped one), each RUN_MODELS model's shipped profile is
+# calibrated to this machine (`blocksim profile --calibrate`: a sample of its cells measured here,
+# each seconds table scaled by its median ratio) into runs/fidelity/calibrated/<shipped name>, and
+# copied to $OUT/calibrated/. Price the executed runs' twins with them by
+#   python benchmarks/fidelity_runs.py simulate --exec runs/fidelity/exec --out DIR --profile-dir runs/fidelity/calibrated
+# (PROFILE_MODELS="" to measure no whole profile).
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
 GPU=${GPU:-h200-141gb}
@@ -32,6 +38,15 @@ if ! build && [ -d runs/fidelity/kernels_head/kernels ]; then  # a carried copy 
   rm -rf kernels && cp -r runs/fidelity/kernels_head/kernels kernels && build || exit 1
 fi
 echo "kernels: $(( $(date +%s) - t0 )) s"
+if [ "${CALIBRATE:-0}" = 1 ]; then
+  mkdir -p runs/fidelity/calibrated
+  for m in $RUN_MODELS; do
+    f="runs/fidelity/calibrated/${m}__${GPU}__float16__tp1.json"
+    python -m validation.profile --model "$m" --gpu-name "$GPU" --calibrate --out "$f" || echo "calibrate $m failed"
+    [ -n "${OUT:-}" ] && [ -f "$f" ] && mkdir -p "$OUT/calibrated" && cp "$f" "$OUT/calibrated/"
+  done
+  echo "calibrated: $(( $(date +%s) - t0 )) s"
+fi
 for m in $PROFILE_MODELS; do
   f="blocksim/profiles/${m}__${GPU}__float16__tp1.json"
   python -m validation.profile --model "$m" --gpu-name "$GPU" --out "$f" ${PROFILE_ARGS:-} || echo "profile $m failed"

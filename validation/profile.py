@@ -76,6 +76,9 @@ row one cache's length after another would read the same blocks at the same time
 serve them. ``--add-table`` measures ``attn_decode``, ``decode_step`` (with
 ``decode_step_longest``), ``decode_step_shared``, ``decode_step_padded`` or ``linear`` again into
 an existing profile of this device, each under a ``measured`` key naming its lease and cache.
+``--calibrate`` carries a profile measured on another machine of this device's name to this one by a
+sample of its cells measured here, each seconds table scaled by its median ratio
+(`validation.profile_calibrate`).
 """
 
 from __future__ import annotations
@@ -888,39 +891,14 @@ def add_table(path: Path, tables, *, model: str | None = None, device: str = "cu
     attention and grid (`model`, where given, must be the profile's). Nothing is put in unless every
     table was measured."""
     import torch
-
-    from blocksim.catalog import Catalog
     tables = [tables] if isinstance(tables, str) else list(dict.fromkeys(tables))
     label = " ".join(f"--add-table {t}" for t in tables)
     unknown = [t for t in tables if t not in ADDABLE]
     if unknown:
         raise ProfileError(f"{label}: {', '.join(unknown)} cannot be added; name one of {', '.join(ADDABLE)}")
-    try:
-        prof = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise ProfileError(f"{label}: cannot read the profile {path} ({e}); name an existing profile with --out")
-    if not isinstance(prof, dict) or prof.get("format") != PROFILE_FORMAT or not isinstance(prof.get("components"), dict):
-        raise ProfileError(f"{label}: {path} is not a {PROFILE_FORMAT} file; name a profile with --out")
-    missing = [k for k in ("model", "device", "dtype", "block_size", "cuda_graph_batch_sizes") if k not in prof]
-    if missing:
-        raise ProfileError(f"{label}: {path} lacks {', '.join(missing)}; measure a whole profile with blocksim profile")
-    if model is not None and model != prof.get("model"):
-        raise ProfileError(f"{label}: {path} is a profile of {prof.get('model')!r}, --model names {model!r}; "
-                           f"name the profile of {model} with --out, or --model {prof.get('model')}")
+    prof = read_own_profile(path, label, model=model, device=device, gpu_only=True, fix="--out")
+    p = profiler_for(prof, path, label, device=device, catalog=catalog, progress=progress)
     name = device_name(device)
-    if name == "cpu":
-        raise ProfileError(f"{label}: measured on a GPU only")
-    if name != prof.get("device"):
-        raise ProfileError(f"{label}: {path} was measured on {prof.get('device')!r}, this device is {name!r}; "
-                           f"add the table on a {prof.get('device')}")
-    if prof.get("tensor_parallel", 1) != 1:
-        raise ProfileError(f"{label}: {path} is a tensor-parallel profile; measure it whole with blocksim profile")
-    spec = Catalog(list(catalog)).model(prof["model"])
-    p = Profiler(spec, dtype=prof["dtype"], block_size=prof["block_size"], device=device,
-                 attention=prof.get("decode_attention", "fast"), quick=bool(prof.get("quick")), progress=progress)
-    if p.graph_sizes != list(prof["cuda_graph_batch_sizes"]):
-        raise ProfileError(f"{label}: {path} holds CUDA graphs of sizes {prof['cuda_graph_batch_sizes']}, the "
-                           f"executor captures {p.graph_sizes}; measure a whole profile with blocksim profile")
     for table in tables:
         out = p._timed(table, getattr(p, table))
         if out is None:
@@ -936,6 +914,53 @@ def add_table(path: Path, tables, *, model: str | None = None, device: str = "cu
                                     "measure_s": p.measure_s[table], "cache_blocks": p.num_blocks}
             prof["components"][key] = measured
     return prof
+
+
+def read_own_profile(path: Path, label: str, *, model: str | None, device: str, gpu_only: bool,
+                     fix: str) -> dict:
+    """The profile at `path`, checked to be one this device can measure into or against: readable,
+    of the profile format, naming its model, device, dtype, block size and graph sizes, of `model`
+    (where given), measured on this device's name and at tensor-parallel 1 (and, with `gpu_only`,
+    this device a GPU). Each refusal a ProfileError of one line starting with `label`; `fix` is the
+    option that names the file."""
+    try:
+        prof = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ProfileError(f"{label}: cannot read the profile {path} ({e}); name an existing profile with {fix}")
+    if not isinstance(prof, dict) or prof.get("format") != PROFILE_FORMAT or not isinstance(prof.get("components"), dict):
+        raise ProfileError(f"{label}: {path} is not a {PROFILE_FORMAT} file; name a profile with {fix}")
+    missing = [k for k in ("model", "device", "dtype", "block_size", "cuda_graph_batch_sizes") if k not in prof]
+    if missing:
+        raise ProfileError(f"{label}: {path} lacks {', '.join(missing)}; measure a whole profile with blocksim profile")
+    if model is not None and model != prof.get("model"):
+        raise ProfileError(f"{label}: {path} is a profile of {prof.get('model')!r}, --model names {model!r}; "
+                           f"name the profile of {model} with {fix}, or --model {prof.get('model')}")
+    name = device_name(device)
+    if gpu_only and name == "cpu":
+        raise ProfileError(f"{label}: measured on a GPU only")
+    if name != prof.get("device"):
+        raise ProfileError(f"{label}: {path} was measured on {prof.get('device')!r}, this device is {name!r}; "
+                           f"run it on a {prof.get('device')}, or name a profile of this device with {fix}")
+    if prof.get("tensor_parallel", 1) != 1:
+        raise ProfileError(f"{label}: {path} is a tensor-parallel profile; measure it whole with blocksim profile")
+    return prof
+
+
+def profiler_for(prof: dict, path: Path, label: str, *, device: str, catalog=(), progress: bool = True,
+                 **kw) -> Profiler:
+    """A Profiler of `prof`'s model with its dtype, block size, decode attention and grid (quick or
+    not) on this device (`kw`: more of the Profiler's options); refused (ProfileError) where the
+    executor here captures CUDA graphs of other batch sizes than the profile's."""
+    from blocksim.catalog import Catalog
+    spec = Catalog(list(catalog)).model(prof["model"])
+    p = Profiler(spec, dtype=prof["dtype"], block_size=prof["block_size"], device=device,
+                 attention=prof.get("decode_attention", "fast"), quick=bool(prof.get("quick")), progress=progress,
+                 **kw)
+    sizes = p.graph_sizes if p.cuda else []
+    if sizes != list(prof["cuda_graph_batch_sizes"]):
+        raise ProfileError(f"{label}: {path} holds CUDA graphs of sizes {prof['cuda_graph_batch_sizes']}, the "
+                           f"executor captures {sizes}; measure a whole profile with blocksim profile")
+    return p
 
 
 def table_change(before: dict | None, after: dict) -> str | None:
@@ -996,6 +1021,12 @@ def add_profile_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--leave-out", action="append", default=[], choices=OPTIONAL, metavar="TABLE",
                    help=f"do not measure this table ({', '.join(OPTIONAL)}: the cost model prices without it; "
                         f"--add-table adds it later); repeatable (default: every table)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="measure a sample of the base profile's cells here and write it with each seconds table "
+                        "scaled by its median ratio, to the file --out names (validation/profile_calibrate.py)")
+    p.add_argument("--from", dest="base", default=None, metavar="FILE",
+                   help="with --calibrate: the base profile (default: the shipped one of --model, this device's "
+                        "GPU or --gpu-name, --dtype, tensor-parallel 1)")
     p.add_argument("--quiet", action="store_true", help="no progress lines (default: progress on stderr)")
     p.set_defaults(func=cmd_profile)
     return p
@@ -1024,6 +1055,8 @@ def _write_whole(path: Path, prof: dict) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     command = "blocksim profile " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "blocksim profile"
+    if args.calibrate or args.base:
+        return cmd_calibrate(args, command)
     if args.add_table:
         if not args.out:
             print(f"--add-table {' '.join(args.add_table)}: name the profile to add it to with --out", file=sys.stderr)
@@ -1062,6 +1095,41 @@ def cmd_profile(args: argparse.Namespace) -> int:
     for line in changes:
         print(f"profile {prof['model']}: {line}", file=sys.stderr)
     print(f"profile: {prof['model']} on {prof['gpu']} ({prof['device']}), written to {out}")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace, command: str) -> int:
+    """``--calibrate``: the base profile carried to this device (`validation.profile_calibrate`)."""
+    from validation import profile_calibrate as cal
+    mixed = [opt for opt, on in (("--add-table", args.add_table), ("--leave-out", args.leave_out),
+                                 ("--tier-dir", args.tier_dir), ("--tensor-parallel", args.tensor_parallel != 1))
+             if on]
+    if not args.calibrate:
+        problem = "--from names the base of --calibrate; add --calibrate"
+    elif mixed:
+        problem = f"--calibrate with {', '.join(mixed)}: a calibration scales the base's own tables; run them apart"
+    elif not args.out:
+        problem = "--calibrate: name the file to write with --out (the base is left as it is)"
+    else:
+        problem = None
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    try:
+        base = Path(args.base) if args.base else cal.default_base(args.model, args.gpu_name, args.dtype, args.device)
+        if Path(args.out).resolve() == base.resolve():
+            raise ProfileError(f"--calibrate: --out names the base {base} itself; write the calibrated profile "
+                               f"beside it")
+        prof = cal.read_base(base, model=args.model, device=args.device, gpu=args.gpu_name, dtype=args.dtype,
+                             block_size=args.block_size)
+        prof = cal.calibrate(base, prof, device=args.device, catalog=args.catalog, command=command,
+                             progress=not args.quiet)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        _write_whole(Path(args.out), prof)
+    except ProfileError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    print(f"profile: {base} calibrated on {prof['calibrated']['device']}, written to {args.out}")
     return 0
 
 

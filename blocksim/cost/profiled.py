@@ -553,6 +553,11 @@ class ProfiledCostModel:
             ["decode_step"] if self.decode_step is not None else [])
         graph += ["decode_step_shared"] * self.prices_shared_rows + ["decode_step_padded"] * self.prices_padding
         rec["graph_step_tables"] = graph
+        cal = h.get("calibrated")
+        if isinstance(cal, dict):  # `blocksim profile --calibrate`: the base's tables scaled to a device
+            rec["calibrated"] = {"device": cal.get("device"), "utc": cal.get("utc"),
+                                 "scales": {k: v.get("scale") for k, v in (cal.get("tables") or {}).items()
+                                            if isinstance(v, dict)}}
         if self.allreduces_per_step:
             rec["allreduce"] = "profile" if self.allreduce_line is not None else "roofline ring formula"
         return rec
