@@ -222,6 +222,29 @@ def test_a_table_added_to_the_profile_since_the_run_is_not_used_to_price_it(tmp_
     assert rebuild_cost_model(summary).name == "profiled"
 
 
+def test_a_profile_calibrated_since_the_run_is_not_used_to_price_it(tmp_path):
+    """`blocksim profile --calibrate` keeps the base's created_utc; the run's record of the
+    calibration (its time) tells a calibrated profile from its base and from another calibration."""
+    import blocksim.cost as cost
+    from blocksim.experiments.runner import build_config
+    path = cost.shipped_profile(build_config(model="llama-2-7b", gpu="h200-141gb"))
+    data = json.loads(path.read_text())
+    copy = tmp_path / path.name
+    copy.write_text(json.dumps(data))
+    summary = {"config": json.loads(json.dumps(_summary_config())),
+               "cost_model": {"name": "profiled", "profile": str(copy), "created_utc": data["created_utc"]}}
+    assert rebuild_cost_model(summary).name == "profiled"
+    data["calibrated"] = {"utc": "2099-01-01T00:00:00Z", "tables": {}}
+    copy.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="is calibrated at 2099-01-01T00:00:00Z, the run used it not calibrated"):
+        rebuild_cost_model(summary)
+    summary["cost_model"]["calibrated"] = {"utc": "2099-01-01T00:00:00Z", "scales": {}}
+    assert rebuild_cost_model(summary).name == "profiled"
+    summary["cost_model"]["calibrated"]["utc"] = "2098-01-01T00:00:00Z"
+    with pytest.raises(ValueError, match="the run used it calibrated at 2098"):
+        rebuild_cost_model(summary)
+
+
 def _summary_config() -> dict:
     """The `config` of a summary.json: that of a short run on the shipped profile's model and GPU."""
     import tempfile
