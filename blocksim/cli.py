@@ -400,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         argv = sys.argv[1:] if argv is None else argv
         args = build_parser(_command_of(argv)).parse_args(argv)
+        args.cli_argv = list(argv)  # what a command records of how it was called (a profile's "command")
         verbosity = getattr(args, "verbose", 0) or 0
         _setup_logging(verbosity)
         with warnings.catch_warnings():

@@ -1054,7 +1054,8 @@ def _write_whole(path: Path, prof: dict) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    command = "blocksim profile " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "blocksim profile"
+    argv = getattr(args, "cli_argv", None)  # the command line as parsed ("profile", options...)
+    command = " ".join(["blocksim profile", *(sys.argv[2:] if argv is None else argv[1:])])
     if args.calibrate or args.base:
         return cmd_calibrate(args, command)
     if args.add_table:
@@ -1158,6 +1159,7 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     add_profile_command(sub)
     args = ap.parse_args(["profile", *(sys.argv[1:] if argv is None else argv)])
+    args.cli_argv = ["profile", *(sys.argv[1:] if argv is None else argv)]
     return args.func(args)
 
 

@@ -73,7 +73,7 @@ def test_the_calibrated_key_names_the_device_the_base_and_the_command(written):
     c = prof["calibrated"]
     assert c["device"] == "cpu" and c["torch"] and c["utc"].endswith("Z") and c["measure_s"] >= 0
     assert c["base"] == {"path": str(base_path), "created_utc": base["created_utc"]}
-    assert c["command"].startswith("blocksim profile")
+    assert c["command"].startswith("blocksim profile --model tiny ") and "--calibrate --from" in c["command"]
     per_table = [line for line in lines if line.startswith("calibrate tiny: ") and "scale" in line]
     assert len(per_table) == len(SCALED) and all("10%-90%" in line for line in per_table), "one line per table"
     assert any("tables calibrated on cpu in" in line for line in lines), "and the total seconds"
