@@ -19,12 +19,15 @@
 # each seconds table scaled by its median ratio) into runs/fidelity/calibrated/<shipped name>, and
 # copied to $OUT/calibrated/. Price the executed runs' twins with them by
 #   python benchmarks/fidelity_runs.py simulate --exec runs/fidelity/exec --out DIR --profile-dir runs/fidelity/calibrated
-# (PROFILE_MODELS="" to measure no whole profile).
+# (PROFILE_MODELS="" to measure no whole profile). RUNS="model:trace:preset ...": those executed
+# runs alone, in that order (instead of RUN_MODELS x TRACES x PRESETS); the runs so far are packed
+# into $OUT after each, so a call stopped by its time limit keeps them.
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}. MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
 GPU=${GPU:-h200-141gb}
 PROFILE_MODELS=${PROFILE_MODELS-"llama-2-7b llama-3-8b mistral-7b"}
 RUN_MODELS=${RUN_MODELS:-"llama-2-7b llama-3-8b"}
+[ -n "${RUNS:-}" ] && RUN_MODELS=$(for r in $RUNS; do echo "${r%%:*}"; done | sort -u | xargs)  # RUNS' models
 TRACES=${TRACES:-"azure-conv azure-code mooncake mooncake-prefix"}
 PRESETS=${PRESETS:-"vllm vllm-prefix vllm-chunked swap-n2"}
 BUDGET_S=${BUDGET_S:-100000}
@@ -53,17 +56,25 @@ for m in $PROFILE_MODELS; do
   [ -n "${OUT:-}" ] && [ -f "$f" ] && cp "$f" "$OUT/"   # each profile comes back even if a later step runs out of time
 done
 echo "profiles: $(( $(date +%s) - t0 )) s"
-left=$(( BUDGET_S - ($(date +%s) - t0) ))
-python benchmarks/fidelity_runs.py execute --out $EXEC --gpu "$GPU" --models $RUN_MODELS --traces $TRACES \
-    --presets $PRESETS --budget-s $left ${EXECUTOR_PREFILL:+--executor-prefill $EXECUTOR_PREFILL}
+pack() {  # what this call has measured so far, into $OUT (a call stopped later keeps it)
+  [ -n "${OUT:-}" ] && tar czf "$OUT/fidelity-$GPU.tgz" $EXEC blocksim/profiles/*__${GPU}__*.json \
+      $( [ -d runs/fidelity/calibrated ] && echo runs/fidelity/calibrated ) 2>/dev/null
+}
+execute() {  # MODELS TRACES PRESETS: their runs, those that fit in what is left of BUDGET_S
+  python benchmarks/fidelity_runs.py execute --out $EXEC --gpu "$GPU" --models $1 --traces $2 --presets $3 \
+      --budget-s $(( BUDGET_S - ($(date +%s) - t0) )) ${EXECUTOR_PREFILL:+--executor-prefill $EXECUTOR_PREFILL}
+  pack
+}
+if [ -n "${RUNS:-}" ]; then  # RUNS="model:trace:preset ...": these runs alone, in this order
+  for r in $RUNS; do IFS=: read -r m tr pr <<< "$r"; execute "$m" "$tr" "$pr"; done
+else
+  execute "$RUN_MODELS" "$TRACES" "$PRESETS"
+fi
 grep -E "^(Traceback|blocksim:)|Error" $EXEC/execute.log | sort | uniq -c | head -20
 for f in $EXEC/*/executor.json; do  # steps whose host fell behind the sleeps (validation/VALIDATION.md)
   python -c "import json, sys; e = json.load(open(sys.argv[1])); print(sys.argv[1].split('/')[-2], 'steps', e['steps'], 'late', e.get('late_steps'), 'timed again', e.get('retimed_steps'))" "$f"
 done
-if [ -n "${OUT:-}" ]; then
-  tar czf "$OUT/fidelity-$GPU.tgz" $EXEC blocksim/profiles/*__${GPU}__*.json 2>/dev/null
-  cp $EXEC/execute.log "$OUT/execute-$GPU.log"
-fi
+[ -n "${OUT:-}" ] && cp $EXEC/execute.log "$OUT/execute-$GPU.log"
 # WIDE_STEPS="MODEL": then, within BUDGET_S, benchmarks/wide_steps.py on that model: the chunked
 # steps with the off-grid linear points, then the linear sweeps (each about two minutes)
 for args in ${WIDE_STEPS:+"--cases chunked --offgrid:chunked" "--sweep:sweep"}; do
