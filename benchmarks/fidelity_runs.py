@@ -986,6 +986,12 @@ def device_command(exec_dir: Path, h100: bool, profiles: bool) -> str:
     if profiles and set(models) == set(MODELS):
         want["PROFILE_MODELS"] = defaults["PROFILE_MODELS"]  # the script's default profiles these and mistral-7b
     env = [] if h100 else ["GPU=h200-141gb"]
+    tp = {r[3] for r in runs}
+    if len(set(runs)) < len(models) * len(traces) * len(presets) * len(tp):
+        # not every run of models x slices x presets: the script's RUNS names these alone
+        want = {"PROFILE_MODELS": want["PROFILE_MODELS"],
+                "RUNS": " ".join(f"{r[2]}:{r[0]}:{r[1]}" for r in sorted(set(runs), key=lambda r: (r[2], r[0], r[1])))}
+        defaults["RUNS"] = ""
     env += [f'{k}="{v}"' for k, v in want.items() if runs and v != defaults[k]]
     script = "bash benchmarks/fidelity_h100.sh" if h100 else "bash benchmarks/fidelity_device.sh"
     return " ".join(env + [script]) if len(" ".join(env)) < 60 else " ".join(env) + " \\\n    " + script

@@ -587,6 +587,12 @@ def test_the_device_command_names_the_slices_presets_and_models_executed(tmp_pat
     h100_default = _executed(tmp_path / "h100", [fr.run_name(t, "vllm", m) for t in ("azure-conv", "azure-code")
                                                  for m in fr.MODELS])
     assert fr.device_command(h100_default, True, True) == "bash benchmarks/fidelity_h100.sh"
+    # runs that are not every model x slice x preset of their own: the script's RUNS names them alone
+    picked = _executed(tmp_path / "picked", ["azure-code-60__vllm-chunked__llama-2-7b",
+                                             "mooncake-60__swap-n2__llama-3-8b"])
+    assert " ".join(fr.device_command(picked, True, False).split()) == (
+        'PROFILE_MODELS="" RUNS="llama-2-7b:azure-code-60:vllm-chunked llama-3-8b:mooncake-60:swap-n2" '
+        '\\ bash benchmarks/fidelity_h100.sh')
 
 
 def test_twins_priced_by_profiles_outside_the_shipped_folder_name_it_in_the_simulate_command(tmp_path):
