@@ -705,11 +705,11 @@ class TierStore:
                     # its read, and the last ends one transfer after the last read
                     rd_last = reduce(add, repeat(t_rd, n), f)
                     return [rd_last + t_h2d], where, rows, [rd_last]
-                ready = rd_ends = list(islice(accumulate(repeat(t_rd, n), initial=f), 1, None))
+                ready = rd_ends = _in_turn(f, t_rd, n)
             else:
                 ready = rd_ends = _queue(landed, f, t_rd)
         elif below and not waits:
-            ready, rd_ends = landed, list(islice(accumulate(repeat(t_rd, len(rows)), initial=f), 1, None))
+            ready, rd_ends = landed, _in_turn(f, t_rd, len(rows))
             deque(map(ready.__setitem__, rows, rd_ends), 0)
         else:
             ready, rd_ends = landed, []
@@ -720,9 +720,7 @@ class TierStore:
         if ready is None:  # from the host, each transfer after the one before (`_queue`'s sums)
             if last_only:
                 return [reduce(add, repeat(t_h2d, n), f_h2d)], where, rows, rd_ends
-            ends = list(accumulate(repeat(t_h2d, n), initial=f_h2d))
-            del ends[0]
-            return ends, where, rows, rd_ends
+            return _in_turn(f_h2d, t_h2d, n), where, rows, rd_ends
         if last_only:
             return [_queue_last(ready, f_h2d, t_h2d)], where, rows, rd_ends[-1:]
         return _queue(ready, f_h2d, t_h2d), where, rows, rd_ends
@@ -1101,8 +1099,7 @@ class TierStore:
             self._r_store_run(keys)  # a chunk of `keys` the host holds would leave before its turn
             return True
         t_d2h, d2h_free, dw_free, fresh_before = self._stores_begin()
-        ends = list(accumulate(repeat(t_d2h, n), initial=d2h_free))
-        del ends[0]  # (each chunk's landing time)
+        ends = _in_turn(d2h_free, t_d2h, n)  # (each chunk's landing time)
         if not self._r_insert(new, runs, ends, placed):
             self._r_materialize()
             return False
@@ -1170,11 +1167,7 @@ class TierStore:
                 o += k
             ranges = written
         t = self.disk_write.seconds(self.chunk_bytes)
-        if aged:  # (`_queue` of such landing times: the same sums)
-            out = list(accumulate(repeat(t, m), initial=f))
-            del out[0]
-        else:
-            out = _queue(landed, f, t)
+        out = _in_turn(f, t, m) if aged else _queue(landed, f, t)  # (aged: no landing time waited for)
         self._r_to_disk(ranges, out)
         below.stored += m
         self._rdn += m
@@ -1368,6 +1361,14 @@ def _runs_of(values, lo: int) -> list[tuple[int, int, int]]:
         out.append((v, p, q))
         p = q
     return out
+
+
+def _in_turn(f: float, t: float, n: int) -> list[float]:
+    """The ends of `n` transfers of `t` seconds each, one after another on a channel free from `f`
+    (`_queue` where every transfer waits for the channel: the same sums)."""
+    ends = list(accumulate(repeat(t, n), initial=f))
+    del ends[0]
+    return ends
 
 
 def _queue(ready: list[float], f: float, t: float) -> list[float]:
