@@ -1054,8 +1054,7 @@ def _write_whole(path: Path, prof: dict) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    argv = getattr(args, "cli_argv", None)  # the command line as parsed ("profile", options...)
-    command = " ".join(["blocksim profile", *(sys.argv[2:] if argv is None else argv[1:])])
+    command = " ".join(["blocksim profile", *args.cli_argv[1:]])  # the command line as parsed
     if args.calibrate or args.base:
         return cmd_calibrate(args, command)
     if args.add_table:
@@ -1065,10 +1064,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
         try:
             prof = add_table(Path(args.out), args.add_table, model=args.model, device=args.device, catalog=args.catalog,
                              command=command, progress=not args.quiet)
-        except ProfileError as e:
-            print(str(e), file=sys.stderr)
-            return 2
-        try:
             _write_whole(Path(args.out), prof)
         except ProfileError as e:
             print(str(e), file=sys.stderr)
@@ -1158,8 +1153,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m validation.profile")
     sub = ap.add_subparsers(dest="command", required=True)
     add_profile_command(sub)
-    args = ap.parse_args(["profile", *(sys.argv[1:] if argv is None else argv)])
-    args.cli_argv = ["profile", *(sys.argv[1:] if argv is None else argv)]
+    argv = ["profile", *(sys.argv[1:] if argv is None else argv)]
+    args = ap.parse_args(argv)
+    args.cli_argv = argv
     return args.func(args)
 
 

@@ -91,8 +91,8 @@ def cell_ratios(base: dict, measured: dict, key: str = "seconds") -> np.ndarray:
     where = []  # per axis: the base index of each measured value, or -1
     for a in axes:
         grid = np.asarray(base["grid"][a], float)
-        where.append([int(np.flatnonzero(np.isclose(grid, v))[0]) if np.isclose(grid, v).any() else -1
-                      for v in measured["grid"][a]])
+        hits = (np.flatnonzero(np.isclose(grid, v)) for v in measured["grid"][a])
+        where.append([int(h[0]) if h.size else -1 for h in hits])
     capped = {tuple(round(float(v), 6) for v in c) for t in (base, measured) for c in t.get("capped", ())}
     b, m = np.asarray(base[key], float), np.asarray(measured[key], float)
     out = []
